@@ -1,0 +1,670 @@
+"""EvermindLM: tied-embedding language model of causal depthwise convolutions and shared-expert MoE layers.
+
+Batched numpy forward and exact backward over right-padded batches (tokens (B, T), lengths (B,)); padded
+positions never change real ones and get no gradient. Shapes: B batch, T time, C channels, V vocab,
+E experts, K conv width, H expert hidden. Training loops and optimisers live in `training/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from evermind_memory.errors import InvalidInput
+from evermind_memory.lm.layers import (
+    ConvCache,
+    EmbedCache,
+    RMSNormCache,
+    conv_backward,
+    conv_forward,
+    cross_entropy_backward,
+    cross_entropy_forward,
+    embed_backward,
+    embed_forward,
+    rmsnorm_backward,
+    rmsnorm_forward,
+    unembed_backward,
+    unembed_forward,
+)
+from evermind_memory.lm.moe import MoECache, moe_backward, moe_forward
+
+__all__ = ["LMConfig", "param_shapes", "EvermindLM"]
+
+_NORM_EPS = 1e-12  # an all-zero pooled vector stays zero instead of dividing by zero
+_EMBED_BUCKET_SEQS = 64  # at most this many sequences per embed_batch forward
+_EMBED_BUCKET_TOKENS = 16384  # and at most this many padded positions
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Shape of an EvermindLM; validated on construction (InvalidInput)."""
+
+    vocab_size: int  # V: token ids are in [0, vocab_size)
+    d_model: int = 64  # C: channels of the residual stream and of the tied embedding
+    n_layers: int = 2  # conv + MoE blocks
+    conv_kernel: int = 3  # K: causal conv width (tap k reads the input k steps back)
+    hidden_dim: int = 128  # H: hidden width of every expert FFN (shared and routed)
+    n_experts: int = 4  # E: routed experts per layer
+    top_k: int = 2  # routed experts active per position, 1 <= top_k <= n_experts
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InvalidInput(
+                    f"LMConfig expected an int for {f.name}, got {value!r} ({type(value).__name__})."
+                )
+            if value < 1:
+                raise InvalidInput(f"LMConfig expected {f.name} >= 1, got {f.name}={value}.")
+            object.__setattr__(self, f.name, int(value))
+        if self.top_k > self.n_experts:
+            raise InvalidInput(
+                f"LMConfig expected top_k <= n_experts, got top_k={self.top_k}, n_experts={self.n_experts}. "
+                "Lower top_k or add experts."
+            )
+
+    def to_dict(self) -> dict[str, int]:
+        """Return the config as a plain dict (JSON-ready).
+
+        Returns:
+            {field name: int} in field order.
+        """
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LMConfig:
+        """Build a config from a dict such as `to_dict()` returns.
+
+        Args:
+            d: mapping of field names to ints; vocab_size is required, the rest default.
+
+        Returns:
+            The validated LMConfig.
+
+        Raises:
+            InvalidInput: not a mapping, unknown or missing keys, wrong types or ranges.
+        """
+        if not isinstance(d, Mapping):
+            raise InvalidInput(f"LMConfig.from_dict expected a dict, got {type(d).__name__}.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidInput(
+                f"LMConfig.from_dict got unknown keys {unknown}; expected a subset of {sorted(known)}."
+            )
+        if "vocab_size" not in d:
+            raise InvalidInput("LMConfig.from_dict expected a 'vocab_size' key; it is missing.")
+        return cls(**d)
+
+
+def param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
+    """The canonical parameter names and shapes, in canonical order.
+
+    Args:
+        config: the model shape.
+
+    Returns:
+        {name: shape}: "emb" (V, C), then per layer l: conv_norm (C,), conv (K, C), moe_norm (C,),
+        router (C, E), shared.{w1 (C, H), b1 (H,), w2 (H, C), b2 (C,)} and the same for expert0..E-1.
+    """
+    v, c, k, h, e = config.vocab_size, config.d_model, config.conv_kernel, config.hidden_dim, config.n_experts
+    shapes: dict[str, tuple[int, ...]] = {"emb": (v, c)}
+    for layer in range(config.n_layers):
+        p = f"layers.{layer}."
+        shapes[p + "conv_norm"] = (c,)
+        shapes[p + "conv"] = (k, c)
+        shapes[p + "moe_norm"] = (c,)
+        shapes[p + "router"] = (c, e)
+        for expert in ["shared"] + [f"expert{i}" for i in range(e)]:
+            shapes[p + expert + ".w1"] = (c, h)
+            shapes[p + expert + ".b1"] = (h,)
+            shapes[p + expert + ".w2"] = (h, c)
+            shapes[p + expert + ".b2"] = (c,)
+    return shapes
+
+
+def _init_param(name: str, shape: tuple[int, ...], rng: np.random.Generator, d_model: int) -> np.ndarray:
+    """Initial value of one parameter (draws from rng only for the random ones)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if name == "emb" or leaf in ("router", "w2"):
+        return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+    if leaf == "w1":  # He init for the ReLU layer
+        return rng.normal(0.0, math.sqrt(2.0 / d_model), size=shape).astype(np.float32)
+    if leaf in ("conv_norm", "moe_norm"):
+        return np.ones(shape, dtype=np.float32)
+    if leaf == "conv":  # identity pass-through: an untrained block is close to a residual no-op
+        w = np.zeros(shape, dtype=np.float32)  # (K, C)
+        w[0] = 1.0
+        return w
+    return np.zeros(shape, dtype=np.float32)  # biases
+
+
+class _Batch(NamedTuple):
+    tokens: np.ndarray  # (B, T) intp; padded positions replaced by 0 so lookups stay in range
+    lengths: np.ndarray  # (B,) intp
+    real: np.ndarray | None  # (N,) flat row ids of real positions; None when nothing is padded
+    pad: np.ndarray | None  # (B*T - N,) flat row ids of padded positions; None when nothing is padded
+
+
+class _LayerCache(NamedTuple):
+    conv_norm: RMSNormCache
+    conv: ConvCache
+    moe_norm: RMSNormCache
+    moe: MoECache
+
+
+class ForwardCache(NamedTuple):
+    """What `hidden_backward` needs from `hidden_forward` (treat as opaque)."""
+
+    batch: _Batch
+    layers: list  # one _LayerCache per layer, or each layer's input (B*T, C) when checkpointed
+    checkpointed: bool
+
+
+class EvermindLM:
+    """The language model: parameters plus batched forward, backward, generation and pooled embeddings.
+
+    Not thread-safe for concurrent mutation of `params`; read-only methods may run concurrently.
+    The maths follow the dtype of `params` (float32 in product use).
+    """
+
+    def __init__(self, config: LMConfig, *, seed: int = 0) -> None:
+        """Create a freshly initialised model.
+
+        Args:
+            config: the model shape.
+            seed: seed of the one generator all parameters are drawn from, in param_shapes order.
+
+        Raises:
+            InvalidInput: config is not an LMConfig.
+        """
+        if not isinstance(config, LMConfig):
+            raise InvalidInput(f"EvermindLM expected an LMConfig, got {type(config).__name__}.")
+        rng = np.random.default_rng(seed)
+        params = {
+            name: _init_param(name, shape, rng, config.d_model) for name, shape in param_shapes(config).items()
+        }
+        self._setup(config, params)
+
+    def _setup(self, config: LMConfig, params: dict[str, np.ndarray]) -> None:
+        self.config = config
+        self.params = params
+        # (local name, full name) per layer, so a layer's forward reads the current arrays in self.params.
+        self._layer_names = [
+            [(name[len(f"layers.{layer}.") :], name) for name in params if name.startswith(f"layers.{layer}.")]
+            for layer in range(config.n_layers)
+        ]
+
+    @classmethod
+    def from_params(cls, config: LMConfig, params: Mapping[str, np.ndarray]) -> EvermindLM:
+        """Build a model from existing parameters (copied to float32).
+
+        Args:
+            config: the model shape.
+            params: {name: array} with exactly the names and shapes of `param_shapes(config)`.
+
+        Returns:
+            A new EvermindLM that does not share memory with `params`.
+
+        Raises:
+            InvalidInput: wrong config type, missing or unknown names, wrong shapes, non-float or
+                non-finite values.
+        """
+        if not isinstance(config, LMConfig):
+            raise InvalidInput(f"from_params expected an LMConfig, got {type(config).__name__}.")
+        shapes = param_shapes(config)
+        missing = [n for n in shapes if n not in params]
+        unknown = [n for n in params if n not in shapes]
+        if missing or unknown:
+            raise InvalidInput(
+                f"from_params expected the parameter names of param_shapes(config); "
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}. Was it saved with another config?"
+            )
+        checked = {}
+        for name, shape in shapes.items():
+            value = np.asarray(params[name])  # (shape)
+            if value.shape != shape:
+                raise InvalidInput(f"from_params expected {name} of shape {shape}, got {value.shape}.")
+            if not np.issubdtype(value.dtype, np.floating):
+                raise InvalidInput(f"from_params expected floating-point {name}, got dtype {value.dtype}.")
+            if not np.all(np.isfinite(value)):
+                raise InvalidInput(f"from_params expected finite values in {name}; it holds NaN or Inf.")
+            checked[name] = np.array(value, dtype=np.float32, copy=True)  # (shape)
+        model = cls.__new__(cls)
+        model._setup(config, checked)
+        return model
+
+    def num_parameters(self) -> int:
+        """Total number of scalar parameters.
+
+        Returns:
+            The sum of the sizes of all parameter arrays.
+        """
+        return int(sum(p.size for p in self.params.values()))
+
+    # ── input checks ──────────────────────────────────────────────────────────
+
+    def _check_ids(self, ids: np.ndarray, where: str, locate: Any = None) -> None:
+        """Raise InvalidInput unless every id is in [0, V); `locate(i)` names flat index i in the message."""
+        v = self.config.vocab_size
+        if ids.size == 0 or (ids.min() >= 0 and ids.max() < v):
+            return
+        i = int(np.argmax((ids < 0) | (ids >= v)))
+        at = f"position {i}" if locate is None else locate(i)
+        raise InvalidInput(
+            f"{where} expected token ids in [0, {v}), got {int(ids[i])} at {at}. "
+            "Check that the tokenizer's vocab_size matches LMConfig.vocab_size."
+        )
+
+    def _prepare(self, tokens: Any, lengths: Any, where: str) -> _Batch:
+        """Validate a (B, T) token batch with optional lengths; neutralise padding."""
+        try:
+            arr = np.asarray(tokens)  # (B, T)
+        except ValueError as e:  # ragged nested lists
+            raise InvalidInput(
+                f"{where} expected a rectangular (B, T) batch of token ids; pad the sequences and pass lengths."
+            ) from e
+        if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
+            raise InvalidInput(f"{where} expected tokens of shape (B, T) with B, T >= 1, got shape {arr.shape}.")
+        if arr.dtype.kind not in "iu":
+            raise InvalidInput(f"{where} expected integer token ids, got dtype {arr.dtype}.")
+        b, t = arr.shape
+        if lengths is None:
+            lens = np.full(b, t, dtype=np.intp)  # (B,)
+        else:
+            lens = np.asarray(lengths)  # (B,)
+            if lens.shape != (b,) or lens.dtype.kind not in "iu":
+                raise InvalidInput(
+                    f"{where} expected integer lengths of shape ({b},), got shape {lens.shape} dtype {lens.dtype}."
+                )
+            if lens.min() < 1 or lens.max() > t:
+                raise InvalidInput(
+                    f"{where} expected 1 <= lengths <= T={t}, got lengths in [{lens.min()}, {lens.max()}]."
+                )
+            lens = lens.astype(np.intp)
+        if lens.min() == t:
+            self._check_ids(arr.ravel(), where, lambda i: "(batch {}, position {})".format(*divmod(i, t)))
+            return _Batch(arr.astype(np.intp, copy=False), lens, None, None)
+        mask = np.arange(t)[None, :] < lens[:, None]  # (B, T)
+        self._check_ids(arr[mask], where, lambda i: "(batch {}, position {})".format(*np.argwhere(mask)[i]))
+        clean = np.where(mask, arr, 0).astype(np.intp)  # (B, T)
+        flat_mask = mask.ravel()  # (B*T,)
+        return _Batch(clean, lens, np.flatnonzero(flat_mask), np.flatnonzero(~flat_mask))
+
+    def _prepare_list(self, tokens: Any, where: str) -> np.ndarray:
+        """Validate one non-empty token list; return it as (T,) intp."""
+        if isinstance(tokens, (str, bytes)):
+            raise InvalidInput(f"{where} expected a list of token ids, got {type(tokens).__name__}; encode text first.")
+        arr = np.asarray(tokens)  # (T,)
+        if arr.ndim != 1:
+            raise InvalidInput(f"{where} expected a flat list of token ids, got shape {arr.shape}.")
+        if arr.size == 0:
+            raise InvalidInput(f"{where} expected at least one token, got an empty list.")
+        if arr.dtype.kind not in "iu":
+            raise InvalidInput(f"{where} expected integer token ids, got dtype {arr.dtype}.")
+        self._check_ids(arr, where)
+        return arr.astype(np.intp)
+
+    # ── the trunk: embedding and layers ───────────────────────────────────────
+
+    def _layer_params(self, layer: int) -> dict[str, np.ndarray]:
+        return {local: self.params[full] for local, full in self._layer_names[layer]}
+
+    def _layer_forward(
+        self, layer: int, x: np.ndarray, batch: _Batch, keep_cache: bool
+    ) -> tuple[np.ndarray, _LayerCache | None]:
+        """x + conv(RMSNorm(x)), then + MoE(RMSNorm(.)) on real rows; does not modify x."""
+        p = self._layer_params(layer)
+        b, t = batch.tokens.shape
+        c = x.shape[1]
+        normed, conv_norm_cache = rmsnorm_forward(x, p["conv_norm"])  # (B*T, C)
+        mixed, conv_cache = conv_forward(normed.reshape(b, t, c), p["conv"])  # (B, T, C)
+        out = mixed.reshape(b * t, c)  # (B*T, C) reuses the conv output buffer
+        out += x
+        rows = out if batch.real is None else out[batch.real]  # (N, C)
+        normed, moe_norm_cache = rmsnorm_forward(rows, p["moe_norm"])  # (N, C)
+        moe_out, moe_cache = moe_forward(p, normed, self.config.top_k, keep_cache=keep_cache)  # (N, C)
+        if batch.real is None:
+            out += moe_out
+        else:
+            out[batch.real] += moe_out
+        if not keep_cache:
+            return out, None
+        return out, _LayerCache(conv_norm_cache, conv_cache, moe_norm_cache, moe_cache)
+
+    def _layer_backward(
+        self, dout: np.ndarray, batch: _Batch, cache: _LayerCache
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Backward of `_layer_forward`; consumes (overwrites) dout."""
+        b, t = batch.tokens.shape
+        c = dout.shape[1]
+        drows = dout if batch.real is None else dout[batch.real]  # (N, C)
+        dnormed, grads = moe_backward(drows, cache.moe)  # (N, C)
+        drows, grads["moe_norm"] = rmsnorm_backward(dnormed, cache.moe_norm)  # (N, C)
+        if batch.real is None:
+            dout += drows  # residual: dout now holds d(after conv)
+        else:
+            dout[batch.real] += drows
+        dnormed, grads["conv"] = conv_backward(dout.reshape(b, t, c), cache.conv)  # (B, T, C)
+        dx, grads["conv_norm"] = rmsnorm_backward(dnormed.reshape(b * t, c), cache.conv_norm)  # (B*T, C)
+        dx += dout
+        return dx, grads
+
+    def _trunk_forward(self, batch: _Batch, mode: str) -> tuple[np.ndarray, ForwardCache]:
+        """Embedding and all layers. mode: "all" caches, "inputs" keeps layer inputs only, "none"."""
+        x, _ = embed_forward(self.params["emb"], batch.tokens.ravel())  # (B*T, C)
+        kept = []
+        for layer in range(self.config.n_layers):
+            if mode == "inputs":
+                kept.append(x)
+            x, cache = self._layer_forward(layer, x, batch, keep_cache=(mode == "all"))  # (B*T, C)
+            if mode == "all":
+                kept.append(cache)
+        return x, ForwardCache(batch, kept, mode == "inputs")
+
+    def _trunk_backward(self, dx: np.ndarray, cache: ForwardCache, grads: dict[str, np.ndarray | None]) -> None:
+        """Backward through all layers and the lookup; fills `grads` (adds into grads["emb"])."""
+        batch = cache.batch
+        for layer in reversed(range(self.config.n_layers)):
+            if cache.checkpointed:
+                # Recompute this layer's activations from its kept input: one layer's cache alive at a time.
+                _, layer_cache = self._layer_forward(layer, cache.layers[layer], batch, keep_cache=True)
+            else:
+                layer_cache = cache.layers[layer]
+            dx, layer_grads = self._layer_backward(dx, batch, layer_cache)  # (B*T, C)
+            for local, full in self._layer_names[layer]:
+                if local in layer_grads:
+                    grads[full] = layer_grads[local]
+        if grads["emb"] is None:
+            grads["emb"] = np.zeros_like(self.params["emb"])  # (V, C)
+        flat_tokens = batch.tokens.ravel()  # (B*T,)
+        if batch.real is None:
+            embed_backward(dx, EmbedCache(flat_tokens), grads["emb"])
+        else:
+            embed_backward(dx[batch.real], EmbedCache(flat_tokens[batch.real]), grads["emb"])
+
+    def _finish_grads(self, grads: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        """Zero gradients for parameters nothing reached (experts no position chose)."""
+        return {name: (np.zeros_like(self.params[name]) if g is None else g) for name, g in grads.items()}
+
+    # ── public maths ──────────────────────────────────────────────────────────
+
+    def hidden_forward(self, tokens: Any, lengths: Any = None) -> tuple[np.ndarray, ForwardCache]:
+        """Final hidden states (before the head) for a right-padded batch.
+
+        Args:
+            tokens: (B, T) integer ids; positions at or after lengths[b] are padding (any value).
+            lengths: (B,) real lengths, 1 <= lengths[b] <= T; None means no padding.
+
+        Returns:
+            h: (B, T, C) with zeros at padded positions, and the cache for `hidden_backward`.
+
+        Raises:
+            InvalidInput: bad shapes, dtypes, lengths or token ids out of [0, V).
+        """
+        batch = self._prepare(tokens, lengths, "hidden_forward()")
+        x, cache = self._trunk_forward(batch, "all")  # (B*T, C)
+        if batch.pad is not None:
+            x[batch.pad] = 0.0
+        b, t = batch.tokens.shape
+        return x.reshape(b, t, -1), cache
+
+    def hidden_backward(self, dh: Any, cache: ForwardCache) -> dict[str, np.ndarray]:
+        """Exact parameter gradients of sum(dh * h) for the h that `hidden_forward` returned.
+
+        Args:
+            dh: (B, T, C) gradient of the hidden states; values at padded positions are ignored.
+            cache: from `hidden_forward` (may be reused).
+
+        Returns:
+            {name: gradient} for every parameter, in param_shapes order.
+
+        Raises:
+            InvalidInput: dh has the wrong shape, or cache is not from hidden_forward.
+        """
+        if not isinstance(cache, ForwardCache) or cache.checkpointed:
+            raise InvalidInput("hidden_backward() expected the cache returned by hidden_forward().")
+        b, t = cache.batch.tokens.shape
+        c = self.config.d_model
+        dh_arr = np.asarray(dh)  # (B, T, C)
+        if dh_arr.shape != (b, t, c):
+            raise InvalidInput(f"hidden_backward() expected dh of shape {(b, t, c)}, got {dh_arr.shape}.")
+        dx = np.array(dh_arr, dtype=self.params["emb"].dtype, copy=True).reshape(b * t, c)  # (B*T, C)
+        if cache.batch.pad is not None:
+            dx[cache.batch.pad] = 0.0  # padded positions get (and give) no gradient
+        grads: dict[str, np.ndarray | None] = dict.fromkeys(self.params)
+        self._trunk_backward(dx, cache, grads)
+        return self._finish_grads(grads)
+
+    def forward(self, tokens: Any, lengths: Any = None) -> np.ndarray:
+        """Next-token logits for every position of a right-padded batch.
+
+        Args:
+            tokens: (B, T) integer ids; positions at or after lengths[b] are padding.
+            lengths: (B,) real lengths; None means no padding.
+
+        Returns:
+            logits: (B, T, V); rows at padded positions are zero.
+
+        Raises:
+            InvalidInput: bad shapes, dtypes, lengths or token ids.
+        """
+        batch = self._prepare(tokens, lengths, "forward()")
+        x, _ = self._trunk_forward(batch, "none")  # (B*T, C)
+        if batch.pad is not None:
+            x[batch.pad] = 0.0
+        logits, _ = unembed_forward(x, self.params["emb"])  # (B*T, V)
+        b, t = batch.tokens.shape
+        return logits.reshape(b, t, -1)
+
+    def loss_and_grads(
+        self, tokens: Any, lengths: Any = None, *, checkpoint: bool = False
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """Mean next-token cross-entropy over real predicted positions, and its exact gradients.
+
+        Position t of sequence b predicts token t+1 when t + 1 < lengths[b].
+
+        Args:
+            tokens: (B, T) integer ids; positions at or after lengths[b] are padding.
+            lengths: (B,) real lengths; None means no padding.
+            checkpoint: keep only each layer's input during the forward and recompute the layer in the
+                backward (less memory, identical gradients).
+
+        Returns:
+            (loss, {name: gradient} for every parameter in param_shapes order).
+
+        Raises:
+            InvalidInput: bad inputs, or no sequence has two or more tokens (nothing to predict).
+        """
+        batch = self._prepare(tokens, lengths, "loss_and_grads()")
+        b, t = batch.tokens.shape
+        predicted = np.arange(t)[None, :] < (batch.lengths - 1)[:, None]  # (B, T)
+        rows = np.flatnonzero(predicted.ravel())  # (M,)
+        if rows.size == 0:
+            raise InvalidInput(
+                "loss_and_grads() expected at least one sequence with >= 2 tokens; every sequence has 1."
+            )
+        targets = batch.tokens.ravel()[rows + 1]  # (M,)
+
+        x, cache = self._trunk_forward(batch, "inputs" if checkpoint else "all")  # (B*T, C)
+        logits, head_cache = unembed_forward(x[rows], self.params["emb"])  # (M, V)
+        loss, ce_cache = cross_entropy_forward(logits, targets, inplace=True)  # logits now hold the softmax
+        dlogits = cross_entropy_backward(ce_cache)  # (M, V)
+        dh_rows, d_emb = unembed_backward(dlogits, head_cache)  # (M, C), (V, C)
+        dx = np.zeros_like(x)  # (B*T, C)
+        dx[rows] = dh_rows
+        grads: dict[str, np.ndarray | None] = dict.fromkeys(self.params)
+        grads["emb"] = d_emb  # the head's part; the lookup's part is added in _trunk_backward
+        self._trunk_backward(dx, cache, grads)
+        return loss, self._finish_grads(grads)
+
+    # ── generation and embeddings ─────────────────────────────────────────────
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_token: int | None = None,
+    ) -> list[int]:
+        """Continue a prompt token by token: greedy at temperature 0, else sample softmax(logits / T).
+
+        A position depends only on the last (K-1)*n_layers + 1 tokens, so each step runs the model on
+        that window only.
+
+        Args:
+            prompt: non-empty list of token ids.
+            max_new_tokens: how many tokens to produce at most (>= 0).
+            temperature: 0 for greedy argmax; > 0 samples.
+            seed: seed of the sampler's np.random.default_rng (sampling only).
+            stop_token: stop after producing this id (it is included in the result).
+
+        Returns:
+            The new token ids (not including the prompt).
+
+        Raises:
+            InvalidInput: empty prompt, ids out of range, negative max_new_tokens or temperature.
+        """
+        seq = self._prepare_list(prompt, "generate()").tolist()
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+            raise InvalidInput(f"generate() expected an int max_new_tokens >= 0, got {max_new_tokens!r}.")
+        if not (isinstance(temperature, (int, float, np.floating)) and math.isfinite(temperature) and temperature >= 0):
+            raise InvalidInput(f"generate() expected a finite temperature >= 0, got {temperature!r}.")
+        if stop_token is not None and not (0 <= int(stop_token) < self.config.vocab_size):
+            raise InvalidInput(
+                f"generate() expected stop_token in [0, {self.config.vocab_size}) or None, got {stop_token!r}."
+            )
+        window = (self.config.conv_kernel - 1) * self.config.n_layers + 1
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        emb = self.params["emb"]
+        produced: list[int] = []
+        for _ in range(int(max_new_tokens)):
+            context = np.asarray(seq[-window:], dtype=np.intp)[None, :]  # (1, W)
+            batch = _Batch(context, np.array([context.shape[1]]), None, None)  # no padding
+            x, _ = self._trunk_forward(batch, "none")  # (W, C)
+            logits = emb @ x[-1]  # (V,)
+            if rng is None:
+                nxt = int(np.argmax(logits))
+            else:
+                z = logits.astype(np.float64) / temperature  # (V,) float64 so the probabilities sum to 1
+                z -= z.max()
+                probs = np.exp(z)  # (V,)
+                probs /= probs.sum()
+                nxt = int(rng.choice(probs.shape[0], p=probs))
+            produced.append(nxt)
+            seq.append(nxt)
+            if stop_token is not None and nxt == stop_token:
+                break
+        return produced
+
+    def _pool(self, h: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Mean over real positions (padding is zero in h), then L2-normalise each row."""
+        pooled = h.sum(axis=1) / lengths[:, None].astype(h.dtype)  # (B, C)
+        norms = np.sqrt(np.einsum("bc,bc->b", pooled, pooled))  # (B,)
+        pooled /= np.maximum(norms, _NORM_EPS)[:, None]
+        return pooled.astype(np.float32, copy=False)
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Embedding of one token sequence: final hidden states mean-pooled over positions, unit L2 norm.
+
+        Args:
+            tokens: non-empty list of token ids.
+
+        Returns:
+            (C,) float32 vector of norm 1 (or zero if the pooled state is exactly zero).
+
+        Raises:
+            InvalidInput: empty list or ids out of range.
+        """
+        arr = self._prepare_list(tokens, "embed()")
+        batch = _Batch(arr[None, :], np.array([arr.size]), None, None)
+        x, _ = self._trunk_forward(batch, "none")  # (T, C)
+        return self._pool(x[None], batch.lengths)[0]
+
+    def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embeddings of many token sequences, batched by similar length (same vectors as `embed`).
+
+        Args:
+            token_lists: sequence of non-empty token-id lists.
+
+        Returns:
+            (N, C) float32, row i the embedding of token_lists[i]; (0, C) for an empty input.
+
+        Raises:
+            InvalidInput: an empty list or ids out of range (the message names the index).
+        """
+        seqs = []
+        for i, tokens in enumerate(token_lists):
+            seqs.append(self._prepare_list(tokens, f"embed_batch() item {i}"))
+        out = np.zeros((len(seqs), self.config.d_model), dtype=np.float32)  # (N, C)
+        if not seqs:
+            return out
+        lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
+        order = np.argsort(lens, kind="stable")  # (N,) short to long, so a bucket pads little
+        start = 0
+        while start < len(order):
+            stop = start + 1
+            while (
+                stop < len(order)
+                and stop - start < _EMBED_BUCKET_SEQS
+                and (stop - start + 1) * lens[order[stop]] <= _EMBED_BUCKET_TOKENS
+            ):
+                stop += 1
+            ids = order[start:stop]  # (b,)
+            t = int(lens[ids].max())
+            sub_lens = lens[ids]  # (b,)
+            mask = (np.arange(t)[None, :] < sub_lens[:, None]).ravel()  # (b*t,) row-major, like the concatenation
+            tokens = np.zeros(len(ids) * t, dtype=np.intp)  # (b*t,)
+            tokens[mask] = np.concatenate([seqs[i] for i in ids])
+            tokens = tokens.reshape(len(ids), t)  # (b, t)
+            full = bool(mask.all())
+            batch = _Batch(
+                tokens, sub_lens, None if full else np.flatnonzero(mask), None if full else np.flatnonzero(~mask)
+            )
+            x, _ = self._trunk_forward(batch, "none")  # (b*t, C)
+            if batch.pad is not None:
+                x[batch.pad] = 0.0
+            out[ids] = self._pool(x.reshape(len(ids), t, -1), sub_lens)
+            start = stop
+        return out
+
+    # ── files ─────────────────────────────────────────────────────────────────
+
+    def save(self, path: Any, *, fp16: bool = False) -> None:
+        """Write the config and weights to a checkpoint file (see lm.checkpoint).
+
+        Args:
+            path: file path.
+            fp16: store the weights as float16 (half the size, a small loss of precision).
+
+        Raises:
+            CheckpointError: the file could not be written.
+        """
+        from evermind_memory.lm.checkpoint import save_model  # lazy: checkpoint imports this module
+
+        save_model(path, self.config, self.params, fp16=fp16)
+
+    @classmethod
+    def load(cls, path: Any) -> EvermindLM:
+        """Read a model from a checkpoint file written by `save`.
+
+        Args:
+            path: file path.
+
+        Returns:
+            The loaded EvermindLM (float32).
+
+        Raises:
+            CheckpointError: the file is missing, corrupt, truncated or of an unknown format.
+        """
+        from evermind_memory.lm.checkpoint import load_model  # lazy: checkpoint imports this module
+
+        config, params = load_model(path)
+        return cls.from_params(config, params)
