@@ -30,6 +30,7 @@ from evermind_memory.lm.layers import (
     unembed_backward,
     unembed_forward,
 )
+from evermind_memory.lm.attention import AttentionCache, attention_backward, attention_forward
 from evermind_memory.lm.moe import MoECache, moe_backward, moe_forward
 
 __all__ = ["LMConfig", "param_shapes", "EvermindLM"]
@@ -50,6 +51,7 @@ class LMConfig:
     hidden_dim: int = 128  # H: hidden width of every expert FFN (shared and routed)
     n_experts: int = 4  # E: routed experts per layer
     top_k: int = 2  # routed experts active per position, 1 <= top_k <= n_experts
+    attn_heads: int = 0  # heads of the bidirectional attention block before pooling; 0: plain mean pooling
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -58,9 +60,15 @@ class LMConfig:
                 raise InvalidInput(
                     f"LMConfig expected an int for {f.name}, got {value!r} ({type(value).__name__})."
                 )
-            if value < 1:
-                raise InvalidInput(f"LMConfig expected {f.name} >= 1, got {f.name}={value}.")
+            lowest = 0 if f.name == "attn_heads" else 1
+            if value < lowest:
+                raise InvalidInput(f"LMConfig expected {f.name} >= {lowest}, got {f.name}={value}.")
             object.__setattr__(self, f.name, int(value))
+        if self.attn_heads and self.d_model % self.attn_heads:
+            raise InvalidInput(
+                f"LMConfig expected d_model divisible by attn_heads, got d_model={self.d_model}, "
+                f"attn_heads={self.attn_heads}."
+            )
         if self.top_k > self.n_experts:
             raise InvalidInput(
                 f"LMConfig expected top_k <= n_experts, got top_k={self.top_k}, n_experts={self.n_experts}. "
@@ -124,6 +132,11 @@ def param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + expert + ".b1"] = (h,)
             shapes[p + expert + ".w2"] = (h, c)
             shapes[p + expert + ".b2"] = (c,)
+    if config.attn_heads:  # the embedder's pooling block: h += attn(norm(h)); h = norm(h); mean
+        shapes["pool.attn_norm"] = (c,)
+        shapes["pool.wqkv"] = (c, 3 * c)
+        shapes["pool.wo"] = (c, c)
+        shapes["pool.out_norm"] = (c,)
     return shapes
 
 
@@ -134,8 +147,12 @@ def _init_param(name: str, shape: tuple[int, ...], rng: np.random.Generator, d_m
         return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
     if leaf == "w1":  # He init for the ReLU layer
         return rng.normal(0.0, math.sqrt(2.0 / d_model), size=shape).astype(np.float32)
-    if leaf in ("conv_norm", "moe_norm"):
+    if leaf in ("conv_norm", "moe_norm", "attn_norm", "out_norm"):
         return np.ones(shape, dtype=np.float32)
+    if leaf == "wqkv":
+        return rng.normal(0.0, 1.0 / math.sqrt(d_model), size=shape).astype(np.float32)
+    if leaf == "wo":  # small, so the untrained block starts close to a residual no-op
+        return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
     if leaf == "conv":  # identity pass-through: an untrained block is close to a residual no-op
         w = np.zeros(shape, dtype=np.float32)  # (K, C)
         w[0] = 1.0
@@ -564,12 +581,82 @@ class EvermindLM:
                 break
         return produced
 
-    def _pool(self, h: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Mean over real positions (padding is zero in h), then L2-normalise each row."""
-        pooled = h.sum(axis=1) / lengths[:, None].astype(h.dtype)  # (B, C)
+    def _pool_forward(self, h: np.ndarray, lengths: np.ndarray, keep_cache: bool) -> tuple[np.ndarray, Any]:
+        """The embedder's pooling: [h += attn(norm(h)); h = norm(h)] when attn_heads, then mean over real positions.
+
+        h is (B, T, C) with zeros at padded positions; returns the unnormalised (B, C) mean and a cache.
+        """
+        b, t, c = h.shape
+        real = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
+        if not self.config.attn_heads:
+            return h.sum(axis=1) / lengths[:, None].astype(h.dtype), (real, None)  # (B, C)
+        p = self.params
+        a, norm1 = rmsnorm_forward(h.reshape(b * t, c), p["pool.attn_norm"])  # (B*T, C)
+        y, attn = attention_forward(a.reshape(b, t, c), p["pool.wqkv"], p["pool.wo"], lengths,
+                                    self.config.attn_heads)  # (B, T, C)
+        o, norm2 = rmsnorm_forward((h + y).reshape(b * t, c), p["pool.out_norm"])  # (B*T, C)
+        o = o.reshape(b, t, c) * real[..., None]  # (B, T, C): padded queries never reach the mean
+        pooled = o.sum(axis=1) / lengths[:, None].astype(h.dtype)  # (B, C)
+        return pooled, ((real, (norm1, attn, norm2)) if keep_cache else (real, None))
+
+    def _pool_backward(self, dpooled: np.ndarray, lengths: np.ndarray, cache: Any, grads: dict) -> np.ndarray:
+        """Backward of `_pool_forward`: fills the pool.* grads and returns dh (B, T, C)."""
+        real, inner = cache
+        b, t = real.shape
+        c = dpooled.shape[1]
+        do = (dpooled / lengths[:, None].astype(dpooled.dtype))[:, None, :] * real[..., None]  # (B, T, C)
+        if not self.config.attn_heads:
+            return do
+        norm1, attn, norm2 = inner
+        p = self.params
+        dz, grads["pool.out_norm"] = rmsnorm_backward(do.reshape(b * t, c), norm2)  # (B*T, C)
+        da, grads["pool.wqkv"], grads["pool.wo"] = attention_backward(
+            dz.reshape(b, t, c), attn, p["pool.wqkv"], p["pool.wo"], self.config.attn_heads)  # (B, T, C)
+        dh, grads["pool.attn_norm"] = rmsnorm_backward(da.reshape(b * t, c), norm1)  # (B*T, C)
+        return (dh + dz).reshape(b, t, c)  # residual: z = h + y
+
+    @staticmethod
+    def _normalise(pooled: np.ndarray) -> np.ndarray:
+        """L2-normalise each row (an exactly zero row stays zero)."""
         norms = np.sqrt(np.einsum("bc,bc->b", pooled, pooled))  # (B,)
-        pooled /= np.maximum(norms, _NORM_EPS)[:, None]
-        return pooled.astype(np.float32, copy=False)
+        return (pooled / np.maximum(norms, _NORM_EPS)[:, None]).astype(np.float32, copy=False)
+
+    def pooled_forward(self, tokens: Any, lengths: Any = None) -> tuple[np.ndarray, Any]:
+        """Unnormalised pooled embeddings of a right-padded batch (what `embed` normalises).
+
+        Args:
+            tokens: (B, T) integer ids; positions at or after lengths[b] are padding.
+            lengths: (B,) real lengths; None means no padding.
+
+        Returns:
+            pooled (B, C), and the cache for `pooled_backward`.
+
+        Raises:
+            InvalidInput: bad shapes, dtypes, lengths or token ids.
+        """
+        h, trunk = self.hidden_forward(tokens, lengths)  # (B, T, C)
+        lens = trunk.batch.lengths
+        pooled, pool = self._pool_forward(h, lens, keep_cache=True)
+        return pooled, (trunk, pool)
+
+    def pooled_backward(self, dpooled: Any, cache: Any) -> dict[str, np.ndarray]:
+        """Exact parameter gradients of sum(dpooled * pooled) for the pooled that `pooled_forward` returned.
+
+        Args:
+            dpooled: (B, C) gradient of the pooled vectors.
+            cache: from `pooled_forward`.
+
+        Returns:
+            {name: gradient} for every parameter, in param_shapes order.
+        """
+        trunk, pool = cache
+        lens = trunk.batch.lengths
+        d = np.asarray(dpooled, dtype=self.params["emb"].dtype)  # (B, C)
+        pool_grads: dict[str, np.ndarray] = {}
+        dh = self._pool_backward(d, lens, pool, pool_grads)  # (B, T, C)
+        grads = self.hidden_backward(dh, trunk)
+        grads.update(pool_grads)
+        return grads
 
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
         """Embedding of one token sequence: final hidden states mean-pooled over positions, unit L2 norm.
@@ -586,7 +673,8 @@ class EvermindLM:
         arr = self._prepare_list(tokens, "embed()")
         batch = _Batch(arr[None, :], np.array([arr.size]), None, None)
         x, _ = self._trunk_forward(batch, "none")  # (T, C)
-        return self._pool(x[None], batch.lengths)[0]
+        pooled, _ = self._pool_forward(x[None], batch.lengths, keep_cache=False)  # (1, C)
+        return self._normalise(pooled)[0]
 
     def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Embeddings of many token sequences, batched by similar length (same vectors as `embed`).
@@ -631,7 +719,8 @@ class EvermindLM:
             x, _ = self._trunk_forward(batch, "none")  # (b*t, C)
             if batch.pad is not None:
                 x[batch.pad] = 0.0
-            out[ids] = self._pool(x.reshape(len(ids), t, -1), sub_lens)
+            pooled, _ = self._pool_forward(x.reshape(len(ids), t, -1), sub_lens, keep_cache=False)  # (b, C)
+            out[ids] = self._normalise(pooled)
             start = stop
         return out
 
