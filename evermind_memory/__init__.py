@@ -22,14 +22,32 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+_LAZY = {"MemoryStore": "store", "Fact": "store", "Recall": "store", "default_embedder": "embedder"}
+
+
+def __getattr__(name: str):
+    # The store pulls in sqlite-utils and hnswlib; importing it lazily keeps `import evermind_memory.lm`
+    # (the model alone, e.g. in a training job) free of them.
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "CheckpointError",
     "EmbedderMismatch",
     "EmbedderOutputInvalid",
     "EvermindError",
+    "Fact",
     "FactNotFound",
     "GpuUnavailable",
     "InvalidInput",
+    "MemoryStore",
+    "Recall",
+    "default_embedder",
     "StoreLocked",
     "TokenizerError",
     "__version__",

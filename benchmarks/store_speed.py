@@ -1,0 +1,228 @@
+"""Speed of MemoryStore against plain hnswlib and exact numpy search on the same vectors.
+
+For each store size: remember one at a time (items/s, default durability), remember_many (items/s), recall
+latency p50/p99 per mode with the query embedding included, the query embedding alone, opening a saved store,
+rebuild_index(); then plain hnswlib (build, knn_query) and exact numpy (matrix @ q + argpartition) over the
+very vectors the store holds, with and without the embedding step. The model is an untrained EvermindLM of
+the chosen config (speed does not depend on training) with a BPE tokenizer trained on synthetic text.
+Indicative only on a shared machine.
+
+    python benchmarks/store_speed.py [--sizes 10000,100000] [--config small|tiny] [--queries 200]
+                                     [--threads 1] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _threads_from_argv() -> str:
+    for i, arg in enumerate(sys.argv):
+        if arg == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return "1"
+
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # read once, at numpy's import
+    os.environ.setdefault(_var, _threads_from_argv())
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hnswlib  # noqa: E402
+import numpy as np  # noqa: E402
+
+from evermind_memory import MemoryStore  # noqa: E402
+from evermind_memory.embedder import LMEmbedder  # noqa: E402
+from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
+from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
+from evermind_memory.store.index import IndexConfig  # noqa: E402
+
+CONFIGS = {
+    # the foundation issue's small config (the tokenizer is trained smaller; ids stay < vocab_size)
+    "small": LMConfig(vocab_size=8192, d_model=128, n_layers=4, conv_kernel=4, hidden_dim=256, n_experts=4, top_k=2),
+    "tiny": LMConfig(vocab_size=1024, d_model=32, n_layers=2, conv_kernel=3, hidden_dim=64, n_experts=4, top_k=2),
+}
+WORDS = (
+    "ada bob carol tea coffee water cat dog bird paris london tokyo project meeting deadline report budget "
+    "python sqlite vector memory agent user prefers likes drinks reads writes visits morning evening monday "
+    "friday green black small large quick lazy river mountain city office home garden book music film"
+).split()
+
+
+def texts(rng: np.random.Generator, n: int, lo: int = 6, hi: int = 12) -> list[str]:
+    lengths = rng.integers(lo, hi + 1, size=n)
+    return [" ".join(rng.choice(WORDS, size=int(k))) + f" #{i}" for i, k in enumerate(lengths)]
+
+
+def pct(samples: list[float]) -> tuple[float, float]:
+    arr = np.array(samples) * 1000.0
+    return float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
+
+
+def timed(fn, items: list) -> list[float]:
+    out = []
+    for item in items:
+        t0 = time.perf_counter()
+        fn(item)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class PrecomputedEmbedder:
+    """Serves vectors computed ahead of time, so a run measures the store alone (SQLite + FTS5 + HNSW)."""
+
+    def __init__(self, inner: LMEmbedder, corpus: list[str]) -> None:
+        self.dimensions = inner.dimensions
+        self.fingerprint = inner.fingerprint + "+precomputed"
+        self.table = dict(zip(corpus, inner.embed_many(corpus)))
+
+    def embed(self, text: str) -> np.ndarray:
+        return self.table[text]
+
+    def embed_many(self, texts_: list[str]) -> np.ndarray:
+        return np.stack([self.table[t] for t in texts_])
+
+
+def bench_size(n: int, embedder: LMEmbedder, args: argparse.Namespace, workdir: Path) -> dict:
+    rng = np.random.default_rng(n)
+    corpus = texts(rng, n)
+    queries = [" ".join(rng.choice(WORDS, size=3)) for _ in range(args.queries)]
+    db = workdir / f"bench_{n}.db"
+    res: dict = {"n": n}
+
+    single = min(args.single, n)
+    with MemoryStore(db, embedder) as store:
+        t0 = time.perf_counter()
+        for text in corpus[:single]:
+            store.remember(text)
+        res["remember_items_per_s"] = single / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for start in range(single, n, 1000):
+            store.remember_many(corpus[start : start + 1000])
+        res["remember_many_items_per_s"] = (n - single) / max(1e-9, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        vecs = embedder.embed_many(corpus[single : single + 2000])
+        res["embed_many_items_per_s"] = len(vecs) / (time.perf_counter() - t0)
+    single_only = corpus[:single]
+    pre = PrecomputedEmbedder(embedder, single_only)
+    with MemoryStore(workdir / f"pre_{n}.db", pre) as store:
+        t0 = time.perf_counter()
+        for text in single_only:
+            store.remember(text)
+        res["remember_store_only_items_per_s"] = single / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    store = MemoryStore(db, embedder)
+    res["open_s"] = time.perf_counter() - t0
+    res["open_status"] = store.info()["index_status"]
+    try:
+        for q in queries[:10]:  # warm-up
+            store.recall(q, k=10, mode="hybrid")
+        res["embed_query_ms"] = pct(timed(embedder.embed, queries))
+        for mode in ("vector", "lexical", "hybrid"):
+            res[f"recall_{mode}_ms"] = pct(timed(lambda q, m=mode: store.recall(q, k=10, mode=m), queries))
+        res["recall_vector_tag_filter_ms"] = pct(
+            timed(lambda q: store.recall(q, k=10, mode="vector", tags={"none": "x"}), queries[:50]))
+        t0 = time.perf_counter()
+        store.rebuild_index()
+        res["rebuild_s"] = time.perf_counter() - t0
+    finally:
+        store.close()
+
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT label, vector FROM facts ORDER BY label").fetchall()
+    labels = np.array([r[0] for r in rows], dtype=np.int64)
+    matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), embedder.dimensions)
+    qvecs = embedder.embed_many(queries)
+    cfg = IndexConfig()
+    t0 = time.perf_counter()
+    plain = hnswlib.Index(space="ip", dim=embedder.dimensions)
+    plain.init_index(max_elements=len(labels), ef_construction=cfg.ef_construction, M=cfg.M, random_seed=cfg.seed)
+    plain.add_items(matrix, labels, num_threads=cfg.threads)
+    plain.set_ef(cfg.ef_search)
+    res["hnswlib_build_s"] = time.perf_counter() - t0
+    res["hnswlib_knn_ms"] = pct(timed(lambda q: plain.knn_query(q[None, :], k=10, num_threads=1), list(qvecs)))
+    res["hnswlib_with_embed_ms"] = pct(
+        timed(lambda q: plain.knn_query(embedder.embed(q)[None, :], k=10, num_threads=1), queries))
+
+    def exact(q: np.ndarray) -> np.ndarray:
+        scores = matrix @ q
+        return labels[np.argpartition(-scores, 9)[:10]]
+
+    res["numpy_exact_ms"] = pct(timed(exact, list(qvecs)))
+    res["numpy_exact_with_embed_ms"] = pct(timed(lambda q: exact(embedder.embed(q)), queries))
+    hits = sum(len(set(plain.knn_query(q[None, :], k=10)[0][0].tolist()) & set(exact(q).tolist())) for q in qvecs)
+    res["hnswlib_recall_at_10"] = hits / (10 * len(qvecs))
+    return res
+
+
+def print_table(results: list[dict]) -> None:
+    rows = [
+        ("remember, one at a time", "remember_items_per_s", "items/s"),
+        ("remember, vectors precomputed", "remember_store_only_items_per_s", "items/s"),
+        ("remember_many", "remember_many_items_per_s", "items/s"),
+        ("embed_many (model alone)", "embed_many_items_per_s", "items/s"),
+        ("open saved store", "open_s", "s"),
+        ("rebuild_index()", "rebuild_s", "s"),
+        ("plain hnswlib build", "hnswlib_build_s", "s"),
+        ("embed one query", "embed_query_ms", "ms p50/p99"),
+        ("recall vector (incl. embed)", "recall_vector_ms", "ms p50/p99"),
+        ("recall lexical", "recall_lexical_ms", "ms p50/p99"),
+        ("recall hybrid (incl. embed)", "recall_hybrid_ms", "ms p50/p99"),
+        ("recall vector, tag filter", "recall_vector_tag_filter_ms", "ms p50/p99"),
+        ("plain hnswlib knn", "hnswlib_knn_ms", "ms p50/p99"),
+        ("plain hnswlib + embed", "hnswlib_with_embed_ms", "ms p50/p99"),
+        ("exact numpy", "numpy_exact_ms", "ms p50/p99"),
+        ("exact numpy + embed", "numpy_exact_with_embed_ms", "ms p50/p99"),
+        ("hnswlib recall@10 vs exact", "hnswlib_recall_at_10", ""),
+    ]
+    head = f"{'':32}" + "".join(f"{r['n']:>20,}" for r in results)
+    print(head)
+    for label, key, unit in rows:
+        cells = []
+        for r in results:
+            v = r[key]
+            cells.append(f"{v[0]:>9.3f} / {v[1]:<8.3f}" if isinstance(v, tuple) else f"{v:>20.3f}" if isinstance(v, float) else f"{v!s:>20}")
+        print(f"{label:<32}" + "".join(f"{c:>20}" for c in cells) + f"  {unit}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000", help="comma-separated store sizes (e.g. 10000,100000)")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--single", type=int, default=2000, help="facts remembered one at a time per size")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS threads (set before numpy loads)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    tok = BPETokenizer.train(texts(rng, 3000), 1024)
+    config = CONFIGS[args.config]
+    model = EvermindLM(config, seed=0)
+    embedder = LMEmbedder(model, tok)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="evermind-bench-") as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            results.append(bench_size(n, embedder, args, Path(tmp)))
+    meta = {
+        "config": config.to_dict(), "tokenizer_vocab": len(tok), "fingerprint": embedder.fingerprint,
+        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "hnswlib": getattr(hnswlib, "__version__", "?"),
+        "numpy": np.__version__, "cpu_count": os.cpu_count(), "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "durability": "normal", "machine": platform.machine(),
+    }
+    print(f"MemoryStore speed ({args.config} config: {config.to_dict()}; {args.queries} queries, k=10)")
+    print_table(results)
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

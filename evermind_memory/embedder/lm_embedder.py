@@ -1,0 +1,144 @@
+"""LMEmbedder: text -> BPE tokens -> EvermindLM -> mean-pooled, L2-normalised float32 vector.
+
+The fingerprint `evermind-lm/<arch>/<digest8>` names the whole function: its digest is a sha256 over every
+parameter tensor (so a merged adapter on any tensor changes it), an optional adapter digest, the tokenizer's
+digest, the pooling, the truncation length and a format version (RELIABILITY R11).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidInput
+
+FINGERPRINT_FORMAT = "evermind-embedder 1"
+POOLING = "mean-l2"
+DEFAULT_BATCH = 64
+
+
+_ARCH_FIELDS = ("vocab_size", "d_model", "n_layers", "conv_kernel", "hidden_dim", "n_experts", "top_k")
+
+
+def _arch(config: object) -> str:
+    """The seed's readable architecture string V-C-L-K-H-E-k, plus any other config field that is set
+    (e.g. `-attn_heads4` for a longer-range block), from an LMConfig."""
+    base = "-".join(str(getattr(config, name, "?")) for name in _ARCH_FIELDS)
+    extra = "".join(
+        f"-{key}{value}" for key, value in _config_dict(config).items()
+        if key not in _ARCH_FIELDS and value not in (0, None, False, "")
+    )
+    return base + extra
+
+
+def _config_dict(config: object) -> dict:
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    return {k: v for k, v in vars(config).items() if not k.startswith("_")}
+
+
+class LMEmbedder:
+    """Embeds text with an EvermindLM and a BPETokenizer.
+
+    Thread-safe for concurrent `embed`/`embed_many` calls as long as nobody mutates the model's params
+    (the model is only read).
+
+    Args:
+        model: an EvermindLM (anything with `.config`, `.params` and `embed_batch(list[list[int]])`).
+        tokenizer: a BPETokenizer (`encode`, `digest`, `bos_id`).
+        max_tokens: texts are truncated to this many tokens.
+        adapter_digest: digest of a LoRA adapter merged into `model`, recorded in the fingerprint.
+        hybrid_weight: weight of the cosine score against min-max-normalised BM25 in hybrid recall.
+        batch_size: rows per `embed_batch` call in `embed_many`.
+    Raises:
+        InvalidInput: max_tokens or batch_size out of range.
+    """
+
+    def __init__(
+        self,
+        model: object,
+        tokenizer: object,
+        *,
+        max_tokens: int = 128,
+        adapter_digest: str | None = None,
+        hybrid_weight: float = 2.0,
+        batch_size: int = DEFAULT_BATCH,
+    ) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:
+            raise InvalidInput(f"LMEmbedder expected 1 <= max_tokens <= 65536, got max_tokens={max_tokens!r}.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInput(f"LMEmbedder expected batch_size >= 1, got batch_size={batch_size!r}.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.batch_size = batch_size
+        self.hybrid_weight = float(hybrid_weight)
+        self.adapter_digest = adapter_digest
+        self._dimensions = int(model.config.d_model)
+        self.digest = self._compute_digest()
+        self._fingerprint = f"evermind-lm/{_arch(model.config)}/{self.digest[:8]}"
+
+    def _compute_digest(self) -> str:
+        h = hashlib.sha256()
+        h.update(FINGERPRINT_FORMAT.encode())
+        h.update(json.dumps(_config_dict(self.model.config), sort_keys=True, default=str).encode())
+        for name in sorted(self.model.params):
+            tensor = np.ascontiguousarray(self.model.params[name], dtype="<f4")
+            h.update(f"\n{name}:{tensor.shape}:".encode())
+            h.update(tensor.tobytes())
+        h.update(f"\ntokenizer:{self.tokenizer.digest()}".encode())
+        h.update(f"\npooling:{POOLING}\nmax_tokens:{self.max_tokens}".encode())
+        h.update(f"\nadapter:{self.adapter_digest or ''}".encode())
+        return h.hexdigest()
+
+    @property
+    def dimensions(self) -> int:
+        """Length of every vector (the model's d_model)."""
+        return self._dimensions
+
+    @property
+    def fingerprint(self) -> str:
+        """`evermind-lm/<arch>/<first 8 hex of the sha256 digest>`; computed once at construction."""
+        return self._fingerprint
+
+    def _tokens(self, text: str) -> list[int]:
+        ids = list(self.tokenizer.encode(text))[: self.max_tokens]
+        return ids if ids else [int(self.tokenizer.bos_id)]
+
+    def embed(self, text: str) -> np.ndarray:
+        """Embed one text.
+
+        Args:
+            text: any string (validated by the store, not here).
+        Returns:
+            (C,) float32, unit length.
+        """
+        return self.embed_many([text])[0]
+
+    def embed_many(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed many texts, batched by token length so padding stays small.
+
+        Args:
+            texts: the strings.
+        Returns:
+            (N, C) float32, rows unit length, in the order of `texts`.
+        """
+        n = len(texts)
+        out = np.zeros((n, self._dimensions), dtype=np.float32)  # (N, C)
+        if n == 0:
+            return out
+        token_lists = [self._tokens(t) for t in texts]
+        order = np.argsort(np.array([len(t) for t in token_lists]), kind="stable")  # (N,)
+        for start in range(0, n, self.batch_size):
+            idx = order[start : start + self.batch_size]
+            vecs = np.asarray(self.model.embed_batch([token_lists[i] for i in idx]), dtype=np.float32)  # (b, C)
+            out[idx] = vecs
+        norms = np.linalg.norm(out, axis=1, keepdims=True)  # (N, 1)
+        return out / np.maximum(norms, 1e-12)
+
+    def __repr__(self) -> str:
+        return f"LMEmbedder({self._fingerprint!r}, max_tokens={self.max_tokens})"

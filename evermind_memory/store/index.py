@@ -1,0 +1,516 @@
+"""The HNSW index: a disposable cache of the vectors in SQLite, wrapped so hnswlib cannot hurt us.
+
+Every hnswlib call runs under one readers-writer lock (R7); capacity doubles before an overflowing add (R8);
+`k` is clamped and a failed search is retried, then reported so the caller can search exactly (R9). Files are
+saved with temp + fsync + rename and a manifest written last (R4, R5), and a file is parsed and checked by us
+(sha256, header, link lists, labels) before hnswlib is allowed to read it (R6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import hnswlib
+import numpy as np
+
+from ..errors import InvalidInput
+from .lock import RWLock, crash_point
+
+INDEX_FORMAT = "evermind-hnsw 1"
+SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
+HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib 0.8 saveIndex header, 96 bytes
+MAX_MANIFEST_BYTES = 64 * 1024
+MAX_LEVEL = 64
+_FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """HNSW parameters (fixed for the life of an index file).
+
+    Args:
+        M: graph degree.
+        ef_construction: build-time beam width.
+        ef_search: query-time beam width (changed only under the exclusive lock).
+        initial_capacity: elements allocated at first; doubled on demand.
+        rebuild_deleted_ratio: rebuild once deleted/total exceeds this (R8).
+        threads: hnswlib threads for bulk adds.
+        seed: hnswlib's level-generator seed.
+    """
+
+    M: int = 16
+    ef_construction: int = 200
+    ef_search: int = 64
+    initial_capacity: int = 1024
+    rebuild_deleted_ratio: float = 0.2
+    threads: int = 2
+    seed: int = 100
+
+
+class IndexRejected(Exception):
+    """An index file or manifest failed validation; the caller discards it and rebuilds from SQLite."""
+
+
+class SearchFailed(Exception):
+    """hnswlib could not return the requested neighbours even after a retry; search exactly instead."""
+
+
+def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-k.
+
+    Args:
+        vectors: (N, D) float32 unit rows.
+        labels: (N,) int64 labels of those rows.
+        query: (D,) float32 unit query.
+        k: how many (clamped to N).
+    Returns:
+        (labels (k,), scores (k,)) best first.
+    """
+    n = len(labels)
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    scores = vectors @ query  # (N,)
+    top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)  # (k,)
+    top = top[np.lexsort((labels[top], -scores[top]))]  # (k,) best first, ties by label
+    return labels[top].astype(np.int64), scores[top].astype(np.float32)
+
+
+class VectorIndex:
+    """An hnswlib index over unit float32 vectors with integer labels; thread-safe for all methods.
+
+    Args:
+        dim: vector length.
+        config: HNSW parameters.
+    """
+
+    def __init__(self, dim: int, config: IndexConfig = IndexConfig()) -> None:
+        self.dim = int(dim)
+        self.config = config
+        self._lock = RWLock()
+        self._hnsw = hnswlib.Index(space=SPACE, dim=self.dim)
+        self._hnsw.init_index(
+            max_elements=config.initial_capacity, ef_construction=config.ef_construction, M=config.M,
+            random_seed=config.seed,
+        )
+        self._hnsw.set_ef(config.ef_search)
+        self._hnsw.set_num_threads(1)
+        self._live: set[int] = set()
+        self._elements = 0
+        self.file_info: HnswFileInfo | None = None
+
+    # ---- state -------------------------------------------------------------------------------------------
+    @property
+    def live_count(self) -> int:
+        """Number of searchable (not deleted) vectors."""
+        return len(self._live)
+
+    @property
+    def element_count(self) -> int:
+        """Vectors ever added to this index, deleted ones included."""
+        return self._elements
+
+    @property
+    def capacity(self) -> int:
+        """Elements allocated now."""
+        with self._lock.read():
+            return int(self._hnsw.get_max_elements())
+
+    def deleted_ratio(self) -> float:
+        """deleted / total, 0.0 when empty."""
+        return 0.0 if self._elements == 0 else 1.0 - len(self._live) / self._elements
+
+    def live_labels(self) -> frozenset[int]:
+        """A snapshot of the live labels."""
+        with self._lock.read():
+            return frozenset(self._live)
+
+    def __contains__(self, label: int) -> bool:
+        return int(label) in self._live
+
+    def get_vectors(self, labels: list[int]) -> np.ndarray:
+        """The stored vectors of live labels, (N, D) float32 (for spot checks against SQLite)."""
+        with self._lock.read():
+            if not labels:
+                return np.zeros((0, self.dim), dtype=np.float32)  # (0, D)
+            return np.asarray(self._hnsw.get_items(list(labels), return_type="numpy"), dtype=np.float32)  # (N, D)
+
+    # ---- writes (exclusive) --------------------------------------------------------------------------------
+    def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
+        """Add vectors under new labels, doubling capacity first if needed.
+
+        Args:
+            labels: (N,) distinct ints never used in this index before.
+            vectors: (N, D) float32 unit rows (already validated).
+        Raises:
+            InvalidInput: a label is already present or the shapes disagree.
+        """
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1)  # (N,)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(labels), self.dim)  # (N, D)
+        if len(labels) == 0:
+            return
+        if len(set(labels.tolist())) != len(labels) or (labels < 0).any():
+            raise InvalidInput("VectorIndex.add expected distinct non-negative labels.")
+        with self._lock.write():
+            if any(int(label) in self._live for label in labels):
+                raise InvalidInput("VectorIndex.add got a label that is already in the index.")
+            needed = self._elements + len(labels)
+            cap = int(self._hnsw.get_max_elements())
+            if needed > cap:
+                new_cap = cap
+                while new_cap < needed:
+                    new_cap *= 2
+                self._hnsw.resize_index(new_cap)
+            threads = self.config.threads if len(labels) >= 256 else 1
+            self._hnsw.add_items(vectors, labels.astype(np.uint64), num_threads=threads)
+            self._elements += len(labels)
+            self._live.update(int(label) for label in labels)
+
+    def mark_deleted(self, labels: object) -> int:
+        """Hide labels from search; labels not live in this index are ignored.
+
+        Args:
+            labels: iterable of ints.
+        Returns:
+            how many were live and are now deleted.
+        """
+        wanted = [int(label) for label in np.asarray(list(labels), dtype=np.int64).reshape(-1)]
+        with self._lock.write():
+            done = 0
+            for label in wanted:
+                if label in self._live:
+                    self._hnsw.mark_deleted(label)
+                    self._live.discard(label)
+                    done += 1
+            return done
+
+    # ---- reads (shared) ------------------------------------------------------------------------------------
+    def query(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Approximate top-k by inner product.
+
+        Args:
+            vector: (D,) float32 unit query.
+            k: wanted neighbours (>= 1; clamped to the live count).
+        Returns:
+            (labels (k',), scores (k',)) best first, k' = min(k, live).
+        Raises:
+            SearchFailed: hnswlib could not return k' results even with a larger ef.
+        """
+        q = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)  # (1, D)
+        with self._lock.read():
+            k_eff = min(int(k), len(self._live))
+            if k_eff <= 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            try:
+                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
+                return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
+            except RuntimeError:
+                pass
+        with self._lock.write():  # retry once with a wider beam (ef changes only under the exclusive lock)
+            k_eff = min(int(k), len(self._live))
+            if k_eff <= 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            self._hnsw.set_ef(max(self.config.ef_search, 4 * k_eff, min(self._elements, 4 * k_eff + 256)))
+            try:
+                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
+                return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
+            except RuntimeError as exc:
+                raise SearchFailed(str(exc)) from None
+            finally:
+                self._hnsw.set_ef(self.config.ef_search)
+
+    # ---- files ---------------------------------------------------------------------------------------------
+    def save(self, directory: Path, stem: str, meta: dict) -> dict:
+        """Save atomically: index temp file + fsync + rename, verify, then the manifest (the commit point).
+
+        Args:
+            directory: where the store lives.
+            stem: file name prefix (the db file name).
+            meta: extra manifest fields from the store (store_id, fingerprint, watermark, ...).
+        Returns:
+            the manifest written.
+        Raises:
+            OSError: the disk refused a write; the previous manifest and index stay valid.
+        """
+        directory = Path(directory)
+        name = f"{stem}.{secrets.token_hex(6)}.hnsw"
+        final = directory / name
+        tmp = directory / (name + ".tmp")
+        with self._lock.write():
+            self._hnsw.save_index(str(tmp))
+            count, live, cap = self._elements, len(self._live), int(self._hnsw.get_max_elements())
+        try:
+            crash_point("index.save.written")
+            _fsync_path(tmp)
+            data = tmp.read_bytes()
+            manifest = {
+                **meta,
+                "format": INDEX_FORMAT, "space": SPACE, "dim": self.dim, "M": self.config.M,
+                "ef_construction": self.config.ef_construction, "max_elements": cap, "count": count,
+                "live": live, "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            }
+            info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
+            if info.count != count or int((~info.deleted).sum()) != live:
+                raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
+            os.replace(tmp, final)
+            crash_point("index.save.before_manifest")
+            _write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            if name not in _manifest_names(directory / f"{stem}.json"):
+                final.unlink(missing_ok=True)
+            raise
+        for old in [*directory.glob(f"{stem}.*.hnsw*"), *directory.glob(f"{stem}.json.*.tmp")]:
+            if old.name != name:
+                try:
+                    old.unlink(missing_ok=True)
+                except OSError:
+                    pass  # best effort: a stray directory or a permission problem must not fail the save
+        return manifest
+
+    @classmethod
+    def load(cls, directory: Path, stem: str, *, expect: dict, config: IndexConfig, max_seq: int) -> tuple["VectorIndex", dict]:
+        """Validate the manifest and index file, then load them (R6).
+
+        Args:
+            directory: where the store lives.
+            stem: file name prefix.
+            expect: manifest fields that must match exactly (store_id, fingerprint, dim, ...).
+            config: the HNSW parameters this store uses.
+            max_seq: the store's highest change sequence; a newer watermark is refused.
+        Returns:
+            (index, manifest).
+        Raises:
+            IndexRejected: anything disagrees; the message says what.
+        """
+        manifest = read_manifest(directory / f"{stem}.json")
+        want = {"format": INDEX_FORMAT, "space": SPACE, "M": config.M, "ef_construction": config.ef_construction, **expect}
+        for key, value in want.items():
+            if manifest.get(key) != value:
+                raise IndexRejected(f"manifest {key} is {manifest.get(key)!r:.80}, expected {value!r:.80}")
+        for key in ("watermark", "count", "live", "max_elements", "size"):
+            if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
+                raise IndexRejected(f"manifest {key} is not a non-negative integer")
+        if manifest["watermark"] > max_seq:
+            raise IndexRejected(f"manifest watermark {manifest['watermark']} is newer than the store ({max_seq})")
+        name = manifest.get("file")
+        if not isinstance(name, str) or not _FILE_RE.match(name) or not name.startswith(f"{stem}."):
+            raise IndexRejected(f"manifest names an unexpected index file {name!r:.80}")
+        path = Path(directory) / name
+        if not path.is_file() or path.is_symlink():
+            raise IndexRejected(f"index file {name} is missing")
+        if path.stat().st_size != manifest["size"]:
+            raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+            raise IndexRejected("index file sha256 does not match the manifest")
+        dim = int(expect["dim"])
+        info = parse_hnsw_file(data, dim, config.M)
+        if info.ef_construction != config.ef_construction:
+            raise IndexRejected("index header ef_construction disagrees with the configuration")
+        if info.count != manifest["count"] or info.max_elements != manifest["max_elements"]:
+            raise IndexRejected("index header counts disagree with the manifest")
+        if info.count and int(info.labels.max()) > manifest["watermark"]:
+            raise IndexRejected("index holds a label newer than its watermark")
+        live = set(info.labels[~info.deleted].tolist())
+        if len(live) != manifest["live"]:
+            raise IndexRejected(f"index holds {len(live)} live vectors, manifest says {manifest['live']}")
+        self = cls(dim, config)
+        with self._lock.write():
+            hnsw = hnswlib.Index(space=SPACE, dim=dim)
+            hnsw.load_index(str(path), max_elements=info.max_elements)
+            hnsw.set_ef(config.ef_search)
+            hnsw.set_num_threads(1)
+            self._hnsw = hnsw
+            self._live = live
+            self._elements = info.count
+        self.file_info = info  # kept for the caller to compare with SQLite, then dropped
+        return self, manifest
+
+
+@dataclass(frozen=True)
+class HnswFileInfo:
+    """What we learn from parsing an hnswlib file ourselves."""
+
+    count: int
+    max_elements: int
+    ef_construction: int
+    labels: np.ndarray  # (count,) uint64
+    deleted: np.ndarray  # (count,) bool
+    vectors: np.ndarray  # (count, dim) float32
+
+
+def parse_hnsw_file(data: bytes, dim: int, M: int) -> HnswFileInfo:
+    """Parse and check an hnswlib 0.8 index file without trusting it.
+
+    Args:
+        data: the whole file.
+        dim: the dimension it must have.
+        M: the graph degree it must have.
+    Returns:
+        HnswFileInfo.
+    Raises:
+        IndexRejected: the header, the link lists, the labels, the vectors or the length are inconsistent.
+    """
+    if len(data) < HEADER.size:
+        raise IndexRejected(f"index file is {len(data)} bytes, shorter than hnswlib's {HEADER.size}-byte header")
+    (off0, max_el, cur, size_per, label_off, off_data, maxlevel, enter, max_m, max_m0, m, mult, efc) = HEADER.unpack_from(data, 0)
+    links0 = 2 * M * 4 + 4
+    expected = {
+        "offsetLevel0": (off0, 0), "M": (m, M), "maxM": (max_m, M), "maxM0": (max_m0, 2 * M),
+        "size_data_per_element": (size_per, links0 + dim * 4 + 8), "offsetData": (off_data, links0),
+        "label_offset": (label_off, links0 + dim * 4),
+    }
+    for field, (got, want) in expected.items():
+        if got != want:
+            raise IndexRejected(f"index header {field} is {got}, expected {want}")
+    if not (cur <= max_el <= min(2 * cur + (1 << 20), 2**32 - 1)):
+        raise IndexRejected(f"index header counts are impossible (count {cur}, max_elements {max_el})")
+    if not (math.isfinite(mult) and mult > 0) or not 1 <= efc <= 1 << 20:
+        raise IndexRejected("index header mult or ef_construction is out of range")
+    if cur == 0:
+        if maxlevel != -1 or len(data) != HEADER.size:
+            raise IndexRejected("empty index has a level or trailing bytes")
+        empty = np.zeros(0, dtype=np.uint64)
+        return HnswFileInfo(0, max_el, efc, empty, np.zeros(0, bool), np.zeros((0, dim), np.float32))
+    if not (0 <= maxlevel <= MAX_LEVEL) or enter >= cur:
+        raise IndexRejected(f"index header level {maxlevel} or entry point {enter} is out of range")
+    body = cur * size_per
+    if len(data) < HEADER.size + body + 4 * cur:
+        raise IndexRejected("index file is shorter than its element table")
+    level0 = np.frombuffer(data, dtype=np.uint8, count=body, offset=HEADER.size).reshape(cur, size_per)  # (N, S)
+    counts = level0[:, 0:2].copy().view("<u2").reshape(cur)  # (N,)
+    if (counts > 2 * M).any():
+        raise IndexRejected("index level-0 link count exceeds maxM0")
+    nbrs = level0[:, 4:links0].copy().view("<u4")  # (N, 2M)
+    used = np.arange(2 * M)[None, :] < counts[:, None]  # (N, 2M)
+    if (nbrs[used] >= cur).any():
+        raise IndexRejected("index level-0 link points past the element count")
+    vectors = level0[:, off_data:label_off].copy().view("<f4")  # (N, D)
+    if not np.isfinite(vectors).all():
+        raise IndexRejected("index holds non-finite vectors")
+    labels = level0[:, label_off:label_off + 8].copy().view("<u8").reshape(cur)  # (N,)
+    if len(np.unique(labels)) != cur:
+        raise IndexRejected("index holds duplicate labels")
+    deleted = (level0[:, 2] & 1).astype(bool)  # (N,)
+    size_links = M * 4 + 4
+    pos = HEADER.size + body
+    view = memoryview(data)
+    levels = np.zeros(cur, dtype=np.int64)  # (N,)
+    for i in range(cur):  # per-element variable-length records: no way to vectorise the walk itself
+        if pos + 4 > len(data):
+            raise IndexRejected("index file ends inside the link lists")
+        n = int.from_bytes(view[pos:pos + 4], "little")
+        pos += 4
+        if n == 0:
+            continue
+        if n % size_links or n // size_links > maxlevel or pos + n > len(data):
+            raise IndexRejected(f"index link list of element {i} has an impossible size {n}")
+        block = np.frombuffer(data, dtype=np.uint8, count=n, offset=pos).reshape(-1, size_links)  # (L, S')
+        c = block[:, 0:2].copy().view("<u2").reshape(-1)  # (L,)
+        ids = block[:, 4:].copy().view("<u4")  # (L, M)
+        if (c > M).any() or (ids[np.arange(M)[None, :] < c[:, None]] >= cur).any():
+            raise IndexRejected(f"index upper-level links of element {i} are out of range")
+        levels[i] = n // size_links
+        pos += n
+    if pos != len(data):
+        raise IndexRejected(f"index file has {len(data) - pos} bytes after the link lists")
+    if levels[enter] != maxlevel:
+        raise IndexRejected("index entry point is not on the top level")
+    return HnswFileInfo(int(cur), int(max_el), int(efc), labels, deleted, vectors)
+
+
+def read_manifest(path: Path) -> dict:
+    """Read a manifest JSON object, refusing anything oversized or malformed.
+
+    Raises:
+        IndexRejected: missing, too large, not JSON, not an object.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise IndexRejected("no index manifest") from None
+    if not path.is_file() or st.st_size > MAX_MANIFEST_BYTES:
+        raise IndexRejected(f"index manifest is not a regular file of at most {MAX_MANIFEST_BYTES} bytes")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IndexRejected(f"index manifest is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise IndexRejected("index manifest is not a JSON object")
+    return manifest
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _manifest_names(path: Path) -> set[str]:
+    try:
+        return {read_manifest(path).get("file")}
+    except IndexRejected:
+        return set()
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _full_fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _full_fsync(fd: int) -> None:
+    try:
+        import fcntl
+
+        if hasattr(fcntl, "F_FULLFSYNC"):  # macOS: fsync alone does not reach the platter
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+            return
+    except (ImportError, OSError):
+        pass
+    os.fsync(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory so a rename in it is durable (no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` with temp file + fsync + rename + directory fsync (R4)."""
+    tmp = path.with_name(path.name + f".{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            _full_fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+write_atomic = _write_atomic

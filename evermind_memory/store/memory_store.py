@@ -1,0 +1,955 @@
+"""MemoryStore: remember and recall, joining SQLite (the truth), the HNSW cache and an embedder.
+
+Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
+index on disk is a validated, replayable cache (RELIABILITY R1-R14). One writer process per store holds
+`<db>.lock`; any number of `read_only=True` readers follow the writer's commits through the change log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import sqlite3
+
+from ..embedder import check_embedder, checked_vectors, default_embedder
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
+from .facts import (
+    SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now,
+)
+from .index import IndexConfig, IndexRejected, SearchFailed, VectorIndex, exact_search, read_manifest
+from .lock import WriterLock, crash_point
+from .records import Change, CheckReport, Fact, Recall
+from .validate import (
+    FUSIONS, K_MAX, MAX_LIST_LIMIT, MODES, check_choice, check_id, check_int, check_k, check_min_score,
+    check_source, check_tags, check_text,
+)
+
+DEFAULT_HYBRID_WEIGHT = 2.0
+RRF_K = 60
+EXACT_FILTER_MAX = 4096  # a tag filter matching at most this many facts is searched exactly (R9)
+EMBED_CHUNK = 256
+REEMBED_BATCH = 256
+SAVE_AFTER_REPLAY = 1000
+MAX_IMPORT_LINE = 1 << 20
+_WORD_RE = re.compile(r"\w+", re.UNICODE)
+_ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
+
+
+def fts_match(query: str, max_terms: int = 64) -> str | None:
+    """Turn free text into a safe FTS5 query: each word quoted, OR-joined (None when no words)."""
+    words = list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(query)))[:max_terms]
+    if not words:
+        return None
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+class MemoryStore:
+    """A local memory with semantic recall.
+
+    Thread-safety: every method may be called from any thread of the process that opened the store; writes
+    are serialised, recalls run concurrently. Do not use a store in a forked child: open a new one there.
+
+    Args:
+        path: SQLite file (created if missing; its directory must exist), or ":memory:".
+        embedder: any object with embed, embed_many, dimensions and fingerprint; None for the shipped model.
+        read_only: open as a reader that follows another process's writes (no lock, no writes).
+        durability: "normal" (WAL, synchronous=NORMAL: survives application crashes; the last commits may be
+            lost on power loss or an OS crash) or "full" (synchronous=FULL: survives power loss, slower).
+        on_mismatch: when stored vectors come from another embedder: "reembed" them before serving (with a
+            progress bar on a terminal) or "raise" EmbedderMismatch.
+        lock_timeout: seconds to wait for another writer's lock before StoreLocked.
+        index_config: HNSW parameters.
+        busy_timeout: seconds SQLite waits on a locked database.
+    Raises:
+        InvalidInput: a bad argument or embedder, a missing directory, read_only on a missing file.
+        StoreLocked: another writer holds the store.
+        EmbedderMismatch: on_mismatch="raise" (or a reader) and stored vectors are from another embedder.
+        EvermindError: not an evermind store, or no default model is available.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        embedder: Any = None,
+        *,
+        read_only: bool = False,
+        durability: str = "normal",
+        on_mismatch: str = "reembed",
+        lock_timeout: float = 10.0,
+        index_config: IndexConfig | None = None,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
+        path = os.fspath(path)
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise InvalidInput(f"MemoryStore() expected a non-empty text path, got {path!r:.80}.")
+        check_choice(durability, "durability", ("normal", "full"), "MemoryStore")
+        check_choice(on_mismatch, "on_mismatch", ("reembed", "raise"), "MemoryStore")
+        for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86_400:
+                raise InvalidInput(f"MemoryStore() expected 0 <= {name} <= 86400 seconds, got {value!r}.")
+        if not isinstance(read_only, bool):
+            raise InvalidInput(f"MemoryStore() expected read_only to be a bool, got {read_only!r}.")
+        self._memory = path == ":memory:"
+        if self._memory and read_only:
+            raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
+        if not self._memory:
+            parent = Path(path).resolve().parent
+            if not parent.is_dir():
+                raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
+            if Path(path).is_dir():
+                raise InvalidInput(f"MemoryStore() expected a file path, got the directory {path}.")
+        self._embedder = default_embedder() if embedder is None else embedder
+        self._dim, self._fingerprint = check_embedder(self._embedder)
+        weight = getattr(self._embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT)
+        self._hybrid_weight = float(weight) if isinstance(weight, (int, float)) and np.isfinite(weight) else DEFAULT_HYBRID_WEIGHT
+        self._path = path
+        self._read_only = read_only
+        self._durability = durability
+        self._on_mismatch = on_mismatch
+        self._index_config = index_config or IndexConfig()
+        self._pid = os.getpid()
+        self._closed = False
+        self._applied = 0
+        self._saved_watermark = -1
+        self._index: VectorIndex = VectorIndex(self._dim, self._index_config)
+        self._index_status = "new"
+        self._lock: WriterLock | None = None
+        self._db: FactsDB | None = None
+        try:
+            if not self._memory and not read_only:
+                self._lock = WriterLock(Path(path + ".lock"), float(lock_timeout))
+            self._db = FactsDB(path, read_only=read_only, durability=durability, busy_timeout=float(busy_timeout))
+            self._open()
+        except BaseException:
+            self._release()
+            raise
+
+    # ---- opening -------------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        db = self._db
+        with db.reading() as conn:
+            self._store_id = db.meta(conn, "store_id")
+            stored_fp = db.meta(conn, "fingerprint")
+            stored_dim = db.meta(conn, "dim")
+            stale = db.count_stale(conn, self._fingerprint)
+        if stale:
+            if self._read_only and stored_fp != self._fingerprint:
+                raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, stale, reader=True))
+            if not self._read_only and self._on_mismatch == "raise":
+                raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, stale, reader=False))
+        if not self._read_only and (stored_fp != self._fingerprint or stored_dim != str(self._dim)):
+            with db.transaction() as conn:
+                db.set_meta(conn, "fingerprint", self._fingerprint)
+                db.set_meta(conn, "dim", str(self._dim))
+        if stale and not self._read_only:
+            self._reembed_rows(force=False, with_index=False)
+        self._load_index()
+
+    def _mismatch_message(self, stored_fp: str | None, stored_dim: str | None, stale: int, *, reader: bool) -> str:
+        what = f"{self._path} holds {stale} vectors made by embedder {stored_fp} (dim {stored_dim})"
+        now = f"the current one is {self._fingerprint} (dim {self._dim})"
+        if reader:
+            return f"{what}; {now}. A read-only store cannot re-embed: open it once as a writer with this embedder, or use the matching embedder."
+        return f"{what}; {now}. Open it with on_mismatch='reembed' to re-embed them, or with the matching embedder."
+
+    def _expect(self) -> dict:
+        return {"store_id": self._store_id, "fingerprint": self._fingerprint, "dim": self._dim}
+
+    def _load_index(self) -> None:
+        """Load the saved index if it validates, replay newer changes, verify it against SQLite, else rebuild."""
+        if self._memory:
+            self._rebuild("new in-memory store")
+            return
+        directory, stem = Path(self._path).resolve().parent, Path(self._path).name
+        with self._db.reading() as conn:
+            top = self._db.max_seq(conn)
+        try:
+            index, manifest = VectorIndex.load(directory, stem, expect=self._expect(), config=self._index_config, max_seq=top)
+        except IndexRejected as exc:
+            self._rebuild(str(exc))
+            return
+        except (OSError, RuntimeError, MemoryError) as exc:  # hnswlib refusing a file we validated, or I/O
+            self._rebuild(f"index could not be loaded ({exc})")
+            return
+        self._index = index
+        self._applied = manifest["watermark"]
+        self._saved_watermark = manifest["watermark"]
+        replayed = self._catch_up(verify=True)
+        if replayed is None:
+            return
+        self._index_status = f"loaded (replayed {replayed} changes)"
+        if replayed >= SAVE_AFTER_REPLAY and not self._read_only:
+            self._save_index()
+
+    def _rebuild(self, reason: str) -> int:
+        """Build a fresh index from the vectors in SQLite and swap it in; save it when we are the writer."""
+        with self._db.write_mutex:
+            with self._db.reading() as conn:
+                conn.execute("BEGIN")
+                try:
+                    top = self._db.max_seq(conn)
+                    labels, vectors = self._db.vectors(conn, self._fingerprint, self._dim)
+                finally:
+                    conn.execute("COMMIT")
+            cap = max(self._index_config.initial_capacity, len(labels) + len(labels) // 4)
+            cfg = IndexConfig(**{**self._index_config.__dict__, "initial_capacity": cap})
+            index = VectorIndex(self._dim, cfg)
+            index.add(labels, vectors)
+            crash_point("rebuild.before_swap")
+            self._index = index
+            self._applied = top
+            self._index_status = f"rebuilt ({reason})"
+            if not self._read_only and not self._memory:
+                self._save_index()
+            return len(labels)
+
+    def _catch_up(self, *, verify: bool = False) -> int | None:
+        """Replay changes after the index watermark (R3). Returns how many, or None when verify rebuilt."""
+        if not verify:
+            with self._db.reading() as conn:
+                if self._db.max_seq(conn) <= self._applied:
+                    return 0
+        with self._db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
+            with self._db.reading() as conn:
+                conn.execute("BEGIN")
+                try:
+                    top = self._db.max_seq(conn)
+                    changes = self._db.changes_after(conn, self._applied, top)
+                    added = [seq for seq, vec_added, _ in changes if vec_added]
+                    removed = [label for _, _, label in changes if label is not None]
+                    labels, vectors = self._db.vectors(conn, self._fingerprint, self._dim, labels=added)
+                    if verify:
+                        truth_labels, truth_vecs = self._db.vectors(conn, self._fingerprint, self._dim)
+                finally:
+                    conn.execute("COMMIT")
+            index = self._index
+            reason = None
+            try:
+                index.mark_deleted(removed)
+                fresh = np.array([label not in index for label in labels.tolist()], dtype=bool)  # (N,)
+                index.add(labels[fresh], vectors[fresh])
+                self._applied = top
+            except (InvalidInput, RuntimeError, MemoryError) as exc:
+                reason = f"replay failed ({exc})"
+            if verify and reason is None:
+                reason = self._disagreement(index, truth_labels, truth_vecs)
+            if reason is not None:
+                self._rebuild(reason)
+                return None
+        return len(changes)
+
+    @staticmethod
+    def _disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) -> str | None:
+        """Why a freshly loaded and replayed index disagrees with SQLite (labels or any stored vector), or None."""
+        info, index.file_info = index.file_info, None
+        live = index.live_labels()
+        truth = set(labels.tolist())
+        if live != truth:
+            return f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)"
+        if info is not None and info.count:
+            order = np.argsort(info.labels)  # (N,)
+            file_labels = info.labels[order].astype(np.int64)  # (N,)
+            pos = np.searchsorted(file_labels, labels)  # (M,)
+            pos = np.minimum(pos, len(file_labels) - 1)  # (M,)
+            in_file = file_labels[pos] == labels  # (M,) labels the file holds (the rest came from replay)
+            file_vecs = info.vectors[order][pos[in_file]]  # (m, D)
+            if not np.array_equal(file_vecs, vectors[in_file]):
+                return "index vectors disagree with SQLite"
+        return None
+
+    # ---- guards --------------------------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise EvermindError("this MemoryStore is closed; open a new one.")
+        if os.getpid() != self._pid:
+            raise EvermindError(
+                f"this MemoryStore was opened in process {self._pid} and cannot be used after fork (now {os.getpid()}); "
+                "open a new MemoryStore in the child."
+            )
+
+    def _check_writable(self, method: str) -> None:
+        self._check_usable()
+        if self._read_only:
+            raise EvermindError(f"{method}() needs a writer; {self._path} was opened with read_only=True.")
+
+    # ---- embedding -----------------------------------------------------------------------------------------
+    def _embed_many(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)  # (N, D)
+        for start in range(0, len(texts), EMBED_CHUNK):
+            chunk = list(texts[start : start + EMBED_CHUNK])
+            out[start : start + len(chunk)] = checked_vectors(self._embedder.embed_many(chunk), len(chunk), self._dim)
+        return out
+
+    def _embed_query(self, text: str) -> np.ndarray:
+        return checked_vectors(self._embedder.embed(text), 1, self._dim, what="embed")[0]  # (D,)
+
+    # ---- writes --------------------------------------------------------------------------------------------
+    def remember(self, text: str, *, tags: dict[str, str] | None = None, source: str | None = None) -> str:
+        """Store a fact; returns only after it is committed.
+
+        Thread-safe.
+
+        Args:
+            text: the fact (1..100,000 characters, no NUL or lone surrogates).
+            tags: exact-match labels, str -> str.
+            source: provenance label (who or what said it).
+        Returns:
+            the new fact's id.
+        Raises:
+            InvalidInput: bad text, tags or source. EmbedderOutputInvalid: the embedder returned a bad vector.
+        """
+        return self.remember_many([text], tags=tags, source=source)[0]
+
+    def remember_many(self, texts: Sequence[str], *, tags: dict[str, str] | None = None,
+                      source: str | None = None) -> list[str]:
+        """Store many facts in one transaction (all or none).
+
+        Thread-safe.
+
+        Args:
+            texts: the facts.
+            tags: tags applied to every fact.
+            source: provenance applied to every fact.
+        Returns:
+            the new ids, in order.
+        Raises:
+            InvalidInput: a bad text (its position is named), tags or source.
+            EmbedderOutputInvalid: the embedder returned a bad vector; nothing is stored.
+        """
+        self._check_writable("remember_many")
+        if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+            raise InvalidInput(f"remember_many() expected a list of str, got {type(texts).__name__}.")
+        checked = [check_text(t, f"texts[{i}]" if len(texts) > 1 else "text") for i, t in enumerate(texts)]
+        tags = check_tags(tags)
+        source = check_source(source)
+        if not checked:
+            return []
+        vectors = self._embed_many(checked)  # (N, D)
+        now = utc_now()
+        ids = [new_id() for _ in checked]
+        items = [(fid, text, tags, source, now, now) for fid, text in zip(ids, checked)]
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                labels = self._db.insert(conn, items, vectors, self._fingerprint)
+                crash_point("remember.before_commit")
+            crash_point("remember.after_commit")
+            self._apply(np.array(labels, dtype=np.int64), vectors, [], labels[-1])
+        return ids
+
+    def _apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], top: int) -> None:
+        """Mirror a committed change in the index (writer only, under the write mutex)."""
+        try:
+            self._index.mark_deleted(removed)
+            self._index.add(added, vectors)
+            self._applied = top
+        except (InvalidInput, RuntimeError, MemoryError) as exc:
+            self._rebuild(f"index update failed ({exc})")
+            return
+        if self._index.element_count >= 64 and self._index.deleted_ratio() > self._index_config.rebuild_deleted_ratio:
+            self._rebuild("too many deleted elements")
+
+    def update(self, fact_id: str, text: str | None = None, *, tags: dict[str, str] | None = None,
+               source: str | None = None) -> Fact:
+        """Change a fact's text, tags or source (None leaves that part as it is).
+
+        A new text gets a new vector; the old one is never returned again. Thread-safe.
+
+        Args:
+            fact_id: the fact.
+            text: new text.
+            tags: new tags (replace the old ones; {} clears them).
+            source: new source.
+        Returns:
+            the updated Fact.
+        Raises:
+            FactNotFound: no such fact. InvalidInput: bad arguments or nothing to change.
+        """
+        self._check_writable("update")
+        fact_id = check_id(fact_id)
+        if text is None and tags is None and source is None:
+            raise InvalidInput("update() expected at least one of text, tags or source.")
+        new_text = None if text is None else check_text(text)
+        new_tags = None if tags is None else check_tags(tags)
+        new_source = check_source(source)
+        vector = None if new_text is None else self._embed_many([new_text])[0]  # (D,)
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                row = self._db.fetch(conn, fact_id)
+                if row is None:
+                    raise FactNotFound(f"update() found no fact with id {fact_id!r}; it may have been forgotten.")
+                if new_text is not None and new_text == row[2] and row[7] == self._fingerprint:
+                    vector = None  # same text, same embedder: keep the vector and its label
+                seq, removed = self._db.update(
+                    conn, row, text=row[2] if new_text is None else new_text,
+                    tags=json.loads(row[3]) if new_tags is None else new_tags,
+                    source=row[4] if new_source is None else new_source,
+                    vector=vector, fingerprint=self._fingerprint, now=utc_now(),
+                )
+                fact = row_to_fact(self._db.fetch(conn, fact_id))
+            if vector is not None:
+                self._apply(np.array([seq]), vector[None, :], [] if removed is None else [removed], seq)
+            else:
+                self._applied = seq
+        return fact
+
+    def forget(self, fact_id: str) -> None:
+        """Remove a fact; it is never returned again (a tombstone stays in its history).
+
+        Thread-safe.
+
+        Args:
+            fact_id: the fact.
+        Raises:
+            FactNotFound: no such fact.
+        """
+        self._check_writable("forget")
+        fact_id = check_id(fact_id)
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                row = self._db.fetch(conn, fact_id)
+                if row is None:
+                    raise FactNotFound(f"forget() found no fact with id {fact_id!r}; it may have been forgotten already.")
+                removed = self._db.delete(conn, [row], utc_now())
+                top = self._db.max_seq(conn)
+            self._apply(np.zeros(0, dtype=np.int64), np.zeros((0, self._dim), np.float32), removed, top)
+
+    def forget_where(self, *, tags: dict[str, str] | None = None, source: str | None = None) -> int:
+        """Remove every fact carrying all `tags` and/or coming from `source`, in one transaction.
+
+        Thread-safe.
+
+        Args:
+            tags: exact tags to match.
+            source: exact source to match.
+        Returns:
+            how many facts were forgotten.
+        Raises:
+            InvalidInput: neither tags nor source given (that would forget everything).
+        """
+        self._check_writable("forget_where")
+        tags = check_tags(tags)
+        source = check_source(source)
+        if not tags and source is None:
+            raise InvalidInput("forget_where() expected tags or source; to forget everything, delete the store file.")
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                rows = self._db.list_rows(conn, -1, 0, tags, source)
+                removed = self._db.delete(conn, rows, utc_now())
+                top = self._db.max_seq(conn)
+            self._apply(np.zeros(0, dtype=np.int64), np.zeros((0, self._dim), np.float32), removed, top)
+        return len(rows)
+
+    # ---- reads ---------------------------------------------------------------------------------------------
+    def get(self, fact_id: str) -> Fact:
+        """Fetch one fact. Thread-safe.
+
+        Raises:
+            FactNotFound: no such fact. InvalidInput: not a valid id.
+        """
+        self._check_usable()
+        fact_id = check_id(fact_id)
+        with self._db.reading() as conn:
+            row = self._db.fetch(conn, fact_id)
+        if row is None:
+            raise FactNotFound(f"get() found no fact with id {fact_id!r}; it may have been forgotten.")
+        return row_to_fact(row)
+
+    def list(self, *, limit: int = 100, offset: int = 0, tags: dict[str, str] | None = None,
+             source: str | None = None) -> list[Fact]:
+        """Facts in the order they were remembered, optionally filtered. Thread-safe.
+
+        Args:
+            limit: at most this many (1..100,000).
+            offset: skip this many first.
+            tags: exact tags every fact must carry.
+            source: exact source.
+        Returns:
+            list of Fact.
+        """
+        self._check_usable()
+        limit = check_int(limit, "limit", 1, MAX_LIST_LIMIT, "list")
+        offset = check_int(offset, "offset", 0, 2**62, "list")
+        tags = check_tags(tags)
+        source = check_source(source)
+        with self._db.reading() as conn:
+            rows = self._db.list_rows(conn, limit, offset, tags, source)
+        return [row_to_fact(r) for r in rows]
+
+    def history(self, fact_id: str) -> list[Change]:
+        """Every change of a fact (remember, update, reembed, forget), oldest first. Thread-safe.
+
+        Raises:
+            FactNotFound: the id was never used in this store.
+        """
+        self._check_usable()
+        fact_id = check_id(fact_id)
+        with self._db.reading() as conn:
+            changes = self._db.history(conn, fact_id)
+        if not changes:
+            raise FactNotFound(f"history() found no fact with id {fact_id!r} in this store.")
+        return changes
+
+    def __len__(self) -> int:
+        self._check_usable()
+        with self._db.reading() as conn:
+            return self._db.count(conn)
+
+    def recall(self, query: str, k: int = 5, *, tags: dict[str, str] | None = None, mode: str = "hybrid",
+               min_score: float | None = None, fusion: str = "score") -> list[Recall]:
+        """The facts that best match `query`, best first. Thread-safe.
+
+        Args:
+            query: what to look for.
+            k: at most this many (1..1000); fewer when fewer facts match.
+            tags: exact tags every hit must carry.
+            mode: "hybrid" (BM25 and vector fused), "vector" (cosine) or "lexical" (FTS5 BM25).
+            min_score: drop hits scoring below this.
+            fusion: for hybrid: "score" (min-max BM25 + w * cosine, w from the embedder) or "rrf".
+        Returns:
+            list of Recall.
+        Raises:
+            InvalidInput: bad query, k, tags, mode, fusion or min_score.
+        """
+        self._check_usable()
+        query = check_text(query, "query")
+        k = check_k(k)
+        tags = check_tags(tags)
+        mode = check_choice(mode, "mode", MODES, "recall")
+        fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
+        min_score = check_min_score(min_score)
+        if self._read_only:
+            self._catch_up()
+        if mode == "lexical":
+            scored = self._lexical(query, k, tags)
+        else:
+            qv = self._embed_query(query)  # (D,)
+            if mode == "vector":
+                scored = self._rows_for(self._vector(qv, k, tags))
+            else:
+                scored = self._hybrid(query, qv, k, tags, fusion)
+        hits = [row_to_recall(row, score) for row, score in scored if min_score is None or score >= min_score]
+        return hits[:k]
+
+    def _vector(self, qv: np.ndarray, k: int, tags: dict[str, str]) -> list[tuple[int, float]]:
+        """(label, cosine) best first, from the index or exactly (small filters, failed searches)."""
+        index = self._index
+        if tags:
+            with self._db.reading() as conn:
+                matching = self._db.count_tagged(conn, tags, self._fingerprint)
+                if matching == 0:
+                    return []
+                if matching <= EXACT_FILTER_MAX or matching * 10 <= index.live_count:
+                    labels, vecs = self._db.vectors(conn, self._fingerprint, self._dim, tags=tags)
+                    return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
+                allowed, _ = self._db.vectors(conn, self._fingerprint, self._dim, tags=tags)
+            allowed_set = set(allowed.tolist())
+            want = min(k, len(allowed_set))
+            wide = min(index.live_count, K_MAX * 4, k * max(2, 2 * index.live_count // max(1, len(allowed_set))))
+            try:
+                labels, scores = index.query(qv, wide)
+                hits = [(lab, s) for lab, s in zip(labels.tolist(), scores.tolist()) if lab in allowed_set]
+            except SearchFailed:
+                hits = []
+            if len(hits) >= want:
+                return hits[:k]
+            with self._db.reading() as conn:
+                labels, vecs = self._db.vectors(conn, self._fingerprint, self._dim, tags=tags)
+            return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
+        want = min(k, index.live_count)
+        try:
+            labels, scores = index.query(qv, k)
+            if len(labels) >= want:
+                return list(zip(labels.tolist(), scores.tolist()))
+        except SearchFailed:
+            pass
+        with self._db.reading() as conn:
+            labels, vecs = self._db.vectors(conn, self._fingerprint, self._dim)
+        return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
+
+    def _rows_for(self, hits: list[tuple[int, float]]) -> list[tuple[tuple, float]]:
+        if not hits:
+            return []
+        with self._db.reading() as conn:
+            rows = self._db.fetch_where(conn, "label", [label for label, _ in hits])
+        return [(rows[label], score) for label, score in hits if label in rows]
+
+    def _lexical(self, query: str, k: int, tags: dict[str, str]) -> list[tuple[tuple, float]]:
+        match = fts_match(query)
+        if match is None:
+            return []
+        with self._db.reading() as conn:
+            return self._db.lexical(conn, match, k, tags)
+
+    def _hybrid(self, query: str, qv: np.ndarray, k: int, tags: dict[str, str], fusion: str) -> list[tuple[tuple, float]]:
+        pool = min(K_MAX, max(50, 4 * k))
+        vec = self._rows_for(self._vector(qv, pool, tags))
+        lex = self._lexical(query, pool, tags)
+        rows = {row[0]: row for row, _ in vec}
+        rows.update({row[0]: row for row, _ in lex})
+        if fusion == "rrf":
+            fused = dict.fromkeys(rows, 0.0)
+            for ranked in (vec, lex):
+                for rank, (row, _) in enumerate(ranked, start=1):
+                    fused[row[0]] += 1.0 / (RRF_K + rank)
+        else:
+            cos = {row[0]: s for row, s in vec}
+            missing = [row[8] for row, _ in lex if row[0] not in cos and row[8] is not None]
+            if missing:
+                with self._db.reading() as conn:
+                    labels, vecs = self._db.vectors(conn, self._fingerprint, self._dim, labels=missing)
+                by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
+                for row, _ in lex:
+                    if row[0] not in cos and row[8] in by_label:
+                        cos[row[0]] = by_label[row[8]]
+            bm = {row[0]: s for row, s in lex}
+            lo, hi = (min(bm.values()), max(bm.values())) if bm else (0.0, 0.0)
+            def lexical_part(rid: int) -> float:
+                if rid not in bm:
+                    return 0.0
+                return (bm[rid] - lo) / (hi - lo) if hi > lo else 1.0
+
+            fused = {rid: lexical_part(rid) + self._hybrid_weight * cos.get(rid, 0.0) for rid in rows}
+        order = sorted(rows, key=lambda rid: (-fused[rid], rid))
+        return [(rows[rid], fused[rid]) for rid in order[:k]]
+
+    # ---- maintenance ---------------------------------------------------------------------------------------
+    def rebuild_index(self) -> int:
+        """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
+
+        Thread-safe; recalls keep using the old index until the swap.
+
+        Returns:
+            how many vectors the new index holds.
+        """
+        self._check_usable()
+        return self._rebuild("rebuild_index() was called")
+
+    def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
+        """Re-embed facts whose vector came from another embedder (every fact with force=True).
+
+        Resumable: each batch is one transaction, so an interrupted run continues where it stopped.
+        Thread-safe (writes are serialised; recalls continue).
+
+        Args:
+            force: re-embed every fact, not only stale ones.
+            batch_size: facts per transaction.
+        Returns:
+            how many facts were re-embedded.
+        """
+        self._check_writable("reembed")
+        if not isinstance(force, bool):
+            raise InvalidInput(f"reembed() expected force to be a bool, got {force!r}.")
+        batch_size = check_int(batch_size, "batch_size", 1, 100_000, "reembed")
+        return self._reembed_rows(force=force, with_index=True, batch_size=batch_size)
+
+    def _reembed_rows(self, *, force: bool, with_index: bool, batch_size: int = REEMBED_BATCH) -> int:
+        from tqdm.auto import tqdm
+
+        db = self._db
+        with db.write_mutex:
+            with db.reading() as conn:
+                total = db.count(conn) if force else db.count_stale(conn, self._fingerprint)
+            done, after = 0, 0
+            with tqdm(total=total, desc="re-embedding", unit="fact", disable=not sys.stderr.isatty(), leave=False) as bar:
+                while True:
+                    with db.reading() as conn:
+                        rows = db.stale(conn, None if force else self._fingerprint, batch_size, after_rid=after)
+                    if not rows:
+                        break
+                    vectors = self._embed_many([r[2] for r in rows])  # (b, D)
+                    with db.transaction() as conn:
+                        pairs = db.set_vectors(conn, [(r[0], r[1], r[3]) for r in rows], vectors, self._fingerprint, utc_now())
+                        top = db.max_seq(conn)
+                    crash_point("reembed.batch")
+                    if with_index:
+                        self._apply(np.array([p[0] for p in pairs]), vectors, [p[1] for p in pairs if p[1] is not None], top)
+                    after = rows[-1][0]
+                    done += len(rows)
+                    bar.update(len(rows))
+            if with_index and not self._memory and done:
+                self._save_index()
+        return done
+
+    def check(self) -> CheckReport:
+        """Check SQLite integrity, FTS, vectors and the index against SQLite; report, never raise.
+
+        Thread-safe.
+
+        Returns:
+            CheckReport (ok is True when nothing is wrong).
+        """
+        self._check_usable()
+        problems: list[str] = []
+        if self._read_only:
+            self._catch_up()
+        with self._db.write_mutex:  # a consistent view: no write of ours in between
+            with self._db.reading() as conn:
+                conn.execute("BEGIN")
+                try:
+                    result = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+                    if result != ["ok"]:
+                        problems.append("sqlite integrity_check: " + "; ".join(result[:5]))
+                    fk = conn.execute("PRAGMA foreign_key_check").fetchall()
+                    if fk:
+                        problems.append(f"{len(fk)} foreign key violations")
+                    facts = self._db.count(conn)
+                    stale = self._db.count_stale(conn, self._fingerprint)
+                    top = self._db.max_seq(conn)
+                    truth = self._db.labels(conn, self._fingerprint)
+                    bad = conn.execute(
+                        "SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND length(vector) != ?", (4 * self._dim,)
+                    ).fetchone()[0]
+                    if bad and not stale:
+                        problems.append(f"{bad} vectors have the wrong length")
+                    fts_rows = conn.execute("SELECT COUNT(*) FROM facts_fts_docsize").fetchone()[0]
+                    if fts_rows != facts:
+                        problems.append(f"FTS index has {fts_rows} rows for {facts} facts")
+                    tag_mismatch = conn.execute(
+                        "SELECT COUNT(*) FROM facts f WHERE (SELECT COUNT(*) FROM fact_tags t WHERE t.fact_id = f.id) "
+                        "!= (SELECT COUNT(*) FROM json_each(f.tags))"
+                    ).fetchone()[0]
+                    if tag_mismatch:
+                        problems.append(f"{tag_mismatch} facts have tags out of sync")
+                finally:
+                    conn.execute("COMMIT")
+            if not self._read_only:
+                try:
+                    self._db.writer.execute("INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)")
+                except sqlite3.DatabaseError as exc:
+                    problems.append(f"FTS integrity-check: {exc}")
+            if stale and not self._read_only:
+                problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
+            live = self._index.live_labels()
+            if self._applied >= top and live != truth:
+                problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
+        return CheckReport(
+            ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
+            max_seq=top, fingerprint=self._fingerprint,
+        )
+
+    def backup(self, dest: str | os.PathLike) -> Path:
+        """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).
+
+        The index is not copied (it is rebuilt on first open). Thread-safe.
+
+        Args:
+            dest: a new file path (must not exist; its directory must).
+        Returns:
+            the destination path.
+        Raises:
+            InvalidInput: dest exists or its directory is missing.
+        """
+        self._check_usable()
+        dest_path = Path(os.fspath(dest)).resolve()
+        if dest_path.exists():
+            raise InvalidInput(f"backup() expected a new file, but {dest_path} exists; choose another name.")
+        if not dest_path.parent.is_dir():
+            raise InvalidInput(f"backup() expected the directory {dest_path.parent} to exist.")
+        with self._db.reading() as conn:
+            conn.execute("VACUUM INTO ?", (str(dest_path),))
+        return dest_path
+
+    def export(self, path: str | os.PathLike) -> int:
+        """Write every fact as JSON lines (id, text, tags, source, created_at, updated_at; no vectors).
+
+        Thread-safe; written to a temp file and renamed, so a crash leaves no half file.
+
+        Args:
+            path: the JSONL file to write (replaced if it exists).
+        Returns:
+            how many facts were written.
+        """
+        self._check_usable()
+        out = Path(os.fspath(path))
+        if not out.resolve().parent.is_dir():
+            raise InvalidInput(f"export() expected the directory {out.resolve().parent} to exist.")
+        tmp = out.with_name(out.name + ".tmp")
+        count = 0
+        with self._db.reading() as conn, open(tmp, "w", encoding="utf-8") as fh:
+            conn.execute("BEGIN")
+            try:
+                for row in conn.execute("SELECT id, text, tags, source, created_at, updated_at FROM facts ORDER BY rid"):
+                    record = {"id": row[0], "text": row[1], "tags": json.loads(row[2]), "source": row[3],
+                              "created_at": row[4], "updated_at": row[5]}
+                    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    count += 1
+            finally:
+                conn.execute("COMMIT")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+        return count
+
+    def import_(self, path: str | os.PathLike) -> int:
+        """Add the facts of a JSONL export (ids and timestamps kept; ids already present are skipped).
+
+        One transaction: on any bad line nothing is imported. Thread-safe.
+
+        Args:
+            path: a file written by export().
+        Returns:
+            how many facts were added.
+        Raises:
+            InvalidInput: a line is not a valid fact (the line number is named).
+        """
+        self._check_writable("import_")
+        records = []
+        with open(os.fspath(path), "r", encoding="utf-8", errors="strict") as fh:
+            for number, line in enumerate(fh, start=1):
+                if len(line) > MAX_IMPORT_LINE:
+                    raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError as exc:
+                    raise InvalidInput(f"import_() line {number} is not JSON ({exc}).") from None
+                if not isinstance(rec, dict):
+                    raise InvalidInput(f"import_() line {number} expected a JSON object.")
+                try:
+                    fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
+                    text = check_text(rec.get("text"))
+                    tags = check_tags(rec.get("tags"))
+                    source = check_source(rec.get("source"))
+                    created = self._check_time(rec.get("created_at"))
+                    updated = self._check_time(rec.get("updated_at"), default=created)
+                except InvalidInput as exc:
+                    raise InvalidInput(f"import_() line {number}: {exc}") from None
+                records.append((fid, text, tags, source, created, updated))
+        seen: set[str] = set()
+        records = [r for r in records if not (r[0] in seen or seen.add(r[0]))]
+        with self._db.reading() as conn:
+            present = set(self._db.fetch_where(conn, "id", [r[0] for r in records]))
+        records = [r for r in records if r[0] not in present]
+        if not records:
+            return 0
+        vectors = self._embed_many([r[1] for r in records])  # (N, D)
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                present = set(self._db.fetch_where(conn, "id", [r[0] for r in records]))
+                keep = [i for i, r in enumerate(records) if r[0] not in present]
+                labels = self._db.insert(conn, [records[i] for i in keep], vectors[keep], self._fingerprint)
+                top = self._db.max_seq(conn)
+            self._apply(np.array(labels, dtype=np.int64), vectors[keep], [], top)
+        return len(keep)
+
+    @staticmethod
+    def _check_time(value: Any, default: str | None = None) -> str:
+        if value is None:
+            return default or utc_now()
+        if not isinstance(value, str) or not _ISO_RE.fullmatch(value):
+            raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40}.")
+        from datetime import datetime, timezone
+
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+    # ---- identity and info ---------------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of the embedder whose vectors this store serves."""
+        return self._fingerprint
+
+    @property
+    def embedder(self) -> Any:
+        """The embedder in use."""
+        return self._embedder
+
+    @property
+    def path(self) -> str:
+        """The database path (or ":memory:")."""
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this is a read-only reader."""
+        return self._read_only
+
+    def info(self) -> dict:
+        """A summary for humans and the CLI: sizes, identity, durability, SQLite version, index state."""
+        self._check_usable()
+        with self._db.reading() as conn:
+            facts = self._db.count(conn)
+            top = self._db.max_seq(conn)
+            schema = self._db.meta(conn, "schema_version")
+        return {
+            "path": self._path, "read_only": self._read_only, "durability": self._durability, "facts": facts,
+            "indexed": self._index.live_count, "index_elements": self._index.element_count,
+            "index_status": self._index_status, "index_watermark": self._applied, "max_seq": top,
+            "fingerprint": self._fingerprint, "dimensions": self._dim, "store_id": self._store_id,
+            "schema_version": int(schema or SCHEMA_VERSION), "sqlite_version": sqlite3.sqlite_version,
+            "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix(), "hybrid_weight": self._hybrid_weight,
+        }
+
+    # ---- persistence and closing ---------------------------------------------------------------------------
+    def _save_index(self) -> None:
+        """Persist the index (writer only) unless the file on disk is already newer (CAS, R13)."""
+        if self._read_only or self._memory:
+            return
+        directory, stem = Path(self._path).resolve().parent, Path(self._path).name
+        with self._db.write_mutex:
+            try:
+                on_disk = read_manifest(directory / f"{stem}.json")
+                with self._db.reading() as conn:
+                    top = self._db.max_seq(conn)
+                newer = on_disk.get("watermark")
+                if (on_disk.get("store_id") == self._store_id and on_disk.get("fingerprint") == self._fingerprint
+                        and isinstance(newer, int) and self._applied < newer <= top):
+                    return  # a newer writer saved after us: never regress the index (R13)
+            except IndexRejected:
+                pass
+            meta = {**self._expect(), "watermark": self._applied}
+            self._index.save(directory, stem, meta)
+            self._saved_watermark = self._applied
+
+    def close(self) -> None:
+        """Save the index if it changed, close SQLite and release the writer lock. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._db is not None and os.getpid() == self._pid and not self._read_only and not self._memory:
+                if self._applied != self._saved_watermark:
+                    try:
+                        self._save_index()
+                    except OSError:
+                        pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
+        finally:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        if self._db is not None:
+            self._db.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __del__(self) -> None:
+        # A store dropped without close(): free the connections and the writer lock (no index save here;
+        # the next open replays from SQLite). Never raise from a finaliser.
+        try:
+            if not getattr(self, "_closed", True) and os.getpid() == self._pid:
+                self._closed = True
+                self._release()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> "MemoryStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("read-only" if self._read_only else "writer")
+        return f"MemoryStore({self._path!r}, {state}, fingerprint={self._fingerprint!r})"

@@ -1,0 +1,161 @@
+"""Input checks at the public boundary of MemoryStore (RELIABILITY §9, STYLE §6).
+
+Each check raises `InvalidInput` with what was expected, what arrived and what to do; inner code trusts the
+values these functions return.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+from ..errors import InvalidInput
+
+MAX_TEXT_CHARS = 100_000
+MAX_TAGS = 32
+MAX_TAG_VALUE_CHARS = 512
+MAX_SOURCE_CHARS = 256
+MAX_ID_CHARS = 128
+K_MAX = 1000
+MAX_LIST_LIMIT = 100_000
+TAG_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+MODES = ("hybrid", "vector", "lexical")
+FUSIONS = ("score", "rrf")
+
+
+def _plain_string(value: str, what: str) -> None:
+    """Refuse NUL and lone surrogates, which SQLite truncates or refuses (R9)."""
+    nul = value.find("\x00")
+    if nul >= 0:
+        raise InvalidInput(f"{what} must not contain NUL characters, found one at position {nul}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{what} must be valid Unicode text, found a lone surrogate {value[exc.start]!r} at position "
+            f"{exc.start}. Decode your bytes with errors='replace' first."
+        ) from None
+
+
+def check_text(text: Any, what: str = "text") -> str:
+    """A fact's text or a query: a non-blank str of at most MAX_TEXT_CHARS characters.
+
+    Raises:
+        InvalidInput: not a str, blank, too long, NUL or lone surrogates.
+    """
+    if not isinstance(text, str):
+        raise InvalidInput(f"{what} expected a str, got {type(text).__name__}.")
+    if len(text) > MAX_TEXT_CHARS:
+        raise InvalidInput(
+            f"{what} expected at most {MAX_TEXT_CHARS:,} characters, got {len(text):,}. Split it into smaller facts."
+        )
+    if not text.strip():
+        raise InvalidInput(f"{what} expected some non-blank text, got {text!r:.40}.")
+    _plain_string(text, what)
+    return text
+
+
+def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
+    """Tags: None or a mapping of short keys ([A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}) to str values.
+
+    Returns:
+        a plain dict (a copy), {} for None.
+    Raises:
+        InvalidInput: not a mapping, too many, bad key, non-str or oversized value.
+    """
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise InvalidInput(f"{what} expected a dict of str -> str, got {type(tags).__name__}.")
+    if len(tags) > MAX_TAGS:
+        raise InvalidInput(f"{what} expected at most {MAX_TAGS} tags, got {len(tags)}.")
+    out: dict[str, str] = {}
+    for key, value in tags.items():
+        if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
+            raise InvalidInput(
+                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'user', 'topic.sub'), got {key!r:.80}."
+            )
+        if not isinstance(value, str):
+            raise InvalidInput(f"{what}[{key!r}] expected a str value, got {type(value).__name__} {value!r:.40}.")
+        if len(value) > MAX_TAG_VALUE_CHARS:
+            raise InvalidInput(f"{what}[{key!r}] expected at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
+        _plain_string(value, f"{what}[{key!r}]")
+        out[key] = value
+    return out
+
+
+def check_source(source: Any) -> str | None:
+    """source: None or a short label (1..256 characters) saying where a fact came from.
+
+    Raises:
+        InvalidInput: not a str, empty, too long, NUL or lone surrogates.
+    """
+    if source is None:
+        return None
+    if not isinstance(source, str):
+        raise InvalidInput(f"source expected a str or None, got {type(source).__name__}.")
+    if not 1 <= len(source) <= MAX_SOURCE_CHARS:
+        raise InvalidInput(f"source expected 1 to {MAX_SOURCE_CHARS} characters, got {len(source)}.")
+    _plain_string(source, "source")
+    return source
+
+
+def check_id(fact_id: Any) -> str:
+    """A fact id: a str of 1..128 characters (ids are opaque; a well-formed unknown id is FactNotFound).
+
+    Raises:
+        InvalidInput: not a str, empty, too long, NUL or lone surrogates.
+    """
+    if not isinstance(fact_id, str):
+        raise InvalidInput(f"fact id expected a str, got {type(fact_id).__name__} {fact_id!r:.40}.")
+    if not 1 <= len(fact_id) <= MAX_ID_CHARS:
+        raise InvalidInput(f"fact id expected 1 to {MAX_ID_CHARS} characters, got {len(fact_id)}.")
+    _plain_string(fact_id, "fact id")
+    return fact_id
+
+
+def check_int(value: Any, name: str, low: int, high: int, method: str) -> int:
+    """An int (not a bool) in [low, high].
+
+    Raises:
+        InvalidInput: a bool, a non-int or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{method}() expected {name} to be an int, got {type(value).__name__} {value!r:.40}.")
+    if value < low:
+        raise InvalidInput(f"{method}() expected {name} >= {low}, got {name}={value}.")
+    if value > high:
+        raise InvalidInput(f"{method}() expected {name} <= {high}, got {name}={value}.")
+    return value
+
+
+def check_k(k: Any) -> int:
+    """recall's k: an int in [1, K_MAX]."""
+    return check_int(k, "k", 1, K_MAX, "recall")
+
+
+def check_min_score(min_score: Any) -> float | None:
+    """None or a finite real number.
+
+    Raises:
+        InvalidInput: a bool, a non-number, NaN or infinite.
+    """
+    if min_score is None:
+        return None
+    if isinstance(min_score, bool) or not isinstance(min_score, (int, float)):
+        raise InvalidInput(f"recall() expected min_score to be a float or None, got {type(min_score).__name__}.")
+    if not math.isfinite(min_score):
+        raise InvalidInput(f"recall() expected a finite min_score, got {min_score!r}.")
+    return float(min_score)
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -> str:
+    """One of a few strings.
+
+    Raises:
+        InvalidInput: anything else.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidInput(f"{method}() expected {name} to be one of {', '.join(map(repr, choices))}, got {value!r:.40}.")
+    return value

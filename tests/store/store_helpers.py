@@ -1,0 +1,83 @@
+"""Helpers shared by the store tests and their child processes: the tiny real embedder and child envs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from evermind_memory.embedder import LMEmbedder
+from evermind_memory.lm.model import EvermindLM, LMConfig
+from evermind_memory.lm.tokenizer import BPETokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+CORPUS = [
+    "Ada prefers green tea in the morning and black coffee after lunch.",
+    "Bob drinks espresso and reads the news every day at eight.",
+    "The cat sat on the mat while the dog slept by the fire.",
+    "Paris is the capital of France; Berlin is the capital of Germany.",
+    "Python is a programming language; SQLite is a small database engine.",
+    "Memories are stored as text, tags and vectors in one transaction.",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Agents remember facts about users, projects, meetings and deadlines.",
+]
+
+
+def build_embedder(seed: int = 0, d_model: int = 32) -> LMEmbedder:
+    """The tiny deterministic real embedder used by store tests (vocab ~320, d_model 32, 2 layers)."""
+    tok = BPETokenizer.train(CORPUS * 4, 320)
+    model = EvermindLM(LMConfig(vocab_size=len(tok), d_model=d_model, n_layers=2, hidden_dim=64), seed=seed)
+    return LMEmbedder(model, tok)
+
+
+def child_env() -> dict[str, str]:
+    """Environment for child python processes: the repo on sys.path, no crash point inherited."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("EVERMIND_CRASH_AT", None)
+    env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    return env
+
+
+PYTHON = sys.executable
+
+CHILD_PRELUDE = """
+import sys
+from evermind_memory import MemoryStore
+from evermind_memory.embedder import LMEmbedder
+from evermind_memory.lm.model import EvermindLM
+from evermind_memory.lm.tokenizer import BPETokenizer
+emb = LMEmbedder(EvermindLM.load(sys.argv[1]), BPETokenizer.load(sys.argv[2]))
+db = sys.argv[3]
+"""
+
+
+def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
+    """recall@k of store.recall(mode="vector") against exact search over the vectors stored in SQLite.
+
+    Tie-aware: a returned fact counts when its exact score reaches the k-th best exact score (the tiny
+    untrained model maps some texts to identical vectors, and any member of a tie is a right answer).
+    """
+    import sqlite3
+
+    import numpy as np
+
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT id, vector FROM facts WHERE fingerprint = ?", (store.fingerprint,)).fetchall()
+    if not rows:
+        return 1.0
+    dim = store.embedder.dimensions
+    vec_of = {fid: np.frombuffer(blob, np.float32) for fid, blob in rows}
+    matrix = np.stack(list(vec_of.values()))
+    hits = total = 0
+    for q in queries:
+        qv = store.embedder.embed(q).astype(np.float32)
+        qv = qv / np.linalg.norm(qv)
+        exact = np.sort(matrix @ qv)[::-1][:k]
+        threshold = exact[-1] - 1e-5
+        got = [h.id for h in store.recall(q, k=k, mode="vector")]
+        hits += min(len(exact), sum(1 for fid in got if float(vec_of[fid] @ qv) >= threshold))
+        total += len(exact)
+        assert dim == len(qv)
+    return hits / total

@@ -1,0 +1,45 @@
+"""RELIABILITY C: 38 corrupted, forged or mismatched index/manifest variants, reopened in a child process.
+
+Every one must be detected and rebuilt (or, for a valid older generation, replayed), never trusted, never
+crash the process, and leave a store that passes check() with recall@10 >= 0.95 against exact search.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from store_helpers import PYTHON, child_env
+from corruption_cases import VARIANTS
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, model_files) -> dict[str, dict]:
+    work = tmp_path_factory.mktemp("corrupt")
+    proc = subprocess.run(
+        [PYTHON, str(HERE / "corruption_cases.py"), str(model_files[0]), str(model_files[1]), str(work), ",".join(VARIANTS)],
+        env=child_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    out = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["name"]: r for r in out}
+
+
+def test_there_are_at_least_20_variants():
+    assert len(VARIANTS) >= 20
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_is_detected_and_store_recovers(results, name):
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    assert r["status"].startswith(r["expected"]), r["status"]
+    assert r["ok"], r["problems"]
+    assert r["facts"] == (95 if name != "older_generation" else 114)
+    assert r["recall"] >= 0.95
+    assert r["reopen_status"].startswith("loaded"), r["reopen_status"]  # the rebuilt index was saved validly

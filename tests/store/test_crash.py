@@ -1,0 +1,158 @@
+"""RELIABILITY A: kill -9 of a writer child process (at random moments and at named crash points) never
+loses an acknowledged fact and leaves a store that opens, passes check() and recalls like exact search."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evermind_memory import MemoryStore
+from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k
+
+REMEMBER_LOOP = CHILD_PRELUDE + """
+durability = sys.argv[4]
+with MemoryStore(db, emb, durability=durability) as store:
+    print("open", flush=True)
+    i = 0
+    while True:
+        if i % 7 == 6:
+            ids = store.remember_many([f"batch fact {i} {j} about tea and cats" for j in range(5)], tags={"b": str(i)})
+        else:
+            ids = [store.remember(f"fact number {i} about river foxes", tags={"n": str(i)})]
+        if i % 11 == 10:
+            store.forget(ids[0])
+            print("forgot", ids[0], flush=True)
+        for fid in ids:
+            print("ok", fid, flush=True)
+        i += 1
+"""
+
+
+def run_until_killed(model_files, db: Path, kill_after: int, durability: str) -> tuple[set[str], set[str]]:
+    """Start the remember loop, SIGKILL it after `kill_after` acknowledgements; return (acked, forgotten)."""
+    proc = subprocess.Popen(
+        [PYTHON, "-c", REMEMBER_LOOP, str(model_files[0]), str(model_files[1]), str(db), durability],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )
+    acked: set[str] = set()
+    forgotten: set[str] = set()
+    try:
+        for line in proc.stdout:
+            kind, _, fid = line.strip().partition(" ")
+            if kind == "ok":
+                acked.add(fid)
+            elif kind == "forgot":
+                forgotten.add(fid)
+            if len(acked) >= kill_after:
+                proc.send_signal(signal.SIGKILL)
+                break
+        for line in proc.stdout:  # whatever was acknowledged before the signal landed counts too
+            kind, _, fid = line.strip().partition(" ")
+            (acked if kind == "ok" else forgotten if kind == "forgot" else set()).add(fid)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
+    return acked, forgotten
+
+
+def assert_healthy(db: Path, embedder, acked: set[str], forgotten: set[str]) -> None:
+    with MemoryStore(db, embedder) as store:
+        present = {f.id for f in store.list(limit=100_000)}
+        assert acked - forgotten <= present, f"lost {len(acked - forgotten - present)} acknowledged facts"
+        assert not (forgotten & present)
+        report = store.check()
+        assert report.ok, report.problems
+        assert recall_at_k(store, db, ["river foxes", "tea and cats", "fact number 3", "batch"]) >= 0.95
+
+
+def kill_loop(model_files, embedder, tmp_path: Path, runs: int) -> None:
+    rng = np.random.default_rng(2024)
+    db = tmp_path / "crash.db"
+    all_acked: set[str] = set()
+    all_forgotten: set[str] = set()
+    for run in range(runs):
+        acked, forgotten = run_until_killed(model_files, db, int(rng.integers(1, 40)), ("normal", "full")[run % 2])
+        all_acked |= acked
+        all_forgotten |= forgotten
+        assert_healthy(db, embedder, all_acked, all_forgotten)
+
+
+def test_kill_during_remember_loop(model_files, embedder, tmp_path: Path):
+    kill_loop(model_files, embedder, tmp_path, runs=4)
+
+
+@pytest.mark.slow
+def test_kill_during_remember_loop_30_runs(model_files, embedder, tmp_path: Path):
+    kill_loop(model_files, embedder, tmp_path, runs=30)
+
+
+CRASH_SCRIPT = CHILD_PRELUDE + """
+store = MemoryStore(db, emb)
+print("open", flush=True)
+for i in range(12):
+    fid = store.remember(f"fact {i} about the river fox")
+    print("ok", fid, flush=True)
+store.close()
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "point, committed_unacked",
+    [
+        ("remember.before_commit:5", 0),  # the 5th remember dies before COMMIT: never acknowledged, not stored
+        ("remember.after_commit:5", 1),  # dies after COMMIT, before the index saw it: replayed on open
+        ("index.save.written:1", 0),  # dies with a half-saved index temp file on close
+        ("index.save.before_manifest:1", 0),  # new index renamed, manifest not yet: the old one stays valid
+    ],
+)
+def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, committed_unacked: int):
+    db = tmp_path / "c.db"
+    with MemoryStore(db, embedder) as store:  # an earlier generation of the index exists on disk
+        before = set(store.remember_many(["an older fact", "another older fact"]))
+    env = {**child_env(), "EVERMIND_CRASH_AT": point}
+    proc = subprocess.run(
+        [PYTHON, "-c", CRASH_SCRIPT, str(model_files[0]), str(model_files[1]), str(db)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    acked = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("ok ")}
+    assert "closed" not in proc.stdout
+    assert_healthy(db, embedder, acked | before, set())
+    with MemoryStore(db, embedder) as store:
+        assert len(store) == len(acked) + 2 + committed_unacked
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not leftovers
+
+
+REEMBED_SCRIPT = CHILD_PRELUDE + """
+store = MemoryStore(db, emb)  # another embedder: re-embeds in batches of 256 and dies after the 2nd
+print("never", flush=True)
+"""
+
+
+def test_kill_during_reembed_resumes(model_files, other_model_files, embedder, other_embedder, tmp_path: Path):
+    db = tmp_path / "r.db"
+    with MemoryStore(db, embedder) as store:
+        ids = store.remember_many([f"fact {i} about tea" for i in range(600)])
+    env = {**child_env(), "EVERMIND_CRASH_AT": "reembed.batch:2"}
+    proc = subprocess.run(
+        [PYTHON, "-c", REEMBED_SCRIPT, str(other_model_files[0]), str(other_model_files[1]), str(db)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    with sqlite3.connect(db) as conn:
+        by_fp = dict(conn.execute("SELECT fingerprint, COUNT(*) FROM facts GROUP BY fingerprint").fetchall())
+    assert by_fp == {other_embedder.fingerprint: 512, embedder.fingerprint: 88}  # two batches committed
+    with MemoryStore(db, other_embedder) as store:
+        assert all(f.fingerprint == other_embedder.fingerprint for f in store.list(limit=1000))
+        assert all([c.op for c in store.history(fid)] == ["remember", "reembed"] for fid in ids[::50])
+        hit = store.recall("fact 7 about tea", k=1, mode="vector")[0]
+        assert hit.score == pytest.approx(1.0, abs=1e-5)
+    assert_healthy(db, other_embedder, set(ids), set())

@@ -1,0 +1,176 @@
+"""VectorIndex: recall against exact search, capacity, deletes, k clamping, atomic save, validation (R6-R9)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evermind_memory.errors import InvalidInput
+from evermind_memory.store.index import (
+    IndexConfig, IndexRejected, VectorIndex, exact_search, parse_hnsw_file, read_manifest,
+)
+
+DIM = 16
+
+
+def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    v = rng.standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def recall_at_10(index: VectorIndex, labels: np.ndarray, vecs: np.ndarray, queries: np.ndarray) -> float:
+    hits = 0
+    for q in queries:
+        got, _ = index.query(q, 10)
+        want, _ = exact_search(vecs, labels, q, 10)
+        hits += len(set(got.tolist()) & set(want.tolist()))
+    return hits / (10 * len(queries))
+
+
+def test_recall_at_10_against_exact(rng):
+    vecs = unit(rng, 3000)
+    labels = np.arange(1, 3001)
+    index = VectorIndex(DIM, IndexConfig(initial_capacity=64))
+    index.add(labels, vecs)
+    assert index.capacity >= 3000 and index.live_count == 3000
+    assert recall_at_10(index, labels, vecs, unit(rng, 50)) >= 0.95
+
+
+def test_capacity_doubles(rng):
+    index = VectorIndex(DIM, IndexConfig(initial_capacity=8))
+    index.add(np.arange(8), unit(rng, 8))
+    assert index.capacity == 8
+    index.add(np.array([100]), unit(rng, 1))
+    assert index.capacity == 16
+    index.add(np.arange(200, 240), unit(rng, 40))
+    assert index.capacity == 64
+
+
+def test_update_is_delete_plus_new_label(rng):
+    index = VectorIndex(DIM)
+    vecs = unit(rng, 20)
+    index.add(np.arange(20), vecs)
+    assert index.mark_deleted([3]) == 1
+    index.add(np.array([20]), vecs[3:4])
+    got, scores = index.query(vecs[3], 1)
+    assert got.tolist() == [20] and scores[0] == pytest.approx(1.0, abs=1e-5)
+    assert 3 not in index and index.live_count == 20 and index.element_count == 21
+    with pytest.raises(InvalidInput, match="already in the index"):
+        index.add(np.array([20]), vecs[:1])
+
+
+def test_k_is_clamped_and_deletes_never_return(rng):
+    index = VectorIndex(DIM)
+    vecs = unit(rng, 30)
+    index.add(np.arange(30), vecs)
+    index.mark_deleted(range(0, 30, 2))
+    got, _ = index.query(vecs[0], 10**6)
+    assert sorted(got.tolist()) == list(range(1, 30, 2))
+    assert index.mark_deleted([0, 999]) == 0
+
+
+def test_empty_index_returns_nothing(rng):
+    index = VectorIndex(DIM)
+    got, scores = index.query(unit(rng, 1)[0], 5)
+    assert len(got) == 0 and len(scores) == 0
+
+
+def test_save_load_round_trip(tmp_path: Path, rng):
+    vecs = unit(rng, 500)
+    index = VectorIndex(DIM)
+    index.add(np.arange(1, 501), vecs)
+    index.mark_deleted([5, 6])
+    manifest = index.save(tmp_path, "s.db", {"store_id": "x", "fingerprint": "f", "watermark": 500})
+    assert manifest["live"] == 498 and manifest["count"] == 500
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([manifest["file"], "s.db.json"])
+    loaded, m2 = VectorIndex.load(tmp_path, "s.db", expect={"store_id": "x", "fingerprint": "f", "dim": DIM},
+                                  config=IndexConfig(), max_seq=500)
+    assert m2 == manifest and loaded.live_labels() == index.live_labels()
+    q = vecs[10]
+    assert loaded.query(q, 5)[0].tolist() == index.query(q, 5)[0].tolist()
+    # a second save replaces the first generation and removes the old file
+    manifest3 = loaded.save(tmp_path, "s.db", {"store_id": "x", "fingerprint": "f", "watermark": 500})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([manifest3["file"], "s.db.json"])
+
+
+def test_parse_rejects_bad_headers(tmp_path: Path, rng):
+    index = VectorIndex(DIM, IndexConfig(M=8))
+    index.add(np.arange(50), unit(rng, 50))
+    manifest = index.save(tmp_path, "s.db", {"watermark": 0})
+    data = (tmp_path / manifest["file"]).read_bytes()
+    info = parse_hnsw_file(data, DIM, 8)
+    assert info.count == 50 and not info.deleted.any()
+    with pytest.raises(IndexRejected, match="size_data_per_element"):
+        parse_hnsw_file(data, DIM * 2, 8)  # a 16-dim index read as 32-dim
+    with pytest.raises(IndexRejected, match="header M is 8, expected 16"):
+        parse_hnsw_file(data, DIM, 16)
+    with pytest.raises(IndexRejected, match="shorter"):
+        parse_hnsw_file(data[:50], DIM, 8)
+    with pytest.raises(IndexRejected):
+        parse_hnsw_file(data[:-3], DIM, 8)
+    with pytest.raises(IndexRejected, match="after the link lists"):
+        parse_hnsw_file(data + b"\0" * 8, DIM, 8)
+    bad = bytearray(data)
+    bad[96 + 4:96 + 8] = (10**6).to_bytes(4, "little")  # first neighbour id of element 0 points far away
+    with pytest.raises(IndexRejected, match="past the element count"):
+        parse_hnsw_file(bytes(bad), DIM, 8)
+
+
+def test_manifest_reader_refuses_junk(tmp_path: Path):
+    p = tmp_path / "m.json"
+    for junk in (b"", b"[1, 2]", b"{", b'{"a": NaN}', b"\xff\xfe", b" " * 70_000):
+        p.write_bytes(junk)
+        with pytest.raises(IndexRejected):
+            read_manifest(p)
+    p.write_text(json.dumps({"a": 1}))
+    assert read_manifest(p) == {"a": 1}
+
+
+def test_concurrent_queries_and_writes_do_not_crash(rng):
+    """R4/R7: adds, deletes and resizes racing queries, all under the RW lock."""
+    index = VectorIndex(DIM, IndexConfig(initial_capacity=16))
+    vecs = unit(rng, 2000)
+    index.add(np.arange(100), vecs[:100])
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        r = np.random.default_rng(7)
+        try:
+            while not stop.is_set():
+                index.query(unit(r, 1)[0], 10)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for start in range(100, 2000, 50):
+        index.add(np.arange(start, start + 50), vecs[start:start + 50])
+        index.mark_deleted(range(start - 100, start - 90))
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert index.live_count == 2000 - len(range(100, 2000, 50)) * 10
+
+
+def test_exact_search_orders_best_first(rng):
+    vecs = unit(rng, 100)
+    labels = np.arange(100) * 3
+    got, scores = exact_search(vecs, labels, vecs[7], 5)
+    assert got[0] == 21 and np.all(np.diff(scores) <= 0)
+    assert len(exact_search(vecs[:0], labels[:0], vecs[0], 5)[0]) == 0
+
+
+def test_sha_recorded_in_manifest(tmp_path: Path, rng):
+    index = VectorIndex(DIM)
+    index.add(np.arange(10), unit(rng, 10))
+    manifest = index.save(tmp_path, "s.db", {})
+    data = (tmp_path / manifest["file"]).read_bytes()
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest() and manifest["size"] == len(data)

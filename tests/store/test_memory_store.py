@@ -1,0 +1,363 @@
+"""MemoryStore through its public API with the tiny real embedder: round trips, recall modes, tags,
+updates, forgets, history, fingerprint changes, readers, backup and export/import."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import FrozenInstanceError
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, MemoryStore, Recall
+from store_helpers import recall_at_k
+
+TEXTS = [
+    "Ada prefers green tea in the morning",
+    "Bob drinks espresso every day",
+    "The cat sat on the mat",
+    "Paris is the capital of France",
+    "SQLite is a small database engine",
+    "Agents remember facts about users",
+]
+
+
+def test_remember_get_round_trip(store: MemoryStore):
+    fid = store.remember("Ada prefers green tea", tags={"user": "ada", "topic": "drinks"}, source="chat")
+    fact = store.get(fid)
+    assert isinstance(fact, Fact) and fact.id == fid
+    assert (fact.text, fact.tags, fact.source) == ("Ada prefers green tea", {"user": "ada", "topic": "drinks"}, "chat")
+    assert fact.created_at == fact.updated_at and fact.created_at.tzinfo is not None
+    assert fact.fingerprint == store.fingerprint
+    with pytest.raises(FrozenInstanceError):
+        fact.text = "x"  # type: ignore[misc]
+
+
+def test_ids_are_opaque_and_unique(store: MemoryStore):
+    ids = store.remember_many(["a fact", "a fact", "another"])
+    assert len(set(ids)) == 3 and all(isinstance(i, str) and i for i in ids)
+    assert len(store) == 3
+
+
+def test_recall_modes_find_the_exact_text(store: MemoryStore):
+    ids = store.remember_many(TEXTS)
+    for mode in ("hybrid", "vector", "lexical"):
+        hits = store.recall("Paris is the capital of France", k=3, mode=mode)
+        assert isinstance(hits[0], Recall) and hits[0].id == ids[3], mode
+        assert all(a.score >= b.score for a, b in zip(hits, hits[1:])), mode
+    top = store.recall("Paris is the capital of France", k=1, mode="vector")[0]
+    assert top.score == pytest.approx(1.0, abs=1e-5)
+    assert store.recall("capital France", mode="hybrid", fusion="rrf")[0].id == ids[3]
+
+
+def test_lexical_uses_porter_stemming(store: MemoryStore):
+    fid = store.remember("She was running marathons")
+    assert [h.id for h in store.recall("runs marathon", mode="lexical")] == [fid]
+    assert store.recall("zebra", mode="lexical") == []
+    assert store.recall("!!! ??? ...", mode="lexical") == []  # no words: no FTS syntax error
+
+
+def test_fts_syntax_in_queries_is_harmless(store: MemoryStore):
+    store.remember_many(TEXTS)
+    for q in ('"unbalanced', "tea AND OR NOT", "col:tea", "NEAR(tea cat)", "tea*", "-tea", "^tea"):
+        store.recall(q, mode="lexical")
+        store.recall(q)
+
+
+def test_hybrid_is_bm25_plus_weighted_cosine(store: MemoryStore):
+    store.remember_many(TEXTS)
+    hybrid = {h.id: h.score for h in store.recall("green tea morning", k=6, mode="hybrid")}
+    vector = {h.id: h.score for h in store.recall("green tea morning", k=6, mode="vector")}
+    lexical = {h.id: h.score for h in store.recall("green tea morning", k=6, mode="lexical")}
+    lo, hi = min(lexical.values()), max(lexical.values())
+    for fid, score in hybrid.items():
+        bm = 0.0 if fid not in lexical else (1.0 if hi == lo else (lexical[fid] - lo) / (hi - lo))
+        assert score == pytest.approx(bm + 2.0 * vector[fid], abs=1e-4)
+
+
+def test_k_bounds_and_min_score(store: MemoryStore):
+    store.remember_many(TEXTS)
+    assert len(store.recall("tea", k=1000, mode="vector")) == len(TEXTS)
+    assert len(store.recall("tea", k=2, mode="vector")) == 2
+    hits = store.recall("Ada prefers green tea in the morning", k=6, mode="vector", min_score=0.99)
+    assert [h.text for h in hits] == [TEXTS[0]]
+    assert store.recall("tea", k=6, mode="vector", min_score=1.5) == []
+
+
+def test_empty_store_recall(store: MemoryStore):
+    for mode in ("hybrid", "vector", "lexical"):
+        assert store.recall("anything", mode=mode) == []
+
+
+def test_tag_filters_are_exact(store: MemoryStore):
+    a = store.remember("Ada likes tea", tags={"user": "ada"})
+    store.remember("Bob likes tea", tags={"user": "bob"})
+    store.remember("Ada's cat likes tea", tags={"user": "ada ", "pet": "cat"})
+    c = store.remember("Ada walks", tags={"user": "ada", "pet": "dog"})
+    for mode in ("hybrid", "vector", "lexical"):
+        got = {h.id for h in store.recall("likes tea", k=10, tags={"user": "ada"}, mode=mode)}
+        assert got <= {a, c} and a in got, mode
+    assert [h.id for h in store.recall("walks", tags={"user": "ada", "pet": "dog"}, mode="vector")] == [c]
+    assert store.recall("tea", tags={"user": "nobody"}) == []
+    assert {f.id for f in store.list(tags={"user": "ada"})} == {a, c}
+
+
+def test_large_tag_filter_uses_index_and_stays_exact(store: MemoryStore, rng):
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+    texts = [" ".join(rng.choice(words, 6)) + f" {i}" for i in range(4400)]
+    store.remember_many(texts[:4200], tags={"group": "big"})
+    store.remember_many(texts[4200:], tags={"group": "small"})
+    hits = store.recall("alpha beta gamma", k=20, tags={"group": "big"}, mode="vector")
+    assert len(hits) == 20 and all(h.tags == {"group": "big"} for h in hits)
+
+
+def test_hnsw_recall_at_10_matches_exact_search(tmp_path: Path, embedder, rng):
+    words = ("tea coffee cat dog Paris France database agent memory river fox morning lunch news user "
+             "project meeting deadline green black small quick lazy capital engine").split()
+    texts = [" ".join(rng.choice(words, 5)) + f" number {i}" for i in range(3000)]
+    db = tmp_path / "m.db"
+    with MemoryStore(db, embedder) as store:
+        store.remember_many(texts)
+    queries = [" ".join(rng.choice(words, 3)) for _ in range(40)]
+    with MemoryStore(db, embedder) as store:
+        assert recall_at_k(store, db, queries) >= 0.95
+
+
+def test_update_text_tags_source(store: MemoryStore):
+    fid = store.remember("Ada prefers green tea", tags={"user": "ada"})
+    old = store.get(fid)
+    new = store.update(fid, "Ada prefers black coffee")
+    assert new.text == "Ada prefers black coffee" and new.tags == {"user": "ada"} and new.created_at == old.created_at
+    assert new.updated_at >= old.updated_at
+    assert store.recall("green tea", mode="lexical") == []
+    assert store.recall("black coffee", mode="lexical")[0].id == fid
+    hits = store.recall("Ada prefers black coffee", k=5, mode="vector")
+    assert [h.id for h in hits].count(fid) == 1 and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert store.update(fid, tags={"user": "bob"}).tags == {"user": "bob"}
+    assert store.list(tags={"user": "ada"}) == []
+    assert store.update(fid, source="import").source == "import"
+    assert store.check().ok
+
+
+def test_forget_never_returns_the_fact(store: MemoryStore):
+    ids = store.remember_many(TEXTS)
+    store.forget(ids[0])
+    with pytest.raises(FactNotFound, match="no fact with id"):
+        store.get(ids[0])
+    with pytest.raises(FactNotFound):
+        store.forget(ids[0])
+    with pytest.raises(FactNotFound):
+        store.update(ids[0], "again")
+    for mode in ("hybrid", "vector", "lexical"):
+        assert ids[0] not in {h.id for h in store.recall(TEXTS[0], k=100, mode=mode)}
+    assert [c.op for c in store.history(ids[0])] == ["remember", "forget"]
+    assert store.check().ok
+
+
+def test_forget_where(store: MemoryStore):
+    store.remember_many(["a1", "a2"], tags={"user": "ada"}, source="chat")
+    keep = store.remember("b1", tags={"user": "bob"}, source="chat")
+    assert store.forget_where(tags={"user": "ada"}) == 2
+    assert store.forget_where(source="nobody") == 0
+    assert [f.id for f in store.list()] == [keep]
+    assert store.forget_where(source="chat") == 1
+    assert len(store) == 0 and store.check().ok
+
+
+def test_list_pagination(store: MemoryStore):
+    ids = store.remember_many([f"fact {i}" for i in range(25)], source="s")
+    assert [f.id for f in store.list(limit=10)] == ids[:10]
+    assert [f.id for f in store.list(limit=10, offset=20)] == ids[20:]
+    assert [f.id for f in store.list(source="s", limit=100)] == ids
+    assert store.list(source="other") == []
+
+
+def test_history_records_every_change(store: MemoryStore):
+    fid = store.remember("v1", tags={"a": "1"})
+    store.update(fid, "v2")
+    store.update(fid, tags={"a": "2"})
+    store.forget(fid)
+    history = store.history(fid)
+    assert [c.op for c in history] == ["remember", "update", "update", "forget"]
+    assert [c.text for c in history] == ["v1", "v2", "v2", None]
+    assert [c.seq for c in history] == sorted(c.seq for c in history)
+    with pytest.raises(FactNotFound):
+        store.history("never-used")
+
+
+def test_reopen_keeps_everything_and_loads_index(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(TEXTS, tags={"k": "v"})
+        store.forget(ids[1])
+    with MemoryStore(db_path, embedder) as store:
+        assert store.info()["index_status"].startswith("loaded")
+        assert {f.id for f in store.list()} == set(ids) - {ids[1]}
+        assert store.recall(TEXTS[2], k=1, mode="vector")[0].id == ids[2]
+        assert store.check().ok
+
+
+def test_replay_after_watermark(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(TEXTS)
+    manifest = json.loads((db_path.parent / "memory.db.json").read_text())
+    saved = (db_path.parent / manifest["file"]).read_bytes()
+    with MemoryStore(db_path, embedder) as store:
+        new = store.remember("a brand new fact about zebras")
+        gone = store.list()[0].id
+        store.forget(gone)
+    # put back the older index generation: the store must replay the two changes after its watermark
+    (db_path.parent / "memory.db.json").write_text(json.dumps(manifest))
+    (db_path.parent / manifest["file"]).write_bytes(saved)
+    with MemoryStore(db_path, embedder) as store:
+        assert store.info()["index_status"] == "loaded (replayed 2 changes)"
+        assert store.recall("a brand new fact about zebras", k=1, mode="vector")[0].id == new
+        assert gone not in {h.id for h in store.recall(TEXTS[0], k=10, mode="vector")}
+        assert store.check().ok
+
+
+def test_rebuild_index(store: MemoryStore):
+    ids = store.remember_many(TEXTS)
+    assert store.rebuild_index() == len(TEXTS)
+    assert store.recall(TEXTS[4], k=1, mode="vector")[0].id == ids[4]
+    assert store.info()["index_status"].startswith("rebuilt")
+
+
+def test_deleting_index_files_loses_nothing(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(TEXTS)
+    for p in db_path.parent.glob("memory.db.*hnsw"):
+        p.unlink()
+    (db_path.parent / "memory.db.json").unlink()
+    with MemoryStore(db_path, embedder) as store:
+        assert store.recall(TEXTS[3], k=1, mode="vector")[0].id == ids[3]
+        assert store.check().ok
+
+
+def test_fingerprint_change_reembeds_without_mixing(db_path: Path, embedder, other_embedder):
+    assert embedder.fingerprint != other_embedder.fingerprint
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(TEXTS)
+    with pytest.raises(EmbedderMismatch, match="on_mismatch='reembed'"):
+        MemoryStore(db_path, other_embedder, on_mismatch="raise")
+    with MemoryStore(db_path, other_embedder) as store:
+        assert store.fingerprint == other_embedder.fingerprint
+        assert all(f.fingerprint == other_embedder.fingerprint for f in store.list())
+        top = store.recall(TEXTS[5], k=6, mode="vector")
+        assert top[0].id == ids[5] and top[0].score == pytest.approx(1.0, abs=1e-5)
+        want = other_embedder.embed_many([store.get(h.id).text for h in top]) @ other_embedder.embed(TEXTS[5])
+        assert np.allclose([h.score for h in top], want, atol=1e-5)  # every score from the new model
+        assert [c.op for c in store.history(ids[0])] == ["remember", "reembed"]
+        assert store.check().ok
+
+
+def test_reembed_force(store: MemoryStore):
+    ids = store.remember_many(TEXTS)
+    assert store.reembed() == 0
+    assert store.reembed(force=True, batch_size=4) == len(TEXTS)
+    assert store.recall(TEXTS[1], k=1, mode="vector")[0].id == ids[1]
+    assert store.check().ok
+
+
+def test_reader_sees_writer_commits(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as writer:
+        writer.remember("first fact")
+        with MemoryStore(db_path, embedder, read_only=True) as reader:
+            fid = writer.remember("the second fact is about zebras")
+            assert reader.get(fid).text == "the second fact is about zebras"
+            assert reader.recall("second fact zebras", k=1, mode="vector")[0].id == fid
+            writer.forget(fid)
+            assert fid not in {h.id for h in reader.recall("second fact zebras", k=5)}
+            with pytest.raises(EvermindError, match="read_only=True"):
+                reader.remember("nope")
+            assert reader.check().ok
+
+
+def test_second_writer_gets_store_locked(db_path: Path, embedder):
+    from evermind_memory import StoreLocked
+
+    with MemoryStore(db_path, embedder):
+        with pytest.raises(StoreLocked, match="held by another writer"):
+            MemoryStore(db_path, embedder, lock_timeout=0.2)
+    with MemoryStore(db_path, embedder, lock_timeout=0.2):
+        pass
+
+
+def test_closed_store_refuses(db_path: Path, embedder):
+    store = MemoryStore(db_path, embedder)
+    store.close()
+    store.close()
+    with pytest.raises(EvermindError, match="closed"):
+        store.recall("x")
+
+
+def test_backup_is_consistent_and_opens(store: MemoryStore, tmp_path: Path, embedder):
+    ids = store.remember_many(TEXTS)
+    dest = store.backup(tmp_path / "copy.db")
+    with pytest.raises(Exception, match="exists"):
+        store.backup(dest)
+    with MemoryStore(dest, embedder) as copy:
+        assert [f.id for f in copy.list()] == ids
+        assert copy.recall(TEXTS[0], k=1, mode="vector")[0].id == ids[0]
+
+
+def test_export_import_round_trip(store: MemoryStore, tmp_path: Path, embedder):
+    ids = store.remember_many(TEXTS, tags={"t": "x"}, source="src")
+    assert store.export(tmp_path / "out.jsonl") == len(TEXTS)
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["id"] == ids[0] and "vector" not in json.loads(lines[0])
+    with MemoryStore(tmp_path / "other.db", embedder) as other:
+        assert other.import_(tmp_path / "out.jsonl") == len(TEXTS)
+        assert other.import_(tmp_path / "out.jsonl") == 0  # ids already present are skipped
+        assert [(f.id, f.text, f.tags, f.source, f.created_at) for f in other.list()] == [
+            (f.id, f.text, f.tags, f.source, f.created_at) for f in store.list()
+        ]
+        assert other.recall(TEXTS[2], k=1, mode="vector")[0].id == ids[2]
+
+
+def test_import_is_all_or_nothing(store: MemoryStore, tmp_path: Path):
+    from evermind_memory import InvalidInput
+
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": "bad\u0000nul"}) + "\n")
+    with pytest.raises(InvalidInput, match="line 2"):
+        store.import_(p)
+    assert len(store) == 0
+
+
+def test_memory_path(embedder):
+    with MemoryStore(":memory:", embedder) as store:
+        fid = store.remember("in memory only")
+        assert store.recall("in memory only", k=1)[0].id == fid
+        assert store.check().ok
+
+
+def test_info_reports_sqlite_and_durability(tmp_path: Path, embedder):
+    with MemoryStore(tmp_path / "f.db", embedder, durability="full") as store:
+        info = store.info()
+        assert info["durability"] == "full" and info["sqlite_version"] == sqlite3.sqlite_version
+        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == 1
+
+
+def test_not_a_store_and_newer_schema_are_refused(tmp_path: Path, embedder):
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE x (a)")
+    with pytest.raises(EvermindError, match="not an evermind store"):
+        MemoryStore(other, embedder)
+    db = tmp_path / "m.db"
+    MemoryStore(db, embedder).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(EvermindError, match="schema version 99"):
+        MemoryStore(db, embedder)
+
+
+def test_pragmas_follow_the_connection_policy(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder, durability="full"):
+        pass
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        kinds = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"facts", "fact_tags", "changes", "meta", "facts_fts"} <= kinds

@@ -1,0 +1,104 @@
+"""The `evermind` CLI: every subcommand, --json output, --db placement, and errors as one clean line."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evermind_memory import cli
+from evermind_memory.embedder import LMEmbedder
+from evermind_memory.lm.model import EvermindLM, LMConfig
+from evermind_memory.lm.tokenizer import BPETokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> LMEmbedder:
+    tok = BPETokenizer.train(["Ada prefers green tea", "Bob drinks coffee", "the cat sat on the mat"] * 5, 300)
+    return LMEmbedder(EvermindLM(LMConfig(vocab_size=len(tok), d_model=16, n_layers=1, hidden_dim=32), seed=0), tok)
+
+
+def run(embedder, db: Path, *argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = cli.main([*argv, "--db", str(db)], embedder=embedder, out=out)
+    return code, out.getvalue()
+
+
+def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "cli.db"
+    code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "user=ada", "--source", "chat")
+    assert code == 0
+    fid = out.strip()
+    code, out = run(embedder, db, "--json", "remember", "Bob drinks coffee")
+    assert json.loads(out)["id"]
+    code, out = run(embedder, db, "recall", "green tea", "-k", "1", "--mode", "lexical")
+    assert code == 0 and fid in out and "user=ada" in out and "(from chat)" in out
+    code, out = run(embedder, db, "recall", "green tea", "--json", "--tag", "user=ada")
+    hits = json.loads(out)
+    assert [h["id"] for h in hits] == [fid] and hits[0]["tags"] == {"user": "ada"} and "score" in hits[0]
+    code, out = run(embedder, db, "get", fid, "--json")
+    assert json.loads(out)["text"] == "Ada prefers green tea"
+    assert run(embedder, db, "forget", fid)[1].strip() == "forgot 1 fact"
+    code, out = run(embedder, db, "history", fid, "--json")
+    assert [c["op"] for c in json.loads(out)] == ["remember", "forget"]
+    code, _ = run(embedder, db, "get", fid)
+    assert code == 1 and "no fact with id" in capsys.readouterr().err
+
+
+def test_list_check_info_reembed_rebuild(embedder, tmp_path: Path):
+    db = tmp_path / "cli.db"
+    for i in range(5):
+        run(embedder, db, "remember", f"fact {i}", "--tag", f"n={i % 2}")
+    code, out = run(embedder, db, "list", "--json", "--limit", "3")
+    assert [f["text"] for f in json.loads(out)] == ["fact 0", "fact 1", "fact 2"]
+    assert len(json.loads(run(embedder, db, "list", "--json", "--tag", "n=1")[1])) == 2
+    code, out = run(embedder, db, "check")
+    assert code == 0 and out.startswith("ok: 5 facts, 5 indexed")
+    assert json.loads(run(embedder, db, "info", "--json")[1])["facts"] == 5
+    assert json.loads(run(embedder, db, "reembed", "--force", "--json")[1]) == {"reembedded": 5}
+    assert json.loads(run(embedder, db, "rebuild", "--json")[1]) == {"indexed": 5}
+    assert json.loads(run(embedder, db, "forget", "--tag", "n=0", "--json")[1]) == {"forgotten": 3}
+
+
+def test_export_import_backup(embedder, tmp_path: Path):
+    db, other = tmp_path / "a.db", tmp_path / "b.db"
+    run(embedder, db, "remember", "exported fact")
+    assert run(embedder, db, "export", str(tmp_path / "x.jsonl"))[0] == 0
+    assert json.loads(run(embedder, other, "import", str(tmp_path / "x.jsonl"), "--json")[1]) == {"imported": 1}
+    assert run(embedder, db, "backup", str(tmp_path / "copy.db"))[0] == 0
+    assert (tmp_path / "copy.db").exists()
+
+
+def test_errors_are_one_line(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "e.db"
+    assert run(embedder, db, "list")[0] == 1
+    assert "no store at" in capsys.readouterr().err
+    run(embedder, db, "remember", "x")
+    assert run(embedder, db, "recall", "x", "-k", "0")[0] == 1
+    err = capsys.readouterr().err
+    assert err.startswith("evermind: error: recall() expected k >= 1") and err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        cli.main(["remember", "x", "--tag", "novalue"], embedder=embedder)
+
+
+def test_default_db_path_is_in_user_data_dir():
+    assert cli.default_db_path().name == "memory.db" and "evermind" in str(cli.default_db_path())
+
+
+def test_real_entry_point_with_model_files(embedder, tmp_path: Path):
+    embedder.model.save(tmp_path / "m.evl")
+    embedder.tokenizer.save(tmp_path / "t.json")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "evermind_memory.cli", "--db", str(tmp_path / "s.db"),
+            "--model", str(tmp_path / "m.evl"), "--tokenizer", str(tmp_path / "t.json")]
+    p = subprocess.run([*base, "remember", "-"], input="from stdin\n", capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([*base, "--json", "recall", "stdin"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)[0]["text"] == "from stdin"
