@@ -8,7 +8,7 @@ The mixture of experts that combines `ffn_*` and `router_*` lives in `moe.py`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Container, NamedTuple
 
 import numpy as np
 
@@ -87,7 +87,9 @@ def rmsnorm_forward(x: np.ndarray, gain: np.ndarray) -> tuple[np.ndarray, RMSNor
     return y, RMSNormCache(xhat, rinv, gain)
 
 
-def rmsnorm_backward(dy: np.ndarray, cache: RMSNormCache) -> tuple[np.ndarray, np.ndarray]:
+def rmsnorm_backward(
+    dy: np.ndarray, cache: RMSNormCache, *, gain_grad: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Backward of `rmsnorm_forward`.
 
     dx = rinv * (g*dy - xhat * mean(g*dy*xhat)), dgain = sum_rows dy * xhat.
@@ -95,13 +97,14 @@ def rmsnorm_backward(dy: np.ndarray, cache: RMSNormCache) -> tuple[np.ndarray, n
     Args:
         dy: (N, C) upstream gradient.
         cache: from `rmsnorm_forward`.
+        gain_grad: False skips dgain (a frozen gain) and returns None in its place.
 
     Returns:
-        dx: (N, C), dgain: (C,).
+        dx: (N, C), dgain: (C,) or None.
     """
     xhat, rinv, gain = cache
     c = xhat.shape[-1]
-    dgain = np.einsum("nc,nc->c", dy, xhat)  # (C,)
+    dgain = np.einsum("nc,nc->c", dy, xhat) if gain_grad else None  # (C,)
     gdy = dy * gain  # (N, C)
     proj = np.einsum("nc,nc->n", gdy, xhat) / c  # (N,)
     dx = gdy - xhat * proj[:, None]  # (N, C)
@@ -136,23 +139,29 @@ def conv_forward(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ConvCache]:
     return y, ConvCache(x, w)
 
 
-def conv_backward(dy: np.ndarray, cache: ConvCache) -> tuple[np.ndarray, np.ndarray]:
+def conv_backward(
+    dy: np.ndarray, cache: ConvCache, *, weight_grad: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Backward of `conv_forward`.
 
     Args:
         dy: (B, T, C) upstream gradient.
         cache: from `conv_forward`.
+        weight_grad: False skips dw (frozen taps) and returns None in its place.
 
     Returns:
-        dx: (B, T, C), dw: (K, C).
+        dx: (B, T, C), dw: (K, C) or None.
     """
     x, w = cache
     t_len = x.shape[1]
-    dw = np.zeros_like(w)  # (K, C)
-    dw[0] = np.einsum("btc,btc->c", dy, x)
+    dw = None
+    if weight_grad:
+        dw = np.zeros_like(w)  # (K, C)
+        dw[0] = np.einsum("btc,btc->c", dy, x)
     dx = dy * w[0]  # (B, T, C)
     for k in range(1, min(w.shape[0], t_len)):
-        dw[k] = np.einsum("btc,btc->c", dy[:, k:], x[:, : t_len - k])
+        if weight_grad:
+            dw[k] = np.einsum("btc,btc->c", dy[:, k:], x[:, : t_len - k])
         dx[:, : t_len - k] += dy[:, k:] * w[k]
     return dx, dw
 
@@ -187,24 +196,31 @@ def ffn_forward(
 
 
 def ffn_backward(
-    dy: np.ndarray, cache: FFNCache
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    dy: np.ndarray, cache: FFNCache, *, weights: Container[str] | None = None
+) -> tuple[np.ndarray, tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]]:
     """Backward of `ffn_forward`.
 
     Args:
         dy: (N, C) upstream gradient.
         cache: from `ffn_forward`.
+        weights: which of "w1", "b1", "w2", "b2" to compute gradients for (None: all); the others are
+            skipped (no matmul) and returned as None. dx is always computed.
 
     Returns:
-        dx: (N, C), and (dw1 (C, H), db1 (H,), dw2 (H, C), db2 (C,)).
+        dx: (N, C), and (dw1 (C, H), db1 (H,), dw2 (H, C), db2 (C,)), each None when skipped.
     """
     x, h, w1, w2 = cache
-    dw2 = h.T @ dy  # (H, C)
-    db2 = dy.sum(axis=0)  # (C,)
+    dw1 = db1 = dw2 = db2 = None
+    if weights is None or "w2" in weights:
+        dw2 = h.T @ dy  # (H, C)
+    if weights is None or "b2" in weights:
+        db2 = dy.sum(axis=0)  # (C,)
     dpre = dy @ w2.T  # (N, H)
     dpre *= h > 0  # relu'(pre) = 1 where pre > 0, which is where h > 0
-    dw1 = x.T @ dpre  # (C, H)
-    db1 = dpre.sum(axis=0)  # (H,)
+    if weights is None or "w1" in weights:
+        dw1 = x.T @ dpre  # (C, H)
+    if weights is None or "b1" in weights:
+        db1 = dpre.sum(axis=0)  # (H,)
     dx = dpre @ w1.T  # (N, C)
     return dx, (dw1, db1, dw2, db2)
 
@@ -238,7 +254,9 @@ def router_forward(x: np.ndarray, w: np.ndarray, top_k: int) -> tuple[np.ndarray
     return experts, gates, RouterCache(x, w, experts, gates)
 
 
-def router_backward(dgates: np.ndarray, cache: RouterCache) -> tuple[np.ndarray, np.ndarray]:
+def router_backward(
+    dgates: np.ndarray, cache: RouterCache, *, weight_grad: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Backward of `router_forward` through the softmax over the selected logits.
 
     Unselected logits get no gradient (top-k selection is piecewise constant).
@@ -246,16 +264,17 @@ def router_backward(dgates: np.ndarray, cache: RouterCache) -> tuple[np.ndarray,
     Args:
         dgates: (N, k) gradient of the gates.
         cache: from `router_forward`.
+        weight_grad: False skips dw (a frozen router) and returns None in its place.
 
     Returns:
-        dx: (N, C), dw: (C, E).
+        dx: (N, C), dw: (C, E) or None.
     """
     x, w, experts, gates = cache
     dot = np.einsum("nk,nk->n", gates, dgates)  # (N,)
     dsel = gates * (dgates - dot[:, None])  # (N, k)
     dlogits = np.zeros((x.shape[0], w.shape[1]), dtype=dsel.dtype)  # (N, E)
     np.put_along_axis(dlogits, experts, dsel, axis=1)
-    dw = x.T @ dlogits  # (C, E)
+    dw = x.T @ dlogits if weight_grad else None  # (C, E)
     dx = dlogits @ w.T  # (N, C)
     return dx, dw
 
@@ -282,20 +301,24 @@ def unembed_forward(h: np.ndarray, emb: np.ndarray) -> tuple[np.ndarray, Unembed
 
 
 def unembed_backward(
-    dlogits: np.ndarray, cache: UnembedCache, d_emb: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+    dlogits: np.ndarray, cache: UnembedCache, d_emb: np.ndarray | None = None, *, weight_grad: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Backward of `unembed_forward`; the head's weight gradient is added into `d_emb`.
 
     Args:
         dlogits: (M, V) upstream gradient.
         cache: from `unembed_forward`.
         d_emb: optional (V, C) accumulator, updated in place; a new one is made when None.
+        weight_grad: False skips the (V, C) weight gradient (a frozen embedding); `d_emb` is returned
+            untouched.
 
     Returns:
         dh: (M, C), and `d_emb`.
     """
     h, emb = cache
     dh = dlogits @ emb  # (M, C)
+    if not weight_grad:
+        return dh, d_emb
     if d_emb is None:
         d_emb = dlogits.T @ h  # (V, C)
     else:

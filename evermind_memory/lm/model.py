@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -25,19 +25,26 @@ from evermind_memory.lm.layers import (
     cross_entropy_forward,
     embed_backward,
     embed_forward,
+    ffn_backward,
     rmsnorm_backward,
     rmsnorm_forward,
+    router_backward,
     unembed_backward,
     unembed_forward,
 )
 from evermind_memory.lm.attention import AttentionCache, attention_backward, attention_forward
 from evermind_memory.lm.moe import MoECache, moe_backward, moe_forward
 
-__all__ = ["LMConfig", "param_shapes", "EvermindLM"]
+__all__ = ["LMConfig", "param_shapes", "EvermindLM", "HEAD_CHUNK_ELEMENTS"]
+
+# The training loss computes the tied head in row chunks of about this many logits (rows x V; 16 MiB in
+# float32), so the (N, V) logits never exist whole. loss_and_grads(head_chunk=...) overrides it per call.
+HEAD_CHUNK_ELEMENTS = 1 << 22
 
 _NORM_EPS = 1e-12  # an all-zero pooled vector stays zero instead of dividing by zero
 _EMBED_BUCKET_SEQS = 64  # at most this many sequences per embed_batch forward
 _EMBED_BUCKET_TOKENS = 16384  # and at most this many padded positions
+_FFN_NAMES = ("w1", "b1", "w2", "b2")
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,44 @@ class ForwardCache(NamedTuple):
     batch: _Batch
     layers: list  # one _LayerCache per layer, or each layer's input (B*T, C) when checkpointed
     checkpointed: bool
+
+
+def _moe_backward(
+    dy: np.ndarray, cache: MoECache, need: frozenset[str] | None
+) -> tuple[np.ndarray, dict[str, np.ndarray | None]]:
+    """`moe_backward`, computing weight gradients only for the local names in `need` (None: all of them).
+
+    Mirrors moe.moe_backward operation for operation, so the gradients it does compute are bit-identical;
+    it only passes each expert's wanted names to ffn_backward, which then skips the other matmuls.
+    """
+    if need is None:
+        return moe_backward(dy, cache)
+    grads: dict[str, np.ndarray | None] = {}
+
+    def keep(prefix: str, found: tuple) -> None:
+        for name, g in zip(_FFN_NAMES, found):
+            if g is not None:
+                grads[f"{prefix}.{name}"] = g
+
+    def wanted(prefix: str) -> frozenset[str]:
+        return frozenset(n for n in _FFN_NAMES if f"{prefix}.{n}" in need)
+
+    dx, found = ffn_backward(dy, cache.shared, weights=wanted("shared"))  # (N, C)
+    keep("shared", found)
+    gates_flat = cache.router.gates.ravel()  # (N*k,)
+    dgates = np.zeros_like(gates_flat)  # (N*k,)
+    for batch in cache.batches:
+        dye = dy[batch.rows]  # (n_e, C)
+        dgates[batch.slots] = np.einsum("nc,nc->n", dye, batch.y)
+        dye *= gates_flat[batch.slots, None]
+        prefix = f"expert{batch.expert}"
+        dxe, found = ffn_backward(dye, batch.ffn, weights=wanted(prefix))  # (n_e, C)
+        dx[batch.rows] += dxe
+        keep(prefix, found)
+    dx_router, grads["router"] = router_backward(
+        dgates.reshape(-1, cache.top_k), cache.router, weight_grad="router" in need)  # (N, C), (C, E)
+    dx += dx_router
+    return dx, grads
 
 
 class EvermindLM:
@@ -355,20 +400,26 @@ class EvermindLM:
         return out, _LayerCache(conv_norm_cache, conv_cache, moe_norm_cache, moe_cache)
 
     def _layer_backward(
-        self, dout: np.ndarray, batch: _Batch, cache: _LayerCache
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Backward of `_layer_forward`; consumes (overwrites) dout."""
+        self, dout: np.ndarray, batch: _Batch, cache: _LayerCache, need: frozenset[str] | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray | None]]:
+        """Backward of `_layer_forward`; consumes (overwrites) dout.
+
+        need: the local names whose weight gradients to compute (None: all); skipped ones are absent or None.
+        """
         b, t = batch.tokens.shape
         c = dout.shape[1]
         drows = dout if batch.real is None else dout[batch.real]  # (N, C)
-        dnormed, grads = moe_backward(drows, cache.moe)  # (N, C)
-        drows, grads["moe_norm"] = rmsnorm_backward(dnormed, cache.moe_norm)  # (N, C)
+        dnormed, grads = _moe_backward(drows, cache.moe, need)  # (N, C)
+        drows, grads["moe_norm"] = rmsnorm_backward(
+            dnormed, cache.moe_norm, gain_grad=need is None or "moe_norm" in need)  # (N, C)
         if batch.real is None:
             dout += drows  # residual: dout now holds d(after conv)
         else:
             dout[batch.real] += drows
-        dnormed, grads["conv"] = conv_backward(dout.reshape(b, t, c), cache.conv)  # (B, T, C)
-        dx, grads["conv_norm"] = rmsnorm_backward(dnormed.reshape(b * t, c), cache.conv_norm)  # (B*T, C)
+        dnormed, grads["conv"] = conv_backward(
+            dout.reshape(b, t, c), cache.conv, weight_grad=need is None or "conv" in need)  # (B, T, C)
+        dx, grads["conv_norm"] = rmsnorm_backward(
+            dnormed.reshape(b * t, c), cache.conv_norm, gain_grad=need is None or "conv_norm" in need)  # (B*T, C)
         dx += dout
         return dx, grads
 
@@ -384,19 +435,57 @@ class EvermindLM:
                 kept.append(cache)
         return x, ForwardCache(batch, kept, mode == "inputs")
 
-    def _trunk_backward(self, dx: np.ndarray, cache: ForwardCache, grads: dict[str, np.ndarray | None]) -> None:
-        """Backward through all layers and the lookup; fills `grads` (adds into grads["emb"])."""
+    def _check_grads_for(self, grads_for: Any, where: str) -> frozenset[str] | None:
+        """Validate a `grads_for` argument: None, or a collection of parameter names of this model."""
+        if grads_for is None:
+            return None
+        if isinstance(grads_for, (str, bytes)) or not isinstance(grads_for, Collection):
+            raise InvalidInput(
+                f"{where} expected grads_for as a collection of parameter names (or None), got {grads_for!r}; "
+                "wrap a single name in a list."
+            )
+        need = frozenset(grads_for)
+        unknown = sorted(str(n) for n in need if n not in self.params)
+        if unknown:
+            raise InvalidInput(
+                f"{where} got unknown parameter names in grads_for: {unknown[:5]}; "
+                "expected names from param_shapes(config), e.g. 'emb' or 'layers.0.shared.w1'."
+            )
+        return need
+
+    def _lowest_layer(self, need: frozenset[str] | None) -> int:
+        """The lowest layer the backward must reach: 0 when the lookup needs gradients, n_layers for none."""
+        if need is None or "emb" in need:
+            return 0
+        for layer in range(self.config.n_layers):
+            if any(full in need for _, full in self._layer_names[layer]):
+                return layer
+        return self.config.n_layers
+
+    def _trunk_backward(
+        self, dx: np.ndarray, cache: ForwardCache, grads: dict[str, np.ndarray | None],
+        need: frozenset[str] | None = None,
+    ) -> None:
+        """Backward through the layers and the lookup; fills the names present in `grads` (adds into "emb").
+
+        With `need`, weight gradients outside it are skipped, and so are the layers below the lowest one
+        that holds a needed name (nothing below it can change a needed gradient).
+        """
         batch = cache.batch
-        for layer in reversed(range(self.config.n_layers)):
+        for layer in reversed(range(self._lowest_layer(need), self.config.n_layers)):
             if cache.checkpointed:
                 # Recompute this layer's activations from its kept input: one layer's cache alive at a time.
                 _, layer_cache = self._layer_forward(layer, cache.layers[layer], batch, keep_cache=True)
             else:
                 layer_cache = cache.layers[layer]
-            dx, layer_grads = self._layer_backward(dx, batch, layer_cache)  # (B*T, C)
+            local_need = None if need is None else frozenset(
+                local for local, full in self._layer_names[layer] if full in need)
+            dx, layer_grads = self._layer_backward(dx, batch, layer_cache, local_need)  # (B*T, C)
             for local, full in self._layer_names[layer]:
-                if local in layer_grads:
+                if full in grads and layer_grads.get(local) is not None:
                     grads[full] = layer_grads[local]
+        if "emb" not in grads:
+            return
         if grads["emb"] is None:
             grads["emb"] = np.zeros_like(self.params["emb"])  # (V, C)
         flat_tokens = batch.tokens.ravel()  # (B*T,)
@@ -404,6 +493,10 @@ class EvermindLM:
             embed_backward(dx, EmbedCache(flat_tokens), grads["emb"])
         else:
             embed_backward(dx[batch.real], EmbedCache(flat_tokens[batch.real]), grads["emb"])
+
+    def _empty_grads(self, need: frozenset[str] | None) -> dict[str, np.ndarray | None]:
+        """{name: None} for the parameters whose gradients are wanted, in param_shapes order."""
+        return dict.fromkeys(n for n in self.params if need is None or n in need)
 
     def _finish_grads(self, grads: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """Zero gradients for parameters nothing reached (experts no position chose)."""
@@ -431,31 +524,39 @@ class EvermindLM:
         b, t = batch.tokens.shape
         return x.reshape(b, t, -1), cache
 
-    def hidden_backward(self, dh: Any, cache: ForwardCache) -> dict[str, np.ndarray]:
+    def hidden_backward(
+        self, dh: Any, cache: ForwardCache, *, grads_for: Collection[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """Exact parameter gradients of sum(dh * h) for the h that `hidden_forward` returned.
 
         Args:
             dh: (B, T, C) gradient of the hidden states; values at padded positions are ignored.
             cache: from `hidden_forward` (may be reused).
+            grads_for: parameter names to compute gradients for (None: all). Names outside it are absent
+                from the result and their weight-gradient work is skipped (see `loss_and_grads`).
 
         Returns:
-            {name: gradient} for every parameter, in param_shapes order.
+            {name: gradient} for every parameter (or every name in grads_for), in param_shapes order.
 
         Raises:
-            InvalidInput: dh has the wrong shape, or cache is not from hidden_forward.
+            InvalidInput: dh has the wrong shape, cache is not from hidden_forward, or grads_for names
+                unknown parameters.
         """
         if not isinstance(cache, ForwardCache) or cache.checkpointed:
             raise InvalidInput("hidden_backward() expected the cache returned by hidden_forward().")
+        need = self._check_grads_for(grads_for, "hidden_backward()")
         b, t = cache.batch.tokens.shape
         c = self.config.d_model
         dh_arr = np.asarray(dh)  # (B, T, C)
         if dh_arr.shape != (b, t, c):
             raise InvalidInput(f"hidden_backward() expected dh of shape {(b, t, c)}, got {dh_arr.shape}.")
+        grads = self._empty_grads(need)
+        if self._lowest_layer(need) == self.config.n_layers:
+            return self._finish_grads(grads)  # no trunk parameter wanted: nothing to propagate
         dx = np.array(dh_arr, dtype=self.params["emb"].dtype, copy=True).reshape(b * t, c)  # (B*T, C)
         if cache.batch.pad is not None:
             dx[cache.batch.pad] = 0.0  # padded positions get (and give) no gradient
-        grads: dict[str, np.ndarray | None] = dict.fromkeys(self.params)
-        self._trunk_backward(dx, cache, grads)
+        self._trunk_backward(dx, cache, grads, need)
         return self._finish_grads(grads)
 
     def forward(self, tokens: Any, lengths: Any = None) -> np.ndarray:
@@ -480,24 +581,43 @@ class EvermindLM:
         return logits.reshape(b, t, -1)
 
     def loss_and_grads(
-        self, tokens: Any, lengths: Any = None, *, checkpoint: bool = False
+        self,
+        tokens: Any,
+        lengths: Any = None,
+        *,
+        checkpoint: bool = False,
+        grads_for: Collection[str] | None = None,
+        head_chunk: int | None = None,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """Mean next-token cross-entropy over real predicted positions, and its exact gradients.
 
-        Position t of sequence b predicts token t+1 when t + 1 < lengths[b].
+        Position t of sequence b predicts token t+1 when t + 1 < lengths[b]. The tied head and the
+        cross-entropy run in chunks of predicted rows, so the full (M, V) logits never exist at once.
 
         Args:
             tokens: (B, T) integer ids; positions at or after lengths[b] are padding.
             lengths: (B,) real lengths; None means no padding.
             checkpoint: keep only each layer's input during the forward and recompute the layer in the
                 backward (less memory, identical gradients).
+            grads_for: parameter names to compute gradients for (None: all). Names outside it are ABSENT
+                from the returned dict; their weight-gradient matmuls are skipped, gradients still flow
+                through them to the names that need them, and layers below the lowest needed name are
+                not back-propagated at all (an empty collection returns just the loss).
+            head_chunk: predicted rows per head chunk (>= 1); None takes max(1, HEAD_CHUNK_ELEMENTS // V).
+                Any value gives the same loss and gradients up to float rounding.
 
         Returns:
-            (loss, {name: gradient} for every parameter in param_shapes order).
+            (loss, {name: gradient} for every parameter, or every name in grads_for, in param_shapes order).
 
         Raises:
-            InvalidInput: bad inputs, or no sequence has two or more tokens (nothing to predict).
+            InvalidInput: bad inputs, grads_for names an unknown parameter, head_chunk < 1, or no sequence
+                has two or more tokens (nothing to predict).
         """
+        need = self._check_grads_for(grads_for, "loss_and_grads()")
+        if head_chunk is None:
+            head_chunk = max(1, HEAD_CHUNK_ELEMENTS // self.config.vocab_size)
+        elif isinstance(head_chunk, bool) or not isinstance(head_chunk, (int, np.integer)) or head_chunk < 1:
+            raise InvalidInput(f"loss_and_grads() expected head_chunk an int >= 1 or None, got {head_chunk!r}.")
         batch = self._prepare(tokens, lengths, "loss_and_grads()")
         b, t = batch.tokens.shape
         predicted = np.arange(t)[None, :] < (batch.lengths - 1)[:, None]  # (B, T)
@@ -507,17 +627,31 @@ class EvermindLM:
                 "loss_and_grads() expected at least one sequence with >= 2 tokens; every sequence has 1."
             )
         targets = batch.tokens.ravel()[rows + 1]  # (M,)
+        want_emb = need is None or "emb" in need
+        want_trunk = self._lowest_layer(need) < self.config.n_layers  # some layer (or the lookup) needs dx
 
-        x, cache = self._trunk_forward(batch, "inputs" if checkpoint else "all")  # (B*T, C)
-        logits, head_cache = unembed_forward(x[rows], self.params["emb"])  # (M, V)
-        loss, ce_cache = cross_entropy_forward(logits, targets, inplace=True)  # logits now hold the softmax
-        dlogits = cross_entropy_backward(ce_cache)  # (M, V)
-        dh_rows, d_emb = unembed_backward(dlogits, head_cache)  # (M, C), (V, C)
-        dx = np.zeros_like(x)  # (B*T, C)
-        dx[rows] = dh_rows
-        grads: dict[str, np.ndarray | None] = dict.fromkeys(self.params)
-        grads["emb"] = d_emb  # the head's part; the lookup's part is added in _trunk_backward
-        self._trunk_backward(dx, cache, grads)
+        mode = "none" if not want_trunk else ("inputs" if checkpoint else "all")
+        x, cache = self._trunk_forward(batch, mode)  # (B*T, C)
+        emb = self.params["emb"]
+        m = rows.size
+        dx = np.zeros_like(x) if want_trunk else None  # (B*T, C)
+        d_emb = None
+        loss_sum = 0.0
+        for start in range(0, m, head_chunk):  # loop over chunks of rows: the (M, V) logits never exist whole
+            part = rows[start : start + head_chunk]  # (m,)
+            logits, head_cache = unembed_forward(x[part], emb)  # (m, V)
+            loss, ce_cache = cross_entropy_forward(logits, targets[start : start + head_chunk], inplace=True)
+            loss_sum += loss * part.size
+            if want_trunk:  # (wanting "emb" implies want_trunk: the lookup needs dx)
+                dlogits = cross_entropy_backward(ce_cache, part.size / m)  # (m, V) the chunk's share of the mean
+                dx[part], d_emb = unembed_backward(dlogits, head_cache, d_emb, weight_grad=want_emb)  # (m, C)
+        if m > head_chunk:
+            loss = loss_sum / m  # else the one chunk's mean, exactly as unchunked
+        grads = self._empty_grads(need)
+        if want_emb:
+            grads["emb"] = d_emb  # the head's part; the lookup's part is added in _trunk_backward
+        if want_trunk:
+            self._trunk_backward(dx, cache, grads, need)
         return loss, self._finish_grads(grads)
 
     # ── generation and embeddings ─────────────────────────────────────────────
@@ -599,8 +733,11 @@ class EvermindLM:
         pooled = o.sum(axis=1) / lengths[:, None].astype(h.dtype)  # (B, C)
         return pooled, ((real, (norm1, attn, norm2)) if keep_cache else (real, None))
 
-    def _pool_backward(self, dpooled: np.ndarray, lengths: np.ndarray, cache: Any, grads: dict) -> np.ndarray:
-        """Backward of `_pool_forward`: fills the pool.* grads and returns dh (B, T, C)."""
+    def _pool_backward(
+        self, dpooled: np.ndarray, lengths: np.ndarray, cache: Any, grads: dict,
+        need: frozenset[str] | None = None,
+    ) -> np.ndarray:
+        """Backward of `_pool_forward`: fills the pool.* grads (those in need, when given); returns dh (B, T, C)."""
         real, inner = cache
         b, t = real.shape
         c = dpooled.shape[1]
@@ -609,10 +746,14 @@ class EvermindLM:
             return do
         norm1, attn, norm2 = inner
         p = self.params
-        dz, grads["pool.out_norm"] = rmsnorm_backward(do.reshape(b * t, c), norm2)  # (B*T, C)
-        da, grads["pool.wqkv"], grads["pool.wo"] = attention_backward(
+        found = {}
+        dz, found["pool.out_norm"] = rmsnorm_backward(
+            do.reshape(b * t, c), norm2, gain_grad=need is None or "pool.out_norm" in need)  # (B*T, C)
+        da, found["pool.wqkv"], found["pool.wo"] = attention_backward(
             dz.reshape(b, t, c), attn, p["pool.wqkv"], p["pool.wo"], self.config.attn_heads)  # (B, T, C)
-        dh, grads["pool.attn_norm"] = rmsnorm_backward(da.reshape(b * t, c), norm1)  # (B*T, C)
+        dh, found["pool.attn_norm"] = rmsnorm_backward(
+            da.reshape(b * t, c), norm1, gain_grad=need is None or "pool.attn_norm" in need)  # (B*T, C)
+        grads.update({n: g for n, g in found.items() if need is None or n in need})
         return (dh + dz).reshape(b, t, c)  # residual: z = h + y
 
     @staticmethod
@@ -639,22 +780,30 @@ class EvermindLM:
         pooled, pool = self._pool_forward(h, lens, keep_cache=True)
         return pooled, (trunk, pool)
 
-    def pooled_backward(self, dpooled: Any, cache: Any) -> dict[str, np.ndarray]:
+    def pooled_backward(
+        self, dpooled: Any, cache: Any, *, grads_for: Collection[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """Exact parameter gradients of sum(dpooled * pooled) for the pooled that `pooled_forward` returned.
 
         Args:
             dpooled: (B, C) gradient of the pooled vectors.
             cache: from `pooled_forward`.
+            grads_for: parameter names to compute gradients for (None: all); names outside it are absent
+                from the result (see `loss_and_grads`).
 
         Returns:
-            {name: gradient} for every parameter, in param_shapes order.
+            {name: gradient} for every parameter (or every name in grads_for), in param_shapes order.
+
+        Raises:
+            InvalidInput: grads_for names unknown parameters.
         """
+        need = self._check_grads_for(grads_for, "pooled_backward()")
         trunk, pool = cache
         lens = trunk.batch.lengths
         d = np.asarray(dpooled, dtype=self.params["emb"].dtype)  # (B, C)
         pool_grads: dict[str, np.ndarray] = {}
-        dh = self._pool_backward(d, lens, pool, pool_grads)  # (B, T, C)
-        grads = self.hidden_backward(dh, trunk)
+        dh = self._pool_backward(d, lens, pool, pool_grads, need)  # (B, T, C)
+        grads = self.hidden_backward(dh, trunk, grads_for=need)
         grads.update(pool_grads)
         return grads
 

@@ -308,7 +308,10 @@ class LoRAModel:
             (loss, {"<target>.A": (R, cols), "<target>.B": (rows, R)}).
         """
         try:
-            loss, grads = self._effective_model().loss_and_grads(tokens, lengths, checkpoint=checkpoint)
+            # Only the targets' weight gradients: frozen weights cost no dW matmuls, and layers below the
+            # lowest target are not back-propagated.
+            loss, grads = self._effective_model().loss_and_grads(tokens, lengths, checkpoint=checkpoint,
+                                                                 grads_for=self.targets)
         finally:
             self._release()
         out: dict[str, np.ndarray] = {}

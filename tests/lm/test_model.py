@@ -164,6 +164,110 @@ def test_checkpointed_gradients_equal_plain_ones(rng):
     assert max(float(np.max(np.abs(grads[n] - grads_ckpt[n]))) for n in grads) <= 1e-6
 
 
+# ── chunked head and selective gradients ─────────────────────────────────────
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_chunked_head_gives_the_unchunked_loss_and_gradients(rng, checkpoint):
+    model = EvermindLM(TINY, seed=2)
+    tokens = rng.integers(0, TINY.vocab_size, (3, 9))
+    lengths = np.array([9, 5, 8])  # 19 predicted rows
+    loss, grads = model.loss_and_grads(tokens, lengths, head_chunk=10**6)  # one chunk: the unchunked path
+    for chunk in (1, 4, 7, 18):  # 18: one full chunk and a remainder of one row
+        loss_c, grads_c = model.loss_and_grads(tokens, lengths, checkpoint=checkpoint, head_chunk=chunk)
+        assert loss_c == pytest.approx(loss, rel=1e-6)
+        assert list(grads_c) == list(grads)
+        assert max(float(np.max(np.abs(grads[n] - grads_c[n]))) for n in grads) <= 1e-6, chunk
+
+
+def test_default_head_chunk_splits_by_vocab_size_and_stays_exact(rng, monkeypatch):
+    from evermind_memory.lm import model as model_module
+
+    model = EvermindLM(TINY, seed=2)
+    tokens = rng.integers(0, TINY.vocab_size, (2, 12))
+    loss, grads = model.loss_and_grads(tokens)
+    monkeypatch.setattr(model_module, "HEAD_CHUNK_ELEMENTS", 5 * TINY.vocab_size)  # 5 rows per chunk
+    loss_c, grads_c = model.loss_and_grads(tokens)
+    loss_5, grads_5 = model.loss_and_grads(tokens, head_chunk=5)
+    assert loss_c == loss_5 and all(np.array_equal(grads_c[n], grads_5[n]) for n in grads)
+    assert loss_c == pytest.approx(loss, rel=1e-6)
+    assert max(float(np.max(np.abs(grads[n] - grads_c[n]))) for n in grads) <= 1e-6
+
+
+def test_chunked_head_gradients_match_finite_differences(rng):
+    model = float64_model()
+    tokens = rng.integers(0, TINY.vocab_size, (2, 7))
+    lengths = np.array([7, 5])
+    _, grads = model.loss_and_grads(tokens, lengths, head_chunk=3)
+    check_directional(lambda: model.loss_and_grads(tokens, lengths, head_chunk=3)[0], model, grads, rng)
+
+
+SUBSETS = [
+    ("emb",),
+    ("layers.1.expert2.w1", "layers.1.router"),  # only the top layer: the layer below is not back-propagated
+    ("layers.0.conv", "layers.1.moe_norm", "layers.0.shared.b2", "layers.1.expert0.w2"),
+    tuple(param_shapes(TINY)),
+]
+
+
+@pytest.mark.parametrize("subset", SUBSETS)
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_grads_for_returns_exactly_those_gradients_bit_identical(rng, subset, checkpoint):
+    model = EvermindLM(TINY, seed=5)
+    tokens = rng.integers(0, TINY.vocab_size, (3, 10))
+    lengths = np.array([10, 6, 3])
+    loss, full = model.loss_and_grads(tokens, lengths, checkpoint=checkpoint, head_chunk=4)
+    loss_s, some = model.loss_and_grads(tokens, lengths, checkpoint=checkpoint, head_chunk=4, grads_for=subset)
+    assert loss_s == loss
+    assert list(some) == [n for n in model.params if n in subset]  # absent, not None, and in canonical order
+    for name in subset:
+        assert np.array_equal(some[name], full[name]), name
+
+
+def test_grads_for_empty_gives_the_loss_only(rng):
+    model = EvermindLM(TINY, seed=5)
+    tokens = rng.integers(0, TINY.vocab_size, (2, 6))
+    loss, grads = model.loss_and_grads(tokens, grads_for=())
+    assert grads == {} and loss == model.loss_and_grads(tokens)[0]
+
+
+def test_hidden_and_pooled_backward_accept_grads_for(rng):
+    cfg = LMConfig(vocab_size=23, d_model=8, n_layers=2, conv_kernel=3, hidden_dim=10, n_experts=3, top_k=2,
+                   attn_heads=2)
+    model = EvermindLM(cfg, seed=4)
+    tokens = rng.integers(0, cfg.vocab_size, (2, 6))
+    lengths = np.array([6, 4])
+    h, cache = model.hidden_forward(tokens, lengths)
+    r = rng.standard_normal(h.shape).astype(np.float32)
+    full = model.hidden_backward(r, cache)
+    some = model.hidden_backward(r, cache, grads_for=["layers.1.shared.w1", "layers.1.conv_norm"])
+    assert list(some) == ["layers.1.conv_norm", "layers.1.shared.w1"]
+    assert all(np.array_equal(some[n], full[n]) for n in some)
+
+    pooled, pcache = model.pooled_forward(tokens, lengths)
+    w = rng.standard_normal(pooled.shape).astype(np.float32)
+    full = model.pooled_backward(w, pcache)
+    for subset in (["pool.wo", "pool.out_norm"], ["emb", "pool.attn_norm", "layers.0.router"]):
+        some = model.pooled_backward(w, pcache, grads_for=subset)
+        assert set(some) == set(subset)
+        assert all(np.array_equal(some[n], full[n]) for n in some), subset
+
+
+def test_bad_grads_for_and_head_chunk_raise_invalid_input():
+    model = EvermindLM(TINY, seed=0)
+    tokens = np.zeros((1, 4), dtype=np.int64)
+    with pytest.raises(InvalidInput, match="unknown parameter names.*layers.9.conv"):
+        model.loss_and_grads(tokens, grads_for=["emb", "layers.9.conv"])
+    with pytest.raises(InvalidInput, match="collection of parameter names"):
+        model.loss_and_grads(tokens, grads_for="emb")
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(InvalidInput, match="head_chunk"):
+            model.loss_and_grads(tokens, head_chunk=bad)
+    h, cache = model.hidden_forward(tokens)
+    with pytest.raises(InvalidInput, match="unknown parameter names"):
+        model.hidden_backward(h, cache, grads_for=["pool.wo"])
+
+
 # ── padding ───────────────────────────────────────────────────────────────────
 
 

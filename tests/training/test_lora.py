@@ -89,6 +89,28 @@ def test_lora_model_gradients_are_the_projected_base_gradients(rng):
     assert set(grads) == set(lora.params)
 
 
+@pytest.mark.parametrize("targets", [("layers.1.expert2.w1",), ("layers.1.router", "layers.1.shared.w2"),
+                                     ("layers.0.expert1.w2",)])
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_lora_gradients_on_frozen_lower_layers_stay_exact(rng, targets, checkpoint):
+    # LoRAModel asks the base only for its targets' gradients (layers below the lowest target are not
+    # back-propagated at all); the result must still be the projection of the full gradient.
+    base = EvermindLM(TINY, seed=8)
+    lora = LoRAModel(base, targets=targets, rank=4, alpha=8.0, seed=1)
+    for name, p in lora.params.items():
+        if name.endswith(".B"):
+            p[...] = 0.05 * rng.standard_normal(p.shape)
+    tokens, lengths = _batch(rng)
+    loss, grads = lora.loss_and_grads(tokens, lengths, checkpoint=checkpoint)
+    loss_m, full = lora.merge().loss_and_grads(tokens, lengths)
+    assert loss == pytest.approx(loss_m, rel=1e-6)
+    assert set(grads) == set(lora.params)
+    for t in targets:
+        gA, gB = lora_grads(full[t], lora.params[f"{t}.A"], lora.params[f"{t}.B"], lora.scale)
+        np.testing.assert_allclose(grads[f"{t}.A"], gA, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(grads[f"{t}.B"], gB, rtol=1e-5, atol=1e-7)
+
+
 def test_the_adapted_model_starts_equal_to_the_base(rng):
     base = EvermindLM(TINY, seed=6)
     lora = LoRAModel(base, targets=TARGETS, rank=4)
