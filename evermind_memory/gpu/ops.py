@@ -1274,3 +1274,421 @@ def adamw_update_(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndar
             views[2][i0:i1] = dev.read(bufs[2], np.float32, (n,))
             views[3][i0:i1] = dev.read(bufs[3], np.float32, (n,))
     return True
+
+
+# ==== the resident model's kernels (gpu/model.py): residual add, gradient clip, dense MoE, pooling ==========
+# Each op runs its whole input in one binding (the model keeps these sizes small); past the device's
+# binding limit it raises InvalidInput rather than tiling.
+
+__all__ += [
+    "axpy", "axpy_numpy",
+    "clip_grads", "clip_grads_numpy",
+    "moe_gates_dense", "moe_gates_dense_numpy", "moe_gates_backward", "moe_gates_backward_numpy",
+    "moe_hidden", "moe_hidden_numpy", "moe_hidden_backward", "moe_hidden_backward_numpy",
+    "pool_attention", "pool_attention_numpy",
+    "mean_pool", "mean_pool_numpy",
+]
+
+_SUMSQ_CHUNK = 4096  # elements per workgroup of sum_squares.partial
+
+
+def _fits(dev: GpuDevice, nbytes: int, what: str) -> None:
+    if nbytes > dev.max_binding_bytes:
+        raise InvalidInput(
+            f"{what} needs {nbytes} bytes in one binding but the device allows {dev.max_binding_bytes}; "
+            "pass smaller inputs or use the numpy twin"
+        )
+
+
+def axpy_numpy(y: np.ndarray, x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """Numpy twin of `axpy`: y + alpha * x (a new array)."""
+    return y + y.dtype.type(alpha) * x
+
+
+def axpy(y: np.ndarray, x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """y + alpha * x on the GPU (the residual add of the resident model).
+
+    Args:
+        y: float32 array (any shape).
+        x: float32 array of y's shape.
+        alpha: scalar multiplier of x.
+
+    Returns:
+        A new float32 array of y's shape.
+
+    Raises:
+        InvalidInput: wrong dtype, contiguity or shapes, or an array over one binding.
+        GpuUnavailable: no GPU device.
+    """
+    _f32("y", y)
+    _f32("x", x)
+    _shape_eq("x", x, y.shape)
+    dev = get_device()
+    if y.size == 0:
+        return y.copy()
+    _fits(dev, y.nbytes, "axpy")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        y_buf = s.up(y)
+        params = batch.uniform([("u", y.size), ("f", alpha), ("u", 0), ("u", 0)])
+        _elementwise_1d(batch, "axpy", "main", {0: params, 1: s.up(x), 2: y_buf}, y.size)
+        batch.submit()
+        return dev.read(y_buf, np.float32, y.shape)
+
+
+def clip_grads_numpy(grads: list[np.ndarray], clip: float,
+                     unscale: float = 1.0) -> tuple[list[np.ndarray], float, bool]:
+    """Numpy twin of `clip_grads`: (grads * scale, norm, finite) with training/optim.py's clip_factor."""
+    from evermind_memory.training.optim import clip_factor  # noqa: PLC0415
+
+    total = sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads)
+    norm = float(np.sqrt(total)) * unscale
+    ok = bool(np.isfinite(norm))
+    scale = unscale * clip_factor(norm, clip)
+    return [g * g.dtype.type(scale) for g in grads], norm, ok
+
+
+def clip_grads(grads: list[np.ndarray], clip: float,
+               unscale: float = 1.0) -> tuple[list[np.ndarray], float, bool]:
+    """Global gradient norm and clipping on the GPU (kernel sum_squares: partial, finish, scale).
+
+    norm = sqrt(sum of every squared element) * unscale; scale = unscale * clip / (norm + 1e-6) when
+    clip > 0 and the norm is finite and above clip, else unscale.
+
+    Args:
+        grads: float32 arrays (any shapes), e.g. every parameter's gradient.
+        clip: the largest allowed norm; <= 0 disables clipping.
+        unscale: multiplies the norm and the scale (averaging or loss-scale undo).
+
+    Returns:
+        (each gradient times scale, norm, whether the norm is finite).
+
+    Raises:
+        InvalidInput: wrong dtype or contiguity, or a gradient over one binding.
+        GpuUnavailable: no GPU device.
+    """
+    for i, g in enumerate(grads):
+        _f32(f"grads[{i}]", g)
+    dev = get_device()
+    sizes = [int(g.size) for g in grads]
+    n_part = [-(-n // _SUMSQ_CHUNK) for n in sizes]
+    slots = np.concatenate([[0], np.cumsum(n_part)]).astype(int)  # (len + 1,)
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        part = s.empty(max(int(slots[-1]), 1) * 4)
+        batch.clear(part)
+        ctl, flag = s.empty(16), s.empty(16)
+        bufs = []
+        for g, n, slot in zip(grads, sizes, slots):
+            _fits(dev, g.nbytes, "a gradient")
+            buf = s.up(g) if n else None
+            bufs.append(buf)
+            if n:
+                params = batch.uniform([("u", n), ("u", int(slot)), ("u", 0), ("u", 0),
+                                        ("f", 0.0), ("f", 0.0), ("f", 0.0), ("f", 0.0)])
+                batch.dispatch("sum_squares", "partial", {0: params, 1: buf, 2: part},
+                               _fold(dev, -(-n // _SUMSQ_CHUNK)))
+        fin = batch.uniform([("u", 0), ("u", 0), ("u", int(slots[-1])), ("u", 0),
+                             ("f", unscale), ("f", clip), ("f", 0.0), ("f", 0.0)])
+        batch.dispatch("sum_squares", "finish", {0: fin, 2: part, 3: ctl, 4: flag}, (1, 1, 1))
+        for buf, n in zip(bufs, sizes):
+            if n:
+                params = batch.uniform([("u", n), ("u", 0), ("u", 0), ("u", 0),
+                                        ("f", 0.0), ("f", 0.0), ("f", 0.0), ("f", 0.0)])
+                _elementwise_1d(batch, "sum_squares", "scale", {0: params, 3: ctl, 5: buf}, n)
+        batch.submit()
+        out = [dev.read(buf, np.float32, g.shape) if n else g.copy() for buf, g, n in zip(bufs, grads, sizes)]
+        norm = float(dev.read(ctl, np.float32, (4,))[1])
+        ok = int(dev.read(flag, np.uint32, (4,))[0]) == 0
+    return out, norm, ok
+
+
+def _check_routing(idx: np.ndarray, gates: np.ndarray, n_experts: int) -> tuple[np.ndarray, int, int]:
+    _f32("gates", gates, 2)
+    n, k = gates.shape
+    rr = _ids("idx", idx, 2, 0, n_experts)
+    _shape_eq("idx", rr, (n, k))
+    if n and k > 1 and (np.sort(rr, axis=1)[:, 1:] == np.sort(rr, axis=1)[:, :-1]).any():
+        raise InvalidInput("idx must name distinct experts within a row (top-k picks distinct experts)")
+    return rr, n, k
+
+
+def moe_gates_dense_numpy(idx: np.ndarray, gates: np.ndarray, n_experts: int) -> np.ndarray:
+    """Numpy twin of `moe_gates_dense`: (N, E + 1), column 0 = 1 (shared), 1 + idx[n, j] = gates[n, j]."""
+    n = gates.shape[0]
+    out = np.zeros((n, n_experts + 1), dtype=gates.dtype)  # (N, E + 1)
+    out[:, 0] = 1
+    np.put_along_axis(out, idx + 1, gates, axis=1)
+    return out
+
+
+def moe_gates_dense(idx: np.ndarray, gates: np.ndarray, n_experts: int) -> np.ndarray:
+    """Top-k routing as a dense gate matrix on the GPU (shared expert in column 0 with gate 1).
+
+    Args:
+        idx: integer (N, k) chosen experts, distinct within a row, in [0, n_experts).
+        gates: float32 (N, k) their gates.
+        n_experts: E, routed experts.
+
+    Returns:
+        (N, E + 1) float32: column 0 is 1, column 1 + idx[n, j] is gates[n, j], the rest 0.
+
+    Raises:
+        InvalidInput: wrong dtype, rank, contiguity or shapes, an expert out of range or repeated in a row.
+        GpuUnavailable: no GPU device.
+    """
+    rr, n, k = _check_routing(idx, gates, n_experts)
+    dev = get_device()
+    g = n_experts + 1
+    if n == 0:
+        return np.zeros((0, g), dtype=np.float32)
+    _fits(dev, n * g * 4, "moe_gates_dense")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        out = s.empty(n * g * 4)
+        params = batch.uniform([("u", n), ("u", n_experts), ("u", k), ("u", 0)])
+        batch.dispatch("moe_gates", "dense", {0: params, 1: s.up(rr), 2: s.up(gates), 3: out},
+                       _fold(dev, -(-n // 64)))
+        batch.submit()
+        return dev.read(out, np.float32, (n, g))
+
+
+def moe_gates_backward_numpy(dgmat: np.ndarray, idx: np.ndarray, gates: np.ndarray) -> np.ndarray:
+    """Numpy twin of `moe_gates_backward`: dlogits (N, E) through the softmax over the chosen logits."""
+    n, g = dgmat.shape
+    dg = np.take_along_axis(dgmat, idx + 1, axis=1)  # (N, k)
+    dot = np.einsum("nk,nk->n", gates, dg)  # (N,)
+    dlogits = np.zeros((n, g - 1), dtype=dgmat.dtype)  # (N, E)
+    np.put_along_axis(dlogits, idx, gates * (dg - dot[:, None]), axis=1)
+    return dlogits
+
+
+def moe_gates_backward(dgmat: np.ndarray, idx: np.ndarray, gates: np.ndarray) -> np.ndarray:
+    """The router's logit gradient from the dense gate gradient, on the GPU.
+
+    Args:
+        dgmat: float32 (N, E + 1), gradient of the dense gate matrix (column 0, the shared expert, unused).
+        idx: integer (N, k) chosen experts, distinct within a row.
+        gates: float32 (N, k) their gates.
+
+    Returns:
+        (N, E) float32: gates_j (dg_j - sum_i gates_i dg_i) at the chosen experts, 0 elsewhere.
+
+    Raises:
+        InvalidInput: wrong dtype, rank, contiguity or shapes, an expert out of range or repeated in a row.
+        GpuUnavailable: no GPU device.
+    """
+    _f32("dgmat", dgmat, 2)
+    n, g = dgmat.shape
+    rr, _, k = _check_routing(idx, gates, g - 1)
+    _shape_eq("gates", gates, (n, k))
+    dev = get_device()
+    if n == 0:
+        return np.zeros((0, g - 1), dtype=np.float32)
+    _fits(dev, dgmat.nbytes, "moe_gates_backward")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        out = s.empty(n * (g - 1) * 4)
+        params = batch.uniform([("u", n), ("u", g - 1), ("u", k), ("u", 0)])
+        batch.dispatch("moe_gates", "backward", {0: params, 1: s.up(rr), 2: s.up(gates), 4: s.up(dgmat), 5: out},
+                       _fold(dev, -(-n // 64)))
+        batch.submit()
+        return dev.read(out, np.float32, (n, g - 1))
+
+
+def moe_hidden_numpy(pre: np.ndarray, gmat: np.ndarray, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy twin of `moe_hidden`: (h = relu(pre), hs = h * gate of each column's group)."""
+    n, width = pre.shape
+    h = np.maximum(pre, 0)  # (N, G*H)
+    hs = (h.reshape(n, width // hidden, hidden) * gmat[:, :, None]).reshape(n, width)  # (N, G*H)
+    return h, hs
+
+
+def _check_hidden(name: str, arr: np.ndarray, gmat: np.ndarray, hidden: int) -> tuple[int, int]:
+    _f32(name, arr, 2)
+    _f32("gmat", gmat, 2)
+    n, g = gmat.shape
+    if not isinstance(hidden, (int, np.integer)) or hidden < 1:
+        raise InvalidInput(f"hidden must be an int >= 1, got {hidden!r}")
+    _shape_eq(name, arr, (n, g * int(hidden)))
+    return n, g
+
+
+def moe_hidden(pre: np.ndarray, gmat: np.ndarray, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """ReLU and gating of every expert's hidden layer at once, on the GPU.
+
+    Args:
+        pre: float32 (N, G * H), the stacked first-layer pre-activations (group g in columns [gH, (g+1)H)).
+        gmat: float32 (N, G) gates per row and group.
+        hidden: H, the hidden width of one expert.
+
+    Returns:
+        (h (N, G*H) = relu(pre), hs (N, G*H) = h times its group's gate), float32.
+
+    Raises:
+        InvalidInput: wrong dtype, rank, contiguity or shapes, or an input over one binding.
+        GpuUnavailable: no GPU device.
+    """
+    n, g = _check_hidden("pre", pre, gmat, hidden)
+    dev = get_device()
+    if pre.size == 0:
+        return pre.copy(), pre.copy()
+    _fits(dev, pre.nbytes, "moe_hidden")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        h_buf, hs_buf = s.up(pre), s.empty(pre.nbytes)
+        params = batch.uniform([("u", n), ("u", g), ("u", int(hidden)), ("u", 0)])
+        _elementwise_1d(batch, "moe_hidden", "forward", {0: params, 1: h_buf, 2: s.up(gmat), 3: hs_buf}, pre.size)
+        batch.submit()
+        return dev.read(h_buf, np.float32, pre.shape), dev.read(hs_buf, np.float32, pre.shape)
+
+
+def moe_hidden_backward_numpy(dhs: np.ndarray, h: np.ndarray, gmat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy twin of `moe_hidden_backward`: (dpre (N, G*H), dgmat (N, G))."""
+    n, g = gmat.shape
+    d3 = dhs.reshape(n, g, -1)  # (N, G, H)
+    h3 = h.reshape(n, g, -1)  # (N, G, H)
+    dgmat = np.einsum("ngh,ngh->ng", d3, h3)  # (N, G)
+    dpre = np.where(h3 > 0, d3 * gmat[:, :, None], 0).reshape(dhs.shape)  # (N, G*H)
+    return dpre.astype(dhs.dtype, copy=False), dgmat
+
+
+def moe_hidden_backward(dhs: np.ndarray, h: np.ndarray, gmat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of `moe_hidden` on the GPU.
+
+    Args:
+        dhs: float32 (N, G*H), gradient of the gated hidden hs.
+        h: float32 (N, G*H), the forward's relu output.
+        gmat: float32 (N, G), the gates.
+
+    Returns:
+        (dpre (N, G*H) = gate * dhs where h > 0 else 0, dgmat (N, G) = per-group sums of dhs * h), float32.
+
+    Raises:
+        InvalidInput: wrong dtype, rank, contiguity or shapes, or an input over one binding.
+        GpuUnavailable: no GPU device.
+    """
+    _f32("gmat", gmat, 2)
+    _f32("dhs", dhs, 2)
+    n, g = gmat.shape
+    if g == 0 or dhs.shape[0] != n or dhs.shape[1] % g or dhs.shape[1] == 0:
+        raise InvalidInput(f"dhs must be (N, G * H) for gmat (N, G) = {gmat.shape}, got {dhs.shape}")
+    hidden = dhs.shape[1] // g
+    _f32("h", h, 2)
+    _shape_eq("h", h, dhs.shape)
+    dev = get_device()
+    if dhs.size == 0:
+        return dhs.copy(), np.zeros((n, g), dtype=np.float32)
+    _fits(dev, dhs.nbytes, "moe_hidden_backward")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        d_buf, dg_buf = s.up(dhs), s.empty(n * g * 4)
+        params = batch.uniform([("u", n), ("u", g), ("u", hidden), ("u", 0)])
+        batch.dispatch("moe_hidden", "backward", {0: params, 2: s.up(gmat), 4: s.up(h), 5: d_buf, 6: dg_buf},
+                       _fold(dev, n * g))
+        batch.submit()
+        return dev.read(d_buf, np.float32, dhs.shape), dev.read(dg_buf, np.float32, (n, g))
+
+
+_POOL_ATTENTION_MAX_T = 1024  # pool_attention.wgsl keeps one query's scores in workgroup memory
+
+
+def _check_lengths(lengths: Any, b: int, t: int) -> np.ndarray:
+    lens = _ids("lengths", np.asarray(lengths), 1, 1, t + 1)
+    _shape_eq("lengths", lens, (b,))
+    return lens.astype(np.uint32)
+
+
+def pool_attention_numpy(qkv: np.ndarray, lengths: np.ndarray, n_heads: int) -> np.ndarray:
+    """Numpy twin of `pool_attention`: per-head softmax(q k^T / sqrt(D)) v over real keys; padded queries 0."""
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    d = c // n_heads
+    heads = qkv.reshape(b, t, 3, n_heads, d).transpose(2, 0, 3, 1, 4)  # (3, B, N, T, D)
+    q, k, v = heads[0], heads[1], heads[2]  # (B, N, T, D) each
+    real = np.arange(t)[None, :] < np.asarray(lengths)[:, None]  # (B, T)
+    s = (q @ k.transpose(0, 1, 3, 2)) * qkv.dtype.type(1.0 / np.sqrt(d))  # (B, N, T, T)
+    s = np.where(real[:, None, None, :], s, -np.inf)  # (B, N, T, T)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))  # (B, N, T, T)
+    p /= p.sum(axis=-1, keepdims=True)
+    o = (p @ v).transpose(0, 2, 1, 3).reshape(b, t, c)  # (B, T, C)
+    return (o * real[..., None]).astype(qkv.dtype, copy=False)
+
+
+def pool_attention(qkv: np.ndarray, lengths: np.ndarray, n_heads: int) -> np.ndarray:
+    """The embedder's bidirectional attention (between its projections) on the GPU.
+
+    Args:
+        qkv: float32 (B, T, 3C): q, k and v column blocks, head h in columns [hD, (h+1)D) of each.
+        lengths: integer (B,) real positions per sequence, 1 <= lengths[b] <= T.
+        n_heads: heads N, dividing C.
+
+    Returns:
+        (B, T, C) float32 attention output; rows at padded positions are 0.
+
+    Raises:
+        InvalidInput: wrong dtype, rank, contiguity or shapes, lengths out of range, T > 1024, or heads
+            not dividing C.
+        GpuUnavailable: no GPU device.
+    """
+    _f32("qkv", qkv, 3)
+    b, t, c3 = qkv.shape
+    if c3 % 3 or not isinstance(n_heads, (int, np.integer)) or n_heads < 1 or (c3 // 3) % n_heads:
+        raise InvalidInput(f"qkv must be (B, T, 3C) with n_heads dividing C, got {qkv.shape}, n_heads={n_heads!r}")
+    if t > _POOL_ATTENTION_MAX_T:
+        raise InvalidInput(f"pool_attention supports T <= {_POOL_ATTENTION_MAX_T}, got T = {t}")
+    lens = _check_lengths(lengths, b, t)
+    c = c3 // 3
+    dev = get_device()
+    if qkv.size == 0:
+        return np.zeros((b, t, c), dtype=np.float32)
+    _fits(dev, qkv.nbytes, "pool_attention")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        out = s.empty(b * t * c * 4)
+        params = batch.uniform([("u", b), ("u", t), ("u", c), ("u", int(n_heads)),
+                                ("f", 1.0 / np.sqrt(c // n_heads)), ("u", 0), ("u", 0), ("u", 0)])
+        batch.dispatch("pool_attention", "main", {0: params, 1: s.up(qkv), 2: s.up(lens), 3: out},
+                       _fold(dev, b * int(n_heads) * t))
+        batch.submit()
+        return dev.read(out, np.float32, (b, t, c))
+
+
+def mean_pool_numpy(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Numpy twin of `mean_pool`: the mean over real positions, L2-normalised (zero stays zero)."""
+    b, t, _ = x.shape
+    lens = np.asarray(lengths)
+    real = np.arange(t)[None, :] < lens[:, None]  # (B, T)
+    pooled = (x * real[..., None]).sum(axis=1) / lens[:, None].astype(x.dtype)  # (B, C)
+    norms = np.sqrt(np.einsum("bc,bc->b", pooled, pooled))  # (B,)
+    return (pooled / np.maximum(norms, x.dtype.type(1e-12))[:, None]).astype(x.dtype, copy=False)
+
+
+def mean_pool(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Mean over each sequence's real positions, L2-normalised, on the GPU (the embedding's last step).
+
+    Args:
+        x: float32 (B, T, C) hidden states.
+        lengths: integer (B,) real positions per sequence, 1 <= lengths[b] <= T.
+
+    Returns:
+        (B, C) float32 unit rows (an exactly zero mean stays zero).
+
+    Raises:
+        InvalidInput: wrong dtype, rank, contiguity or shapes, or lengths out of range.
+        GpuUnavailable: no GPU device.
+    """
+    _f32("x", x, 3)
+    b, t, c = x.shape
+    lens = _check_lengths(lengths, b, t)
+    dev = get_device()
+    if x.size == 0:
+        return np.zeros((b, c), dtype=np.float32)
+    _fits(dev, x.nbytes, "mean_pool")
+    with _Scope(dev) as s:
+        batch = dev.batch()
+        out = s.empty(b * c * 4)
+        params = batch.uniform([("u", b), ("u", t), ("u", c), ("u", 0)])
+        batch.dispatch("mean_pool", "main", {0: params, 1: s.up(x), 2: s.up(lens), 3: out}, _fold(dev, b))
+        batch.submit()
+        return dev.read(out, np.float32, (b, c))
