@@ -1,0 +1,351 @@
+"""Train the shipped embedder on a GPU: contrastive pairs plus distillation from all-MiniLM-L6-v2.
+
+    python recipe/train_embedder.py --corpus corpus --tokenizer runs/tokenizer.json \
+        --teacher .teacher --state runs/state-c128 --out runs/c128 --d-model 128 --time-budget 420
+
+Resumable: all state (tokenised corpus, teacher vectors, parameters, AdamW moments, step, rng) lives in
+--state, so a run cut at the 10-minute limit continues with the same command. Teacher vectors are computed
+on the GPU in the run that uses them and cached in --state. A dev-time tool: needs torch and
+sentence-transformers; the package itself never imports either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mirror import MirrorLM  # noqa: E402
+
+from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes  # noqa: E402
+from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
+
+GOLDEN_TEXTS = [
+    "Ada prefers green tea in the morning.",
+    "What does Ada like to drink?",
+    "The train to the city leaves at seven from platform two.",
+    "library for parsing JSON documents in Python",
+    "A fast, lightweight web server with a small memory footprint.",
+    "sqlite3 — DB-API 2.0 interface for SQLite databases",
+    "x",
+    "Emoji 🙂 and CJK 汉字 and Ünïcödé survive tokenisation.",
+    "utilities for manipulating PDF files: split, merge, rotate and crop pages",
+    "The cat sat on the warm windowsill and watched the birds in the garden. " * 6,
+]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# -- tokenising in worker processes -----------------------------------------------------------------------
+_TOK: BPETokenizer | None = None
+
+
+def _init_worker(tok_path: str) -> None:
+    global _TOK
+    _TOK = BPETokenizer.load(tok_path)
+
+
+def _encode_chunk(texts: list[str]) -> list[list[int]]:
+    return [_TOK.encode(t) for t in texts]
+
+
+def tokenise_all(texts: list[str], tok_path: str, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """All texts to a padded (N, max_tokens) int32 matrix and lengths, in parallel."""
+    chunks = [texts[i: i + 2000] for i in range(0, len(texts), 2000)]
+    with Pool(os.cpu_count(), initializer=_init_worker, initargs=(tok_path,)) as pool:
+        encoded = [ids for part in pool.map(_encode_chunk, chunks) for ids in part]
+    mat = np.zeros((len(texts), max_tokens), dtype=np.int32)
+    lengths = np.zeros(len(texts), dtype=np.int32)
+    for i, ids in enumerate(encoded):
+        ids = ids[:max_tokens] or [0]
+        mat[i, : len(ids)] = ids
+        lengths[i] = len(ids)
+    return mat, lengths
+
+
+def teacher_vectors(texts: list[str], teacher_dir: str, device: str) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(teacher_dir, device=device)
+    model.half() if device == "cuda" else model.float()
+    vec = model.encode(texts, batch_size=1024, convert_to_numpy=True, normalize_embeddings=True,
+                       show_progress_bar=False)
+    return vec.astype(np.float16)
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------
+def ndcg_at_10(sim: np.ndarray, gold: np.ndarray) -> float:
+    """Mean ndcg@10 with one relevant doc per query (gold[i] is its column)."""
+    order = np.argsort(-sim, axis=1)[:, :10]  # (Q, 10)
+    hit = order == gold[:, None]
+    gains = (hit / np.log2(np.arange(2, 12))[None, :]).sum(axis=1)
+    return float(gains.mean())
+
+
+def evaluate(embed_fn, sets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:
+    out = {}
+    for name, (q_idx, d_idx, gold) in sets.items():
+        eq = embed_fn(q_idx)
+        ed = embed_fn(d_idx)
+        out[name] = ndcg_at_10(eq @ ed.T, gold)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--teacher", required=True)
+    ap.add_argument("--state", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--n-layers", type=int, default=4)
+    ap.add_argument("--conv-kernel", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=0, help="expert hidden width (default 2 x d-model)")
+    ap.add_argument("--experts", type=int, default=4)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--attn-heads", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--tau", type=float, default=0.05)
+    ap.add_argument("--distill-weight", type=float, default=4.0)
+    ap.add_argument("--simmat-weight", type=float, default=1.0)
+    ap.add_argument("--time-budget", type=float, default=480.0, help="seconds of training in this call")
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cache", default=None, help="where tokens and teacher vectors are cached (default: --state)")
+    ap.add_argument("--limit", type=int, default=0, help="use only this many pairs and passages (smoke tests)")
+    ap.add_argument("--fit-budget", action="store_true",
+                    help="on a fresh run, time the first 20 steps and lower --steps to what fits the time budget")
+    args = ap.parse_args()
+    t_start = time.time()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    dev = torch.device(args.device)
+    state = Path(args.state)
+    state.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = BPETokenizer.load(args.tokenizer)
+
+    # -- data: one table of unique texts; pairs and eval sets index into it ---------------------------
+    corpus = Path(args.corpus)
+    pairs = read_jsonl(corpus / "pairs.jsonl")
+    passages = read_jsonl(corpus / "passages.jsonl")
+    if args.limit:
+        pairs, passages = pairs[: args.limit], passages[: args.limit]
+    eval_sets_raw = {p.stem: read_jsonl(p) for p in sorted((corpus / "eval").glob("*.jsonl"))}
+    text_id: dict[str, int] = {}
+
+    def tid(t: str) -> int:
+        return text_id.setdefault(t, len(text_id))
+
+    pair_q = np.array([tid(p["query"]) for p in pairs], dtype=np.int64)
+    pair_d = np.array([tid(p["doc"]) for p in pairs], dtype=np.int64)
+    pair_src_names = sorted({p["source"] for p in pairs})
+    pair_src = np.array([pair_src_names.index(p["source"]) for p in pairs])
+    passage_ids = np.array([tid(p["text"]) for p in passages], dtype=np.int64)
+    eval_sets = {}
+    for name, rows in eval_sets_raw.items():
+        docs = sorted({r["doc"] for r in rows})
+        d_ids = np.array([tid(d) for d in docs])
+        col = {d: i for i, d in enumerate(docs)}
+        eval_sets[name] = (np.array([tid(r["query"]) for r in rows]), d_ids, np.array([col[r["doc"]] for r in rows]))
+    texts = list(text_id)
+    print(f"texts {len(texts)}  pairs {len(pairs)}  passages {len(passages)}  eval "
+          f"{ {k: len(v[0]) for k, v in eval_sets.items()} }", flush=True)
+
+    cache_dir = Path(args.cache or args.state)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache = cache_dir / f"tokens-{args.max_tokens}.npz"
+    if cache.exists():
+        z = np.load(cache, allow_pickle=False)
+        tok_mat, tok_len = z["mat"], z["len"]
+        assert len(tok_len) == len(texts)
+    else:
+        t0 = time.time()
+        tok_mat, tok_len = tokenise_all(texts, args.tokenizer, args.max_tokens)
+        np.savez(cache, mat=tok_mat, len=tok_len)
+        print(f"tokenised {len(texts)} texts in {time.time() - t0:.0f}s, mean length {tok_len.mean():.1f}", flush=True)
+    tcache = cache_dir / "teacher.npy"
+    if tcache.exists():
+        teach = np.load(tcache, allow_pickle=False)
+    else:
+        t0 = time.time()
+        teach = teacher_vectors(texts, args.teacher, args.device)
+        np.save(tcache, teach)
+        print(f"teacher vectors for {len(texts)} texts in {time.time() - t0:.0f}s", flush=True)
+
+    tok_mat_t = torch.tensor(tok_mat, device=dev, dtype=torch.long)
+    tok_len_t = torch.tensor(tok_len, device=dev, dtype=torch.long)
+    teach_t = torch.tensor(teach, device=dev, dtype=torch.float32)
+
+    # -- model ---------------------------------------------------------------------------------------------
+    cfg = LMConfig(vocab_size=len(tok), d_model=args.d_model, n_layers=args.n_layers, conv_kernel=args.conv_kernel,
+                   hidden_dim=args.hidden or 2 * args.d_model, n_experts=args.experts, top_k=args.top_k,
+                   attn_heads=args.attn_heads)
+    shapes = param_shapes(cfg)
+    init = EvermindLM(cfg, seed=args.seed).params
+    model = MirrorLM(cfg.to_dict(), shapes, init).to(dev)
+    head = torch.nn.Linear(args.d_model, teach.shape[1], bias=False).to(dev)  # training-only distillation head
+    params = list(model.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    step = 0
+    history: list[dict] = []
+    st_file = state / "train_state.pt.npz"
+    if st_file.exists():
+        z = np.load(st_file, allow_pickle=False)
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                p.copy_(torch.tensor(z[f"p{i}"], device=dev))
+        sd = opt.state_dict()
+        for i, p in enumerate(params):
+            opt.state[p] = {"step": torch.tensor(float(z["step"])), "exp_avg": torch.tensor(z[f"m{i}"], device=dev),
+                            "exp_avg_sq": torch.tensor(z[f"v{i}"], device=dev)}
+        step = int(z["step"])
+        args.steps = int(z["planned_steps"])
+        history = json.loads(str(z["history"]))
+        del sd
+        print(f"resumed at step {step}", flush=True)
+    rng = np.random.default_rng(args.seed + step)
+
+    def lr_at(s: int) -> float:
+        warm = 200
+        if s < warm:
+            return args.lr * (s + 1) / warm
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
+
+    def embed_ids(ids: torch.Tensor) -> torch.Tensor:
+        lens = tok_len_t[ids]
+        T = int(lens.max())
+        return model.pooled(tok_mat_t[ids, :T], lens)
+
+    @torch.no_grad()
+    def embed_np(ids: np.ndarray) -> np.ndarray:
+        out_v = []
+        for i in range(0, len(ids), 2048):
+            out_v.append(F.normalize(embed_ids(torch.tensor(ids[i: i + 2048], device=dev)), dim=-1).cpu().numpy())
+        return np.concatenate(out_v)
+
+    def teacher_np(ids: np.ndarray) -> np.ndarray:
+        return teach[ids].astype(np.float32)
+
+    if not any(h.get("teacher") for h in history):
+        history.append({"teacher": evaluate(teacher_np, eval_sets)})
+        print("teacher ndcg@10", history[-1]["teacher"], flush=True)
+
+    n_src = len(pair_src_names)
+    src_rows = [np.flatnonzero(pair_src == s) for s in range(n_src)]
+    src_w = np.array([math.sqrt(len(r)) for r in src_rows])
+    src_w /= src_w.sum()
+    src_concat = np.concatenate(src_rows)
+    src_start = np.cumsum([0] + [len(r) for r in src_rows])[:-1]
+    src_size = np.array([len(r) for r in src_rows])
+    B = args.batch
+    model.train()
+    t_train = time.time()
+    while step < args.steps and time.time() - t_train < args.time_budget:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        srcs = rng.choice(n_src, size=B, p=src_w)
+        rows = src_concat[src_start[srcs] + (rng.random(B) * src_size[srcs]).astype(np.int64)]
+        q_ids = torch.tensor(pair_q[rows], device=dev)
+        d_ids = torch.tensor(pair_d[rows], device=dev)
+        p_ids = torch.tensor(passage_ids[rng.integers(len(passage_ids), size=B)], device=dev)
+        eq = F.normalize(embed_ids(q_ids), dim=-1)
+        ed = F.normalize(embed_ids(d_ids), dim=-1)
+        sim = eq @ ed.T / args.tau  # (B, B)
+        same = d_ids[None, :] == d_ids[:, None]
+        sim = sim.masked_fill(same & ~torch.eye(B, dtype=torch.bool, device=dev), -1e4)  # duplicate docs
+        target = torch.arange(B, device=dev)
+        l_con = 0.5 * (F.cross_entropy(sim, target) + F.cross_entropy(sim.T, target))
+        all_ids = torch.cat([q_ids, d_ids, p_ids])
+        pooled_all = torch.cat([eq, ed, F.normalize(embed_ids(p_ids), dim=-1)])
+        t_all = teach_t[all_ids]
+        h_all = F.normalize(head(pooled_all), dim=-1)
+        l_dis = (1 - (h_all * t_all).sum(-1)).mean()
+        s_sub = pooled_all[-B:] @ pooled_all[-B:].T
+        t_sub = t_all[-B:] @ t_all[-B:].T
+        l_sim = F.mse_loss(s_sub, t_sub)
+        loss = l_con + args.distill_weight * l_dis + args.simmat_weight * l_sim
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if args.fit_budget and step == 20 and not st_file.exists():
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+            per_step = (time.time() - t_train) / 20
+            fits = 20 + int(0.92 * (args.time_budget - (time.time() - t_train)) / per_step)
+            print(f"{per_step * 1000:.0f} ms/step: planning {min(args.steps, fits)} steps", flush=True)
+            args.steps = min(args.steps, fits)
+        if step % 100 == 0:
+            rec = {"step": step, "loss": float(loss), "contrastive": float(l_con), "distill": float(l_dis),
+                   "simmat": float(l_sim), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
+            history.append(rec)
+            print(json.dumps(rec), flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            model.eval()
+            ev = evaluate(embed_np, eval_sets)
+            model.train()
+            history.append({"step": step, "eval": ev})
+            print(f"step {step} eval ndcg@10 {ev}", flush=True)
+
+    # -- save resumable state, then export ---------------------------------------------------------------
+    arrays = {"step": np.array(step), "planned_steps": np.array(args.steps), "history": np.array(json.dumps(history))}
+    for i, p in enumerate(params):
+        arrays[f"p{i}"] = p.detach().cpu().numpy()
+        stt = opt.state.get(p, {})
+        arrays[f"m{i}"] = stt["exp_avg"].cpu().numpy() if "exp_avg" in stt else np.zeros(p.shape, np.float32)
+        arrays[f"v{i}"] = stt["exp_avg_sq"].cpu().numpy() if "exp_avg_sq" in stt else np.zeros(p.shape, np.float32)
+    np.savez(state / "train_state.tmp.npz", **arrays)
+    os.replace(state / "train_state.tmp.npz", st_file)
+    print(f"saved state at step {step}", flush=True)
+    if step >= args.steps:
+        export(model, cfg, tok, args, history, out)
+
+
+def export(model: MirrorLM, cfg, tok: BPETokenizer, args, history: list[dict], out: Path) -> None:
+    """Write the fp16 checkpoint, the tokenizer, golden vectors (mirror on CPU, fp32) and the training log."""
+    from evermind_memory.lm.checkpoint import load_model, save_model
+
+    params = model.to_numpy_params()
+    save_model(out / "model.evlm", cfg, params, fp16=True)
+    tok.save(out / "tokenizer.json")
+    _, stored = load_model(out / "model.evlm")  # the fp16-rounded weights users will load
+    cpu = MirrorLM(cfg.to_dict(), param_shapes(cfg), stored).eval()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ids = [tok.encode(t)[: args.max_tokens] for t in GOLDEN_TEXTS]
+    T = max(len(i) for i in ids)
+    mat = torch.zeros((len(ids), T), dtype=torch.long)
+    for i, row in enumerate(ids):
+        mat[i, : len(row)] = torch.tensor(row)
+    with torch.no_grad():
+        vec = cpu.embed(mat, torch.tensor([len(r) for r in ids]))
+    golden = {"texts": GOLDEN_TEXTS, "max_tokens": args.max_tokens, "vectors": vec.numpy().astype(float).tolist()}
+    (out / "golden_embeddings.json").write_text(json.dumps(golden))
+    (out / "train_log.json").write_text(json.dumps({"config": cfg.to_dict(), "args": vars(args),
+                                                    "history": history}, indent=1))
+    print(f"exported to {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
