@@ -181,7 +181,7 @@ class LMTrainer:
     The model is trained in place: `model.params` are the fp32 master weights. Not thread-safe.
     """
 
-    def __init__(self, model: Any, config: TrainConfig | None = None) -> None:
+    def __init__(self, model: Any, config: TrainConfig | None = None, *, device: str = "cpu") -> None:
         """Set up optimizer(s), loss scaler and progress counters.
 
         Args:
@@ -189,10 +189,15 @@ class LMTrainer:
                 `loss_and_grads(tokens, lengths, *, checkpoint)` and `forward(tokens, lengths)`:
                 EvermindLM, or training.lora.LoRAModel.
             config: training settings (default TrainConfig()).
+            device: "cpu" (numpy) or "gpu" (wgpu: weights, gradients and moments stay on the device and are
+                copied back into model.params after fit, before evaluation and checkpoint saves).
 
         Raises:
-            InvalidInput: the model lacks what training needs, or config is not a TrainConfig.
+            InvalidInput: the model lacks what training needs, config is not a TrainConfig, or an unknown
+                device. GpuUnavailable: device="gpu" and no adapter exists.
         """
+        if device not in ("cpu", "gpu"):
+            raise InvalidInput(f"LMTrainer expected device 'cpu' or 'gpu', got {device!r}.")
         config = TrainConfig() if config is None else config
         if not isinstance(config, TrainConfig):
             raise InvalidInput(f"LMTrainer expected a TrainConfig, got {type(config).__name__}.")
@@ -222,6 +227,11 @@ class LMTrainer:
         self.horizon: int | None = config.total_steps  # cosine horizon of the current fit()
         self.data_digest: str | None = None  # digest of the data the cursor points into
         self.history = TrainHistory()
+        self._gpu = None
+        if device == "gpu":
+            from ..gpu.model import GpuTrainer  # lazy: the CPU path never imports wgpu
+
+            self._gpu = GpuTrainer(model, config, self.optimizers)
 
     # ----------------------------------------------------------------------------------------- training
 
@@ -292,6 +302,8 @@ class LMTrainer:
         finally:
             if bar is not None:
                 bar.close()
+            if self._gpu is not None:
+                self._gpu.pull()
         if held is not None and not (self.history.eval_losses and self.history.eval_losses[-1][0] == self.step):
             self.history.eval_losses.append((self.step, self._eval_loss(held)))
         return self.history
@@ -335,6 +347,8 @@ class LMTrainer:
 
     def _train_step(self, batches: list[tuple[np.ndarray, np.ndarray, int]], lr: float) -> float:
         """Accumulate the window's gradients, then one (possibly skipped) optimizer step; returns the loss."""
+        if self._gpu is not None:
+            return self._gpu.trainer_step(self, batches, lr)
         scale = self.scaler.scale if self.scaler is not None else 1.0  # fixed for the whole window
         total = sum(n for _, _, n in batches)
         single = len(batches) == 1
@@ -375,6 +389,8 @@ class LMTrainer:
         return loss
 
     def _eval_loss(self, held: _Data) -> float:
+        if self._gpu is not None:
+            self._gpu.pull()
         total_nll = 0.0
         total_n = 0
         idx = np.argsort(held.lengths, kind="stable")  # (N,) similar lengths share a batch: less padding
@@ -403,6 +419,8 @@ class LMTrainer:
         """
         from ..lm.checkpoint import write_tensor_file
 
+        if self._gpu is not None:
+            self._gpu.pull()
         tensors: dict[str, np.ndarray] = {f"param/{n}": p for n, p in self.model.params.items()}
         opt_meta = []
         for i, opt in enumerate(self.optimizers):
@@ -475,6 +493,8 @@ class LMTrainer:
         self.step, self.epoch, self.cursor, self.horizon = step, epoch, cursor, horizon
         self.data_digest = meta.get("data_digest")
         self.history = history
+        if self._gpu is not None:
+            self._gpu.push()
 
     @classmethod
     def resume(cls, path: str | os.PathLike[str], model: Any = None, *, progress: bool | None = None) -> "LMTrainer":
