@@ -132,6 +132,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cache", default=None, help="where tokens and teacher vectors are cached (default: --state)")
+    ap.add_argument("--exclude", default=None,
+                    help="a JSONL of pairs (e.g. the fusion dev set) whose docs and queries training must not see")
     ap.add_argument("--limit", type=int, default=0, help="use only this many pairs and passages (smoke tests)")
     ap.add_argument("--fit-budget", action="store_true",
                     help="on a fresh run, time the first 20 steps and lower --steps to what fits the time budget")
@@ -150,6 +152,12 @@ def main() -> None:
     corpus = Path(args.corpus)
     pairs = read_jsonl(corpus / "pairs.jsonl")
     passages = read_jsonl(corpus / "passages.jsonl")
+    if args.exclude:
+        held = {t for row in read_jsonl(Path(args.exclude)) for t in (row["query"], row["doc"])}
+        before = len(pairs)
+        pairs = [p for p in pairs if p["query"] not in held and p["doc"] not in held]
+        passages = [p for p in passages if p["text"] not in held]
+        print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
     if args.limit:
         pairs, passages = pairs[: args.limit], passages[: args.limit]
     eval_sets_raw = {p.stem: read_jsonl(p) for p in sorted((corpus / "eval").glob("*.jsonl"))}
