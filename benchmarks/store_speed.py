@@ -194,6 +194,16 @@ def print_table(results: list[dict]) -> None:
         print(f"{label:<32}" + "".join(f"{c:>20}" for c in cells) + f"  {unit}")
 
 
+def print_targets(results: list[dict]) -> None:
+    """The foundation issue's targets (small config, default durability): met or not, per size."""
+    for r in results:
+        remember = r["remember_items_per_s"]
+        recall = r["recall_vector_ms"][0]
+        print(f"targets at {r['n']:,}: remember one at a time {remember:,.0f} items/s (>= 1,000: "
+              f"{'met' if remember >= 1000 else 'NOT met'}); vector recall p50 {recall:.3f} ms incl. embedding "
+              f"(<= 1 ms: {'met' if recall <= 1.0 else 'NOT met'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000", help="comma-separated store sizes (e.g. 10000,100000)")
@@ -209,6 +219,7 @@ def main() -> None:
     model = EvermindLM(config, seed=0)
     embedder = LMEmbedder(model, tok)
     results = []
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="evermind-bench-") as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             results.append(bench_size(n, embedder, args, Path(tmp)))
@@ -216,10 +227,13 @@ def main() -> None:
         "config": config.to_dict(), "tokenizer_vocab": len(tok), "fingerprint": embedder.fingerprint,
         "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "hnswlib": getattr(hnswlib, "__version__", "?"),
         "numpy": np.__version__, "cpu_count": os.cpu_count(), "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-        "durability": "normal", "machine": platform.machine(),
+        "durability": "normal", "machine": platform.machine(), "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
     }
-    print(f"MemoryStore speed ({args.config} config: {config.to_dict()}; {args.queries} queries, k=10)")
+    print(f"MemoryStore speed ({args.config} config: {config.to_dict()}; {args.queries} queries, k=10; "
+          f"load avg {load_start[0]:.2f} -> {meta['load_avg_end'][0]:.2f} on {os.cpu_count()} CPUs)")
     print_table(results)
+    print_targets(results)
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
 

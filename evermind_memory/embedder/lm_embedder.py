@@ -80,6 +80,12 @@ class LMEmbedder:
         self.adapter_digest = adapter_digest
         self._dimensions = int(model.config.d_model)
         self.digest = self._compute_digest()
+        # A frozen snapshot (EvermindLM.frozen) embeds faster and holds exactly the weights the digest names,
+        # so later changes to `model` cannot change vectors under this fingerprint. Other models (a LoRA
+        # wrapper, the GPU model) are called directly.
+        frozen = getattr(model, "frozen", None)
+        self._engine = frozen() if callable(frozen) else model
+        self._one = getattr(self._engine, "embed", None) if callable(frozen) else None
         self._fingerprint = f"evermind-lm/{_arch(model.config)}/{self.digest[:8]}"
 
     def _compute_digest(self) -> str:
@@ -117,6 +123,8 @@ class LMEmbedder:
         Returns:
             (C,) float32, unit length.
         """
+        if self._one is not None:  # the frozen model's single-sequence path: no batching bookkeeping
+            return self._one(self._tokens(text))
         return self.embed_many([text])[0]
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
@@ -128,6 +136,8 @@ class LMEmbedder:
             (N, C) float32, rows unit length, in the order of `texts`.
         """
         n = len(texts)
+        if n == 1 and self._one is not None:
+            return self._one(self._tokens(texts[0]))[None, :]  # (1, C)
         out = np.zeros((n, self._dimensions), dtype=np.float32)  # (N, C)
         if n == 0:
             return out
@@ -135,7 +145,7 @@ class LMEmbedder:
         order = np.argsort(np.array([len(t) for t in token_lists]), kind="stable")  # (N,)
         for start in range(0, n, self.batch_size):
             idx = order[start : start + self.batch_size]
-            vecs = np.asarray(self.model.embed_batch([token_lists[i] for i in idx]), dtype=np.float32)  # (b, C)
+            vecs = np.asarray(self._engine.embed_batch([token_lists[i] for i in idx]), dtype=np.float32)  # (b, C)
             out[idx] = vecs
         norms = np.linalg.norm(out, axis=1, keepdims=True)  # (N, 1)
         return out / np.maximum(norms, 1e-12)

@@ -16,6 +16,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.lm.layers import (
+    RMS_EPS,
     ConvCache,
     EmbedCache,
     RMSNormCache,
@@ -25,26 +26,30 @@ from evermind_memory.lm.layers import (
     cross_entropy_forward,
     embed_backward,
     embed_forward,
-    ffn_backward,
     rmsnorm_backward,
     rmsnorm_forward,
-    router_backward,
     unembed_backward,
     unembed_forward,
 )
-from evermind_memory.lm.attention import AttentionCache, attention_backward, attention_forward
-from evermind_memory.lm.moe import MoECache, moe_backward, moe_forward
+from evermind_memory.lm.attention import AttentionCache, attention_backward, attention_forward, key_mask
+from evermind_memory.lm.moe import (
+    SHORT_MAX_ROWS,
+    MoECache,
+    moe_backward,
+    moe_forward,
+    moe_infer,
+    moe_infer_short,
+    moe_inference_weights,
+)
 
-__all__ = ["LMConfig", "param_shapes", "EvermindLM", "HEAD_CHUNK_ELEMENTS"]
+__all__ = ["LMConfig", "param_shapes", "EvermindLM", "FrozenEmbedder", "HEAD_CHUNK_ELEMENTS"]
 
 # The training loss computes the tied head in row chunks of about this many logits (rows x V; 16 MiB in
 # float32), so the (N, V) logits never exist whole. loss_and_grads(head_chunk=...) overrides it per call.
 HEAD_CHUNK_ELEMENTS = 1 << 22
 
 _NORM_EPS = 1e-12  # an all-zero pooled vector stays zero instead of dividing by zero
-_EMBED_BUCKET_SEQS = 64  # at most this many sequences per embed_batch forward
-_EMBED_BUCKET_TOKENS = 16384  # and at most this many padded positions
-_FFN_NAMES = ("w1", "b1", "w2", "b2")
+_EMBED_BUCKET_SEQS = 64  # at most this many sequences per embedding forward
 
 
 @dataclass(frozen=True)
@@ -187,44 +192,6 @@ class ForwardCache(NamedTuple):
     batch: _Batch
     layers: list  # one _LayerCache per layer, or each layer's input (B*T, C) when checkpointed
     checkpointed: bool
-
-
-def _moe_backward(
-    dy: np.ndarray, cache: MoECache, need: frozenset[str] | None
-) -> tuple[np.ndarray, dict[str, np.ndarray | None]]:
-    """`moe_backward`, computing weight gradients only for the local names in `need` (None: all of them).
-
-    Mirrors moe.moe_backward operation for operation, so the gradients it does compute are bit-identical;
-    it only passes each expert's wanted names to ffn_backward, which then skips the other matmuls.
-    """
-    if need is None:
-        return moe_backward(dy, cache)
-    grads: dict[str, np.ndarray | None] = {}
-
-    def keep(prefix: str, found: tuple) -> None:
-        for name, g in zip(_FFN_NAMES, found):
-            if g is not None:
-                grads[f"{prefix}.{name}"] = g
-
-    def wanted(prefix: str) -> frozenset[str]:
-        return frozenset(n for n in _FFN_NAMES if f"{prefix}.{n}" in need)
-
-    dx, found = ffn_backward(dy, cache.shared, weights=wanted("shared"))  # (N, C)
-    keep("shared", found)
-    gates_flat = cache.router.gates.ravel()  # (N*k,)
-    dgates = np.zeros_like(gates_flat)  # (N*k,)
-    for batch in cache.batches:
-        dye = dy[batch.rows]  # (n_e, C)
-        dgates[batch.slots] = np.einsum("nc,nc->n", dye, batch.y)
-        dye *= gates_flat[batch.slots, None]
-        prefix = f"expert{batch.expert}"
-        dxe, found = ffn_backward(dye, batch.ffn, weights=wanted(prefix))  # (n_e, C)
-        dx[batch.rows] += dxe
-        keep(prefix, found)
-    dx_router, grads["router"] = router_backward(
-        dgates.reshape(-1, cache.top_k), cache.router, weight_grad="router" in need)  # (N, C), (C, E)
-    dx += dx_router
-    return dx, grads
 
 
 class EvermindLM:
@@ -409,7 +376,7 @@ class EvermindLM:
         b, t = batch.tokens.shape
         c = dout.shape[1]
         drows = dout if batch.real is None else dout[batch.real]  # (N, C)
-        dnormed, grads = _moe_backward(drows, cache.moe, need)  # (N, C)
+        dnormed, grads = moe_backward(drows, cache.moe, need=need)  # (N, C)
         drows, grads["moe_norm"] = rmsnorm_backward(
             dnormed, cache.moe_norm, gain_grad=need is None or "moe_norm" in need)  # (N, C)
         if batch.real is None:
@@ -756,12 +723,6 @@ class EvermindLM:
         grads.update({n: g for n, g in found.items() if need is None or n in need})
         return (dh + dz).reshape(b, t, c)  # residual: z = h + y
 
-    @staticmethod
-    def _normalise(pooled: np.ndarray) -> np.ndarray:
-        """L2-normalise each row (an exactly zero row stays zero)."""
-        norms = np.sqrt(np.einsum("bc,bc->b", pooled, pooled))  # (B,)
-        return (pooled / np.maximum(norms, _NORM_EPS)[:, None]).astype(np.float32, copy=False)
-
     def pooled_forward(self, tokens: Any, lengths: Any = None) -> tuple[np.ndarray, Any]:
         """Unnormalised pooled embeddings of a right-padded batch (what `embed` normalises).
 
@@ -810,6 +771,9 @@ class EvermindLM:
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
         """Embedding of one token sequence: final hidden states mean-pooled over positions, unit L2 norm.
 
+        Runs the inference path (no caches); equal to normalising `pooled_forward` up to float rounding.
+        For many calls with fixed weights, `frozen()` is faster.
+
         Args:
             tokens: non-empty list of token ids.
 
@@ -820,10 +784,7 @@ class EvermindLM:
             InvalidInput: empty list or ids out of range.
         """
         arr = self._prepare_list(tokens, "embed()")
-        batch = _Batch(arr[None, :], np.array([arr.size]), None, None)
-        x, _ = self._trunk_forward(batch, "none")  # (T, C)
-        pooled, _ = self._pool_forward(x[None], batch.lengths, keep_cache=False)  # (1, C)
-        return self._normalise(pooled)[0]
+        return _plan_embed_one(_build_plan(self.config, self.params, fused=False), arr)
 
     def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Embeddings of many token sequences, batched by similar length (same vectors as `embed`).
@@ -837,41 +798,18 @@ class EvermindLM:
         Raises:
             InvalidInput: an empty list or ids out of range (the message names the index).
         """
-        seqs = []
-        for i, tokens in enumerate(token_lists):
-            seqs.append(self._prepare_list(tokens, f"embed_batch() item {i}"))
-        out = np.zeros((len(seqs), self.config.d_model), dtype=np.float32)  # (N, C)
-        if not seqs:
-            return out
-        lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
-        order = np.argsort(lens, kind="stable")  # (N,) short to long, so a bucket pads little
-        start = 0
-        while start < len(order):
-            stop = start + 1
-            while (
-                stop < len(order)
-                and stop - start < _EMBED_BUCKET_SEQS
-                and (stop - start + 1) * lens[order[stop]] <= _EMBED_BUCKET_TOKENS
-            ):
-                stop += 1
-            ids = order[start:stop]  # (b,)
-            t = int(lens[ids].max())
-            sub_lens = lens[ids]  # (b,)
-            mask = (np.arange(t)[None, :] < sub_lens[:, None]).ravel()  # (b*t,) row-major, like the concatenation
-            tokens = np.zeros(len(ids) * t, dtype=np.intp)  # (b*t,)
-            tokens[mask] = np.concatenate([seqs[i] for i in ids])
-            tokens = tokens.reshape(len(ids), t)  # (b, t)
-            full = bool(mask.all())
-            batch = _Batch(
-                tokens, sub_lens, None if full else np.flatnonzero(mask), None if full else np.flatnonzero(~mask)
-            )
-            x, _ = self._trunk_forward(batch, "none")  # (b*t, C)
-            if batch.pad is not None:
-                x[batch.pad] = 0.0
-            pooled, _ = self._pool_forward(x.reshape(len(ids), t, -1), sub_lens, keep_cache=False)  # (b, C)
-            out[ids] = self._normalise(pooled)
-            start = stop
-        return out
+        seqs = [self._prepare_list(tokens, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
+        plan = _build_plan(self.config, self.params, fused=False)
+        return _plan_embed_many(plan, seqs, self.config.d_model)
+
+    def frozen(self) -> FrozenEmbedder:
+        """A snapshot of the embedding function for repeated use: `embed` and `embed_batch` with the
+        current weights copied and arranged once (faster, above all for short texts).
+
+        Returns:
+            A FrozenEmbedder; later changes to this model's params do not reach it.
+        """
+        return FrozenEmbedder(self)
 
     # ── files ─────────────────────────────────────────────────────────────────
 
@@ -906,3 +844,213 @@ class EvermindLM:
 
         config, params = load_model(path)
         return cls.from_params(config, params)
+
+
+# ── inference plan: the embedding path without caches ─────────────────────────
+# `hidden_forward`/`pooled_forward` keep what a backward needs; embeddings need only outputs. The plan holds
+# the weights rearranged once (norm gains folded into the following linear maps, the attention scale into
+# the query columns) and the functions below run the same maths with fewer numpy calls and temporaries.
+# Results equal the training path's up to float rounding.
+
+_HAS_VECDOT = hasattr(np, "vecdot")
+# Padded positions x C per embedding forward (1024 positions at C=128): the layer's arrays stay in L2, which
+# measured faster than larger buckets although the matmuls get smaller.
+_EMBED_BUCKET_ELEMENTS = 1 << 17
+
+
+class _PoolPlan(NamedTuple):
+    wqkv: np.ndarray  # (C, 3C) attn_norm gain folded into the rows, 1/sqrt(D) into the query columns
+    wo: np.ndarray  # (C, C)
+    out_gain: np.ndarray  # (C,) out_norm gain, applied after pooling (a per-channel scale commutes with the mean)
+    heads: int
+
+
+class _Plan(NamedTuple):
+    emb: np.ndarray  # (V, C)
+    taps: list  # per layer (K, C): conv taps * conv_norm gain, reversed (tap K-1 first) for the window view
+    moe: list  # per layer MoEInference
+    pool: _PoolPlan | None
+    top_k: int
+
+
+def _build_plan(config: LMConfig, params: Mapping[str, np.ndarray], *, fused: bool) -> _Plan:
+    """Rearrange params for inference; fused=False only derives the small arrays (cheap per call)."""
+    taps, moes = [], []
+    for layer in range(config.n_layers):
+        p = f"layers.{layer}."
+        taps.append(np.ascontiguousarray((params[p + "conv"] * params[p + "conv_norm"])[::-1]))  # (K, C)
+        local = {n[len(p) :]: a for n, a in params.items() if n.startswith(p)}
+        moes.append(moe_inference_weights(local, params[p + "moe_norm"], fused=fused))
+    pool = None
+    if config.attn_heads:
+        c = config.d_model
+        wqkv = params["pool.attn_norm"][:, None] * params["pool.wqkv"]  # (C, 3C)
+        wqkv[:, :c] *= wqkv.dtype.type(1.0 / math.sqrt(c // config.attn_heads))
+        pool = _PoolPlan(wqkv, params["pool.wo"], params["pool.out_norm"], config.attn_heads)
+    return _Plan(params["emb"], taps, moes, pool, config.top_k)
+
+
+def _row_sumsq(x: np.ndarray) -> np.ndarray:
+    """Sum of squares of each row of x (N, C): np.vecdot where numpy has it (2.0+; faster), else einsum."""
+    return np.vecdot(x, x) if _HAS_VECDOT else np.einsum("nc,nc->n", x, x)  # (N,)
+
+
+def _rms_scale(x: np.ndarray) -> np.ndarray:
+    """1 / sqrt(mean(x^2) + eps) per row of x (N, C), as in rmsnorm_forward."""
+    ms = _row_sumsq(x) / x.shape[-1]  # (N,)
+    return 1.0 / np.sqrt(ms + RMS_EPS)  # (N,)
+
+
+def _windows(padded: np.ndarray, k: int) -> np.ndarray:
+    """(B, T, C, K) view of a (B, T+K-1, C) buffer: [b, t, :, j] is row t + j (sliding_window_view, cheaper)."""
+    b, tk, c = padded.shape
+    s0, s1, s2 = padded.strides
+    return np.ndarray((b, tk - k + 1, c, k), padded.dtype, padded, 0, (s0, s1, s2, s1))
+
+
+def _plan_hidden(plan: _Plan, tokens: np.ndarray) -> np.ndarray:
+    """Final hidden states (B*T, C) of a (B, T) token batch; rows of padded positions hold finite junk.
+
+    A single short sequence runs every expert on every row (moe_infer_short); anything else is dispatched
+    by expert. Padded positions go through the layers like real ones (cheaper than gathering the real rows
+    of a length-sorted bucket); nothing after them reads them.
+    """
+    b, t = tokens.shape
+    x = np.take(plan.emb, tokens.ravel(), axis=0)  # (B*T, C)
+    c = x.shape[1]
+    k = plan.taps[0].shape[0]
+    padded = np.zeros((b, t + k - 1, c), dtype=x.dtype)  # (B, T+K-1, C): K-1 zero rows before each sequence
+    body = padded[:, k - 1 :]  # (B, T, C) where the normalised input goes
+    windows = _windows(padded, k)  # (B, T, C, K): tap K-1-j multiplies [..., j] (the plan keeps taps reversed)
+    short = b * t <= SHORT_MAX_ROWS and plan.moe[0].w1_aug is not None
+    if short:
+        xa = np.ones((b * t, c + 1), dtype=x.dtype)  # (B*T, C+1) MoE input with a ones column
+    for taps, moe in zip(plan.taps, plan.moe):
+        np.multiply(x.reshape(b, t, c), _rms_scale(x).reshape(b, t, 1), out=body)
+        h = np.einsum("btck,kc->btc", windows, taps).reshape(b * t, c)  # (B*T, C) causal depthwise conv
+        h += x
+        if short:
+            np.multiply(h, _rms_scale(h)[:, None], out=xa[:, :c])
+            moe_infer_short(moe, xa, plan.top_k, h)
+        else:
+            moe_infer(moe, h * _rms_scale(h)[:, None], plan.top_k, h)
+        x = h
+    return x
+
+
+def _plan_pool(plan: _Plan, h: np.ndarray, b: int, lengths: np.ndarray | None) -> np.ndarray:
+    """Pooled (B, C) of hidden states h (B*T, C); lengths None means no padding."""
+    t = h.shape[0] // b
+    c = h.shape[1]
+    if lengths is None:
+        weights = np.full((b, t), 1.0 / t, dtype=h.dtype)  # (B, T)
+    else:
+        real = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
+        weights = (real / lengths[:, None]).astype(h.dtype)  # (B, T)
+    pp = plan.pool
+    if pp is None:
+        return np.einsum("bt,btc->bc", weights, h.reshape(b, t, c))  # (B, C) mean over real positions
+    n, d = pp.heads, c // pp.heads
+    qkv = (h * _rms_scale(h)[:, None]) @ pp.wqkv  # (B*T, 3C)
+    qkv = qkv.reshape(b, t, 3, n, d).transpose(2, 0, 3, 1, 4)  # (3, B, N, T, D) view
+    q, k, v = np.ascontiguousarray(qkv)  # (B, N, T, D) each
+    s = q @ k.transpose(0, 1, 3, 2)  # (B, N, T, T) scores, already scaled by 1/sqrt(D)
+    if lengths is not None:
+        s += key_mask(lengths, t, s.dtype)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    o = (s @ v).transpose(0, 2, 1, 3).reshape(b * t, c)  # (B*T, C) heads concatenated
+    z = o @ pp.wo  # (B*T, C)
+    z += h
+    weights *= _rms_scale(z).reshape(b, t)  # out_norm's 1/rms folded into the pooling weights
+    return np.einsum("bt,btc->bc", weights, z.reshape(b, t, c)) * pp.out_gain  # (B, C)
+
+
+def _normalise_rows(pooled: np.ndarray) -> np.ndarray:
+    """L2-normalise each row (an exactly zero row stays zero); float32."""
+    norms = np.sqrt(_row_sumsq(pooled))  # (B,)
+    return (pooled / np.maximum(norms, _NORM_EPS)[:, None]).astype(np.float32, copy=False)
+
+
+def _plan_embed_one(plan: _Plan, seq: np.ndarray) -> np.ndarray:
+    """Embedding (C,) float32 of one validated (T,) sequence."""
+    h = _plan_hidden(plan, seq[None, :])  # (T, C)
+    return _normalise_rows(_plan_pool(plan, h, 1, None))[0]
+
+
+def _plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np.ndarray:
+    """Embeddings (N, C) float32 of validated sequences, run in length-sorted buckets of similar length."""
+    out = np.zeros((len(seqs), d_model), dtype=np.float32)  # (N, C)
+    if not seqs:
+        return out
+    lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
+    order = np.argsort(lens, kind="stable").tolist()  # short to long, so a bucket pads little
+    max_rows = max(1, _EMBED_BUCKET_ELEMENTS // d_model)
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while (
+            stop < len(order)
+            and stop - start < _EMBED_BUCKET_SEQS
+            and (stop - start + 1) * lens[order[stop]] <= max_rows
+        ):
+            stop += 1
+        ids = order[start:stop]
+        sub_lens = lens[ids]  # (b,)
+        t = int(sub_lens[-1])
+        if len(ids) == 1:
+            out[ids[0]] = _plan_embed_one(plan, seqs[ids[0]])
+            start = stop
+            continue
+        tokens = np.zeros((len(ids), t), dtype=np.intp)  # (b, t) padding is token 0: finite junk, never read
+        for row, i in enumerate(ids):
+            tokens[row, : sub_lens[row]] = seqs[i]
+        h = _plan_hidden(plan, tokens)  # (b*t, C)
+        padded = None if sub_lens[0] == t else sub_lens
+        out[ids] = _normalise_rows(_plan_pool(plan, h, len(ids), padded))
+        start = stop
+    return out
+
+
+class FrozenEmbedder:
+    """A snapshot of an EvermindLM's embedding function, with its weights arranged once for speed.
+
+    Made by `EvermindLM.frozen()`. It copies the weights, so later changes to the model do not reach it
+    (an embedder's fingerprint names the weights it was made with). Thread-safe: it is only read.
+    """
+
+    def __init__(self, model: EvermindLM) -> None:
+        params = {name: np.array(p, copy=True) for name, p in model.params.items()}
+        self.config = model.config
+        self._check = model._prepare_list
+        self._plan = _build_plan(model.config, params, fused=True)
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Same as `EvermindLM.embed` with the weights of the snapshot.
+
+        Args:
+            tokens: non-empty list of token ids.
+
+        Returns:
+            (C,) float32 vector of norm 1 (or zero if the pooled state is exactly zero).
+
+        Raises:
+            InvalidInput: empty list or ids out of range.
+        """
+        return _plan_embed_one(self._plan, self._check(tokens, "embed()"))
+
+    def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+        """Same as `EvermindLM.embed_batch` with the weights of the snapshot.
+
+        Args:
+            token_lists: sequence of non-empty token-id lists.
+
+        Returns:
+            (N, C) float32, row i the embedding of token_lists[i]; (0, C) for an empty input.
+
+        Raises:
+            InvalidInput: an empty list or ids out of range (the message names the index).
+        """
+        seqs = [self._check(tokens, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
+        return _plan_embed_many(self._plan, seqs, self.config.d_model)

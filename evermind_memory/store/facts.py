@@ -27,6 +27,14 @@ SCHEMA_VERSION = 1
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq"
 _IN_CHUNK = 500
+_INSERT_FACT = (
+    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_CHANGE = (
+    "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
@@ -54,10 +62,14 @@ def _dt(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
+def _tags(text: str) -> dict[str, str]:
+    return {} if text == "{}" else json.loads(text)  # most facts carry no tags: skip the JSON parser
+
+
 def row_to_fact(row: tuple) -> Fact:
     """A `FACT_COLS` row -> Fact."""
     return Fact(
-        id=row[1], text=row[2], tags=json.loads(row[3]), source=row[4], created_at=_dt(row[5]),
+        id=row[1], text=row[2], tags=_tags(row[3]), source=row[4], created_at=_dt(row[5]),
         updated_at=_dt(row[6]), fingerprint=row[7],
     )
 
@@ -65,7 +77,7 @@ def row_to_fact(row: tuple) -> Fact:
 def row_to_recall(row: tuple, score: float) -> Recall:
     """A `FACT_COLS` row and a score -> Recall."""
     return Recall(
-        id=row[1], text=row[2], score=float(score), tags=json.loads(row[3]), source=row[4],
+        id=row[1], text=row[2], score=float(score), tags=_tags(row[3]), source=row[4],
         created_at=_dt(row[5]), updated_at=_dt(row[6]),
     )
 
@@ -449,21 +461,24 @@ class FactsDB:
         base = self.max_seq(conn)
         labels = list(range(base + 1, base + 1 + len(items)))
         fact_rows, change_rows, tag_rows = [], [], []
+        tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
         for seq, (fid, text, tags, source, created, updated), vec in zip(labels, items, vectors):
-            tj = tags_json(tags)
+            tj = tag_texts.get(id(tags))
+            if tj is None:
+                tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             fact_rows.append((fid, text, tj, source, created, updated, vec.astype("<f4").tobytes(), fingerprint, seq, seq))
             change_rows.append((seq, fid, "remember", updated, text, tj, source, 1, None))
             tag_rows.extend((fid, k, v) for k, v in tags.items())
-        conn.executemany(
-            "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", fact_rows,
-        )
-        conn.executemany(
-            "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", change_rows,
-        )
-        conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE label > ?", (base,))
-        conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)", tag_rows)
+        if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
+            rid = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
+            conn.execute(_INSERT_CHANGE, change_rows[0])
+            conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (rid, fact_rows[0][1]))
+        else:
+            conn.executemany(_INSERT_FACT, fact_rows)
+            conn.executemany(_INSERT_CHANGE, change_rows)
+            conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE label > ?", (base,))
+        if tag_rows:
+            conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)", tag_rows)
         return labels
 
     def update(self, conn: sqlite3.Connection, row: tuple, *, text: str, tags: dict[str, str], source: str | None,

