@@ -99,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", type=Path)
     add("info", "show sizes, identity and settings of the store")
 
+    p = add("adapt", "fit a LoRA adapter on the stored memories, gate it and swap it in (or roll back, or list)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the policy's)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate")
+    p.add_argument("--rank", type=int, default=None, help="LoRA rank")
+    p.add_argument("--max-cpu-seconds", type=float, default=None, help="training CPU budget")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--rollback", metavar="ID", default=None, help="serve adapter ID (or 'base') again instead")
+    p.add_argument("--history", action="store_true", help="list the adapters written for this store")
+
     p = add("demo", "run a short demonstration in a scratch store")
     p.add_argument("--keep", action="store_true", help="keep the demo store")
     return parser
@@ -210,7 +219,34 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "info":
         info = store.info()
         emit(info, [f"{k:>22}: {v}" for k, v in info.items()])
+    elif cmd == "adapt":
+        _adapt(args, store, emit)
     return 0
+
+
+def _adapt(args: argparse.Namespace, store: Any, emit) -> None:
+    """`evermind adapt`: one synchronous round, a rollback, or the adapter history."""
+    if args.history:
+        entries = store.adapter_history()
+        emit(entries, [f"{'*' if e['active'] else ' '} {e['id']}  {e.get('status', '?'):<10} {e.get('created_at', '')}  "
+                       f"{e.get('fingerprint', '')}" for e in entries] or ["no adapters yet"])
+        return
+    if args.rollback is not None:
+        report = store.rollback_adapter(args.rollback)
+    else:
+        from .training.adaptation import AdaptationPolicy
+
+        chosen = {"steps": args.steps, "lr": args.lr, "rank": args.rank, "max_cpu_seconds": args.max_cpu_seconds,
+                  "seed": args.seed}
+        report = store.adapt_now(AdaptationPolicy(**{k: v for k, v in chosen.items() if v is not None}))
+    lines = [f"{report.kind}: {report.status}" + (f" (adapter {report.adapter_id})" if report.adapter_id else "")
+             + (f": {report.reason}" if report.reason else ""),
+             f"  fingerprint {report.fingerprint_before} -> {store.fingerprint}"]
+    if report.gate is not None:
+        lines.append(f"  gate: {report.gate.reason}")
+    lines.append(f"  seconds: train {report.train_seconds:.2f}, gate {report.gate_seconds:.2f}, re-embed "
+                 f"{report.reembed_seconds:.2f}, index {report.index_seconds:.2f}, swap {report.swap_seconds:.2f}")
+    emit(report.to_dict(), lines)
 
 
 def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -> int:

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,12 +20,12 @@ import numpy as np
 import sqlite3
 
 from ..embedder import check_embedder, checked_vectors, default_embedder
-from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
+from ..errors import CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput
 from .facts import (
-    SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now,
+    SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now, vectors_from_blobs,
 )
 from .index import IndexConfig, IndexRejected, SearchFailed, VectorIndex, exact_search, read_manifest
-from .lock import WriterLock, crash_point
+from .lock import RWLock, WriterLock, crash_point
 from .records import Change, CheckReport, Fact, Recall
 from .validate import (
     FUSIONS, K_MAX, MAX_LIST_LIMIT, MODES, check_choice, check_id, check_int, check_k, check_min_score,
@@ -39,6 +41,15 @@ SAVE_AFTER_REPLAY = 1000
 MAX_IMPORT_LINE = 1 << 20
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 _ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
+# Adaptation state in SQLite (the truth): the active adapter, the base model it sits on, a publish in progress,
+# and the vectors of the generation being built (keyed by the fact's label, which names one text version).
+META_ADAPTER = "adapter"
+META_BASE_FP = "base_fingerprint"
+META_PENDING = "adapt_pending"
+META_ADAPT_SEQ = "adapt_seq"  # the change seq up to which the serving adapter has seen memories
+GEN_TABLE = "adapt_vectors"
+_ADAPTER_NAME_RE = re.compile(r"^\d{4,9}\.lora$")
+_IN_CHUNK = 500
 
 
 def fts_match(query: str, max_terms: int = 64) -> str | None:
@@ -47,6 +58,34 @@ def fts_match(query: str, max_terms: int = 64) -> str | None:
     if not words:
         return None
     return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+def _is_lm_embedder(embedder: Any) -> bool:
+    """Whether `embedder` is an LMEmbedder-like object adaptation can work with (model + tokenizer)."""
+    model = getattr(embedder, "model", None)
+    return (model is not None and all(hasattr(embedder, a) for a in ("tokenizer", "max_tokens", "fingerprint"))
+            and all(hasattr(model, a) for a in ("params", "config", "pooled_forward", "pooled_backward")))
+
+
+def adapted_embedder(base: Any, weights: Any) -> Any:
+    """An LMEmbedder running base + LoRA adapter (merged), its fingerprint covering the adapter (R11).
+
+    Args:
+        base: the base LMEmbedder.
+        weights: lm.adapter.LoRAWeights fitted on base.model.
+    Returns:
+        a new LMEmbedder (base is not changed).
+    Raises:
+        InvalidInput: the adapter does not fit the model or the merged weights are not finite.
+    """
+    from ..embedder import LMEmbedder
+    from ..lm.adapter import adapter_digest, merge_adapter
+
+    return LMEmbedder(
+        merge_adapter(base.model, weights), base.tokenizer, max_tokens=base.max_tokens,
+        adapter_digest=adapter_digest(weights), hybrid_weight=getattr(base, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
+        batch_size=getattr(base, "batch_size", 64),
+    )
 
 
 class MemoryStore:
@@ -121,6 +160,12 @@ class MemoryStore:
         self._saved_watermark = -1
         self._index: VectorIndex = VectorIndex(self._dim, self._index_config)
         self._index_status = "new"
+        self._base_embedder = self._embedder  # the model adapters sit on (see _apply_active_adapter)
+        self._gen_lock = RWLock()  # recalls share it; a generation swap takes it exclusively
+        self._adapt_mutex = threading.Lock()  # one adaptation round, resume or rollback at a time
+        self._adaptation: Any = None
+        self._adapt_rounds = 0
+        self._adapter_note: str | None = None
         self._lock: WriterLock | None = None
         self._db: FactsDB | None = None
         try:
@@ -135,6 +180,7 @@ class MemoryStore:
     # ---- opening -------------------------------------------------------------------------------------------
     def _open(self) -> None:
         db = self._db
+        self._apply_active_adapter()
         with db.reading() as conn:
             self._store_id = db.meta(conn, "store_id")
             stored_fp = db.meta(conn, "fingerprint")
@@ -149,6 +195,8 @@ class MemoryStore:
             with db.transaction() as conn:
                 db.set_meta(conn, "fingerprint", self._fingerprint)
                 db.set_meta(conn, "dim", str(self._dim))
+                if stored_fp != self._fingerprint:
+                    self._clear_adaptation_state(conn)  # another model: its adapters and half-built generation lapse
         if stale and not self._read_only:
             self._reembed_rows(force=False, with_index=False)
         self._load_index()
@@ -156,6 +204,8 @@ class MemoryStore:
     def _mismatch_message(self, stored_fp: str | None, stored_dim: str | None, stale: int, *, reader: bool) -> str:
         what = f"{self._path} holds {stale} vectors made by embedder {stored_fp} (dim {stored_dim})"
         now = f"the current one is {self._fingerprint} (dim {self._dim})"
+        if self._adapter_note:
+            now += f"; {self._adapter_note}"
         if reader:
             return f"{what}; {now}. A read-only store cannot re-embed: open it once as a writer with this embedder, or use the matching embedder."
         return f"{what}; {now}. Open it with on_mismatch='reembed' to re-embed them, or with the matching embedder."
@@ -281,11 +331,12 @@ class MemoryStore:
             raise EvermindError(f"{method}() needs a writer; {self._path} was opened with read_only=True.")
 
     # ---- embedding -----------------------------------------------------------------------------------------
-    def _embed_many(self, texts: Sequence[str]) -> np.ndarray:
+    def _embed_many(self, texts: Sequence[str], embedder: Any = None) -> np.ndarray:
+        embedder = self._embedder if embedder is None else embedder
         out = np.zeros((len(texts), self._dim), dtype=np.float32)  # (N, D)
         for start in range(0, len(texts), EMBED_CHUNK):
             chunk = list(texts[start : start + EMBED_CHUNK])
-            out[start : start + len(chunk)] = checked_vectors(self._embedder.embed_many(chunk), len(chunk), self._dim)
+            out[start : start + len(chunk)] = checked_vectors(embedder.embed_many(chunk), len(chunk), self._dim)
         return out
 
     def _embed_query(self, text: str) -> np.ndarray:
@@ -332,11 +383,14 @@ class MemoryStore:
         source = check_source(source)
         if not checked:
             return []
+        fingerprint = self._fingerprint  # read before embedding: an adaptation swap may change the model meanwhile
         vectors = self._embed_many(checked)  # (N, D)
         now = utc_now()
         ids = [new_id() for _ in checked]
         items = [(fid, text, tags, source, now, now) for fid, text in zip(ids, checked)]
         with self._db.write_mutex:
+            if fingerprint != self._fingerprint:
+                vectors = self._embed_many(checked)  # (N, D) with the model that now serves
             with self._db.transaction() as conn:
                 labels = self._db.insert(conn, items, vectors, self._fingerprint)
                 crash_point("remember.before_commit")
@@ -347,8 +401,10 @@ class MemoryStore:
     def _apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], top: int) -> None:
         """Mirror a committed change in the index (writer only, under the write mutex)."""
         try:
-            self._index.mark_deleted(removed)
-            self._index.add(added, vectors)
+            if removed:  # (the index calls take a lock and validate even when there is nothing to do)
+                self._index.mark_deleted(removed)
+            if len(added):
+                self._index.add(added, vectors)
             self._applied = top
         except (InvalidInput, RuntimeError, MemoryError) as exc:
             self._rebuild(f"index update failed ({exc})")
@@ -379,8 +435,11 @@ class MemoryStore:
         new_text = None if text is None else check_text(text)
         new_tags = None if tags is None else check_tags(tags)
         new_source = check_source(source)
+        fingerprint = self._fingerprint
         vector = None if new_text is None else self._embed_many([new_text])[0]  # (D,)
         with self._db.write_mutex:
+            if vector is not None and fingerprint != self._fingerprint:
+                vector = self._embed_many([new_text])[0]  # (D,) the model changed while we embedded
             with self._db.transaction() as conn:
                 row = self._db.fetch(conn, fact_id)
                 if row is None:
@@ -526,15 +585,17 @@ class MemoryStore:
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score = check_min_score(min_score)
         if self._read_only:
+            self._follow_generation()
             self._catch_up()
-        if mode == "lexical":
-            scored = self._lexical(query, k, tags)
-        else:
-            qv = self._embed_query(query)  # (D,)
-            if mode == "vector":
-                scored = self._rows_for(self._vector(qv, k, tags))
+        with self._gen_lock.read():  # one generation (model, fingerprint, index) for the whole recall
+            if mode == "lexical":
+                scored = self._lexical(query, k, tags)
             else:
-                scored = self._hybrid(query, qv, k, tags, fusion)
+                qv = self._embed_query(query)  # (D,)
+                if mode == "vector":
+                    scored = self._rows_for(self._vector(qv, k, tags))
+                else:
+                    scored = self._hybrid(query, qv, k, tags, fusion)
         hits = [row_to_recall(row, score) for row, score in scored if min_score is None or score >= min_score]
         return hits[:k]
 
@@ -831,8 +892,11 @@ class MemoryStore:
         records = [r for r in records if r[0] not in present]
         if not records:
             return 0
+        fingerprint = self._fingerprint
         vectors = self._embed_many([r[1] for r in records])  # (N, D)
         with self._db.write_mutex:
+            if fingerprint != self._fingerprint:
+                vectors = self._embed_many([r[1] for r in records])  # (N, D) the model changed meanwhile
             with self._db.transaction() as conn:
                 present = set(self._db.fetch_where(conn, "id", [r[0] for r in records]))
                 keep = [i for i, r in enumerate(records) if r[0] not in present]
@@ -853,6 +917,511 @@ class MemoryStore:
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=timezone.utc)
         return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+    # ---- adaptation ----------------------------------------------------------------------------------------
+    def start_adaptation(self, policy: Any = None, hooks: Any = None) -> Any:
+        """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
+
+        A round runs when the policy says so (enough new memories, long enough since the last round): it fits
+        an adapter, gates it on held-out memories, writes it to `<db>.adapters/`, re-embeds every memory into
+        a new generation while the current one keeps serving, catches up with writes made meanwhile and swaps
+        under the lock. A publish interrupted by a crash or stop() is resumed by the next round.
+
+        Args:
+            policy: an AdaptationPolicy (None: the defaults).
+            hooks: an AdaptationHooks or a dict of hook name -> callable (they run in the adaptation thread
+                and must not start another round themselves).
+        Returns:
+            the Adaptation (stop(), join(), status()).
+        Raises:
+            InvalidInput: an in-memory or read-only store, an embedder that is not an LMEmbedder, bad policy
+                or hooks, or an adaptation already running.
+        """
+        from ..training.adaptation import Adaptation, check_hooks
+
+        self._check_adaptable("start_adaptation")
+        policy = self._check_policy(policy, "start_adaptation")
+        hooks = check_hooks(hooks)
+        self._adapt_base()  # fail now, not in the thread, when the store cannot be adapted
+        if self._adaptation is not None and self._adaptation.running:
+            raise InvalidInput("start_adaptation(): an adaptation is already running; stop() and join() it first.")
+        self._adaptation = Adaptation(self, policy, hooks).start()
+        return self._adaptation
+
+    @property
+    def adaptation(self) -> Any:
+        """The Adaptation started by start_adaptation() (None if never started)."""
+        return self._adaptation
+
+    def adapt_now(self, policy: Any = None, hooks: Any = None, *, adapter: Any = None) -> Any:
+        """Run one adaptation round in this thread (for scripts and `evermind adapt`).
+
+        If an earlier publish was interrupted (crash, stop()), this call finishes it instead and returns that
+        report (kind "resume"); call again for a new round. Recalls and writes from other threads continue.
+
+        Args:
+            policy: an AdaptationPolicy (None: the defaults; min_new_facts and min_interval_s do not apply).
+            hooks: as for start_adaptation.
+            adapter: a LoRAWeights to gate and publish instead of training one.
+        Returns:
+            the AdaptationReport (status "swapped", "refused", "vetoed", "skipped", "stopped" or "abandoned").
+        Raises:
+            InvalidInput: as for start_adaptation.
+        """
+        from ..training.adaptation import check_hooks, run_round
+
+        self._check_adaptable("adapt_now")
+        policy = self._check_policy(policy, "adapt_now")
+        hooks = check_hooks(hooks)
+        self._adapt_rounds += 1
+        return run_round(self, policy, hooks, round_no=self._adapt_rounds, adapter=adapter)
+
+    def rollback_adapter(self, to: str | None = "base") -> Any:
+        """Serve an earlier adapter (by id, see adapter_history()) or the base model again.
+
+        Re-embeds into a new generation and swaps like an adaptation round (no gate, no hooks).
+
+        Args:
+            to: an adapter id such as "0002", or "base" / None for the base model.
+        Returns:
+            the AdaptationReport (kind "rollback"; status "swapped" or "unchanged").
+        Raises:
+            InvalidInput: an unknown id, an adapter made for another base model, or a store that cannot adapt.
+            CheckpointError: the adapter file is missing, corrupt or not the one recorded.
+        """
+        from ..training.adaptation import AdaptationReport, AdapterHistory
+
+        self._check_adaptable("rollback_adapter")
+        to = "base" if to is None else to
+        if not isinstance(to, str) or not to:
+            raise InvalidInput(f"rollback_adapter() expected an adapter id or 'base', got {to!r:.60}.")
+        with self._adapt_mutex:
+            base, _, _ = self._adapt_base()
+            report = AdaptationReport(round=0, kind="rollback", fingerprint_before=self._fingerprint,
+                                      base_fingerprint=base.fingerprint)
+            entry = None
+            embedder = base
+            if to != "base":
+                history = AdapterHistory(self._adapters_dir())
+                entry = history.get(to)
+                weights = history.load(entry, base.model)
+                if weights.base_fingerprint not in (None, base.fingerprint):
+                    raise InvalidInput(
+                        f"adapter {to} was fitted on {weights.base_fingerprint}, this store's base is {base.fingerprint}."
+                    )
+                embedder = adapted_embedder(base, weights)
+                report.adapter_id = entry["id"]
+            report.fingerprint_after = embedder.fingerprint
+            if embedder.fingerprint == self._fingerprint and self._adapt_pending() is None:
+                report.status, report.reason = "unchanged", "that model already serves"
+                return report
+            t0 = time.perf_counter()
+            self._adapt_publish(embedder, entry, report)
+            report.total_seconds = time.perf_counter() - t0
+            return report
+
+    def adapter_history(self) -> list[dict]:
+        """Every adapter written for this store, oldest first, each with "active" (the one serving now)."""
+        from ..training.adaptation import AdapterHistory
+
+        self._check_usable()
+        active = self._active_adapter_id()
+        return [{**e, "active": e["id"] == active} for e in AdapterHistory(self._adapters_dir()).entries()]
+
+    def _check_adaptable(self, method: str) -> None:
+        self._check_writable(method)
+        if self._memory:
+            raise InvalidInput(f"{method}() needs a store file (adapters are kept beside it); this store is ':memory:'.")
+
+    @staticmethod
+    def _check_policy(policy: Any, method: str) -> Any:
+        from ..training.adaptation import AdaptationPolicy
+
+        if policy is None:
+            return AdaptationPolicy()
+        if not isinstance(policy, AdaptationPolicy):
+            raise InvalidInput(f"{method}() expected policy to be an AdaptationPolicy, got {type(policy).__name__}.")
+        return policy
+
+    def _adapters_dir(self) -> Path:
+        p = Path(self._path).resolve()
+        return p.parent / (p.name + ".adapters")
+
+    def _meta_json(self, key: str) -> dict | None:
+        with self._db.reading() as conn:
+            raw = self._db.meta(conn, key)
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _active_adapter_id(self) -> str | None:
+        entry = self._meta_json(META_ADAPTER)
+        return None if entry is None else entry.get("id")
+
+    def _adapt_pending(self) -> dict | None:
+        """The publish in progress (fingerprint, adapter, base_fingerprint), or None."""
+        return self._meta_json(META_PENDING)
+
+    def _adapt_new_facts(self, since: int) -> int:
+        with self._db.reading() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM changes WHERE seq > ? AND op = 'remember'", (since,)).fetchone()[0])
+
+    def _adapt_last_seq(self) -> int:
+        with self._db.reading() as conn:
+            raw = self._db.meta(conn, META_ADAPT_SEQ)
+        return int(raw) if raw and raw.isdigit() else 0
+
+    def _adapt_max_seq(self) -> int:
+        with self._db.reading() as conn:
+            return self._db.max_seq(conn)
+
+    def _load_adapter_entry(self, entry: dict, base: Any) -> Any:
+        from ..lm.adapter import load_adapter
+
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _ADAPTER_NAME_RE.match(name):
+            raise CheckpointError(f"the recorded adapter entry {entry!r:.80} names no valid adapter file.")
+        sha = entry.get("sha256")
+        return load_adapter(self._adapters_dir() / name, model=base.model, sha256=sha if isinstance(sha, str) else None)
+
+    def _apply_active_adapter(self) -> None:
+        """On open: when the store serves base + adapter and we were given that base, load the adapter too."""
+        if self._memory:
+            return
+        with self._db.reading() as conn:
+            stored_fp = self._db.meta(conn, "fingerprint")
+            raw = self._db.meta(conn, META_ADAPTER)
+            base_fp = self._db.meta(conn, META_BASE_FP)
+        if not raw or stored_fp == self._fingerprint or base_fp != self._fingerprint:
+            return
+        try:
+            entry = json.loads(raw)
+            if not _is_lm_embedder(self._embedder):
+                raise InvalidInput("the embedder given is not an LMEmbedder")
+            embedder = adapted_embedder(self._embedder, self._load_adapter_entry(entry, self._embedder))
+        except (CheckpointError, InvalidInput, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            self._adapter_note = f"its active adapter could not be applied ({exc})"
+            return
+        if embedder.fingerprint != stored_fp:
+            self._adapter_note = f"base + adapter {entry.get('id')} gives {embedder.fingerprint}, not {stored_fp}"
+            return
+        self._embedder = embedder
+        self._fingerprint = embedder.fingerprint
+
+    def _follow_generation(self) -> None:
+        """Reader: when the writer swapped generations (adaptation, rollback), switch to the new one too.
+
+        Raises:
+            EmbedderMismatch: the new generation's model cannot be built from the embedder this reader has.
+        """
+        with self._db.reading() as conn:
+            stored_fp = self._db.meta(conn, "fingerprint")
+        if stored_fp is None or stored_fp == self._fingerprint:
+            return
+        with self._gen_lock.write():
+            if stored_fp == self._fingerprint:
+                return  # another thread of ours switched first
+            base = self._base_embedder
+            embedder = base if stored_fp == getattr(base, "fingerprint", None) else None
+            entry = self._meta_json(META_ADAPTER)
+            if embedder is None and entry is not None and _is_lm_embedder(base):
+                try:
+                    embedder = adapted_embedder(base, self._load_adapter_entry(entry, base))
+                except (CheckpointError, InvalidInput) as exc:
+                    self._adapter_note = f"its active adapter could not be applied ({exc})"
+            if embedder is None or embedder.fingerprint != stored_fp:
+                raise EmbedderMismatch(
+                    f"{self._path} now serves {stored_fp} (the writer swapped models); this reader has "
+                    f"{self._fingerprint}. Reopen it with the store's base embedder."
+                )
+            self._embedder = embedder
+            self._fingerprint = stored_fp
+            self._rebuild("the writer swapped to a new generation")
+
+    def _clear_adaptation_state(self, conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM meta WHERE key IN (?, ?, ?, ?)", (META_ADAPTER, META_BASE_FP, META_PENDING, META_ADAPT_SEQ))
+        conn.execute(f"DROP TABLE IF EXISTS {GEN_TABLE}")
+
+    def _adapt_base(self) -> tuple[Any, Any, dict | None]:
+        """(base LMEmbedder, the active adapter's weights or None, its meta entry or None)."""
+        base = self._base_embedder
+        if not _is_lm_embedder(base):
+            raise InvalidInput(
+                f"adaptation needs an LMEmbedder (an EvermindLM with a tokenizer); this store was opened with "
+                f"{type(base).__name__}. Open it with embedder=LMEmbedder(model, tokenizer)."
+            )
+        entry = self._meta_json(META_ADAPTER)
+        with self._db.reading() as conn:
+            base_fp = self._db.meta(conn, META_BASE_FP)
+        if entry is None:
+            if self._fingerprint != base.fingerprint:
+                raise InvalidInput(f"this store serves {self._fingerprint}, not the embedder it was opened with.")
+            return base, None, None
+        if base_fp != base.fingerprint or self._embedder is base:
+            raise InvalidInput(
+                f"this store serves adapter {entry.get('id')} on base model {base_fp}; open it with that base "
+                f"LMEmbedder to adapt or roll back (it was opened with {base.fingerprint})."
+            )
+        try:
+            init = self._load_adapter_entry(entry, base)
+        except CheckpointError:
+            init = None
+        return base, init, entry
+
+    def _adapt_embedder(self, base: Any, weights: Any) -> Any:
+        return adapted_embedder(base, weights)
+
+    def _adapt_memories(self, policy: Any) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """(labels (N,), texts, current vectors (N, D)) of the memories a round learns from (a seeded sample)."""
+        with self._db.reading() as conn:
+            rows = conn.execute(
+                "SELECT label, text, vector FROM facts WHERE fingerprint = ? AND label IS NOT NULL ORDER BY label",
+                (self._fingerprint,),
+            ).fetchall()
+        rows = [r for r in rows if r[2] is not None and len(r[2]) == 4 * self._dim]
+        if len(rows) > policy.max_memories:
+            keep = np.sort(np.random.default_rng([policy.seed, 3]).choice(len(rows), policy.max_memories, replace=False))
+            rows = [rows[i] for i in keep.tolist()]
+        labels = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
+        return labels, [r[1] for r in rows], vectors_from_blobs([r[2] for r in rows], self._dim)
+
+    def _adapt_save(self, weights: Any, report: Any) -> dict:
+        """Write a gated candidate to the adapter history; returns its entry."""
+        from ..training.adaptation import AdapterHistory
+
+        entry = AdapterHistory(self._adapters_dir()).add(
+            weights, fingerprint=report.fingerprint_after, base_fingerprint=report.base_fingerprint,
+            round=report.round, gate=None if report.gate is None else report.gate.to_dict(),
+            steps=report.steps, final_loss=None if not report.losses else list(report.losses[-1]),
+        )
+        report.adapter_id = entry["id"]
+        crash_point("adapt.adapter_written")
+        return entry
+
+    def _adapt_resume(self, report: Any, *, before_swap: Any = None, should_stop: Any = None,
+                      batch: int = REEMBED_BATCH) -> None:
+        """Finish the publish recorded in meta (after a crash or stop()), or drop it if it cannot be rebuilt."""
+        pending = self._adapt_pending()
+        report.resumed = True
+        base = self._base_embedder
+        report.base_fingerprint = getattr(base, "fingerprint", "")
+        entry = pending.get("adapter")
+        report.adapter_id = None if not isinstance(entry, dict) else entry.get("id")
+        try:
+            if pending.get("base_fingerprint") != getattr(base, "fingerprint", None) or not _is_lm_embedder(base):
+                raise InvalidInput(f"it was started on base model {pending.get('base_fingerprint')}")
+            embedder = base if entry is None else adapted_embedder(base, self._load_adapter_entry(entry, base))
+            if embedder.fingerprint != pending.get("fingerprint"):
+                raise InvalidInput(f"its model now gives {embedder.fingerprint}, not {pending.get('fingerprint')}")
+        except (CheckpointError, InvalidInput, TypeError, AttributeError) as exc:
+            self._gen_abandon(report, "abandoned", f"the interrupted publish cannot be resumed: {exc}")
+            return
+        self._adapt_publish(embedder, entry, report, before_swap=before_swap, should_stop=should_stop,
+                            batch=batch, resume=True)
+
+    def _adapt_publish(self, embedder: Any, entry: dict | None, report: Any, *, before_swap: Any = None,
+                       should_stop: Any = None, batch: int = REEMBED_BATCH, resume: bool = False) -> None:
+        """Re-embed every memory into a new generation, index it, catch up, and swap it in (R12).
+
+        Resumable: the target is recorded in meta first and each batch of vectors commits on its own, so a
+        crash leaves the old generation serving and the next call continues where this one stopped. Sets
+        report.status to "swapped", "vetoed", "stopped" or "refused".
+        """
+        stop = should_stop or (lambda: False)
+        db = self._db
+        fp = embedder.fingerprint
+        report.fingerprint_after = fp
+        meta_entry = None if entry is None else {k: entry.get(k) for k in ("id", "file", "sha256", "digest")}
+        base_fp = self._base_embedder.fingerprint
+        if not resume:
+            pending = {"fingerprint": fp, "adapter": meta_entry, "base_fingerprint": base_fp, "kind": report.kind,
+                       "since": utc_now()}
+            with db.transaction() as conn:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {GEN_TABLE} (label INTEGER PRIMARY KEY, "
+                             "fingerprint TEXT NOT NULL, vector BLOB NOT NULL)")
+                conn.execute(f"DELETE FROM {GEN_TABLE} WHERE fingerprint != ?", (fp,))
+                db.set_meta(conn, META_PENDING, json.dumps(pending, sort_keys=True))
+                gate = getattr(report, "gate", None)
+                if gate is not None and gate.candidate_vectors is not None:  # the gate already embedded these
+                    conn.executemany(
+                        f"INSERT OR REPLACE INTO {GEN_TABLE} (label, fingerprint, vector) VALUES (?, ?, ?)",
+                        [(int(lab), fp, v.astype("<f4").tobytes())
+                         for lab, v in zip(gate.candidate_labels.tolist(), gate.candidate_vectors)],
+                    )
+            crash_point("adapt.pending_recorded")
+        # 1. re-embed in resumable batches while the old generation serves
+        t0 = time.perf_counter()
+        after = 0
+        try:
+            while True:
+                if stop():
+                    report.status, report.reason = "stopped", "stop() was called; the next round resumes this publish"
+                    return
+                with db.reading() as conn:
+                    rows = conn.execute(
+                        f"SELECT f.label, f.text FROM facts f WHERE f.label > ? AND NOT EXISTS (SELECT 1 FROM "
+                        f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?) ORDER BY f.label LIMIT ?",
+                        (after, fp, batch),
+                    ).fetchall()
+                if not rows:
+                    break
+                vectors = self._embed_many([r[1] for r in rows], embedder)  # (b, D)
+                self._gen_store(fp, [r[0] for r in rows], vectors)
+                crash_point("adapt.reembed.batch")
+                after = rows[-1][0]
+                report.reembedded += len(rows)
+            report.reembed_seconds += time.perf_counter() - t0
+            # 2. the new index from a read snapshot, then replay the writes made since
+            t0 = time.perf_counter()
+            with db.reading() as conn:
+                conn.execute("BEGIN")
+                try:
+                    top = db.max_seq(conn)
+                    rows = conn.execute(
+                        f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
+                        f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE f.label IS NOT NULL "
+                        "ORDER BY f.label", (fp,),
+                    ).fetchall()
+                finally:
+                    conn.execute("COMMIT")
+            labels, vectors = self._gen_collect(embedder, fp, rows)
+            index = self._gen_index(labels, vectors)
+            crash_point("adapt.index_built")
+            top, replayed = self._gen_replay(index, embedder, fp, top)
+            report.replayed += replayed
+            report.index_seconds += time.perf_counter() - t0
+        except EmbedderOutputInvalid as exc:
+            self._gen_abandon(report, "refused", f"the candidate gave an invalid vector while re-embedding ({exc})")
+            return
+        if before_swap is not None and before_swap(report) is False:
+            self._gen_abandon(report, "vetoed", "before_swap() vetoed the swap; the current model keeps serving")
+            return
+        # 3. catch up under the write mutex (writers wait), swap under the exclusive generation lock
+        t0 = time.perf_counter()
+        with db.write_mutex:
+            try:
+                top, replayed = self._gen_replay(index, embedder, fp, top)
+            except EmbedderOutputInvalid as exc:
+                self._gen_abandon(report, "refused", f"the candidate gave an invalid vector while catching up ({exc})")
+                return
+            report.replayed += replayed
+            with db.reading() as conn:
+                truth = {r[0] for r in conn.execute("SELECT label FROM facts WHERE label IS NOT NULL")}
+            if index.live_labels() != truth:  # never expected; rebuild from the generation table rather than guess
+                with db.reading() as conn:
+                    rows = conn.execute(
+                        f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
+                        f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE f.label IS NOT NULL "
+                        "ORDER BY f.label", (fp,),
+                    ).fetchall()
+                index = self._gen_index(*self._gen_collect(embedder, fp, rows))
+            with self._gen_lock.write():
+                with db.transaction() as conn:
+                    missing = conn.execute(
+                        f"SELECT COUNT(*) FROM facts f WHERE f.label IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "
+                        f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?)", (fp,),
+                    ).fetchone()[0]
+                    if missing:
+                        raise EvermindError(f"{missing} memories have no vector in the new generation; nothing was swapped.")
+                    conn.execute(
+                        f"UPDATE facts SET vector = (SELECT g.vector FROM {GEN_TABLE} g WHERE g.label = facts.label "
+                        "AND g.fingerprint = ?1), fingerprint = ?1", (fp,),
+                    )
+                    db.set_meta(conn, "fingerprint", fp)
+                    if meta_entry is None:
+                        conn.execute("DELETE FROM meta WHERE key = ?", (META_ADAPTER,))
+                    else:
+                        db.set_meta(conn, META_ADAPTER, json.dumps(meta_entry, sort_keys=True))
+                    db.set_meta(conn, META_BASE_FP, base_fp)
+                    db.set_meta(conn, META_ADAPT_SEQ, str(top))
+                    conn.execute("DELETE FROM meta WHERE key = ?", (META_PENDING,))
+                    conn.execute(f"DROP TABLE {GEN_TABLE}")
+                    crash_point("adapt.swap.before_commit")
+                crash_point("adapt.swap.after_commit")
+                self._embedder = embedder  # before the fingerprint: a writer that sees the new one embeds with it
+                self._fingerprint = fp
+                self._index = index
+                self._applied = top
+                self._index_status = f"swapped in by adaptation ({report.kind})"
+            try:
+                self._save_index()
+            except OSError:
+                pass  # the index is a cache: the next open rebuilds it from SQLite
+        report.swap_seconds += time.perf_counter() - t0
+        report.status, report.swapped_at = "swapped", utc_now()
+        if meta_entry is not None:
+            from ..training.adaptation import AdapterHistory
+
+            AdapterHistory(self._adapters_dir()).update(meta_entry["id"], status="published", published_at=report.swapped_at)
+
+    def _gen_store(self, fingerprint: str, labels: Sequence[int], vectors: np.ndarray) -> None:
+        with self._db.transaction() as conn:
+            conn.executemany(
+                f"INSERT OR REPLACE INTO {GEN_TABLE} (label, fingerprint, vector) VALUES (?, ?, ?)",
+                [(int(lab), fingerprint, v.astype("<f4").tobytes()) for lab, v in zip(labels, vectors)],
+            )
+
+    def _gen_collect(self, embedder: Any, fingerprint: str, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+        """(labels (N,), vectors (N, D)) for rows (label, text or None, vector blob or None); embeds the missing."""
+        labels = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
+        vectors = np.zeros((len(rows), self._dim), dtype=np.float32)  # (N, D)
+        have = [i for i, r in enumerate(rows) if r[2] is not None and len(r[2]) == 4 * self._dim]
+        if have:
+            vectors[have] = vectors_from_blobs([rows[i][2] for i in have], self._dim)
+        have_set = set(have)
+        missing = [i for i in range(len(rows)) if i not in have_set]
+        if missing:
+            new = self._embed_many([rows[i][1] for i in missing], embedder)  # (m, D)
+            self._gen_store(fingerprint, labels[missing].tolist(), new)
+            vectors[missing] = new
+        return labels, vectors
+
+    def _gen_index(self, labels: np.ndarray, vectors: np.ndarray) -> VectorIndex:
+        cap = max(self._index_config.initial_capacity, len(labels) + len(labels) // 4)
+        index = VectorIndex(self._dim, IndexConfig(**{**self._index_config.__dict__, "initial_capacity": cap}))
+        index.add(labels, vectors)
+        return index
+
+    def _gen_replay(self, index: VectorIndex, embedder: Any, fingerprint: str, since: int) -> tuple[int, int]:
+        """Apply changes after `since` to the new generation's index (R3). Returns (new watermark, changes)."""
+        db = self._db
+        rows: list[tuple] = []
+        with db.reading() as conn:
+            conn.execute("BEGIN")
+            try:
+                top = db.max_seq(conn)
+                changes = db.changes_after(conn, since, top)
+                added = [seq for seq, vec_added, _ in changes if vec_added]
+                removed = [label for _, _, label in changes if label is not None]
+                for start in range(0, len(added), _IN_CHUNK):
+                    chunk = added[start : start + _IN_CHUNK]
+                    rows += conn.execute(
+                        f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
+                        f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE f.label IN "
+                        f"({','.join('?' * len(chunk))})", [fingerprint, *chunk],
+                    ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        index.mark_deleted(removed)
+        rows = [r for r in rows if r[0] not in index]
+        labels, vectors = self._gen_collect(embedder, fingerprint, rows)
+        index.add(labels, vectors)
+        return max(top, since), len(changes)
+
+    def _gen_abandon(self, report: Any, status: str, reason: str) -> None:
+        """Drop a publish in progress: the current generation stays; the candidate's vectors are deleted."""
+        with self._db.transaction() as conn:
+            conn.execute("DELETE FROM meta WHERE key = ?", (META_PENDING,))
+            conn.execute(f"DROP TABLE IF EXISTS {GEN_TABLE}")
+        report.status, report.reason = status, reason
+        if report.adapter_id:
+            from ..training.adaptation import AdapterHistory
+
+            AdapterHistory(self._adapters_dir()).update(report.adapter_id, status=status)
 
     # ---- identity and info ---------------------------------------------------------------------------------
     @property
@@ -889,6 +1458,7 @@ class MemoryStore:
             "fingerprint": self._fingerprint, "dimensions": self._dim, "store_id": self._store_id,
             "schema_version": int(schema or SCHEMA_VERSION), "sqlite_version": sqlite3.sqlite_version,
             "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix(), "hybrid_weight": self._hybrid_weight,
+            "adapter": self._active_adapter_id(), "adaptation_pending": self._adapt_pending() is not None,
         }
 
     # ---- persistence and closing ---------------------------------------------------------------------------
@@ -916,6 +1486,10 @@ class MemoryStore:
         """Save the index if it changed, close SQLite and release the writer lock. Idempotent."""
         if self._closed:
             return
+        adaptation = self._adaptation
+        if adaptation is not None and os.getpid() == self._pid:
+            adaptation.stop()
+            adaptation._thread.join()  # its error, if any, stays for adaptation.join() to raise
         try:
             if self._db is not None and os.getpid() == self._pid and not self._read_only and not self._memory:
                 if self._applied != self._saved_watermark:

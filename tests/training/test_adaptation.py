@@ -1,0 +1,208 @@
+"""Adaptation pieces on their own: the contrastive loss and its gradient, the LoRA projection through the
+pooled embedding, fitting, the gate (NaN, degenerate, worse, equal), the probe split and the adapter history."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from evermind_memory.embedder import LMEmbedder
+from evermind_memory.errors import CheckpointError, InvalidInput
+from evermind_memory.lm.adapter import LoRAWeights, adapter_digest, merge_adapter
+from evermind_memory.lm.model import EvermindLM, LMConfig
+from evermind_memory.lm.tokenizer import BPETokenizer
+from evermind_memory.training.adaptation import (
+    AdaptationPolicy, AdapterHistory, check_hooks, contrastive_loss_and_grad, default_targets, fit_adapter,
+    gate_candidate, pad_batch, split_probe, text_span, token_span,
+)
+from evermind_memory.training.lora import lora_grads
+
+TEXTS = [
+    f"{who} {verb} {what} every {when}"
+    for who in ("Ada", "Bob", "Cyd", "Dee")
+    for verb in ("drinks", "paints", "reads")
+    for what in ("green tea", "river maps", "old ledgers")
+    for when in ("morning", "evening")
+]
+
+
+@pytest.fixture(scope="module")
+def base() -> LMEmbedder:
+    tok = BPETokenizer.train(TEXTS * 2, 300)
+    cfg = LMConfig(vocab_size=len(tok), d_model=16, n_layers=2, hidden_dim=32, attn_heads=2)
+    return LMEmbedder(EvermindLM(cfg, seed=3), tok)
+
+
+def test_contrastive_gradient_matches_finite_differences(rng: np.random.Generator) -> None:
+    pooled = rng.normal(size=(8, 5))  # (2B, C) float64
+    loss, grad = contrastive_loss_and_grad(pooled, 0.3)
+    assert grad.shape == pooled.shape and grad.dtype == np.float64
+    eps = 1e-6
+    numeric = np.zeros_like(pooled)  # (2B, C)
+    for i in range(pooled.shape[0]):  # a gradient check: loops over elements are the point
+        for j in range(pooled.shape[1]):
+            up, down = pooled.copy(), pooled.copy()
+            up[i, j] += eps
+            down[i, j] -= eps
+            numeric[i, j] = (contrastive_loss_and_grad(up, 0.3)[0] - contrastive_loss_and_grad(down, 0.3)[0]) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+    # aligned views give a lower loss than shuffled ones
+    z = rng.normal(size=(4, 5))
+    aligned = contrastive_loss_and_grad(np.concatenate([z, z + 0.01]), 0.1)[0]
+    shuffled = contrastive_loss_and_grad(np.concatenate([z, z[::-1]]), 0.1)[0]
+    assert aligned < shuffled
+
+
+@pytest.mark.parametrize("target", ["pool.wo", "emb"])
+def test_lora_projection_through_pooled_embedding(base: LMEmbedder, rng: np.random.Generator, target: str) -> None:
+    """d loss / d A from pooled_backward + gA = s B^T G equals a float64 finite difference."""
+    model = EvermindLM.from_params(base.model.config, base.model.params)
+    model.params = {k: v.astype(np.float64) for k, v in model.params.items()}  # the maths follow this dtype
+    w0 = model.params[target].copy()
+    rows, cols = w0.shape
+    a = rng.normal(size=(2, cols)) * 0.3  # (R, cols)
+    b = rng.normal(size=(rows, 2)) * 0.3  # (rows, R)
+    scale = 1.5
+    seqs = [base.tokenizer.encode(t) for t in TEXTS[:3]] + [base.tokenizer.encode(t)[:4] for t in TEXTS[:3]]
+    tokens, lengths = pad_batch(seqs)
+
+    def loss_at(a_: np.ndarray) -> float:
+        model.params[target] = w0 + scale * (b @ a_)
+        pooled, _ = model.pooled_forward(tokens, lengths)
+        return contrastive_loss_and_grad(pooled, 0.5)[0]
+
+    loss_at(a)
+    pooled, cache = model.pooled_forward(tokens, lengths)
+    _, dpooled = contrastive_loss_and_grad(pooled, 0.5)
+    g = model.pooled_backward(dpooled, cache, grads_for=[target])[target]
+    ga, _ = lora_grads(g, a, b, scale)
+    direction = rng.normal(size=a.shape)  # (R, cols)
+    eps = 1e-6
+    numeric = (loss_at(a + eps * direction) - loss_at(a - eps * direction)) / (2 * eps)
+    assert np.isclose(float((ga * direction).sum()), numeric, rtol=1e-4, atol=1e-9)
+
+
+def test_fit_adapter_lowers_contrastive_loss_and_leaves_base_alone(base: LMEmbedder) -> None:
+    before = {k: v.copy() for k, v in base.model.params.items()}
+    policy = AdaptationPolicy(steps=40, batch_size=12, lr=1e-2, lm_weight=0.1, seed=1)
+    fit = fit_adapter(base, TEXTS, policy)
+    assert fit.steps == 40 and len(fit.losses) == 40 and not fit.stopped
+    assert all(np.array_equal(before[k], base.model.params[k]) for k in before)
+    assert set(fit.weights.tensors) == set(default_targets(base.model.config))
+    assert fit.weights.base_fingerprint == base.fingerprint
+    assert any(np.abs(b).max() > 0 for _, b in fit.weights.tensors.values())
+    # the contrastive loss on fixed spans drops from the base model to the adapted one
+    adapted = merge_adapter(base.model, fit.weights)
+    span_rng = np.random.default_rng(5)
+    toks = [base.tokenizer.encode(t) for t in TEXTS[:16]]
+    views = [token_span(t, span_rng) for t in toks] + [token_span(t, span_rng) for t in toks]
+    tokens, lengths = pad_batch(views)
+    loss_base = contrastive_loss_and_grad(base.model.pooled_forward(tokens, lengths)[0], 0.05)[0]
+    loss_adapted = contrastive_loss_and_grad(adapted.pooled_forward(tokens, lengths)[0], 0.05)[0]
+    assert loss_adapted < loss_base
+
+
+def test_fit_adapter_budget_stop_and_init(base: LMEmbedder) -> None:
+    stopped = fit_adapter(base, TEXTS, AdaptationPolicy(steps=50), should_stop=lambda: True)
+    assert stopped.stopped and stopped.steps == 0
+    no_cpu = fit_adapter(base, TEXTS, AdaptationPolicy(steps=50, max_cpu_seconds=0.0))
+    assert no_cpu.steps == 0 and not no_cpu.stopped
+    first = fit_adapter(base, TEXTS, AdaptationPolicy(steps=3, lr=1e-2))
+    more = fit_adapter(base, TEXTS, AdaptationPolicy(steps=1, lr=0.0), init=first.weights)
+    assert adapter_digest(more.weights) == adapter_digest(first.weights)  # lr 0: the init carries over exactly
+    with pytest.raises(InvalidInput):
+        fit_adapter(base, TEXTS, AdaptationPolicy(targets=("conv_norm_nope",)))
+    with pytest.raises(InvalidInput):
+        fit_adapter(object(), TEXTS, AdaptationPolicy())
+
+
+def _poisoned(base: LMEmbedder, how: str) -> LMEmbedder:
+    model = EvermindLM.from_params(base.model.config, base.model.params)
+    if how == "nan":
+        model.params["emb"][...] = np.nan  # a broken candidate: every vector is NaN
+    else:
+        model.params["emb"][...] = model.params["emb"][0]  # every token looks the same
+        model.params["pool.wqkv"][...] = 0.0
+    return LMEmbedder(model, base.tokenizer)
+
+
+def test_gate_refuses_nan_and_degenerate_candidates(base: LMEmbedder) -> None:
+    policy = AdaptationPolicy(probe_k=3)
+    nan = gate_candidate(base, _poisoned(base, "nan"), TEXTS[:8], TEXTS[8:], policy)
+    assert not nan.passed and not nan.finite and "finite" in nan.reason
+    flat = gate_candidate(base, _poisoned(base, "flat"), TEXTS[:8], TEXTS[8:], policy)
+    assert not flat.passed and flat.finite
+    assert flat.recall_candidate < flat.recall_current or flat.mean_cosine_candidate > 0.99
+
+
+def test_gate_passes_an_equal_candidate_and_keeps_its_vectors(base: LMEmbedder) -> None:
+    policy = AdaptationPolicy(probe_k=3)
+    labels = np.arange(len(TEXTS))
+    same = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], policy, corpus_labels=labels)
+    assert same.passed and same.recall_candidate == same.recall_current and same.probes == 8
+    assert same.candidate_vectors.shape == (len(TEXTS), base.dimensions)
+    stored = base.embed_many(TEXTS)
+    with_stored = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], policy, current_doc_vectors=stored)
+    assert with_stored.recall_current == same.recall_current
+    strict = AdaptationPolicy(probe_k=1, gate_tolerance=0.0)
+    other = LMEmbedder(EvermindLM(base.model.config, seed=99), base.tokenizer)
+    verdict = gate_candidate(base, other, TEXTS[:8], TEXTS[8:], strict)
+    assert verdict.passed == (verdict.recall_candidate >= verdict.recall_current)
+    assert json.dumps(verdict.to_dict())
+
+
+def test_probe_split_and_spans_are_seeded() -> None:
+    policy = AdaptationPolicy(probe_fraction=0.2, min_probe=3, max_probe=50, seed=4)
+    train, probe = split_probe(100, policy)
+    assert len(probe) == 20 and not set(train) & set(probe) and len(train) + len(probe) == 100
+    assert np.array_equal(probe, split_probe(100, policy)[1])
+    assert len(split_probe(10, policy)[1]) == 3
+    span = text_span("one two three four five six seven eight", np.random.default_rng(0))
+    assert 3 <= len(span.split()) <= 4 and span in "one two three four five six seven eight"
+    assert text_span("short text", np.random.default_rng(0)) == "short text"
+
+
+@pytest.mark.parametrize("bad", [
+    {"rank": 0}, {"steps": -1}, {"lr": float("nan")}, {"probe_fraction": 0.95}, {"batch_size": 1},
+    {"gate_tolerance": 2.0}, {"targets": "emb"}, {"targets": ("emb", "emb")}, {"min_probe": 9, "max_probe": 3},
+    {"rank": True}, {"poll_seconds": 0},
+])
+def test_policy_rejects_bad_values(bad: dict) -> None:
+    with pytest.raises(InvalidInput):
+        AdaptationPolicy(**bad)
+
+
+def test_hooks_validation() -> None:
+    assert check_hooks(None).before_swap is None
+    assert check_hooks({"on_error": print}).on_error is print
+    with pytest.raises(InvalidInput):
+        check_hooks({"on_swap": print})
+    with pytest.raises(InvalidInput):
+        check_hooks({"on_error": 3})
+
+
+def test_adapter_history_files_index_and_pins(tmp_path, base: LMEmbedder) -> None:
+    hist = AdapterHistory(tmp_path / "m.db.adapters")
+    assert hist.entries() == []
+    w = fit_adapter(base, TEXTS, AdaptationPolicy(steps=2, lr=1e-2)).weights
+    first = hist.add(w, round=1)
+    second = hist.add(LoRAWeights(w.rank, w.alpha, {t: (a, b * 2) for t, (a, b) in w.tensors.items()}), round=2)
+    assert [e["id"] for e in hist.entries()] == ["0001", "0002"]
+    assert first["digest"] == adapter_digest(w) and second["status"] == "candidate"
+    assert adapter_digest(hist.load(first, base.model)) == adapter_digest(w)
+    hist.update("0002", status="published")
+    assert hist.get("0002")["status"] == "published"
+    with pytest.raises(InvalidInput):
+        hist.get("0009")
+    (tmp_path / "m.db.adapters" / "index.json").write_text("{not json")
+    listed = hist.entries()
+    assert [e["id"] for e in listed] == ["0001", "0002"] and listed[0]["status"] == "unlisted"
+    assert hist.add(w)["id"] == "0003"  # never reuses a file name
+    path = hist.path(second)
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError):
+        hist.load(second, base.model)
