@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from ..errors import EvermindError
 from .base import Embedder, check_embedder, checked_vectors
 from .lm_embedder import LMEmbedder
 
 
 def default_embedder() -> Embedder:
-    """Return the shipped default embedder (the packaged tokenizer + weights).
+    """Return the shipped default embedder (the packaged tokenizer + weights), loaded once per process.
 
     Returns:
-        An Embedder.
+        An LMEmbedder over the shipped model, with the hybrid weight calibrated for it.
     Raises:
-        EvermindError: no default model is shipped yet.
+        EvermindError: no default model is shipped in this installation.
+        CheckpointError: the shipped files are damaged.
     """
-    raise EvermindError(
-        "No default model is shipped with evermind_memory yet, so MemoryStore(path) needs an embedder. "
-        "Pass embedder=LMEmbedder(model, tokenizer) (or any object with embed, embed_many, dimensions "
-        "and fingerprint)."
-    )
+    from ..models import load_default
+
+    return load_default()
 
 
 __all__ = ["Embedder", "LMEmbedder", "check_embedder", "checked_vectors", "default_embedder"]
