@@ -14,6 +14,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu import ops
+from evermind_memory.gpu.ops import _Scope  # one buffer-scope helper for every GPU op module
 from evermind_memory.gpu.blocks.reference import (
     causal_attention_numpy,
     complex_ssd_numpy,
@@ -69,31 +70,6 @@ def _window(length: int, per_step_bytes: int, dev: GpuDevice, multiple: int, wha
             f"{dev.max_binding_bytes} per binding; use a smaller batch or width, or the numpy twin"
         )
     return max(1, min(length, steps))
-
-
-class _Scope:
-    """Buffers acquired for one op call, released together at the end."""
-
-    def __init__(self, dev: GpuDevice) -> None:
-        self.dev = dev
-        self.bufs: list[GpuBuffer] = []
-
-    def up(self, arr: np.ndarray) -> GpuBuffer:
-        buf = self.dev.upload(np.ascontiguousarray(arr))
-        self.bufs.append(buf)
-        return buf
-
-    def empty(self, nbytes: int) -> GpuBuffer:
-        buf = self.dev.storage(nbytes)
-        self.bufs.append(buf)
-        return buf
-
-    def __enter__(self) -> "_Scope":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for buf in self.bufs:
-            self.dev.release(buf)
 
 
 # ==== recorders for the existing kernels (gpu/kernels) ===================================================
