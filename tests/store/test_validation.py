@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evermind_memory import EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput, MemoryStore
+from evermind_memory import EmbedderOutputInvalid, FactNotFound, InvalidInput, MemoryStore
 
 
 class BadEmbedder:
@@ -216,9 +216,11 @@ def test_bad_constructor_args(tmp_path: Path, embedder):
         MemoryStore(123, embedder)  # type: ignore[arg-type]
 
 
-def test_default_embedder_message(tmp_path: Path):
-    with pytest.raises(EvermindError, match="embedder="):
-        MemoryStore(tmp_path / "d.db")
+def test_no_embedder_means_the_shipped_default(tmp_path: Path):
+    from evermind_memory import default_embedder
+
+    with MemoryStore(tmp_path / "d.db") as store:
+        assert store.fingerprint == default_embedder().fingerprint
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
