@@ -44,21 +44,6 @@ class AttentionBlock(SequenceLayer):
 
     layer_type = "attention"
 
-    def __init__(self, config: AttentionConfig, params: dict[str, np.ndarray] | None = None,
-                 rng: np.random.Generator | None = None) -> None:
-        """Build a block from parameters, or initialise them as the reference does.
-
-        Args:
-            config: the block's shape.
-            params: name -> array for every name of `param_shapes()`; None initialises from `rng`.
-            rng: the generator for initial weights (a seed-0 generator when None).
-
-        Raises:
-            InvalidInput: parameters of the wrong names or shapes.
-        """
-        self.config = config
-        super().__init__(config, params if params is not None else self._init(rng or np.random.default_rng(0)))
-
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         c, f = self.config.d_model, self.config.ffn_mult * self.config.d_model
         shapes = {"norm": (c,), "w_qkv": (c, 3 * c), "b_qkv": (3 * c,), "w_o": (c, c), "b_o": (c,)}

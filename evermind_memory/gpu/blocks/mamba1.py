@@ -55,21 +55,6 @@ class Mamba1Block(SequenceLayer):
 
     layer_type = "mamba1"
 
-    def __init__(self, config: Mamba1Config, params: dict[str, np.ndarray] | None = None,
-                 rng: np.random.Generator | None = None) -> None:
-        """Build a block from parameters, or initialise them as the reference does.
-
-        Args:
-            config: the block's shape.
-            params: name -> array for every name of `param_shapes()`; None initialises from `rng`.
-            rng: the generator for initial weights (a seed-0 generator when None).
-
-        Raises:
-            InvalidInput: parameters of the wrong names or shapes.
-        """
-        self.config = config
-        super().__init__(config, params if params is not None else self._init(rng or np.random.default_rng(0)))
-
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         cfg = self.config
         c, d, n, k, r = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.rank

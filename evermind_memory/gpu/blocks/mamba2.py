@@ -62,21 +62,6 @@ class Mamba2Block(SequenceLayer):
     layer_type = "mamba2"
     _state_width = 1  # floats per state element: 1 real, 2 for Mamba-3's complex states
 
-    def __init__(self, config: Mamba2Config, params: dict[str, np.ndarray] | None = None,
-                 rng: np.random.Generator | None = None) -> None:
-        """Build a block from parameters, or initialise them as the reference does.
-
-        Args:
-            config: the block's shape.
-            params: name -> array for every name of `param_shapes()`; None initialises from `rng`.
-            rng: the generator for initial weights (a seed-0 generator when None).
-
-        Raises:
-            InvalidInput: parameters of the wrong names or shapes.
-        """
-        self.config = config
-        super().__init__(config, params if params is not None else self._init(rng or np.random.default_rng(0)))
-
     @property
     def bc_width(self) -> int:
         """Columns of B (and of C) in the projection: G * N (times 2 for complex states)."""

@@ -35,11 +35,26 @@ class SequenceLayer(ABC):
 
     layer_type: ClassVar[str]
 
-    def __init__(self, config: Any, params: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, config: Any, params: Mapping[str, np.ndarray] | None = None,
+                 rng: np.random.Generator | None = None) -> None:
+        """Build a block from parameters, or initialise them as the reference does.
+
+        Args:
+            config: the block's shape.
+            params: name -> array for every name of `param_shapes()`; None initialises from `rng`.
+            rng: the generator for initial weights (a seed-0 generator when None).
+
+        Raises:
+            InvalidInput: parameters of the wrong names or shapes.
+        """
         self.config = config
         self._params: dict[str, np.ndarray] = {}
         self._gpu: dict[str, GpuBuffer] | None = None
-        self.load_parameters(params)
+        self.load_parameters(params if params is not None else self._init(rng or np.random.default_rng(0)))
+
+    @abstractmethod
+    def _init(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Initial parameters drawn from rng, as the reference initialises them."""
 
     # ---- parameters ------------------------------------------------------------------------------
     @property
