@@ -224,14 +224,12 @@ def main() -> None:
         with torch.no_grad():
             for i, p in enumerate(params):
                 p.copy_(torch.tensor(z[f"p{i}"], device=dev))
-        sd = opt.state_dict()
         for i, p in enumerate(params):
             opt.state[p] = {"step": torch.tensor(float(z["step"])), "exp_avg": torch.tensor(z[f"m{i}"], device=dev),
                             "exp_avg_sq": torch.tensor(z[f"v{i}"], device=dev)}
         step = int(z["step"])
         args.steps = int(z["planned_steps"])
         history = json.loads(str(z["history"]))
-        del sd
         print(f"resumed at step {step}", flush=True)
     rng = np.random.default_rng(args.seed + step)
 
