@@ -17,6 +17,7 @@ from .errors import (
     GpuUnavailable,
     InvalidInput,
     StoreLocked,
+    StoreWarning,
     TokenizerError,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "Recall",
     "default_embedder",
     "StoreLocked",
+    "StoreWarning",
     "TokenizerError",
     "__version__",
 ]

@@ -54,3 +54,7 @@ __all__ = [
     "TokenizerError",
     "GpuUnavailable",
 ]
+
+
+class StoreWarning(UserWarning):
+    """A store opened, but somewhere its guarantees are weaker (e.g. a network filesystem)."""

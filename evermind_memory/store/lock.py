@@ -1,11 +1,13 @@
 """Locks: an in-process readers-writer lock (around every hnswlib call, R7) and the cross-process writer
-lock file (`fcntl.flock` on `<db>.lock`, R13), plus the named crash points used by fault-injection tests.
+lock file (`fcntl.flock` on `<db>.lock`, R13), the filesystem check that goes with them (R14: WAL and file
+locks need a local disk), plus the named crash points used by fault-injection tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -18,6 +20,42 @@ try:  # POSIX only; on other systems the writer lock degrades to in-process excl
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
+
+
+# Filesystems where SQLite's WAL shared memory and flock are unreliable (network or FUSE mounts).
+REMOTE_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs", "lustre", "gpfs",
+    "beegfs", "davfs", "fuse", "fuseblk", "virtiofs",
+})
+
+
+def filesystem_type(path: str | os.PathLike, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem holding path (e.g. "ext4", "nfs4", "fuse.sshfs"), or None where unknown.
+
+    Reads Linux's mountinfo and takes the longest mount point that contains path; elsewhere returns None.
+    """
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            lines = f.read(4 << 20).splitlines()  # a few MB at most, even with thousands of mounts
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 is a space
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, best_type = mount, tail.split()[0]
+    return best_type
+
+
+def is_remote_filesystem(fs_type: str | None) -> bool:
+    """Whether a filesystem type names a network or FUSE mount (R14: keep stores on a local disk)."""
+    return fs_type is not None and (fs_type in REMOTE_FILESYSTEMS or fs_type.startswith("fuse."))
 
 
 class RWLock:

@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,12 +21,14 @@ import numpy as np
 import sqlite3
 
 from ..embedder import check_embedder, checked_vectors, default_embedder
-from ..errors import CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput
+from ..errors import (
+    CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput, StoreWarning,
+)
 from .facts import (
     SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now, vectors_from_blobs,
 )
 from .index import IndexConfig, IndexRejected, SearchFailed, VectorIndex, exact_search, read_manifest
-from .lock import RWLock, WriterLock, crash_point
+from .lock import RWLock, WriterLock, crash_point, filesystem_type, is_remote_filesystem
 from .records import Change, CheckReport, Fact, Recall
 from .validate import (
     FUSIONS, K_MAX, MAX_LIST_LIMIT, MODES, check_choice, check_id, check_int, check_k, check_min_score,
@@ -145,6 +148,14 @@ class MemoryStore:
                 raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
             if Path(path).is_dir():
                 raise InvalidInput(f"MemoryStore() expected a file path, got the directory {path}.")
+            self._fs_type = filesystem_type(parent)
+            if is_remote_filesystem(self._fs_type):
+                warnings.warn(
+                    f"{path} is on a {self._fs_type} mount: SQLite's WAL and the writer lock are unreliable on "
+                    "network and FUSE filesystems, so the store can be corrupted. Keep it on a local disk.",
+                    StoreWarning, stacklevel=2)
+        else:
+            self._fs_type = None
         self._embedder = default_embedder() if embedder is None else embedder
         self._dim, self._fingerprint = check_embedder(self._embedder)
         weight = getattr(self._embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT)
@@ -1457,7 +1468,8 @@ class MemoryStore:
             "index_status": self._index_status, "index_watermark": self._applied, "max_seq": top,
             "fingerprint": self._fingerprint, "dimensions": self._dim, "store_id": self._store_id,
             "schema_version": int(schema or SCHEMA_VERSION), "sqlite_version": sqlite3.sqlite_version,
-            "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix(), "hybrid_weight": self._hybrid_weight,
+            "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix(), "filesystem": self._fs_type,
+            "hybrid_weight": self._hybrid_weight,
             "adapter": self._active_adapter_id(), "adaptation_pending": self._adapt_pending() is not None,
         }
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
 
-from evermind_memory import EvermindError, MemoryStore
+from evermind_memory import EvermindError, MemoryStore, StoreWarning
+from evermind_memory.store.lock import filesystem_type, is_remote_filesystem
 from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k
 
 DISK_FULL = CHILD_PRELUDE + """
@@ -76,3 +78,42 @@ def test_a_forked_child_cannot_use_the_store(store: MemoryStore):
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert store.recall("before the fork", k=1)[0].text == "before the fork"
+
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+30 22 0:40 / /mnt/team\\040share rw,relatime shared:9 - nfs4 server:/export rw,vers=4.2
+31 30 0:41 / /mnt/team\\040share/local rw shared:10 - tmpfs tmpfs rw
+32 22 0:42 / /home/ada/remote rw,nosuid - fuse.sshfs ada@host:/srv rw
+33 22 0:43 / /home/ada/remote-other rw - xfs /dev/sdb1 rw
+"""
+
+
+@pytest.mark.parametrize("path, expected, remote", [
+    ("/var/lib/agent.db", "ext4", False),
+    ("/mnt/team share/agent.db", "nfs4", True),             # mount points escape spaces as \040
+    ("/mnt/team share/local/agent.db", "tmpfs", False),     # the longest containing mount wins
+    ("/home/ada/remote/agent.db", "fuse.sshfs", True),
+    ("/home/ada/remote-other/agent.db", "xfs", False),      # a shared prefix is not containment
+])
+def test_filesystem_type_reads_mountinfo(tmp_path: Path, path: str, expected: str, remote: bool):
+    info = tmp_path / "mountinfo"
+    info.write_text(MOUNTINFO)
+    fs = filesystem_type(path, mountinfo=str(info))
+    assert fs == expected
+    assert is_remote_filesystem(fs) is remote
+
+
+def test_filesystem_type_unknown_without_mountinfo(tmp_path: Path):
+    assert filesystem_type("/x", mountinfo=str(tmp_path / "missing")) is None
+    assert not is_remote_filesystem(None)
+
+
+def test_a_local_store_opens_without_a_filesystem_warning(tmp_path: Path, embedder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StoreWarning)
+        with MemoryStore(tmp_path / "local.db", embedder) as store:
+            fs = store.info()["filesystem"]
+    assert fs == filesystem_type(tmp_path)
+    if Path("/proc/self/mountinfo").exists():
+        assert fs is not None and not is_remote_filesystem(fs)
