@@ -47,7 +47,7 @@ class IndexConfig:
     """
 
     M: int = 16
-    ef_construction: int = 200
+    ef_construction: int = 100
     ef_search: int = 64
     initial_capacity: int = 1024
     rebuild_deleted_ratio: float = 0.2
