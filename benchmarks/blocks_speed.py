@@ -4,7 +4,8 @@ by chunk; naive masked attention; no fused kernels), at several sequence lengths
 
 WGSL times are wall clock from recording the block's command batch to the queue draining, inputs and
 weights already on the device. Prints a table; --json writes the numbers. --quick runs tiny sizes (CPU ok).
-Usage: python benchmarks/blocks_speed.py [--lengths 1024 4096 16384] [--d-model 256] [--json out.json] [--quick]
+Default lengths: 1k, 4k and 16k on a hardware adapter, 128 and 512 on a software one (lavapipe).
+Usage: python benchmarks/blocks_speed.py [--lengths 1024,4096,16384] [--d-model 256] [--json out.json] [--quick]
 """
 
 from __future__ import annotations
@@ -136,14 +137,28 @@ def torch_block(kind: str, block: SequenceLayer, device: str):
         b, length, c = x.shape
         qkv = rms(x, p["norm"]) @ p["w_qkv"] + p["b_qkv"]
         q, k, v = (qkv[..., i * c:(i + 1) * c].reshape(b, length, heads, -1).transpose(1, 2) for i in range(3))
-        s = q @ k.transpose(-1, -2) / (c // heads) ** 0.5
-        s = s.masked_fill(torch.triu(torch.ones(length, length, dtype=torch.bool, device=x.device), 1), float("-inf"))
-        o = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, length, c)
+        future = torch.triu(torch.ones(length, length, dtype=torch.bool, device=x.device), 1)
+        per = _heads_per_chunk(b, length, heads, x.device)  # all heads at once unless L x L scores would not fit
+        outs = []
+        for h0 in range(0, heads, per):
+            s = q[:, h0:h0 + per] @ k[:, h0:h0 + per].transpose(-1, -2) / (c // heads) ** 0.5
+            s = s.masked_fill(future, float("-inf"))
+            outs.append(torch.softmax(s, -1) @ v[:, h0:h0 + per])
+        o = torch.cat(outs, 1).transpose(1, 2).reshape(b, length, c)
         cur = x + o @ p["w_o"] + p["b_o"]
         if cfg.ffn_mult:
             cur = cur + F.silu(cur @ p["w_ffn1"] + p["b_ffn1"]) @ p["w_ffn2"] + p["b_ffn2"]
         return cur
     return fwd
+
+
+def _heads_per_chunk(b: int, length: int, heads: int, device) -> int:
+    """Heads whose naive (B, heads, L, L) scores (about three live copies) fit half the free device memory."""
+    import torch  # noqa: PLC0415
+
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30
+    per_head = 3 * b * length * length * 4
+    return max(1, min(heads, free // 2 // per_head))
 
 
 # ==== timing =============================================================================================
@@ -237,8 +252,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         block.release()
     return {
         "benchmark": "blocks_speed",
-        "config": {"d_model": args.d_model, "d_state": args.d_state, "n_heads": args.n_heads,
-                   "chunk_len": args.chunk_len, "batch": args.batch, "repeats": args.repeats, "quick": args.quick},
+        "config": {"lengths": args.lengths, "d_model": args.d_model, "d_state": args.d_state,
+                   "n_heads": args.n_heads, "chunk_len": args.chunk_len, "batch": args.batch,
+                   "repeats": args.repeats, "quick": args.quick},
         "adapter": adapter_info(),
         "torch": {"version": torch_version, "device": torch_device},
         "host": {"python": platform.python_version(), "machine": platform.machine()},
@@ -260,7 +276,9 @@ def print_row(row: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--lengths", "--lens", nargs="+", default=None, metavar="L",
+                    help="sequence lengths, space- or comma-separated (default: 1024,4096,16384 on a hardware "
+                         "adapter, 128,512 on a software one)")
     ap.add_argument("--blocks", nargs="+", choices=KINDS, default=list(KINDS))
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--d-state", type=int, default=16)
@@ -272,8 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (L = 32, 64; d_model 16; one repeat)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    if args.lengths is not None:
+        args.lengths = [int(t) for item in args.lengths for t in item.split(",") if t.strip()]
     if args.quick:
-        args.lengths, args.d_model, args.d_state, args.n_heads, args.repeats = [32, 64], 16, 4, 2, 1
+        args.lengths = args.lengths or [32, 64]
+        args.d_model, args.d_state, args.n_heads, args.repeats = 16, 4, 2, 1
+    elif args.lengths is None:
+        args.lengths = [128, 512] if adapter_info().get("software", True) else [1024, 4096, 16384]
     print(f"adapter: {adapter_info().get('description') or adapter_info()}")
     print(f"{'block':<10} {'L':>7} {'wgsl tok/s':>12} {'torch tok/s':>12} {'ratio':>8} {'max|diff|':>9}")
     result = run(args)

@@ -2,7 +2,8 @@
 their numpy twins, and the twins against plain step-by-step recurrences.
 
 Shapes are small (software Vulkan) and include B > 1, L > 1, lengths that are not multiples of the scan
-tile (64), the SSD chunk or the attention tile (16), and binding limits lowered to force windowing.
+tile (64), the SSD chunk or the attention tiles (64 query rows and 32-128 keys in the flash kernel, 16 in
+the three-pass kernels), and binding limits lowered to force windowing.
 Tolerances: |gpu - twin| <= 2e-5 + 2e-5 |twin| unless a test says otherwise (float32, short sums).
 """
 
@@ -194,7 +195,12 @@ def test_ssd_result_does_not_depend_on_chunk_length(gpu):
         np.testing.assert_allclose(out, outs[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("b,length,heads,p", [(1, 1, 1, 1), (2, 17, 3, 5), (2, 40, 2, 20)])
+# Flash attention: 64 query rows per workgroup, keys staged 128 (P <= 4), 96 (P = 20), 64 (P = 32) or 32
+# (P = 64) at a time. L = 1 and 17 are under one tile, 130 and 200 span several query and key tiles and
+# are not multiples of either, 128 is an exact multiple; P = 5 and 20 pad the last vec4 of a head.
+@pytest.mark.parametrize("b,length,heads,p", [
+    (1, 1, 1, 1), (2, 17, 3, 5), (2, 40, 2, 20), (2, 130, 2, 32), (3, 128, 2, 32), (1, 200, 2, 64),
+])
 def test_causal_attention_matches_twin(gpu, b, length, heads, p):
     rng = np.random.default_rng(length + heads)
     q, k, v = (f32(rng, b, length, heads * p) for _ in range(3))
@@ -202,11 +208,45 @@ def test_causal_attention_matches_twin(gpu, b, length, heads, p):
                                rtol=RTOL, atol=ATOL)
 
 
-def test_causal_attention_windows_query_rows(gpu):
-    # 2 KiB per binding holds 16 rows of scores for (B=2, H=2, L=35): three windows of query rows.
+def test_flash_attention_is_stable_for_large_scores(gpu):
+    # Scores of several hundred: exp overflows float32 unless the running max is subtracted at every step,
+    # and a late key that beats the max must rescale the sum and the accumulator correctly.
+    rng = np.random.default_rng(13)
+    q, k, v = (f32(rng, 2, 150, 64) for _ in range(3))
+    q *= 30.0
+    k[:, 140] *= 4.0
+    got = so.causal_attention(q, k, v, 2)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref.causal_attention_numpy(q, k, v, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_flash_attention_reads_a_fused_projection_in_place(gpu):
+    # The attention block binds its (B * L, 3C) q | k | v projection three times with row stride 3C and
+    # offsets 0, C, 2C: each head must come from its column slice of every row (seed-001), not a prefix.
+    rng = np.random.default_rng(14)
+    b, length, heads, p = 2, 70, 2, 32
+    c = heads * p
+    qkv = f32(rng, b, length, 3 * c)
+    q, k, v = (np.ascontiguousarray(qkv[..., i * c:(i + 1) * c]) for i in range(3))
+    buf, out = gpu.upload(qkv), gpu.storage(b * length * c * 4)
+    try:
+        batch = gpu.batch()
+        so.record_causal_attention(batch, buf, buf, buf, out, b, length, heads, p, row_stride=3 * c,
+                                   offsets=(0, c, 2 * c))
+        batch.submit()
+        got = gpu.read(out, np.float32, (b, length, c))
+    finally:
+        gpu.release(buf)
+        gpu.release(out)
+    np.testing.assert_allclose(got, ref.causal_attention_numpy(q, k, v, heads), rtol=RTOL, atol=ATOL)
+
+
+def test_wide_heads_take_the_three_pass_kernels(gpu):
+    # P = 66 > 64 does not fit the flash kernel's registers: scores, softmax and values in windows of query
+    # rows. A binding limit of q's size holds 64 of the 100 score rows (B = 1, H = 2): two windows.
     rng = np.random.default_rng(10)
-    q, k, v = (f32(rng, 2, 35, 6) for _ in range(3))
-    with gpu.binding_limit(2 * 2 * 16 * 35 * 4):
+    q, k, v = (f32(rng, 1, 100, 2 * 66) for _ in range(3))
+    with gpu.binding_limit(q.nbytes):
         got = so.causal_attention(q, k, v, 2)
     np.testing.assert_allclose(got, ref.causal_attention_numpy(q, k, v, 2), rtol=RTOL, atol=ATOL)
 

@@ -55,6 +55,19 @@ def test_block_matches_numpy_reference(gpu, kind, b, length, c):
     close(got, want)
 
 
+@pytest.mark.parametrize("b,length,c,heads", [(2, 150, 64, 2), (1, 20, 132, 2)])
+def test_attention_block_over_flash_tiles_and_wide_heads(gpu, b, length, c, heads):
+    # Head width 32: the flash kernel over three 64-row query tiles (150 is no multiple), reading Q, K, V
+    # in place from the fused projection. Head width 66 > 64: column slices and the three-pass kernels.
+    rng = np.random.default_rng(length + c)
+    block = AttentionBlock(AttentionConfig(c, n_heads=heads))
+    perturb(block, rng)
+    x = rng.standard_normal((b, length, c)).astype(np.float32)
+    want = block.forward_numpy(x)
+    assert np.abs(want - x).max() > 0.05
+    close(block.forward(x), want)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_blocks_are_causal(gpu, kind):
     rng = np.random.default_rng(3)

@@ -2,7 +2,9 @@
 and V are strided column slices of the fused (M, 3C) projection, not prefix copies.
 
 x + o_proj(attention(q, k, v)) with q | k | v = qkv(rmsnorm(x)); an optional SiLU feed-forward sublayer
-follows (no norm before it, as the reference). Forward only; O(L^2) scores, tiled by query rows.
+follows (no norm before it, as the reference). Forward only. Heads up to 64 wide run as one flash-attention
+dispatch (online softmax, O(L) memory) that reads Q, K and V straight out of the fused projection; wider
+heads are split out by column slices and take the three-pass kernels (O(L^2) scores, tiled by query rows).
 """
 
 from __future__ import annotations
@@ -80,10 +82,16 @@ class AttentionBlock(SequenceLayer):
         xn, qkv = s(m * c * 4), s(m * 3 * c * 4)
         so.record_rmsnorm(batch, x, w["norm"], xn, m, c, RMS_EPS)
         so.record_linear(batch, xn, w["w_qkv"], w["b_qkv"], qkv, m, c, 3 * c)
-        q, k, v, o = s(m * c * 4), s(m * c * 4), s(m * c * 4), s(m * c * 4)
-        for i, part in enumerate((q, k, v)):
-            so.record_column_slice(batch, qkv, part, m, 3 * c, i * c, c)
-        so.record_causal_attention(batch, q, k, v, o, b, length, h, c // h)
+        o = s(m * c * 4)
+        if c // h <= so.FLASH_MAX_HEAD_DIM:
+            # The flash kernel reads Q, K and V in place as strided column slices of the fused projection.
+            so.record_causal_attention(batch, qkv, qkv, qkv, o, b, length, h, c // h, row_stride=3 * c,
+                                       offsets=(0, c, 2 * c))
+        else:
+            q, k, v = s(m * c * 4), s(m * c * 4), s(m * c * 4)
+            for i, part in enumerate((q, k, v)):
+                so.record_column_slice(batch, qkv, part, m, 3 * c, i * c, c)
+            so.record_causal_attention(batch, q, k, v, o, b, length, h, c // h)
         batch.copy(x, 0, y, 0, m * c * 4)  # the residual: the output projection accumulates onto x
         so.record_linear(batch, o, w["w_o"], w["b_o"], y, m, c, c, accumulate=True)
         if self.config.ffn_mult:

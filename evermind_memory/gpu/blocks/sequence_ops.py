@@ -3,7 +3,8 @@
 
 `record_*` functions put one kernel's dispatches on device buffers into a `Batch` (no copies, no data
 checks); the blocks chain them into one submit. Tiling past the binding limit is by time windows (scans)
-or query-row windows (attention). No backward for SSD, complex SSD or attention yet.
+or query-row windows (three-pass attention; flash attention needs no scratch). No backward for SSD,
+complex SSD or attention yet.
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ __all__ = [
     "causal_attention", "causal_attention_numpy",
     "record_rmsnorm", "record_conv1d", "record_column_slice", "record_silu", "record_linear",
     "record_selective_scan", "record_ssd", "record_complex_ssd", "record_causal_attention",
+    "FLASH_MAX_HEAD_DIM",
 ]
 
 MAX_STATE = 64  # N (Mamba-2) and Nc (Mamba-3) live in a private array of this size per lane
 _SCAN_TILE = 64  # time steps per Kogge-Stone tile in selective_scan.wgsl
-_ATTN_TILE = 16  # query rows per tile in the attention kernels
+_ATTN_TILE = 16  # query rows per tile in the three-pass attention kernels
+FLASH_MAX_HEAD_DIM = 64  # widest head attention_flash.wgsl keeps in registers (16 vec4s)
+_FLASH_ROWS = 64  # query rows (= invocations) per workgroup in attention_flash.wgsl
+_FLASH_SLOTS = 512  # vec4s of workgroup memory per staged K (and V) tile in attention_flash.wgsl
 
 
 # ==== small helpers ======================================================================================
@@ -405,12 +410,44 @@ def complex_ssd(x: np.ndarray, dt: np.ndarray, a_log: np.ndarray, dt_bias: np.nd
 
 # ==== causal attention ===================================================================================
 
+def _flash_key_tile(p: int) -> int:
+    """Keys staged per step of attention_flash.wgsl: a multiple of 16 whose K (or V) tile fits 512 vec4s."""
+    return min(128, _FLASH_SLOTS // -(-p // 4) // 16 * 16)
+
+
 def record_causal_attention(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: GpuBuffer, out: GpuBuffer, b: int,
-                            length: int, heads: int, p: int) -> None:
-    """Record out (B, L, H * P) = causal softmax attention, in windows of query rows sized to the binding limit.
+                            length: int, heads: int, p: int, *, row_stride: int | None = None,
+                            offsets: tuple[int, int, int] = (0, 0, 0)) -> None:
+    """Record out (B, L, H * P) = causal softmax attention of q, k, v.
+
+    Head widths P <= FLASH_MAX_HEAD_DIM take one flash-attention dispatch (attention_flash.wgsl: online
+    softmax over key tiles in workgroup memory, O(L) memory, causal tiles skipped). q, k, v are then rows
+    of `row_stride` floats (default H * P) whose heads start `offsets` floats in, so a fused (B * L, 3C)
+    projection is read in place with row_stride 3C and offsets (0, C, 2C) (strided column slices, seed-001).
+    Wider heads take the three-pass path (`_record_attention_three_pass`), which needs dense (B, L, H * P)
+    q, k, v (row_stride H * P, offsets 0).
+    """
+    c = heads * p
+    stride = c if row_stride is None else row_stride
+    if p > FLASH_MAX_HEAD_DIM:
+        if stride != c or any(offsets):
+            raise InvalidInput(f"attention with head width {p} > {FLASH_MAX_HEAD_DIM} needs dense q, k, v "
+                               "(no row_stride or offsets); split a fused projection with record_column_slice")
+        _record_attention_three_pass(batch, q, k, v, out, b, length, heads, p)
+        return
+    params = batch.uniform([("u", length), ("u", heads), ("u", b), ("u", stride), ("u", offsets[0]),
+                            ("u", offsets[1]), ("u", offsets[2]), ("u", 0)])
+    batch.dispatch("attention_flash", "main", {0: params, 1: q, 2: k, 3: v, 4: out},
+                   (-(-length // _FLASH_ROWS), heads, b), {"HEAD_DIM": p, "KEY_TILE": _flash_key_tile(p)})
+
+
+def _record_attention_three_pass(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: GpuBuffer, out: GpuBuffer,
+                                 b: int, length: int, heads: int, p: int) -> None:
+    """Record causal attention as scores, softmax, values, in windows of query rows sized to the binding limit.
 
     Per window: scores (attention_scores), the causal softmax in place (attention_softmax), then the
-    probability-weighted values (attention_values); one scores buffer is reused by every window.
+    probability-weighted values (attention_values); one scores buffer is reused by every window. O(L^2)
+    scratch and three passes: the path for heads wider than the flash kernel holds in registers.
     """
     dev = batch._dev
     rows = _window(length, b * heads * length * 4, dev, _ATTN_TILE, "causal attention's score rows")
