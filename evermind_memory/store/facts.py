@@ -447,39 +447,44 @@ class FactsDB:
             (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed),
         )
 
-    def insert(self, conn: sqlite3.Connection, items: Sequence[tuple], vectors: np.ndarray, fingerprint: str) -> list[int]:
+    def insert(self, conn: sqlite3.Connection, items: Sequence[tuple], vectors: np.ndarray | None,
+               fingerprint: str | None) -> tuple[list[int], int]:
         """Insert new facts with their vectors; each gets a change seq that is also its index label.
 
         Args:
             conn: the transaction's connection.
             items: (id, text, tags dict, source, created_at, updated_at) per fact.
-            vectors: (N, D) float32 unit rows.
-            fingerprint: the embedder fingerprint that made them.
+            vectors: (N, D) float32 unit rows, or None: the facts wait for a vector (no label until
+                `set_vectors` gives them one; background embedding).
+            fingerprint: the embedder fingerprint that made them (None with vectors None).
         Returns:
-            the labels (== seqs) in order.
+            (the seqs in order (== the labels when vectors are given), the first new rid).
         """
         base = self.max_seq(conn)
-        labels = list(range(base + 1, base + 1 + len(items)))
+        seqs = list(range(base + 1, base + 1 + len(items)))
         fact_rows, change_rows, tag_rows = [], [], []
         tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
-        for seq, (fid, text, tags, source, created, updated), vec in zip(labels, items, vectors):
+        has_vec = vectors is not None
+        for i, (seq, (fid, text, tags, source, created, updated)) in enumerate(zip(seqs, items)):
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
-            fact_rows.append((fid, text, tj, source, created, updated, vec.astype("<f4").tobytes(), fingerprint, seq, seq))
-            change_rows.append((seq, fid, "remember", updated, text, tj, source, 1, None))
+            blob = vectors[i].astype("<f4").tobytes() if has_vec else None
+            fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq))
+            change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None))
             tag_rows.extend((fid, k, v) for k, v in tags.items())
         if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
-            rid = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
+            first = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
             conn.execute(_INSERT_CHANGE, change_rows[0])
-            conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (rid, fact_rows[0][1]))
+            conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (first, fact_rows[0][1]))
         else:
+            first = int(conn.execute("SELECT COALESCE(MAX(rid), 0) FROM facts").fetchone()[0]) + 1
             conn.executemany(_INSERT_FACT, fact_rows)
             conn.executemany(_INSERT_CHANGE, change_rows)
-            conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE label > ?", (base,))
+            conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE rid >= ?", (first,))
         if tag_rows:
             conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)", tag_rows)
-        return labels
+        return seqs, first
 
     def update(self, conn: sqlite3.Connection, row: tuple, *, text: str, tags: dict[str, str], source: str | None,
                vector: np.ndarray | None, fingerprint: str | None, now: str) -> tuple[int, int | None]:
@@ -532,3 +537,24 @@ class FactsDB:
             self._log(conn, seq, fid, "reembed", now, None, None, None, True, old_label)
             out.append((seq, old_label))
         return out
+
+    @staticmethod
+    def still_waiting(conn: sqlite3.Connection, rids: Sequence[int]) -> dict[int, str]:
+        """rid -> text of those facts in rids that still have no vector (not forgotten, not updated since)."""
+        out: dict[int, str] = {}
+        for chunk in _chunks(list(rids)):
+            marks = ",".join("?" * len(chunk))
+            out.update(conn.execute(f"SELECT rid, text FROM facts WHERE vector IS NULL AND rid IN ({marks})", chunk))
+        return out
+
+    @staticmethod
+    def count_waiting(conn: sqlite3.Connection) -> int:
+        """Facts with no vector yet (remembered with background embedding, not embedded so far)."""
+        return int(conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NULL").fetchone()[0])
+
+    @staticmethod
+    def count_foreign(conn: sqlite3.Connection, fingerprint: str) -> int:
+        """Facts with a vector made by another embedder (a model mismatch, unlike facts waiting for one)."""
+        return int(conn.execute(
+            "SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND fingerprint IS NOT ?", (fingerprint,)
+        ).fetchone()[0])

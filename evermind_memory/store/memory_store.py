@@ -7,6 +7,7 @@ index on disk is a validated, replayable cache (RELIABILITY R1-R14). One writer 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,6 +42,8 @@ RRF_K = 60
 EXACT_FILTER_MAX = 4096  # a tag filter matching at most this many facts is searched exactly (R9)
 EMBED_CHUNK = 256
 REEMBED_BATCH = 256
+PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)
+PENDING_BATCH = 256  # facts per background embedding transaction
 SAVE_AFTER_REPLAY = 1000
 MAX_IMPORT_LINE = 1 << 20
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
@@ -108,6 +112,12 @@ class MemoryStore:
         lock_timeout: seconds to wait for another writer's lock before StoreLocked.
         index_config: HNSW parameters.
         busy_timeout: seconds SQLite waits on a locked database.
+        background_embedding: (off by default) True: `remember()` commits the fact and returns; its vector is computed by a
+            background thread, in batches with the facts remembered meanwhile, and indexed. Vector and hybrid
+            recalls (and check, rebuild_index, close) first wait for every waiting vector, so a recall always
+            sees what was remembered before it; lexical recall finds the fact at once. After a crash, facts
+            still waiting are embedded when the store next opens. False: `remember()` embeds before it commits.
+            `remember_many()` always embeds its batch before committing.
     Raises:
         InvalidInput: a bad argument or embedder, a missing directory, read_only on a missing file.
         StoreLocked: another writer holds the store.
@@ -126,6 +136,7 @@ class MemoryStore:
         lock_timeout: float = 10.0,
         index_config: IndexConfig | None = None,
         busy_timeout: float = 5.0,
+        background_embedding: bool = False,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
@@ -137,8 +148,9 @@ class MemoryStore:
         for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86_400:
                 raise InvalidInput(f"MemoryStore() expected 0 <= {name} <= 86400 seconds, got {value!r}.")
-        if not isinstance(read_only, bool):
-            raise InvalidInput(f"MemoryStore() expected read_only to be a bool, got {read_only!r}.")
+        for name, flag in (("read_only", read_only), ("background_embedding", background_embedding)):
+            if not isinstance(flag, bool):
+                raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
         self._memory = path == ":memory:"
         if self._memory and read_only:
             raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
@@ -177,6 +189,14 @@ class MemoryStore:
         self._adaptation: Any = None
         self._adapt_rounds = 0
         self._adapter_note: str | None = None
+        # Background embedding: rid -> (id, text) of facts remembered without a vector yet, oldest first.
+        self._background = background_embedding and not read_only
+        self._waiting: dict[int, tuple[str, str]] = {}
+        self._waiting_cv = threading.Condition()
+        self._drain_lock = threading.Lock()  # one drainer at a time: the worker or a caller that waits
+        self._worker: threading.Thread | None = None
+        self._worker_stop = False
+        self._vector_error: str | None = None  # the last background failure, for info()
         self._lock: WriterLock | None = None
         self._db: FactsDB | None = None
         try:
@@ -197,11 +217,12 @@ class MemoryStore:
             stored_fp = db.meta(conn, "fingerprint")
             stored_dim = db.meta(conn, "dim")
             stale = db.count_stale(conn, self._fingerprint)
-        if stale:
+            foreign = db.count_foreign(conn, self._fingerprint) if stale else 0
+        if foreign:  # vectors from another model (facts merely waiting for a vector are embedded below)
             if self._read_only and stored_fp != self._fingerprint:
-                raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, stale, reader=True))
+                raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, foreign, reader=True))
             if not self._read_only and self._on_mismatch == "raise":
-                raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, stale, reader=False))
+                raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, foreign, reader=False))
         if not self._read_only and (stored_fp != self._fingerprint or stored_dim != str(self._dim)):
             with db.transaction() as conn:
                 db.set_meta(conn, "fingerprint", self._fingerprint)
@@ -357,7 +378,8 @@ class MemoryStore:
     def remember(self, text: str, *, tags: dict[str, str] | None = None, source: str | None = None) -> str:
         """Store a fact; returns only after it is committed.
 
-        Thread-safe.
+        With background embedding (the default) the vector follows from a background thread, and every
+        vector or hybrid recall waits for it; otherwise it is embedded before the commit. Thread-safe.
 
         Args:
             text: the fact (1..100,000 characters, no NUL or lone surrogates).
@@ -366,9 +388,131 @@ class MemoryStore:
         Returns:
             the new fact's id.
         Raises:
-            InvalidInput: bad text, tags or source. EmbedderOutputInvalid: the embedder returned a bad vector.
+            InvalidInput: bad text, tags or source. EmbedderOutputInvalid: the embedder returned a bad vector
+            (without background embedding; in the background such a fact keeps no vector, see check()).
         """
-        return self.remember_many([text], tags=tags, source=source)[0]
+        if not self._background:
+            return self.remember_many([text], tags=tags, source=source)[0]
+        self._check_writable("remember")
+        text = check_text(text)
+        tags = check_tags(tags)
+        source = check_source(source)
+        now = utc_now()
+        fid = new_id()
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                (seq,), rid = self._db.insert(conn, [(fid, text, tags, source, now, now)], None, None)
+                crash_point("remember.before_commit")
+            crash_point("remember.after_commit")
+            self._applied = seq  # nothing to index yet; every earlier change was applied under this mutex
+            with self._waiting_cv:
+                self._waiting[rid] = (fid, text)
+                waiting = len(self._waiting)
+                self._waiting_cv.notify_all()
+        if waiting >= PENDING_MAX:
+            self._drain_waiting()  # back-pressure: the caller embeds when the thread falls behind
+        else:
+            self._start_worker()
+        return fid
+
+    # ---- background embedding ------------------------------------------------------------------------------
+    def _start_worker(self) -> None:
+        worker = self._worker
+        if worker is None or not worker.is_alive():
+            with self._waiting_cv:
+                if self._worker is None or not self._worker.is_alive():
+                    self._worker_stop = False
+                    self._worker = threading.Thread(target=MemoryStore._vector_worker, args=(weakref.ref(self),),
+                                                    name="evermind-vectors", daemon=True)
+                    self._worker.start()
+
+    @staticmethod
+    def _vector_worker(ref: "weakref.ref[MemoryStore]") -> None:
+        # Holds the store only while draining, so a store dropped without close() is still collected (its
+        # finaliser stops this thread; what was waiting is embedded at the next open).
+        store = ref()
+        if store is None:
+            return
+        cv = store._waiting_cv
+        del store
+        while True:
+            with cv:
+                while True:
+                    store = ref()
+                    if store is None or store._worker_stop:
+                        return
+                    if store._waiting:
+                        break
+                    del store
+                    cv.wait(timeout=5.0)
+            try:
+                store._drain_waiting()
+            except Exception as exc:  # noqa: BLE001 (e.g. SQLite refused the write: retry later, keep the facts)
+                store._vector_error = f"{type(exc).__name__}: {exc}"
+                with cv:
+                    cv.wait(timeout=1.0)
+            finally:
+                del store
+
+    def _stop_worker(self) -> None:
+        with self._waiting_cv:
+            self._worker_stop = True
+            self._waiting_cv.notify_all()
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
+        self._worker = None
+
+    def _wait_for_vectors(self) -> None:
+        """Embed and index every fact still waiting for its vector (read-your-writes for vector recall)."""
+        if self._waiting:
+            self._drain_waiting()
+
+    def _drain_waiting(self) -> None:
+        """Embed waiting facts in batches outside the write mutex, then store and index each batch."""
+        with self._drain_lock:
+            while True:
+                with self._waiting_cv:
+                    batch = list(itertools.islice(self._waiting.items(), PENDING_BATCH))
+                if not batch:
+                    return
+                fingerprint, embedder = self._fingerprint, self._embedder  # in this order (see _adapt_publish)
+                rids = [rid for rid, _ in batch]
+                texts = [text for _, (_, text) in batch]
+                vectors, failed = self._embed_waiting(texts, embedder)  # (b, D)
+                with self._db.write_mutex:
+                    if fingerprint != self._fingerprint:
+                        continue  # the model was swapped meanwhile: embed this batch again with the new one
+                    with self._db.transaction() as conn:
+                        still = self._db.still_waiting(conn, rids)  # not forgotten or updated since
+                        keep = [i for i, rid in enumerate(rids) if i not in failed and still.get(rid) == texts[i]]
+                        pairs = self._db.set_vectors(conn, [(rids[i], batch[i][1][0], None) for i in keep],
+                                                     vectors[keep], fingerprint, utc_now())
+                        top = self._db.max_seq(conn)
+                    crash_point("remember.vectors_committed")
+                    self._apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [], top)
+                with self._waiting_cv:
+                    for rid in rids:
+                        self._waiting.pop(rid, None)
+                    self._waiting_cv.notify_all()
+
+    def _embed_waiting(self, texts: list[str], embedder: Any) -> tuple[np.ndarray, set[int]]:
+        """Vectors (b, D) of texts; where the embedder fails on a text, its position is in the returned set
+        (that fact keeps no vector and check() reports it) and its row is zero."""
+        try:
+            return self._embed_many(texts, embedder), set()
+        except Exception as exc:  # noqa: BLE001 (any embedder's error: find the texts it fails on)
+            if len(texts) == 1:
+                self._vector_error = f"the embedder failed on a remembered fact: {type(exc).__name__}: {exc}"
+                return np.zeros((1, self._dim), dtype=np.float32), {0}
+        vectors = np.zeros((len(texts), self._dim), dtype=np.float32)  # (b, D)
+        failed: set[int] = set()
+        for i, text in enumerate(texts):
+            one, bad = self._embed_waiting([text], embedder)
+            vectors[i] = one[0]
+            if bad:
+                failed.add(i)
+        return vectors, failed
 
     def remember_many(self, texts: Sequence[str], *, tags: dict[str, str] | None = None,
                       source: str | None = None) -> list[str]:
@@ -403,7 +547,7 @@ class MemoryStore:
             if fingerprint != self._fingerprint:
                 vectors = self._embed_many(checked)  # (N, D) with the model that now serves
             with self._db.transaction() as conn:
-                labels = self._db.insert(conn, items, vectors, self._fingerprint)
+                labels, _ = self._db.insert(conn, items, vectors, self._fingerprint)
                 crash_point("remember.before_commit")
             crash_point("remember.after_commit")
             self._apply(np.array(labels, dtype=np.int64), vectors, [], labels[-1])
@@ -598,6 +742,8 @@ class MemoryStore:
         if self._read_only:
             self._follow_generation()
             self._catch_up()
+        elif mode != "lexical":
+            self._wait_for_vectors()
         with self._gen_lock.read():  # one generation (model, fingerprint, index) for the whole recall
             if mode == "lexical":
                 scored = self._lexical(query, k, tags)
@@ -702,6 +848,7 @@ class MemoryStore:
             how many vectors the new index holds.
         """
         self._check_usable()
+        self._wait_for_vectors()
         return self._rebuild("rebuild_index() was called")
 
     def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
@@ -762,6 +909,8 @@ class MemoryStore:
         problems: list[str] = []
         if self._read_only:
             self._catch_up()
+        else:
+            self._wait_for_vectors()
         with self._db.write_mutex:  # a consistent view: no write of ours in between
             with self._db.reading() as conn:
                 conn.execute("BEGIN")
@@ -773,7 +922,8 @@ class MemoryStore:
                     if fk:
                         problems.append(f"{len(fk)} foreign key violations")
                     facts = self._db.count(conn)
-                    stale = self._db.count_stale(conn, self._fingerprint)
+                    stale = self._db.count_foreign(conn, self._fingerprint)
+                    waiting = self._db.count_waiting(conn)
                     top = self._db.max_seq(conn)
                     truth = self._db.labels(conn, self._fingerprint)
                     bad = conn.execute(
@@ -799,12 +949,15 @@ class MemoryStore:
                     problems.append(f"FTS integrity-check: {exc}")
             if stale and not self._read_only:
                 problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
+            if waiting and not self._read_only:  # (a reader sees the writer's facts before their vectors)
+                why = f" ({self._vector_error})" if self._vector_error else ""
+                problems.append(f"{waiting} facts have no vector: the embedder failed on them{why}; call reembed()")
             live = self._index.live_labels()
             if self._applied >= top and live != truth:
                 problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
         return CheckReport(
             ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
-            max_seq=top, fingerprint=self._fingerprint,
+            waiting_vectors=waiting, max_seq=top, fingerprint=self._fingerprint,
         )
 
     def backup(self, dest: str | os.PathLike) -> Path:
@@ -911,7 +1064,7 @@ class MemoryStore:
             with self._db.transaction() as conn:
                 present = set(self._db.fetch_where(conn, "id", [r[0] for r in records]))
                 keep = [i for i, r in enumerate(records) if r[0] not in present]
-                labels = self._db.insert(conn, [records[i] for i in keep], vectors[keep], self._fingerprint)
+                labels, _ = self._db.insert(conn, [records[i] for i in keep], vectors[keep], self._fingerprint)
                 top = self._db.max_seq(conn)
             self._apply(np.array(labels, dtype=np.int64), vectors[keep], [], top)
         return len(keep)
@@ -1462,6 +1615,7 @@ class MemoryStore:
             facts = self._db.count(conn)
             top = self._db.max_seq(conn)
             schema = self._db.meta(conn, "schema_version")
+            waiting = self._db.count_waiting(conn)
         return {
             "path": self._path, "read_only": self._read_only, "durability": self._durability, "facts": facts,
             "indexed": self._index.live_count, "index_elements": self._index.element_count,
@@ -1471,6 +1625,7 @@ class MemoryStore:
             "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix(), "filesystem": self._fs_type,
             "hybrid_weight": self._hybrid_weight,
             "adapter": self._active_adapter_id(), "adaptation_pending": self._adapt_pending() is not None,
+            "background_embedding": self._background, "waiting_vectors": waiting, "vector_error": self._vector_error,
         }
 
     # ---- persistence and closing ---------------------------------------------------------------------------
@@ -1503,6 +1658,13 @@ class MemoryStore:
             adaptation.stop()
             adaptation._thread.join()  # its error, if any, stays for adaptation.join() to raise
         try:
+            if self._worker is not None and os.getpid() == self._pid:
+                try:
+                    self._wait_for_vectors()
+                except EvermindError:
+                    pass  # SQLite refused the writes (disk full): the facts wait in SQLite for the next open
+                finally:
+                    self._stop_worker()
             if self._db is not None and os.getpid() == self._pid and not self._read_only and not self._memory:
                 if self._applied != self._saved_watermark:
                     try:
@@ -1526,6 +1688,9 @@ class MemoryStore:
         try:
             if not getattr(self, "_closed", True) and os.getpid() == self._pid:
                 self._closed = True
+                with self._waiting_cv:
+                    self._worker_stop = True
+                    self._waiting_cv.notify_all()
                 self._release()
         except Exception:  # noqa: BLE001
             pass

@@ -75,6 +75,8 @@ class CheckReport:
         facts: live facts in SQLite.
         indexed: live vectors in the HNSW index.
         stale_vectors: facts whose vector was made by another embedder.
+        waiting_vectors: facts with no vector yet (a writer's check waits for its background embedding first,
+            so there these are facts the embedder failed on).
         max_seq: the highest change sequence.
         fingerprint: the store's current embedder fingerprint.
     """
@@ -84,5 +86,6 @@ class CheckReport:
     facts: int = 0
     indexed: int = 0
     stale_vectors: int = 0
+    waiting_vectors: int = 0
     max_seq: int = 0
     fingerprint: str | None = None

@@ -361,3 +361,20 @@ def test_pragmas_follow_the_connection_policy(db_path: Path, embedder):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         kinds = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert {"facts", "fact_tags", "changes", "meta", "facts_fts"} <= kinds
+
+
+def test_background_embedding_serves_every_remembered_fact(tmp_path: Path, embedder):
+    db = tmp_path / "bg.db"
+    texts = [f"background fact {i} about {w}" for i, w in enumerate(["tea", "rivers", "owls", "maps"] * 30)]
+    with MemoryStore(db, embedder, background_embedding=True) as store:
+        ids = [store.remember(t) for t in texts]
+        # a vector recall waits for every waiting vector: each fact is found by its own text
+        for fid, text in zip(ids[::17], texts[::17]):
+            assert fid in [h.id for h in store.recall(text, k=10, mode="vector")]
+        assert store.info()["waiting_vectors"] == 0
+        report = store.check()
+        assert report.ok and report.indexed == len(texts), report.problems
+        forgotten = store.remember("forgotten before its vector")
+        store.forget(forgotten)
+    with MemoryStore(db, embedder) as store:
+        assert len(store) == len(texts) and store.check().ok
