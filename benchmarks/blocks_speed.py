@@ -5,7 +5,8 @@ by chunk; naive masked attention; no fused kernels), at several sequence lengths
 WGSL times are wall clock from recording the block's command batch to the queue draining, inputs and
 weights already on the device. Prints a table; --json writes the numbers. --quick runs tiny sizes (CPU ok).
 Default lengths: 1k, 4k and 16k on a hardware adapter, 128 and 512 on a software one (lavapipe).
-Usage: python benchmarks/blocks_speed.py [--lengths 1024,4096,16384] [--d-model 256] [--json out.json] [--quick]
+Usage: python benchmarks/blocks_speed.py [--lengths 1024,4096,16384] [--blocks attention]
+       [--flash-variants 256x8,256x4,128x4] [--d-model 256] [--json out.json] [--quick]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from evermind_memory.gpu.blocks import sequence_ops as so  # noqa: E402
 from evermind_memory.gpu.blocks.model import SequenceModelConfig, build_block  # noqa: E402
 from evermind_memory.gpu.blocks.sequence_layer import RMS_EPS, SequenceLayer  # noqa: E402
 from evermind_memory.gpu.device import adapter_info, get_device  # noqa: E402
@@ -227,34 +229,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         block.load_parameters({n: a + (rng.standard_normal(a.shape) * 0.2).astype(np.float32)
                                for n, a in block.parameters().items()})
         fwd = torch_block(kind, block, torch_device) if torch_device else None
+        # Flash-attention kernel variants (threads, lanes) to compare; None is the shipped default.
+        variants = args.flash_variants if kind == "attention" and args.flash_variants else [None]
         for length in args.lengths:
             x = rng.standard_normal((args.batch, length, args.d_model)).astype(np.float32)
-            row: dict[str, Any] = {"block": kind, "seq_len": length, "batch": args.batch}
-            try:
-                secs, out = time_wgsl(block, x, args.repeats)
-                row["wgsl_seconds"] = secs
-                row["wgsl_tokens_per_s"] = args.batch * length / secs
-            except Exception as exc:  # report and go on (e.g. a size over the device's limits)
-                row["wgsl_error"] = f"{type(exc).__name__}: {exc}"
-                out = None
+            torch_row: dict[str, Any] = {}
             if fwd is not None:
                 try:
                     tsecs, tout = time_torch(fwd, x, torch_device, args.repeats)
-                    row["torch_seconds"] = tsecs
-                    row["torch_tokens_per_s"] = args.batch * length / tsecs
-                    if out is not None:
-                        row["max_abs_diff"] = float(np.abs(out - tout).max())
-                        row["wgsl_over_torch"] = row["wgsl_tokens_per_s"] / row["torch_tokens_per_s"]
+                    torch_row = {"torch_seconds": tsecs, "torch_tokens_per_s": args.batch * length / tsecs}
                 except Exception as exc:
-                    row["torch_error"] = f"{type(exc).__name__}: {exc}"
-            rows.append(row)
-            print_row(row)
+                    torch_row, tout = {"torch_error": f"{type(exc).__name__}: {exc}"}, None
+            for variant in variants:
+                row: dict[str, Any] = {"block": kind, "seq_len": length, "batch": args.batch}
+                if variant is not None:
+                    row["flash_threads"], row["flash_lanes"] = variant
+                so.FLASH_THREADS, so.FLASH_LANES = variant or (None, None)
+                try:
+                    secs, out = time_wgsl(block, x, args.repeats)
+                    row["wgsl_seconds"] = secs
+                    row["wgsl_tokens_per_s"] = args.batch * length / secs
+                except Exception as exc:  # report and go on (e.g. a size over the device's limits)
+                    row["wgsl_error"] = f"{type(exc).__name__}: {exc}"
+                    out = None
+                finally:
+                    so.FLASH_THREADS, so.FLASH_LANES = None, None
+                row.update(torch_row)
+                if out is not None and "torch_tokens_per_s" in row:
+                    row["max_abs_diff"] = float(np.abs(out - tout).max())
+                    row["wgsl_over_torch"] = row["wgsl_tokens_per_s"] / row["torch_tokens_per_s"]
+                rows.append(row)
+                print_row(row)
         block.release()
     return {
         "benchmark": "blocks_speed",
         "config": {"lengths": args.lengths, "d_model": args.d_model, "d_state": args.d_state,
                    "n_heads": args.n_heads, "chunk_len": args.chunk_len, "batch": args.batch,
-                   "repeats": args.repeats, "quick": args.quick},
+                   "repeats": args.repeats, "quick": args.quick,
+                   "flash_variants": args.flash_variants},
         "adapter": adapter_info(),
         "torch": {"version": torch_version, "device": torch_device},
         "host": {"python": platform.python_version(), "machine": platform.machine()},
@@ -269,7 +281,8 @@ def print_row(row: dict[str, Any]) -> None:
 
     ratio = row.get("wgsl_over_torch")
     diff = row.get("max_abs_diff")
-    print(f"{row['block']:<10} {row['seq_len']:>7} {fmt('wgsl_tokens_per_s')} {fmt('torch_tokens_per_s')} "
+    label = row["block"] + (f"/{row['flash_threads']}x{row['flash_lanes']}" if "flash_lanes" in row else "")
+    print(f"{label:<16} {row['seq_len']:>7} {fmt('wgsl_tokens_per_s')} {fmt('torch_tokens_per_s')} "
           f"{(f'{ratio:.2f}' if ratio is not None else '-'):>8} {(f'{diff:.1e}' if diff is not None else '-'):>9}"
           f"  {row.get('wgsl_error', '')}{row.get('torch_error', '')}", flush=True)
 
@@ -287,18 +300,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    ap.add_argument("--flash-variants", nargs="+", default=None, metavar="TxN",
+                    help="time the attention block once per flash-kernel variant: THREADSxLANES (threads per "
+                         "workgroup 64/128/256, lanes per query row), space- or comma-separated, e.g. "
+                         "256x8,256x4,128x4; rows print as attention/TxN")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (L = 32, 64; d_model 16; one repeat)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.lengths is not None:
         args.lengths = [int(t) for item in args.lengths for t in item.split(",") if t.strip()]
+    if args.flash_variants is not None:
+        args.flash_variants = [tuple(int(n) for n in t.lower().split("x")) for item in args.flash_variants
+                               for t in item.split(",") if t.strip()]
+        if any(len(v) != 2 for v in args.flash_variants):
+            ap.error("--flash-variants takes THREADSxLANES entries, e.g. 256x8")
     if args.quick:
         args.lengths = args.lengths or [32, 64]
         args.d_model, args.d_state, args.n_heads, args.repeats = 16, 4, 2, 1
     elif args.lengths is None:
         args.lengths = [128, 512] if adapter_info().get("software", True) else [1024, 4096, 16384]
     print(f"adapter: {adapter_info().get('description') or adapter_info()}")
-    print(f"{'block':<10} {'L':>7} {'wgsl tok/s':>12} {'torch tok/s':>12} {'ratio':>8} {'max|diff|':>9}")
+    print(f"{'block':<16} {'L':>7} {'wgsl tok/s':>12} {'torch tok/s':>12} {'ratio':>8} {'max|diff|':>9}")
     result = run(args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

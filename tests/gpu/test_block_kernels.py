@@ -2,8 +2,8 @@
 their numpy twins, and the twins against plain step-by-step recurrences.
 
 Shapes are small (software Vulkan) and include B > 1, L > 1, lengths that are not multiples of the scan
-tile (64), the SSD chunk or the attention tiles (64 query rows and 32-128 keys in the flash kernel, 16 in
-the three-pass kernels), and binding limits lowered to force windowing.
+tile (64), the SSD chunk or the attention tiles (256 / lanes query rows and 32-128 keys in the flash kernel,
+16 in the three-pass kernels), and binding limits lowered to force windowing.
 Tolerances: |gpu - twin| <= 2e-5 + 2e-5 |twin| unless a test says otherwise (float32, short sums).
 """
 
@@ -195,11 +195,13 @@ def test_ssd_result_does_not_depend_on_chunk_length(gpu):
         np.testing.assert_allclose(out, outs[0], rtol=1e-4, atol=1e-4)
 
 
-# Flash attention: 64 query rows per workgroup, keys staged 128 (P <= 4), 96 (P = 20), 64 (P = 32) or 32
-# (P = 64) at a time. L = 1 and 17 are under one tile, 130 and 200 span several query and key tiles and
-# are not multiples of either, 128 is an exact multiple; P = 5 and 20 pad the last vec4 of a head.
+# Flash attention (default lanes: 8 per row, 32 rows per workgroup for P <= 32; 4 and 64 above), keys staged
+# 128 (P <= 16), 64 (P <= 32), 40 (P <= 48) or 32 (P <= 64) at a time. L = 1 and 17 are under one tile,
+# 130 and 200 span several query and key tiles and are not multiples of either, 128 is an exact multiple;
+# P = 5, 20 and 40 pad the head to a multiple of 16 dims (one, two or three 4 x 4 register blocks).
 @pytest.mark.parametrize("b,length,heads,p", [
     (1, 1, 1, 1), (2, 17, 3, 5), (2, 40, 2, 20), (2, 130, 2, 32), (3, 128, 2, 32), (1, 200, 2, 64),
+    (2, 150, 1, 40),
 ])
 def test_causal_attention_matches_twin(gpu, b, length, heads, p):
     rng = np.random.default_rng(length + heads)
@@ -218,6 +220,48 @@ def test_flash_attention_is_stable_for_large_scores(gpu):
     got = so.causal_attention(q, k, v, 2)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref.causal_attention_numpy(q, k, v, 2), rtol=1e-4, atol=1e-4)
+
+
+# Each query row's keys are split over `lanes` invocations (groups of 4 keys, lane n taking groups n,
+# n + lanes, ...), each with its own running max, sum and accumulator, merged at the end; a workgroup of
+# `threads` invocations holds threads / lanes rows and stages threads / (2 ceil(P / 16)) keys a tile. Lanes
+# 1 and 2 make one lane sum several output columns in the merge; 16 and 64 leave lanes with no key in any
+# tile (P = 64 stages 8 groups a tile at 256 threads, 2 at 64; L = 5 gives every row lanes that see
+# nothing); P = 48 is three register blocks over a 40-key tile (480 of the 512 staging slots).
+@pytest.mark.parametrize("threads,lanes", [(256, 1), (256, 2), (256, 4), (256, 8), (256, 16), (256, 64),
+                                           (128, 4), (128, 16), (64, 8), (64, 64)])
+@pytest.mark.parametrize("b,length,heads,p", [(2, 5, 2, 4), (2, 100, 2, 32), (1, 90, 1, 48), (2, 70, 1, 64)])
+def test_flash_attention_lanes_merge_exactly(gpu, threads, lanes, b, length, heads, p):
+    rng = np.random.default_rng(length + p)
+    q, k, v = (f32(rng, b, length, heads * p) for _ in range(3))
+    want = ref.causal_attention_numpy(q, k, v, heads)
+    got = so.causal_attention(q, k, v, heads, threads=threads, lanes=lanes)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("lanes", [2, 8, 16])
+def test_flash_attention_lane_merge_rescales_by_each_lanes_max(gpu, lanes):
+    # Scores of several hundred: each lane's running max is far from the row's, so a lane partial merged
+    # without its 2^(m_i - M) factor (or a sum merged without it) is off by orders of magnitude.
+    rng = np.random.default_rng(15)
+    q, k, v = (f32(rng, 2, 150, 64) for _ in range(3))
+    q *= 30.0
+    k[:, 77] *= 4.0
+    got = so.causal_attention(q, k, v, 2, lanes=lanes)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref.causal_attention_numpy(q, k, v, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_flash_attention_rejects_shapes_it_does_not_have(gpu):
+    rng = np.random.default_rng(16)
+    q = f32(rng, 1, 8, 8)
+    for lanes in (0, 3, 512):
+        with pytest.raises(InvalidInput, match="power of two"):
+            so.causal_attention(q, q, q, 2, lanes=lanes)
+    with pytest.raises(InvalidInput, match="power of two"):
+        so.causal_attention(q, q, q, 2, threads=64, lanes=128)
+    with pytest.raises(InvalidInput, match="64, 128 or 256"):
+        so.causal_attention(q, q, q, 2, threads=96)
 
 
 def test_flash_attention_reads_a_fused_projection_in_place(gpu):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from evermind_memory.errors import InvalidInput
+from evermind_memory.gpu.blocks import sequence_ops as so
 from evermind_memory.gpu.blocks.attention import AttentionBlock, AttentionConfig
 from evermind_memory.gpu.blocks.mamba1 import Mamba1Block, Mamba1Config
 from evermind_memory.gpu.blocks.mamba2 import Mamba2Block, Mamba2Config
@@ -55,10 +56,11 @@ def test_block_matches_numpy_reference(gpu, kind, b, length, c):
     close(got, want)
 
 
-@pytest.mark.parametrize("b,length,c,heads", [(2, 150, 64, 2), (1, 20, 132, 2)])
+@pytest.mark.parametrize("b,length,c,heads", [(2, 150, 64, 2), (2, 90, 128, 2), (1, 20, 132, 2)])
 def test_attention_block_over_flash_tiles_and_wide_heads(gpu, b, length, c, heads):
-    # Head width 32: the flash kernel over three 64-row query tiles (150 is no multiple), reading Q, K, V
-    # in place from the fused projection. Head width 66 > 64: column slices and the three-pass kernels.
+    # Head width 32: the flash kernel over five 32-row query tiles (150 is no multiple), reading Q, K, V
+    # in place from the fused projection; width 64: 64-row tiles, 4 lanes per row. Head width 66 > 64:
+    # column slices and the three-pass kernels.
     rng = np.random.default_rng(length + c)
     block = AttentionBlock(AttentionConfig(c, n_heads=heads))
     perturb(block, rng)
@@ -66,6 +68,23 @@ def test_attention_block_over_flash_tiles_and_wide_heads(gpu, b, length, c, head
     want = block.forward_numpy(x)
     assert np.abs(want - x).max() > 0.05
     close(block.forward(x), want)
+
+
+@pytest.mark.parametrize("threads,lanes", [(256, 2), (128, 16)])
+def test_attention_block_honours_the_flash_kernel_setting(gpu, monkeypatch, threads, lanes):
+    # benchmarks/blocks_speed.py --flash-variants rebinds sequence_ops.FLASH_THREADS and FLASH_LANES to time
+    # kernel variants: the block must pick them up and stay exact (128 x 16: 8 rows a workgroup, 32-key
+    # tiles, lanes 8 .. 15 of every row idle).
+    monkeypatch.setattr(so, "FLASH_THREADS", threads)
+    monkeypatch.setattr(so, "FLASH_LANES", lanes)
+    rng = np.random.default_rng(lanes)
+    block = AttentionBlock(AttentionConfig(64, n_heads=2))
+    perturb(block, rng)
+    x = rng.standard_normal((2, 45, 64)).astype(np.float32)
+    close(block.forward(x), block.forward_numpy(x))
+    built = [dict(consts) for kernel, _, consts in gpu._pipelines if kernel == "attention_flash"]
+    assert {"THREADS": threads, "LANES": lanes, "HEAD_DIM": 32} in [
+        {n: c.get(n) for n in ("THREADS", "LANES", "HEAD_DIM")} for c in built]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -39,9 +39,12 @@ __all__ = [
 MAX_STATE = 64  # N (Mamba-2) and Nc (Mamba-3) live in a private array of this size per lane
 _SCAN_TILE = 64  # time steps per Kogge-Stone tile in selective_scan.wgsl
 _ATTN_TILE = 16  # query rows per tile in the three-pass attention kernels
-FLASH_MAX_HEAD_DIM = 64  # widest head attention_flash.wgsl keeps in registers (16 vec4s)
-_FLASH_ROWS = 64  # query rows (= invocations) per workgroup in attention_flash.wgsl
-_FLASH_SLOTS = 512  # vec4s of workgroup memory per staged K (and V) tile in attention_flash.wgsl
+FLASH_MAX_HEAD_DIM = 64  # widest head attention_flash.wgsl keeps in registers (four mat4x4)
+# attention_flash.wgsl's shape: invocations per workgroup (64, 128 or 256) and lanes per query row (a power
+# of two <= threads); rows per workgroup = threads / lanes. None picks _flash_shape's default; a benchmark
+# may rebind these to time kernel variants (results are the same up to float rounding).
+FLASH_THREADS: int | None = None
+FLASH_LANES: int | None = None
 
 
 # ==== small helpers ======================================================================================
@@ -410,22 +413,36 @@ def complex_ssd(x: np.ndarray, dt: np.ndarray, a_log: np.ndarray, dt_bias: np.nd
 
 # ==== causal attention ===================================================================================
 
-def _flash_key_tile(p: int) -> int:
-    """Keys staged per step of attention_flash.wgsl: a multiple of 16 whose K (or V) tile fits 512 vec4s."""
-    return min(128, _FLASH_SLOTS // -(-p // 4) // 16 * 16)
+def _flash_shape(p: int, threads: int | None, lanes: int | None) -> tuple[int, int, int]:
+    """(threads, lanes, key tile) of attention_flash.wgsl for head width p <= FLASH_MAX_HEAD_DIM.
+
+    Defaults: 256 invocations, 8 lanes a row for P <= 32 and 4 above (two groups of 4 keys a lane per
+    tile at P = 32 and 64). The K (and V) tile holds 2 * threads vec4s of keys padded to 16 dims.
+    """
+    threads = threads if threads is not None else FLASH_THREADS if FLASH_THREADS is not None else 256
+    lanes = lanes if lanes is not None else FLASH_LANES if FLASH_LANES is not None else (8 if p <= 32 else 4)
+    if threads not in (64, 128, 256):
+        raise InvalidInput(f"flash attention threads per workgroup must be 64, 128 or 256, got {threads!r}")
+    if not isinstance(lanes, (int, np.integer)) or lanes < 1 or lanes > threads or lanes & (lanes - 1):
+        raise InvalidInput(f"flash attention lanes per row must be a power of two in 1..{threads}, got {lanes!r}")
+    key_tile = threads // 2 // -(-p // 16) // 4 * 4
+    return int(threads), int(lanes), key_tile
 
 
 def record_causal_attention(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: GpuBuffer, out: GpuBuffer, b: int,
                             length: int, heads: int, p: int, *, row_stride: int | None = None,
-                            offsets: tuple[int, int, int] = (0, 0, 0)) -> None:
+                            offsets: tuple[int, int, int] = (0, 0, 0), threads: int | None = None,
+                            lanes: int | None = None) -> None:
     """Record out (B, L, H * P) = causal softmax attention of q, k, v.
 
     Head widths P <= FLASH_MAX_HEAD_DIM take one flash-attention dispatch (attention_flash.wgsl: online
-    softmax over key tiles in workgroup memory, O(L) memory, causal tiles skipped). q, k, v are then rows
+    softmax over key tiles in workgroup memory, O(L) memory, causal tiles skipped; each query row's keys
+    split over `lanes` invocations whose partial softmaxes are merged at the end). q, k, v are then rows
     of `row_stride` floats (default H * P) whose heads start `offsets` floats in, so a fused (B * L, 3C)
     projection is read in place with row_stride 3C and offsets (0, C, 2C) (strided column slices, seed-001).
-    Wider heads take the three-pass path (`_record_attention_three_pass`), which needs dense (B, L, H * P)
-    q, k, v (row_stride H * P, offsets 0).
+    `threads` (64, 128 or 256 invocations a workgroup) and `lanes` (invocations a query row, a power of two
+    up to threads) only change speed; defaults in `_flash_shape`. Wider heads take the three-pass path
+    (`_record_attention_three_pass`), which needs dense (B, L, H * P) q, k, v (row_stride H * P, offsets 0).
     """
     c = heads * p
     stride = c if row_stride is None else row_stride
@@ -435,10 +452,12 @@ def record_causal_attention(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: GpuBuff
                                "(no row_stride or offsets); split a fused projection with record_column_slice")
         _record_attention_three_pass(batch, q, k, v, out, b, length, heads, p)
         return
+    n_threads, n_lanes, key_tile = _flash_shape(p, threads, lanes)
     params = batch.uniform([("u", length), ("u", heads), ("u", b), ("u", stride), ("u", offsets[0]),
                             ("u", offsets[1]), ("u", offsets[2]), ("u", 0)])
     batch.dispatch("attention_flash", "main", {0: params, 1: q, 2: k, 3: v, 4: out},
-                   (-(-length // _FLASH_ROWS), heads, b), {"HEAD_DIM": p, "KEY_TILE": _flash_key_tile(p)})
+                   (-(-length // (n_threads // n_lanes)), heads, b),
+                   {"HEAD_DIM": p, "THREADS": n_threads, "LANES": n_lanes, "KEY_TILE": key_tile})
 
 
 def _record_attention_three_pass(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: GpuBuffer, out: GpuBuffer,
@@ -463,7 +482,8 @@ def _record_attention_three_pass(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: Gp
                        (-(-p // 16), -(-r // 16), b * heads))
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int) -> np.ndarray:
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, *, threads: int | None = None,
+                     lanes: int | None = None) -> np.ndarray:
     """Causal multi-head softmax attention on the GPU (see `causal_attention_numpy`).
 
     Args:
@@ -471,12 +491,14 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int) 
         k: float32 (B, L, H * P).
         v: float32 (B, L, H * P).
         n_heads: H, a divisor of the width.
+        threads: invocations per workgroup of the flash kernel (see `record_causal_attention`); speed only.
+        lanes: invocations per query row of the flash kernel; speed only.
 
     Returns:
         (B, L, H * P) float32.
 
     Raises:
-        InvalidInput: wrong dtype, rank, contiguity or shapes.
+        InvalidInput: wrong dtype, rank, contiguity or shapes, or a flash kernel shape it does not have.
         GpuUnavailable: no GPU device.
     """
     _f32("q", q, ndim=3)
@@ -491,7 +513,8 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int) 
     with _Scope(dev) as s:
         out = s.empty(q.nbytes)
         batch = dev.batch()
-        record_causal_attention(batch, s.up(q), s.up(k), s.up(v), out, bsz, length, int(n_heads), dim // n_heads)
+        record_causal_attention(batch, s.up(q), s.up(k), s.up(v), out, bsz, length, int(n_heads), dim // n_heads,
+                                threads=threads, lanes=lanes)
         batch.submit()
         return dev.read(out, np.float32, q.shape)
 
