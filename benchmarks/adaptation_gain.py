@@ -1,13 +1,17 @@
 """Does one adaptation round help on an unseen domain without hurting general recall, and how long does it take?
 
-Domain: the GNU Octave manual (Debian `octave-doc`, HTML), which recipe/build_corpus.py never reads. Pairs are
-(function signature -> its description) and (page title -> the page's opening prose); the store also holds
-other Octave passages as distractors, up to --memories. We measure vector ndcg@10 through `store.recall` before
-and after one `store.adapt_now()` round, ndcg@10 on a general probe set (corpus/eval/debian.jsonl, exact search)
-with the same two models, and the round's time split into training, gate, re-embed, index and swap.
+Domains are Texinfo HTML manuals from Debian packages that recipe/build_corpus.py never reads (no man pages):
+`--domain octave` (the GNU Octave manual, octave-doc: the reported result, never tuned on) and `--domain maxima`
+(the Maxima manual, maxima-doc: the development domain the AdaptationPolicy defaults were tuned on). Pairs are
+(definition line -> the description under it) and (page title -> the page's opening prose); the store also holds
+other passages of the manual as distractors, up to --memories. Only the descriptions and passages are stored;
+the queries are never seen by the round. We measure vector ndcg@10 through `store.recall` before and after one
+`store.adapt_now()` round, ndcg@10 on a general probe set (corpus/eval/debian.jsonl, exact search) with the same
+two models, and the round's time split into training, gate, re-embed, index and swap.
 
-    python benchmarks/adaptation_gain.py --model /tmp/smoke/out/model.evlm --tokenizer /tmp/smoke/out/tokenizer.json
-    python benchmarks/adaptation_gain.py            # the shipped model, once evermind_memory.default_embedder() works
+    python benchmarks/adaptation_gain.py --domain maxima --out benchmarks/results/adaptation_gain_dev.json
+    python benchmarks/adaptation_gain.py --domain octave --out benchmarks/results/adaptation_gain_shipped.json
+    python benchmarks/adaptation_gain.py --set lm_weight=0.05 --set views=two-spans   # any policy field
 
 Targets (shipped model): domain ndcg@10 +0.05 or more, general probe drop <= 0.01, a round over 5,000 memories
 <= 60 s on 2 cores. Needs `apt-get download` to reach a Debian mirror the first time (cached in --work-dir).
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -36,36 +41,69 @@ sys.path.insert(0, str(REPO))
 from evermind_memory import MemoryStore  # noqa: E402
 from evermind_memory.training.adaptation import AdaptationPolicy  # noqa: E402
 
-PACKAGE = "octave-doc"
-DOC_ROOT = "usr/share/doc/octave/octave.html"
-EXTRA_ROOT = "usr/share/doc/octave/liboctave.html"  # distractor passages only
+@dataclass(frozen=True)
+class Domain:
+    """An offline Texinfo-HTML manual from a Debian package that recipe/build_corpus.py never reads."""
+
+    package: str
+    doc_root: str  # the manual's HTML folder inside the package
+    extra_roots: tuple[str, ...]  # more HTML folders: distractor passages only
+    title_tail: str  # regex removed from page titles
+    signature: str  # regex of a definition line; group "sig" is the query
+    merged_signatures: bool = False  # definition lines repeat the name: keep the first signature only
+
+
+DOMAINS = {
+    # the reported domain (never tuned on)
+    "octave": Domain("octave-doc", "usr/share/doc/octave/octave.html", ("usr/share/doc/octave/liboctave.html",),
+                     r"\s*\(GNU Octave.*\)\s*$", r"^: (?P<sig>.+?)\s*\u00b6$"),
+    # the development domain (policy defaults were tuned here): the Maxima manual, same Texinfo layout
+    "maxima": Domain("maxima-doc", "usr/share/doc/maxima-doc/html", (),
+                     r"\s*\(Maxima .*\)\s*$", r"^[A-Z][A-Za-z ]{1,30}: (?P<sig>.+?)\s*\u00b6$", True),
+}
 DOC_CHARS = 600
-_TITLE_TAIL = re.compile(r"\s*\(GNU Octave.*\)\s*$")
 
 
-def fetch_octave_doc(work_dir: Path) -> Path:
-    """Download and unpack octave-doc once (apt-get download + dpkg-deb -x; nothing is installed)."""
+def fetch_doc(domain: Domain, work_dir: Path) -> Path:
+    """Download and unpack the domain's package once (apt-get download + dpkg-deb -x; nothing is installed)."""
     root = work_dir / "x"
-    if (root / DOC_ROOT).is_dir():
-        return root / DOC_ROOT
+    if (root / domain.doc_root).is_dir():
+        return root
     work_dir.mkdir(parents=True, exist_ok=True)
-    debs = sorted(work_dir.glob(f"{PACKAGE}_*.deb"))
+    debs = sorted(work_dir.glob(f"{domain.package}_*.deb"))
     if not debs:
-        subprocess.run(["apt-get", "download", PACKAGE], cwd=work_dir, check=True, capture_output=True)
-        debs = sorted(work_dir.glob(f"{PACKAGE}_*.deb"))
+        subprocess.run(["apt-get", "download", domain.package], cwd=work_dir, check=True, capture_output=True)
+        debs = sorted(work_dir.glob(f"{domain.package}_*.deb"))
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True)
-    return root / DOC_ROOT
+    return root
 
 
-def octave_pairs(doc_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
-    """(query, doc) pairs and extra prose passages from the Octave HTML manual."""
+def first_signature(sig: str) -> str:
+    """The first of several merged definition lines ("name name (a) name (a, b)" -> "name (a)")."""
+    words = sig.split()
+    if len(words) > 1 and words[1].startswith(words[0]) and words[0].isidentifier():
+        sig = " ".join(words[1:])
+        name = words[0]
+        again = sig.find(f" {name} ", len(name))
+        if again > 0:
+            sig = sig[:again]
+    return sig.strip()
+
+
+def domain_pairs(domain: Domain, root: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """(query, doc) pairs and extra prose passages from a Texinfo HTML manual.
+
+    Pairs are (definition line -> the description under it) and (page title -> the page's opening prose);
+    other paragraphs become distractor passages.
+    """
     from recipe.build_corpus import extract_html_page
 
+    title_tail, sig_re = re.compile(domain.title_tail), re.compile(domain.signature)
     pairs: list[tuple[str, str]] = []
     passages: list[str] = []
-    for path in sorted(doc_dir.glob("*.html")):
+    for path in sorted((root / domain.doc_root).glob("*.html")):
         page = extract_html_page(path.read_text(encoding="utf-8", errors="replace"), path.name)
-        title = _TITLE_TAIL.sub("", page.title).strip()
+        title = title_tail.sub("", page.title).strip()
         signature, body, opening, seen_signature = None, [], [], False
 
         def flush() -> None:
@@ -73,17 +111,19 @@ def octave_pairs(doc_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
                 pairs.append((signature, "\n".join(body)[:DOC_CHARS]))
 
         for kind, text in page.blocks:
-            if kind == "p" and text.startswith(": ") and text.endswith("\u00b6"):
+            m = sig_re.match(text) if kind == "p" else None
+            if m:
                 seen_signature = True
                 if signature is None or body:
                     flush()
-                    signature, body = text[2:-1].strip(), []
+                    sig = m.group("sig").strip()
+                    signature, body = (first_signature(sig) if domain.merged_signatures else sig), []
                 continue
             if kind.startswith("h"):
                 flush()
                 signature, body = None, []
                 continue
-            if kind != "p" or len(text) < 40:
+            if kind != "p" or len(text) < 40 or text.startswith("Categories:"):
                 continue
             if signature:
                 if sum(len(t) for t in body) < DOC_CHARS:
@@ -98,9 +138,10 @@ def octave_pairs(doc_dir: Path) -> tuple[list[tuple[str, str]], list[str]]:
         if title and sum(len(t) for t in opening) >= 80:
             pairs.append((title, "\n".join(opening)[:DOC_CHARS]))
             passages.extend(t[:DOC_CHARS] for t in opening[2:])
-    for path in sorted((doc_dir.parent / Path(EXTRA_ROOT).name).glob("*.html")):
-        page = extract_html_page(path.read_text(encoding="utf-8", errors="replace"), path.name)
-        passages.extend(t[:DOC_CHARS] for kind, t in page.blocks if kind == "p" and len(t) >= 80)
+    for extra in domain.extra_roots:
+        for path in sorted((root / extra).glob("*.html")):
+            page = extract_html_page(path.read_text(encoding="utf-8", errors="replace"), path.name)
+            passages.extend(t[:DOC_CHARS] for kind, t in page.blocks if kind == "p" and len(t) >= 80)
     seen: set[str] = set()
     unique = []
     for q, d in pairs:
@@ -162,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--random-d-model", type=int, default=0,
                     help="time a round with an untrained model of the shipped shape (needs --tokenizer)")
+    ap.add_argument("--domain", choices=sorted(DOMAINS), default="octave",
+                    help="octave: the reported domain; maxima: the development domain the policy was tuned on")
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "evermind_bench")
     ap.add_argument("--memories", type=int, default=5000, help="memories in the store (pairs first, then passages)")
     ap.add_argument("--general", type=Path, default=REPO / "corpus/eval/debian.jsonl")
@@ -172,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lm-weight", type=float, default=None)
     ap.add_argument("--targets", default=None, help="comma-separated LoRA targets (default: the policy's)")
     ap.add_argument("--max-cpu-seconds", type=float, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override an AdaptationPolicy field (repeatable; tuples comma-separated)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -179,29 +224,38 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--model and --tokenizer go together")
 
     embedder, model_name = load_embedder(args)
-    pairs, passages = octave_pairs(fetch_octave_doc(args.work_dir))
+    domain = DOMAINS[args.domain]
+    pairs, passages = domain_pairs(domain, fetch_doc(domain, args.work_dir / domain.package))
     rng = np.random.default_rng(args.seed)
     pairs = [pairs[i] for i in rng.permutation(len(pairs))][: args.memories]
     fillers = [passages[i] for i in rng.permutation(len(passages))][: max(0, args.memories - len(pairs))]
     general = [json.loads(line) for line in args.general.read_text(encoding="utf-8").splitlines()[: args.general_limit]] \
         if args.general.is_file() else []
     print(f"model: {model_name}  ({embedder.fingerprint})")
-    print(f"domain: {PACKAGE}: {len(pairs)} query->doc pairs + {len(fillers)} distractor passages; "
+    print(f"domain: {domain.package}: {len(pairs)} query->doc pairs + {len(fillers)} distractor passages; "
           f"general probe: {len(general)} pairs from {args.general}")
 
     chosen = {"steps": args.steps, "lr": args.lr, "rank": args.rank, "lm_weight": args.lm_weight,
               "max_cpu_seconds": args.max_cpu_seconds}
     if args.targets:
         chosen["targets"] = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    defaults = {f.name: f.default for f in fields(AdaptationPolicy)}
+    for item in args.set:
+        key, _, raw = item.partition("=")
+        if key not in defaults:
+            ap.error(f"--set {item}: no AdaptationPolicy field {key!r}")
+        kind = type(defaults[key])
+        chosen[key] = (tuple(t.strip() for t in raw.split(",") if t.strip()) if key == "targets"
+                       else raw if kind is str else kind(float(raw)) if kind is int else kind(raw))
     policy = AdaptationPolicy(seed=args.seed, **{k: v for k, v in chosen.items() if v is not None})
     with tempfile.TemporaryDirectory() as tmp:
         with MemoryStore(Path(tmp) / "bench.db", embedder) as store:
             t0 = time.perf_counter()
             ids = []
             for start in range(0, len(pairs), 512):
-                ids += store.remember_many([d for _, d in pairs[start : start + 512]], source="octave-doc")
+                ids += store.remember_many([d for _, d in pairs[start : start + 512]], source=domain.package)
             for start in range(0, len(fillers), 512):
-                store.remember_many(fillers[start : start + 512], source="octave-doc")
+                store.remember_many(fillers[start : start + 512], source=domain.package)
             fill_s = time.perf_counter() - t0
             queries = [q for q, _ in pairs]
             before = {"domain_ndcg10": store_ndcg(store, queries, ids)}
@@ -214,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             if general:
                 after["general_ndcg10"] = exact_ndcg(store.embedder, [g["query"] for g in general], [g["doc"] for g in general])
     result = {
-        "model": model_name, "base_fingerprint": embedder.fingerprint, "domain": PACKAGE, "pairs": len(pairs),
+        "model": model_name, "base_fingerprint": embedder.fingerprint, "domain": domain.package, "pairs": len(pairs),
         "memories": len(pairs) + len(fillers), "general_pairs": len(general), "fill_seconds": fill_s,
         "policy": {k: v for k, v in policy.__dict__.items()}, "before": before, "after": after,
         "delta": {k: after[k] - before[k] for k in before},
@@ -232,8 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  seconds: train {r['train_seconds']:.1f} | gate {r['gate_seconds']:.1f} | re-embed {r['reembed_seconds']:.1f}"
           f" | index {r['index_seconds']:.1f} | swap {r['swap_seconds']:.2f} | total {r['total_seconds']:.1f}"
           f" (process CPU {cpu:.1f})")
+    if result["gate"]:
+        print(f"  gate: {result['gate']['reason']} ({result['gate']['probes']} probes, corpus {result['gate']['corpus']})")
     for key in before:
         print(f"  {key:>15}: {before[key]:.4f} -> {after[key]:.4f}  ({after[key] - before[key]:+.4f})")
+    p = policy
+    print(f"policy: views {p.views} {p.query_min_words}-{p.query_max_words} words (idf^{p.query_idf_power:g}), "
+          f"negatives {p.negatives}, anchor {p.anchor_weight:g} x {p.anchor_batch}, lm_weight {p.lm_weight:g}, "
+          f"lr {p.lr:g} {p.lr_schedule}, batch {p.batch_size}, rank {p.rank}, cpu budget {p.max_cpu_seconds:g} s, "
+          f"gate tolerance {p.gate_tolerance:g}")
+    d = result["delta"]
+    print(f"targets: domain {d['domain_ndcg10']:+.4f} (>= +0.05), general "
+          f"{d.get('general_ndcg10', float('nan')):+.4f} (>= -0.01), round {r['total_seconds']:.1f} s (<= 60)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")

@@ -1,8 +1,10 @@
 """Background LoRA adaptation: fit an adapter on a store's own memories, gate it, publish it, keep history.
 
-A round fits LoRA tensors over the frozen base embedder (next-token loss plus an in-batch contrastive term on
-two spans of each memory), gates the candidate on held-out memories queried by a span of themselves, then asks
-the store to publish it (re-embed into a new generation, build and catch up its index, swap under the lock).
+A round fits LoRA tensors over the frozen base embedder: short query-like views of the stored memories (a few
+words around a rare one) learn to retrieve their memory among the current vectors of the whole store, while
+whole memories are anchored to their current vectors (an optional next-token term remains, off by default).
+It then gates the candidate on held-out memories queried by a span of themselves and asks the store to
+publish it (re-embed into a new generation, build and catch up its index, swap under the lock).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ HISTORY_INDEX = "index.json"
 ADAPTER_FILE_RE = re.compile(r"^(\d{4,9})\.lora$")
 MAX_HISTORY_BYTES = 4 << 20
 _EPS = 1e-12
+VIEWS = ("rare-span-memory", "words-memory", "span-memory", "two-spans")
+NEGATIVES = ("store", "batch")
+_EDGE_PUNCT = "\"'`.,;:!?()[]{}<>"
 
 
 def _utc_now() -> str:
@@ -51,19 +56,43 @@ class AdaptationPolicy:
         alpha: LoRA scale numerator (update = alpha / R * B @ A).
         targets: 2-D weights to adapt; None picks the tied embedding plus the pooling attention (or the last
             layer's shared expert when the model has no pooling attention).
-        lr: AdamW learning rate.
-        steps: at most this many optimizer steps per round.
-        batch_size: memories per contrastive batch (two spans each; the others are the negatives).
+        lr: AdamW learning rate (the peak, with a schedule).
+        lr_schedule: "cosine": lr * (1 + cos(pi * progress)) / 2, progress being the larger of the share of
+            steps done and the share of max_cpu_seconds spent (the round ends at lr ~ 0 whichever budget binds,
+            which keeps the general-purpose drift of the last noisy steps small); "constant": lr throughout.
+        steps: at most this many optimizer steps per round (max_cpu_seconds usually binds first).
+        batch_size: memories per contrastive batch.
+        views: the short query-like view of a memory. "rare-span-memory": a contiguous run of
+            query_min_words..query_max_words words around a word drawn with weight idf ** query_idf_power
+            (idf over the training memories: the words a person searching for that memory would type);
+            "span-memory": such a run anywhere; "words-memory": that many words drawn by that weight, kept
+            in their order; "two-spans": two random token spans of the memory, a quarter to all of it
+            (symmetric, the first design; "batch" negatives only).
+        query_min_words, query_max_words: length range of the short view.
+        query_idf_power: sharpness of the rare-word weighting (0: any word).
+        train_tokens: memory views are cut to this many tokens in training ("batch" negatives).
+        negatives: "store": the short view is scored against the current vectors of all the training memories
+            (fixed targets, its own memory the positive): each step trains retrieval over the real store and
+            the memories need no forward pass; "batch": symmetric in-batch InfoNCE between the short view and
+            the memory, both through the model. "store" needs the memories' vectors (else "batch" is used).
+        anchor_weight: weight of 1 - cos(candidate vector, current vector) on anchor_batch whole memories per
+            step: the memories stay where the index has them while the short views learn to reach them.
+        anchor_batch: memories per step in the anchor term.
         lm_batch: memories per next-token batch.
-        lm_weight: weight of the next-token loss.
-        contrastive_weight: weight of the contrastive loss.
-        temperature: contrastive softmax temperature.
+        lm_weight: weight of the next-token loss (0 by default: the shipped model is an embedder, its tied
+            head serves no recall, and the full-vocabulary softmax made a step ~4x slower without moving the
+            vectors; see benchmarks/results/adaptation_gain_*).
+        contrastive_weight: weight of the contrastive (retrieval) loss.
+        temperature: contrastive softmax temperature (the shipped model was trained at 0.05; 0.03 broke it).
         max_grad_norm: global gradient clipping.
         probe_fraction: share of memories held out of training for the gate.
         min_probe, max_probe: bounds on the number of held-out probe memories.
         probe_k: the gate compares recall@probe_k.
         gate_corpus: probes plus distractors searched by the gate (at most this many memories).
         gate_tolerance: the candidate's probe recall may be at most this much below the current model's.
+            0.01 by default: one probe of 256 is 0.0039, and with d probes changing hands the paired difference
+            has a sampling standard error of about sqrt(d) / n (0.006 for d = 2), so a tolerance of 0 refused
+            candidates over one flipped probe (0.9922 -> 0.9883) whose general recall was within 0.003.
         max_mean_cosine: a candidate whose mean pairwise cosine exceeds this (and the current model's by
             more than 0.02) is degenerate.
         min_facts: no round on fewer memories than this.
@@ -81,11 +110,20 @@ class AdaptationPolicy:
     rank: int = 8
     alpha: float = 16.0
     targets: tuple[str, ...] | None = None
-    lr: float = 1e-3
-    steps: int = 40
-    batch_size: int = 32
+    lr: float = 6e-3
+    lr_schedule: str = "cosine"
+    steps: int = 400
+    batch_size: int = 64
+    views: str = "rare-span-memory"
+    query_min_words: int = 1
+    query_max_words: int = 5
+    query_idf_power: float = 4.0
+    train_tokens: int = 128
+    negatives: str = "store"
+    anchor_weight: float = 3.0
+    anchor_batch: int = 8
     lm_batch: int = 8
-    lm_weight: float = 0.05
+    lm_weight: float = 0.0
     contrastive_weight: float = 1.0
     temperature: float = 0.05
     max_grad_norm: float = 1.0
@@ -94,7 +132,7 @@ class AdaptationPolicy:
     max_probe: int = 256
     probe_k: int = 10
     gate_corpus: int = 1024
-    gate_tolerance: float = 0.0
+    gate_tolerance: float = 0.01
     max_mean_cosine: float = 0.99
     min_facts: int = 16
     max_memories: int = 50_000
@@ -104,6 +142,8 @@ class AdaptationPolicy:
 
     def __post_init__(self) -> None:
         ints = {"min_new_facts": (0, 10**9), "rank": (1, 4096), "steps": (0, 10**7), "batch_size": (2, 65_536),
+                "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "train_tokens": (2, 65_536),
+                "anchor_batch": (1, 65_536),
                 "lm_batch": (1, 65_536), "min_probe": (1, 10**6), "max_probe": (1, 10**6), "probe_k": (1, 1000),
                 "gate_corpus": (2, 10**6), "min_facts": (2, 10**9), "max_memories": (2, 10**9),
                 "reembed_batch": (1, 100_000), "seed": (0, 2**63 - 1)}
@@ -113,6 +153,7 @@ class AdaptationPolicy:
                 raise InvalidInput(f"AdaptationPolicy expected {name} an int in [{lo}, {hi}], got {value!r}.")
         reals = {"min_interval_s": (0.0, 1e9), "max_cpu_seconds": (0.0, 1e9), "alpha": (1e-9, 1e9),
                  "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6),
+                 "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0),
                  "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
                  "gate_tolerance": (0.0, 1.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
         for name, (lo, hi) in reals.items():
@@ -125,6 +166,15 @@ class AdaptationPolicy:
                     or not self.targets or len(set(self.targets)) != len(self.targets):
                 raise InvalidInput(f"AdaptationPolicy expected targets a tuple of distinct names or None, got {self.targets!r}.")
             object.__setattr__(self, "targets", tuple(self.targets))
+        if self.views not in VIEWS:
+            raise InvalidInput(f"AdaptationPolicy expected views one of {VIEWS}, got {self.views!r}.")
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise InvalidInput(f"AdaptationPolicy expected lr_schedule 'cosine' or 'constant', got {self.lr_schedule!r}.")
+        if self.negatives not in NEGATIVES:
+            raise InvalidInput(f"AdaptationPolicy expected negatives one of {NEGATIVES}, got {self.negatives!r}.")
+        if self.query_min_words > self.query_max_words:
+            raise InvalidInput(f"AdaptationPolicy expected query_min_words <= query_max_words, got "
+                               f"{self.query_min_words} > {self.query_max_words}.")
         if self.min_probe > self.max_probe:
             raise InvalidInput(f"AdaptationPolicy expected min_probe <= max_probe, got {self.min_probe} > {self.max_probe}.")
 
@@ -289,6 +339,49 @@ def contrastive_loss_and_grad(pooled: np.ndarray, temperature: float) -> tuple[f
     return float(loss), dpooled.astype(pooled.dtype, copy=False)
 
 
+def _unit_backward(z: np.ndarray, dz: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """Gradient w.r.t. the unnormalised rows p of dL/dz where z = p / |p|."""
+    return (dz - z * np.einsum("nc,nc->n", z, dz)[:, None]) / norms[:, None]  # (B, C)
+
+
+def retrieval_loss_and_grad(pooled: np.ndarray, targets: np.ndarray, positives: np.ndarray,
+                            temperature: float) -> tuple[float, np.ndarray]:
+    """InfoNCE of query vectors against fixed memory vectors, and its gradient w.r.t. the query rows.
+
+    z = pooled / |pooled|, S = z @ targets^T / temperature, loss = mean_b CE(S[b], positives[b]): each query
+    against every memory of the store, its own memory the positive.
+
+    Args:
+        pooled: (B, C) unnormalised query vectors.
+        targets: (N, C) unit memory vectors (constants).
+        positives: (B,) row of each query's memory in targets.
+        temperature: softmax temperature (> 0).
+    Returns:
+        (loss, dpooled (B, C) in pooled's dtype).
+    """
+    b = pooled.shape[0]
+    norms = np.maximum(np.sqrt(np.einsum("bc,bc->b", pooled, pooled)), _EPS)  # (B,)
+    z = pooled / norms[:, None]  # (B, C)
+    s = (z @ targets.T) / temperature  # (B, N)
+    s -= s.max(axis=1, keepdims=True)
+    p = np.exp(s)  # (B, N)
+    p /= p.sum(axis=1, keepdims=True)
+    rows = np.arange(b)  # (B,)
+    loss = -float(np.log(np.maximum(p[rows, positives], 1e-30)).mean())
+    p[rows, positives] -= 1.0
+    dz = (p @ targets) / (b * temperature)  # (B, C)
+    return loss, _unit_backward(z, dz, norms).astype(pooled.dtype, copy=False)
+
+
+def anchor_loss_and_grad(pooled: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """mean_b (1 - cos(pooled[b], targets[b])) and its gradient w.r.t. pooled; targets are unit (B, C) rows."""
+    b = pooled.shape[0]
+    norms = np.maximum(np.sqrt(np.einsum("bc,bc->b", pooled, pooled)), _EPS)  # (B,)
+    z = pooled / norms[:, None]  # (B, C)
+    loss = float(1.0 - np.einsum("bc,bc->b", z, targets).mean())
+    return loss, _unit_backward(z, -targets / b, norms).astype(pooled.dtype, copy=False)
+
+
 def token_span(tokens: Sequence[int], rng: np.random.Generator) -> list[int]:
     """A random contiguous span of a memory's tokens (a quarter to all of it; short memories whole)."""
     n = len(tokens)
@@ -307,6 +400,48 @@ def text_span(text: str, rng: np.random.Generator) -> str:
     length = max(3, len(words) // 2)
     start = int(rng.integers(0, len(words) - length + 1))
     return " ".join(words[start : start + length])
+
+
+def word_weights(word_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
+    """Per memory, the idf of each of its words over all the memories given (0 for words with no letter or digit).
+
+    Words are compared lowercased with edge punctuation stripped; idf = log((N + 1) / (df + 0.5)).
+    """
+    keys = [[w.strip(_EDGE_PUNCT).lower() for w in words] for words in word_lists]
+    df: dict[str, int] = {}
+    for ks in keys:
+        for k in set(ks):
+            df[k] = df.get(k, 0) + 1
+    n = len(keys)
+    return [np.array([math.log((n + 1) / (df[k] + 0.5)) if any(ch.isalnum() for ch in k) else 0.0 for k in ks],
+                     dtype=np.float64) for ks in keys]  # (words,) each
+
+
+def query_view(words: Sequence[str], weights: np.ndarray, rng: np.random.Generator, policy: AdaptationPolicy) -> str:
+    """A short query-like view of a memory: a few of its words (see AdaptationPolicy.views).
+
+    k is drawn from query_min_words..query_max_words. "rare-span-memory": a contiguous run of k words holding a
+    word drawn with probability proportional to `weights` ** policy.query_idf_power (weights: idf);
+    "span-memory": a contiguous run of k words anywhere; "words-memory": k words drawn by that probability
+    without replacement, kept in their order, edge punctuation stripped. A memory of k words or fewer gives
+    them all.
+    """
+    n = len(words)
+    k = min(n, int(rng.integers(policy.query_min_words, policy.query_max_words + 1)))
+    if policy.views == "span-memory" or k >= n:
+        start = int(rng.integers(0, n - k + 1))
+        return " ".join(words[start : start + k])
+    w = np.asarray(weights, dtype=np.float64)  # (n,)
+    w = np.where(w > 0, w ** policy.query_idf_power, 0.0)  # (n,)
+    live = int((w > 0).sum())
+    if live == 0:
+        w, live = np.ones(n), n
+    if policy.views == "rare-span-memory":  # a contiguous run around a word drawn by rarity
+        centre = int(rng.choice(n, p=w / w.sum()))
+        start = min(max(0, centre - int(rng.integers(0, k))), n - k)
+        return " ".join(words[start : start + k])
+    pick = np.sort(rng.choice(n, size=min(k, live), replace=False, p=w / w.sum()))  # (k,)
+    return " ".join(words[i].strip(_EDGE_PUNCT) or words[i] for i in pick.tolist())
 
 
 @dataclass
@@ -333,8 +468,14 @@ def _check_lm_embedder(embedder: Any, what: str) -> None:
 
 
 def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, init: LoRAWeights | None = None,
-                should_stop: Callable[[], bool] | None = None) -> FitResult:
-    """Fit LoRA tensors over a frozen LMEmbedder on memories: lm_weight * next-token + contrastive.
+                should_stop: Callable[[], bool] | None = None, vectors: np.ndarray | None = None) -> FitResult:
+    """Fit LoRA tensors over a frozen LMEmbedder on memories: retrieval + anchor (+ lm_weight * next-token).
+
+    Each step draws batch_size memories, cuts a short query-like view of each (policy.views) and trains it to
+    find its memory among the current vectors of every training memory ("store" negatives), while
+    anchor_batch whole memories are pulled to their current vectors, so that the index built from the
+    adapted model keeps its layout and only what short queries reach changes. Without vectors the two views
+    of each memory meet in-batch negatives instead, both through the model.
 
     The base model is never written; a private copy runs with W + s * B @ A on each target, and the gradient G
     of a target's effective weight (for the tied embedding: lookup plus head) is projected onto the adapter as
@@ -346,6 +487,8 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         policy: rank, alpha, targets, lr, steps, batch sizes, weights, CPU budget, seed.
         init: start from this adapter (same targets and rank) instead of zero.
         should_stop: polled before each step; True ends training early.
+        vectors: (N, D) the current vectors of `texts` (e.g. stored): the fixed targets of "store" negatives
+            and of the anchor term; without them training uses "batch" negatives and no anchor.
     Returns:
         FitResult (weights carry base_fingerprint = base.fingerprint).
     Raises:
@@ -357,10 +500,24 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
     for t in targets:
         if t not in model.params or np.ndim(model.params[t]) != 2:
             raise InvalidInput(f"fit_adapter() target {t!r} is not a 2-D weight of the model.")
-    token_lists = [list(tok.encode(t))[: base.max_tokens] for t in texts]
-    token_lists = [t for t in token_lists if t]
+    encoded = [list(tok.encode(t))[: base.max_tokens] for t in texts]
+    keep = [i for i, t in enumerate(encoded) if t]
+    token_lists = [encoded[i] for i in keep]
     if len(token_lists) < 2:
         raise InvalidInput(f"fit_adapter() expected at least 2 non-empty texts, got {len(token_lists)}.")
+    current = None
+    if vectors is not None:
+        current = np.asarray(vectors, dtype=np.float32)
+        if current.ndim != 2 or len(current) != len(texts):
+            raise InvalidInput(f"fit_adapter() expected vectors of shape ({len(texts)}, D), got {current.shape}.")
+        current = current[keep]  # (N, D)
+        current = current / np.maximum(np.linalg.norm(current, axis=1, keepdims=True), _EPS)  # (N, D) unit
+    to_store = current is not None and policy.negatives == "store"
+    anchored = current is not None and policy.anchor_weight > 0
+    asymmetric = policy.views != "two-spans"
+    word_lists = [texts[i].split() for i in keep] if asymmetric else []
+    rare = policy.views in ("words-memory", "rare-span-memory")
+    idf = word_weights(word_lists) if rare else [np.ones(len(w)) for w in word_lists]
     rng = np.random.default_rng(policy.seed)
     adapters = {t: LoRAAdapter(*np.shape(model.params[t]), rank=min(policy.rank, *np.shape(model.params[t])),
                                alpha=float(policy.alpha), seed=[policy.seed, i]) for i, t in enumerate(targets)}
@@ -386,21 +543,43 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         if should_stop is not None and should_stop():
             stopped = True
             break
-        if time.thread_time() - cpu0 >= policy.max_cpu_seconds:
+        spent = time.thread_time() - cpu0
+        if spent >= policy.max_cpu_seconds:
             break
+        progress = max(step / max(policy.steps, 1), spent / policy.max_cpu_seconds if policy.max_cpu_seconds > 0 else 1.0)
+        lr = float(policy.lr) * (0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) if policy.lr_schedule == "cosine" else 1.0)
         for t, ad in adapters.items():
             work.params[t] = base_w[t] + ad.delta()  # (rows, cols)
         pick = rng.choice(n, size=b, replace=False)  # (B,)
-        views = [token_span(token_lists[i], rng) for i in pick] + [token_span(token_lists[i], rng) for i in pick]
-        tokens, lengths = pad_batch(views)  # (2B, T), (2B,)
+        if asymmetric:  # a short query-like view of each memory
+            views = [list(tok.encode(query_view(word_lists[i], idf[i], rng, policy)))[: policy.train_tokens]
+                     or token_lists[i][:1] for i in pick]
+        else:
+            views = [token_span(token_lists[i], rng) for i in pick]
         grads_w = {t: np.zeros_like(base_w[t]) for t in targets}  # (rows, cols) each
         con_loss = lm_loss = 0.0
         if policy.contrastive_weight > 0:
-            pooled, cache = work.pooled_forward(tokens, lengths)  # (2B, C)
-            con_loss, dpooled = contrastive_loss_and_grad(pooled, float(policy.temperature))
+            if to_store:  # the short views against the fixed vectors of every memory
+                tokens, lengths = pad_batch(views)  # (B, T), (B,)
+                pooled, cache = work.pooled_forward(tokens, lengths)  # (B, C)
+                con_loss, dpooled = retrieval_loss_and_grad(pooled, current, pick, float(policy.temperature))
+            else:  # two views of each memory through the model, in-batch negatives
+                second = ([token_lists[i][: policy.train_tokens] for i in pick] if asymmetric
+                          else [token_span(token_lists[i], rng) for i in pick])
+                tokens, lengths = pad_batch(views + second)  # (2B, T), (2B,)
+                pooled, cache = work.pooled_forward(tokens, lengths)  # (2B, C)
+                con_loss, dpooled = contrastive_loss_and_grad(pooled, float(policy.temperature))
             g = work.pooled_backward(dpooled, cache, grads_for=targets)
             for t in targets:
                 grads_w[t] += np.float32(policy.contrastive_weight) * g[t]
+        if anchored:  # whole memories keep their current vectors
+            sub = rng.choice(n, size=min(policy.anchor_batch, n), replace=False)  # (A,)
+            tokens, lengths = pad_batch([token_lists[i] for i in sub])  # (A, T), (A,)
+            pooled, cache = work.pooled_forward(tokens, lengths)  # (A, C)
+            _, dpooled = anchor_loss_and_grad(pooled, current[sub])
+            g = work.pooled_backward(dpooled, cache, grads_for=targets)
+            for t in targets:
+                grads_w[t] += np.float32(policy.anchor_weight) * g[t]
         if policy.lm_weight > 0 and lm_ok:
             sub = rng.choice(len(lm_ok), size=min(policy.lm_batch, len(lm_ok)), replace=False)  # (b,)
             seq_tokens, seq_lengths = pad_batch([token_lists[lm_ok[i]] for i in sub])  # (b, T), (b,)
@@ -412,7 +591,7 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
             grads[f"{t}.A"], grads[f"{t}.B"] = ad.project_grad(grads_w[t])
         if policy.max_grad_norm > 0:
             clip_grad_norm_(grads, float(policy.max_grad_norm))
-        opt.step(grads)
+        opt.step(grads, lr=lr)
         losses.append((step, float(lm_loss), float(con_loss)))
     done = len(losses)
     weights = LoRAWeights(
@@ -668,7 +847,8 @@ def run_round(store: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, r
         train_idx, probe_idx = split_probe(len(texts), policy)
         report.trained_on = len(train_idx)
         if adapter is None:
-            fit = fit_adapter(base, [texts[i] for i in train_idx], policy, init=init, should_stop=stop)
+            fit = fit_adapter(base, [texts[i] for i in train_idx], policy, init=init, should_stop=stop,
+                              vectors=stored[train_idx])
             report.steps, report.losses = fit.steps, fit.losses
             report.train_seconds, report.train_cpu_seconds = fit.seconds, fit.cpu_seconds
             if fit.stopped:
@@ -829,9 +1009,13 @@ __all__ = [
     "default_targets",
     "fit_adapter",
     "gate_candidate",
+    "anchor_loss_and_grad",
     "pad_batch",
+    "query_view",
+    "retrieval_loss_and_grad",
     "run_round",
     "split_probe",
     "text_span",
     "token_span",
+    "word_weights",
 ]

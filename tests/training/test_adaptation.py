@@ -14,8 +14,9 @@ from evermind_memory.lm.adapter import LoRAWeights, adapter_digest, merge_adapte
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
 from evermind_memory.training.adaptation import (
-    AdaptationPolicy, AdapterHistory, check_hooks, contrastive_loss_and_grad, default_targets, fit_adapter,
-    gate_candidate, pad_batch, split_probe, text_span, token_span,
+    AdaptationPolicy, AdapterHistory, anchor_loss_and_grad, check_hooks, contrastive_loss_and_grad, default_targets,
+    fit_adapter, gate_candidate, pad_batch, query_view, retrieval_loss_and_grad, split_probe, text_span, token_span,
+    word_weights,
 )
 from evermind_memory.training.lora import lora_grads
 
@@ -53,6 +54,75 @@ def test_contrastive_gradient_matches_finite_differences(rng: np.random.Generato
     aligned = contrastive_loss_and_grad(np.concatenate([z, z + 0.01]), 0.1)[0]
     shuffled = contrastive_loss_and_grad(np.concatenate([z, z[::-1]]), 0.1)[0]
     assert aligned < shuffled
+
+
+def _numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    out = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):  # a gradient check: loops over elements are the point
+        up, down = x.copy(), x.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        out[idx] = (f(up) - f(down)) / (2 * eps)
+    return out
+
+
+def test_retrieval_and_anchor_gradients_match_finite_differences(rng: np.random.Generator) -> None:
+    pooled = rng.normal(size=(4, 6))  # (B, C) float64
+    targets = rng.normal(size=(9, 6))  # (N, C)
+    targets /= np.linalg.norm(targets, axis=1, keepdims=True)
+    positives = np.array([0, 3, 3, 8])
+    loss, grad = retrieval_loss_and_grad(pooled, targets, positives, 0.2)
+    assert grad.dtype == np.float64 and loss > 0
+    numeric = _numeric_grad(lambda x: retrieval_loss_and_grad(x, targets, positives, 0.2)[0], pooled)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+    # a query that already points at its memory has a lower loss than one pointing elsewhere
+    near = retrieval_loss_and_grad(targets[[3]] * 2.0, targets, np.array([3]), 0.2)[0]
+    far = retrieval_loss_and_grad(targets[[5]] * 2.0, targets, np.array([3]), 0.2)[0]
+    assert near < far
+    loss, grad = anchor_loss_and_grad(pooled, targets[:4])
+    numeric = _numeric_grad(lambda x: anchor_loss_and_grad(x, targets[:4])[0], pooled)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+    assert anchor_loss_and_grad(targets[:4] * 3.0, targets[:4])[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_query_views_are_short_runs_of_rare_words() -> None:
+    memories = ["the cat sat on the mat", "the cat sat on the log", "the cat zyxquart on the mat"]
+    lists = [m.split() for m in memories]
+    idf = word_weights(lists)
+    assert idf[2][2] > idf[2][5] > idf[2][0]  # zyxquart (in 1 memory) > mat (2) > the (3)
+    assert word_weights([["(x,", "x"], ["--", "y"]])[1][0] == 0.0  # no letter or digit: never drawn
+    rng = np.random.default_rng(0)
+    rare = AdaptationPolicy(views="rare-span-memory", query_min_words=1, query_max_words=2, query_idf_power=8)
+    views = [query_view(lists[2], idf[2], rng, rare) for _ in range(200)]
+    assert all(1 <= len(v.split()) <= 2 and v in memories[2] for v in views)  # contiguous runs of the memory
+    assert sum("zyxquart" in v for v in views) > 150  # centred on the rarest word
+    words = AdaptationPolicy(views="words-memory", query_min_words=3, query_max_words=3)
+    view = query_view(lists[0], idf[0], rng, words).split()
+    assert len(view) == 3 and [lists[0].index(w) for w in view] == sorted(lists[0].index(w) for w in view)
+    assert query_view(["solo"], np.zeros(1), rng, rare) == "solo"
+
+
+def test_fit_adapter_against_store_vectors_learns_retrieval_and_keeps_the_anchors(base: LMEmbedder) -> None:
+    vectors = base.embed_many(TEXTS)  # (N, D) what a store holds
+    policy = AdaptationPolicy(steps=60, batch_size=12, lr=1e-2, anchor_batch=6, views="span-memory",
+                              query_min_words=2, query_max_words=3, seed=2)
+    fit = fit_adapter(base, TEXTS, policy, vectors=vectors)
+    assert fit.steps == 60 and all(np.isfinite(c) for _, _, c in fit.losses)
+    adapted = merge_adapter(base.model, fit.weights)
+    rng = np.random.default_rng(9)
+    lists = [t.split() for t in TEXTS]
+    queries = [base.tokenizer.encode(query_view(w, np.ones(len(w)), rng, policy)) for w in lists]
+    tokens, lengths = pad_batch(queries)
+    rows = np.arange(len(TEXTS))
+    before = retrieval_loss_and_grad(base.model.pooled_forward(tokens, lengths)[0], vectors, rows, 0.05)[0]
+    after = retrieval_loss_and_grad(adapted.pooled_forward(tokens, lengths)[0], vectors, rows, 0.05)[0]
+    assert after < before
+    moved = LMEmbedder(adapted, base.tokenizer).embed_many(TEXTS)  # (N, D)
+    free = fit_adapter(base, TEXTS, AdaptationPolicy(**{**policy.__dict__, "anchor_weight": 0.0}), vectors=vectors)
+    drifted = LMEmbedder(merge_adapter(base.model, free.weights), base.tokenizer).embed_many(TEXTS)
+    assert np.einsum("nd,nd->n", moved, vectors).mean() > np.einsum("nd,nd->n", drifted, vectors).mean()
+    with pytest.raises(InvalidInput):
+        fit_adapter(base, TEXTS, policy, vectors=vectors[:3])
 
 
 @pytest.mark.parametrize("target", ["pool.wo", "emb"])
@@ -167,7 +237,8 @@ def test_probe_split_and_spans_are_seeded() -> None:
 @pytest.mark.parametrize("bad", [
     {"rank": 0}, {"steps": -1}, {"lr": float("nan")}, {"probe_fraction": 0.95}, {"batch_size": 1},
     {"gate_tolerance": 2.0}, {"targets": "emb"}, {"targets": ("emb", "emb")}, {"min_probe": 9, "max_probe": 3},
-    {"rank": True}, {"poll_seconds": 0},
+    {"rank": True}, {"poll_seconds": 0}, {"views": "halves"}, {"negatives": "none"}, {"lr_schedule": "step"},
+    {"query_min_words": 5, "query_max_words": 2}, {"anchor_weight": -1.0},
 ])
 def test_policy_rejects_bad_values(bad: dict) -> None:
     with pytest.raises(InvalidInput):
