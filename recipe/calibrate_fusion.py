@@ -268,7 +268,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "mean_ndcg@10": {f"{w:g}": m for w, m in res["mean"].items()},
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    tmp = Path(args.out).with_name(Path(args.out).name + ".tmp")
+    out_path = Path(args.out)
+    if out_path.exists() and not out_path.is_file():  # /dev/null or a pipe: write through, never replace it
+        out_path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        return out
+    tmp = out_path.with_name(out_path.name + ".tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, args.out)
     return out

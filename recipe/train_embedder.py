@@ -7,6 +7,13 @@ Resumable: all state (tokenised corpus, teacher vectors, parameters, AdamW momen
 --state, so a run cut at the 10-minute limit continues with the same command. Teacher vectors are computed
 on the GPU in the run that uses them and cached in --state. A dev-time tool: needs torch and
 sentence-transformers; the package itself never imports either.
+
+Warm start: `--init model.evlm` continues from one of our checkpoints (the architecture is read from it; an
+architecture flag that disagrees is an error). The distillation head is not in the checkpoint: it starts from
+a least-squares fit of the teacher vectors on the loaded model's embeddings, and the learning rate warms up
+over --warmup steps (100 by default with --init). `--hard-negatives K` mines, per pair, the K docs nearest
+to the query by the teacher (not the positive, not another doc of that query, scoring below 0.95 x the
+positive's teacher score) and adds one of them per row to the query->doc contrastive denominator.
 """
 
 from __future__ import annotations
@@ -78,10 +85,68 @@ def tokenise_all(texts: list[str], tok_path: str, max_tokens: int) -> tuple[np.n
     return mat, lengths
 
 
+# -- the teacher, and a compact copy of it for the 64 MiB transfer to the GPU machine --------------------
+TEACHER_INT8 = "model.int8.safetensors"  # a packed teacher holds this instead of model.safetensors
+
+
+def pack_teacher(src: str, dst: str) -> None:
+    """Copy a sentence-transformers model dir with every 2-D weight as int8 plus one fp16 scale per row.
+
+    Symmetric round-to-nearest per output row (per token for the embeddings); 1-D tensors as fp16; the other
+    files as they are. Halves the fp16 teacher (45 -> 23 MB) so it travels beside the shipped checkpoint.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src_p, dst_p = Path(src), Path(dst)
+    for f in src_p.rglob("*"):
+        if f.is_file() and f.name != "model.safetensors":
+            (dst_p / f.relative_to(src_p)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dst_p / f.relative_to(src_p))
+    packed = {}
+    for name, t in load_file(str(src_p / "model.safetensors")).items():
+        if t.is_floating_point() and t.ndim == 2:
+            scale = (t.float().abs().amax(dim=1).clamp_min(1e-12) / 127).half()  # (rows,)
+            packed[name] = torch.round(t.float() / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+            packed[name + ".int8_scale"] = scale
+        else:
+            packed[name] = t.half() if t.is_floating_point() else t
+    save_file(packed, str(dst_p / TEACHER_INT8), metadata={"format": "pt"})
+
+
+def unpack_teacher(teacher_dir: str) -> str:
+    """A directory sentence-transformers can load: teacher_dir itself, or for a packed teacher (pack_teacher)
+    an fp16 copy with the int8 weights dequantised, in a temporary directory."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    src = Path(teacher_dir)
+    if not (src / TEACHER_INT8).exists():
+        return teacher_dir
+    dst = Path(tempfile.mkdtemp(prefix="teacher_"))
+    for f in src.rglob("*"):
+        if f.is_file() and f.name != TEACHER_INT8:
+            (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dst / f.relative_to(src))
+    packed = load_file(str(src / TEACHER_INT8))
+    weights = {name: (t.float() * packed[name + ".int8_scale"].float()[:, None]).half() if t.dtype == torch.int8 else t
+               for name, t in packed.items() if not name.endswith(".int8_scale")}
+    save_file(weights, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return str(dst)
+
+
 def teacher_vectors(texts: list[str], teacher_dir: str, device: str) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(teacher_dir, device=device)
+    model_dir = unpack_teacher(teacher_dir)
+    model = SentenceTransformer(model_dir, device=device)
+    if model_dir != teacher_dir:  # the dequantised copy is in memory now
+        import shutil
+
+        shutil.rmtree(model_dir, ignore_errors=True)
     model.half() if device == "cuda" else model.float()
     vec = model.encode(texts, batch_size=1024, convert_to_numpy=True, normalize_embeddings=True,
                        show_progress_bar=False)
@@ -93,7 +158,7 @@ def ndcg_at_10(sim: np.ndarray, gold: np.ndarray) -> float:
     """Mean ndcg@10 with one relevant doc per query (gold[i] is its column)."""
     order = np.argsort(-sim, axis=1)[:, :10]  # (Q, 10)
     hit = order == gold[:, None]
-    gains = (hit / np.log2(np.arange(2, 12))[None, :]).sum(axis=1)
+    gains = (hit / np.log2(np.arange(2, 2 + order.shape[1]))[None, :]).sum(axis=1)  # fewer than 10 docs: toy sets
     return float(gains.mean())
 
 
@@ -113,13 +178,19 @@ def main() -> None:
     ap.add_argument("--teacher", required=True)
     ap.add_argument("--state", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--n-layers", type=int, default=4)
-    ap.add_argument("--conv-kernel", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=0, help="expert hidden width (default 2 x d-model)")
-    ap.add_argument("--experts", type=int, default=4)
-    ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--attn-heads", type=int, default=4)
+    # architecture: None means the checkpoint's value with --init, else the default in ARCH_DEFAULTS
+    ap.add_argument("--d-model", type=int, default=None, help="channels C (default 128)")
+    ap.add_argument("--n-layers", type=int, default=None, help="default 4")
+    ap.add_argument("--conv-kernel", type=int, default=None, help="default 4")
+    ap.add_argument("--hidden", type=int, default=None, help="expert hidden width (default 2 x d-model)")
+    ap.add_argument("--experts", type=int, default=None, help="default 4")
+    ap.add_argument("--top-k", type=int, default=None, help="default 2")
+    ap.add_argument("--attn-heads", type=int, default=None, help="default 4")
+    ap.add_argument("--init", default=None,
+                    help="warm start from this .evlm checkpoint (architecture from it; ignored when --state resumes)")
+    ap.add_argument("--warmup", type=int, default=None, help="LR warmup steps (default 200; 100 with --init)")
+    ap.add_argument("--hard-negatives", type=int, default=0, metavar="K",
+                    help="mine K teacher-nearest docs per pair and add one per row to the contrastive loss (0: off)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--batch", type=int, default=512)
@@ -139,6 +210,7 @@ def main() -> None:
                     help="on a fresh run, time the first 20 steps and lower --steps to what fits the time budget")
     args = ap.parse_args()
     t_start = time.time()
+    torch.manual_seed(args.seed)  # the distillation head's init
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     dev = torch.device(args.device)
@@ -147,6 +219,12 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tok = BPETokenizer.load(args.tokenizer)
+    if args.init:  # checked before the data and the teacher, so a mismatch fails in seconds
+        cfg, init = init_from_checkpoint(args, len(tok))
+    else:
+        cfg, init = fresh_config(args, len(tok)), None
+    if args.warmup is None:
+        args.warmup = 100 if args.init else 200
 
     # -- data: one table of unique texts; pairs and eval sets index into it ---------------------------
     corpus = Path(args.corpus)
@@ -207,11 +285,9 @@ def main() -> None:
     teach_t = torch.tensor(teach, device=dev, dtype=torch.float32)
 
     # -- model ---------------------------------------------------------------------------------------------
-    cfg = LMConfig(vocab_size=len(tok), d_model=args.d_model, n_layers=args.n_layers, conv_kernel=args.conv_kernel,
-                   hidden_dim=args.hidden or 2 * args.d_model, n_experts=args.experts, top_k=args.top_k,
-                   attn_heads=args.attn_heads)
     shapes = param_shapes(cfg)
-    init = EvermindLM(cfg, seed=args.seed).params
+    if init is None:
+        init = EvermindLM(cfg, seed=args.seed).params
     model = MirrorLM(cfg.to_dict(), shapes, init).to(dev)
     head = torch.nn.Linear(args.d_model, teach.shape[1], bias=False).to(dev)  # training-only distillation head
     params = list(model.parameters()) + list(head.parameters())
@@ -230,11 +306,12 @@ def main() -> None:
         step = int(z["step"])
         args.steps = int(z["planned_steps"])
         history = json.loads(str(z["history"]))
-        print(f"resumed at step {step}", flush=True)
+        print(f"resumed at step {step}" + (" (--init ignored: the state holds the weights)" if args.init else ""),
+              flush=True)
     rng = np.random.default_rng(args.seed + step)
 
     def lr_at(s: int) -> float:
-        warm = 200
+        warm = args.warmup
         if s < warm:
             return args.lr * (s + 1) / warm
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
@@ -257,6 +334,19 @@ def main() -> None:
     if not any(h.get("teacher") for h in history):
         history.append({"teacher": evaluate(teacher_np, eval_sets)})
         print("teacher ndcg@10", history[-1]["teacher"], flush=True)
+    if args.init and step == 0:
+        fit_head(head, embed_ids, teach_t, np.concatenate([pair_q, pair_d, passage_ids]), rng)
+        model.eval()
+        history.append({"step": 0, "init": args.init, "eval": evaluate(embed_np, eval_sets)})
+        model.train()
+        print(f"step 0 (warm start from {args.init}) eval ndcg@10 {history[-1]['eval']}", flush=True)
+
+    hard_neg = None
+    if args.hard_negatives:
+        t0 = time.time()
+        hard_neg = mine_hard_negatives(pair_q, pair_d, teach_t, args.hard_negatives)
+        print(f"mined hard negatives in {time.time() - t0:.1f}s: {(hard_neg >= 0).mean(axis=1).mean():.3f} of "
+              f"{args.hard_negatives} slots filled", flush=True)
 
     n_src = len(pair_src_names)
     src_rows = [np.flatnonzero(pair_src == s) for s in range(n_src)]
@@ -278,13 +368,25 @@ def main() -> None:
         p_ids = torch.tensor(passage_ids[rng.integers(len(passage_ids), size=B)], device=dev)
         eq = F.normalize(embed_ids(q_ids), dim=-1)
         ed = F.normalize(embed_ids(d_ids), dim=-1)
-        sim = eq @ ed.T / args.tau  # (B, B)
-        same = d_ids[None, :] == d_ids[:, None]
-        sim = sim.masked_fill(same & ~torch.eye(B, dtype=torch.bool, device=dev), -1e4)  # duplicate docs
+        col_ids, e_cols = d_ids, ed  # the docs each query is scored against: the batch's, then hard negatives
+        if hard_neg is not None:
+            pick = hard_neg[rows, rng.integers(hard_neg.shape[1], size=B)]
+            empty = pick < 0  # no negative survived the filter: a random pair doc instead
+            pick[empty] = pair_d[rng.integers(len(pair_d), size=int(empty.sum()))]
+            h_ids = torch.tensor(pick, device=dev)
+            col_ids, e_cols = torch.cat([d_ids, h_ids]), torch.cat([ed, F.normalize(embed_ids(h_ids), dim=-1)])
+        sim = eq @ e_cols.T / args.tau  # (B, B) or (B, 2B)
+        same = col_ids[None, :] == d_ids[:, None]
+        diag = torch.eye(B, sim.shape[1], dtype=torch.bool, device=dev)
+        sim = sim.masked_fill(same & ~diag, -1e4)  # duplicate docs (and negatives equal to a row's positive)
         target = torch.arange(B, device=dev)
-        l_con = 0.5 * (F.cross_entropy(sim, target) + F.cross_entropy(sim.T, target))
-        all_ids = torch.cat([q_ids, d_ids, p_ids])
-        pooled_all = torch.cat([eq, ed, F.normalize(embed_ids(p_ids), dim=-1)])
+        l_con = 0.5 * (F.cross_entropy(sim, target) + F.cross_entropy(sim[:, :B].T, target))
+        if hard_neg is not None:
+            all_ids = torch.cat([q_ids, col_ids, p_ids])
+            pooled_all = torch.cat([eq, e_cols, F.normalize(embed_ids(p_ids), dim=-1)])
+        else:
+            all_ids = torch.cat([q_ids, d_ids, p_ids])
+            pooled_all = torch.cat([eq, ed, F.normalize(embed_ids(p_ids), dim=-1)])
         t_all = teach_t[all_ids]
         h_all = F.normalize(head(pooled_all), dim=-1)
         l_dis = (1 - (h_all * t_all).sum(-1)).mean()
@@ -304,8 +406,8 @@ def main() -> None:
             print(f"{per_step * 1000:.0f} ms/step: planning {min(args.steps, fits)} steps", flush=True)
             args.steps = min(args.steps, fits)
         if step % 100 == 0:
-            rec = {"step": step, "loss": float(loss), "contrastive": float(l_con), "distill": float(l_dis),
-                   "simmat": float(l_sim), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
+            rec = {"step": step, "loss": loss.item(), "contrastive": l_con.item(), "distill": l_dis.item(),
+                   "simmat": l_sim.item(), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
             history.append(rec)
             print(json.dumps(rec), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
@@ -327,6 +429,93 @@ def main() -> None:
     print(f"saved state at step {step}", flush=True)
     if step >= args.steps:
         export(model, cfg, tok, args, history, out)
+
+
+ARCH_ARGS = {  # LMConfig field -> (argparse dest, default without --init)
+    "d_model": ("d_model", 128), "n_layers": ("n_layers", 4), "conv_kernel": ("conv_kernel", 4),
+    "hidden_dim": ("hidden", None), "n_experts": ("experts", 4), "top_k": ("top_k", 2), "attn_heads": ("attn_heads", 4),
+}
+
+
+def fresh_config(args, vocab_size: int) -> LMConfig:
+    """The architecture from the flags (defaults as before --init existed); fills args in place for the log."""
+    if args.hidden == 0:  # the old spelling of "2 x d-model"
+        args.hidden = None
+    for field, (dest, default) in ARCH_ARGS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, 2 * args.d_model if field == "hidden_dim" else default)
+    return LMConfig(vocab_size=vocab_size, **{f: getattr(args, d) for f, (d, _) in ARCH_ARGS.items()})
+
+
+def init_from_checkpoint(args, vocab_size: int) -> tuple[LMConfig, dict[str, np.ndarray]]:
+    """Config and weights of --init (the inverse of export); flags left unset take the checkpoint's values.
+
+    Raises SystemExit when an architecture flag or the tokenizer's vocabulary disagrees with the checkpoint.
+    """
+    from evermind_memory.lm.checkpoint import load_model
+
+    cfg, params = load_model(args.init)  # fp16 on disk, float32 here
+    if args.hidden == 0:
+        args.hidden = None
+    ck = cfg.to_dict()
+    clash = [f"--{dest.replace('_', '-')} {getattr(args, dest)} (checkpoint {field}={ck[field]})"
+             for field, (dest, _) in ARCH_ARGS.items() if getattr(args, dest) not in (None, ck[field])]
+    if clash:
+        raise SystemExit(f"--init {args.init}: architecture flags disagree with the checkpoint: {'; '.join(clash)}. "
+                         "Leave them out to take the checkpoint's.")
+    if vocab_size != cfg.vocab_size:
+        raise SystemExit(f"--init {args.init}: the tokenizer has {vocab_size} tokens, the checkpoint "
+                         f"{cfg.vocab_size}; pass the tokenizer the checkpoint was trained with.")
+    for field, (dest, _) in ARCH_ARGS.items():
+        setattr(args, dest, ck[field])
+    print(f"warm start from {args.init}: {ck}", flush=True)
+    return cfg, params
+
+
+@torch.no_grad()
+def fit_head(head: torch.nn.Linear, embed_ids, teach_t: torch.Tensor, ids: np.ndarray, rng,
+             n: int = 16384, ridge: float = 1e-2) -> None:
+    """Set the distillation head to the ridge least-squares map from normalised embeddings to teacher vectors
+    on a sample of texts, so a warm start does not push a random head's gradients into trained weights."""
+    ids = np.unique(ids)
+    ids = rng.choice(ids, size=min(n, len(ids)), replace=False)
+    x = torch.cat([F.normalize(embed_ids(torch.tensor(ids[i: i + 2048], device=teach_t.device)), dim=-1)
+                   for i in range(0, len(ids), 2048)]).double()  # (n, C)
+    t = teach_t[torch.tensor(ids, device=teach_t.device)].double()  # (n, D)
+    gram = x.T @ x + ridge * torch.eye(x.shape[1], dtype=x.dtype, device=x.device)  # (C, C)
+    w = torch.linalg.solve(gram, x.T @ t)  # (C, D)
+    head.weight.copy_(w.T.to(head.weight.dtype))
+    cos = F.cosine_similarity((x @ w).float(), t.float(), dim=-1).mean()
+    print(f"distillation head fitted on {len(ids)} texts: mean cos to teacher {float(cos):.3f}", flush=True)
+
+
+@torch.no_grad()
+def mine_hard_negatives(pair_q: np.ndarray, pair_d: np.ndarray, teach_t: torch.Tensor, k: int,
+                        keep_below: float = 0.95, chunk: int = 2048) -> np.ndarray:
+    """Per pair, up to k text ids of pair docs nearest to the query by teacher cosine, excluding any doc paired
+    with that query and any doc scoring >= keep_below x the positive's score (likely unlabelled positives).
+
+    Returns (P, k) int64, -1 where fewer than k survive.
+    """
+    docs = np.unique(pair_d)  # (D,)
+    t_docs = teach_t[torch.tensor(docs, device=teach_t.device)]  # (D, 384)
+    pair_keys = np.unique(pair_q * (int(pair_d.max()) + 1) + pair_d)
+    m = min(len(docs), 8 * k + 64)  # candidates before filtering (the filter drops about half of the nearest 32)
+    out = np.full((len(pair_q), k), -1, dtype=np.int64)
+    for i in range(0, len(pair_q), chunk):
+        q = torch.tensor(pair_q[i: i + chunk], device=teach_t.device)
+        d = torch.tensor(pair_d[i: i + chunk], device=teach_t.device)
+        tq = teach_t[q]  # (b, 384)
+        pos = (tq * teach_t[d]).sum(-1)  # (b,)
+        score, col = torch.topk(tq @ t_docs.T, m, dim=1)  # (b, m)
+        cand = docs[col.cpu().numpy()]  # (b, m) text ids
+        bad = np.isin(pair_q[i: i + chunk, None] * (int(pair_d.max()) + 1) + cand, pair_keys)
+        bad |= (score >= keep_below * pos[:, None]).cpu().numpy()
+        order = np.argsort(bad, axis=1, kind="stable")[:, :k]  # surviving candidates first, nearest first
+        kept = np.take_along_axis(cand, order, axis=1)
+        kept[np.take_along_axis(bad, order, axis=1)] = -1
+        out[i: i + chunk, : kept.shape[1]] = kept
+    return out
 
 
 def export(model: MirrorLM, cfg, tok: BPETokenizer, args, history: list[dict], out: Path) -> None:
