@@ -416,11 +416,11 @@ def complex_ssd(x: np.ndarray, dt: np.ndarray, a_log: np.ndarray, dt_bias: np.nd
 def _flash_shape(p: int, threads: int | None, lanes: int | None) -> tuple[int, int, int]:
     """(threads, lanes, key tile) of attention_flash.wgsl for head width p <= FLASH_MAX_HEAD_DIM.
 
-    Defaults: 256 invocations, 8 lanes a row for P <= 32 and 4 above (two groups of 4 keys a lane per
-    tile at P = 32 and 64). The K (and V) tile holds 2 * threads vec4s of keys padded to 16 dims.
+    Defaults: 256 invocations, 4 lanes a row (the fastest of five variants on an H200 at head dim 32:
+    benchmarks/results/attn_variants_h200.txt). The K (and V) tile holds 2 * threads vec4s of keys padded to 16 dims.
     """
     threads = threads if threads is not None else FLASH_THREADS if FLASH_THREADS is not None else 256
-    lanes = lanes if lanes is not None else FLASH_LANES if FLASH_LANES is not None else (8 if p <= 32 else 4)
+    lanes = lanes if lanes is not None else FLASH_LANES if FLASH_LANES is not None else 4
     if threads not in (64, 128, 256):
         raise InvalidInput(f"flash attention threads per workgroup must be 64, 128 or 256, got {threads!r}")
     if not isinstance(lanes, (int, np.integer)) or lanes < 1 or lanes > threads or lanes & (lanes - 1):
