@@ -378,7 +378,7 @@ class MemoryStore:
     def remember(self, text: str, *, tags: dict[str, str] | None = None, source: str | None = None) -> str:
         """Store a fact; returns only after it is committed.
 
-        With background embedding (the default) the vector follows from a background thread, and every
+        With background_embedding=True the vector follows from a background thread, and every
         vector or hybrid recall waits for it; otherwise it is embedded before the commit. Thread-safe.
 
         Args:
@@ -454,10 +454,13 @@ class MemoryStore:
             finally:
                 del store
 
-    def _stop_worker(self) -> None:
+    def _signal_worker_stop(self) -> None:
         with self._waiting_cv:
             self._worker_stop = True
             self._waiting_cv.notify_all()
+
+    def _stop_worker(self) -> None:
+        self._signal_worker_stop()
         worker = self._worker
         if worker is not None and worker is not threading.current_thread():
             worker.join()
@@ -1688,9 +1691,7 @@ class MemoryStore:
         try:
             if not getattr(self, "_closed", True) and os.getpid() == self._pid:
                 self._closed = True
-                with self._waiting_cv:
-                    self._worker_stop = True
-                    self._waiting_cv.notify_all()
+                self._signal_worker_stop()
                 self._release()
         except Exception:  # noqa: BLE001
             pass
