@@ -7,21 +7,12 @@ hold (exp(dt A) - 1) / A; the reference multiplied by exp(-A) instead, and its s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
 from evermind_memory.gpu.blocks import sequence_ops as so
-from evermind_memory.gpu.blocks.mamba2 import Mamba2Block, Mamba2Config
-from evermind_memory.gpu.blocks.reference import complex_ssd_numpy
+from evermind_memory.gpu.blocks.mamba2 import Mamba2Block
 from evermind_memory.gpu.device import Batch, GpuBuffer
+from evermind_memory.lm.sequence import Mamba3Config
 
 __all__ = ["Mamba3Config", "Mamba3Block"]
-
-
-@dataclass(frozen=True)
-class Mamba3Config(Mamba2Config):
-    """Shape of a Mamba-3 block; d_state is Nc, the number of complex states per head (at most 64)."""
 
 
 class Mamba3Block(Mamba2Block):
@@ -29,18 +20,6 @@ class Mamba3Block(Mamba2Block):
 
     layer_type = "mamba3"
     _state_width = 2
-
-    def a_log_shape(self) -> tuple[int, ...]:
-        return (self.config.n_heads, 2)
-
-    def init_a_log(self) -> np.ndarray:
-        h = self.config.n_heads
-        # Decaying (Re A = -1; the reference's 0 never decays) with phases spread evenly, as the reference.
-        return np.stack([np.full(h, -1.0), 2 * np.pi * np.arange(h) / h], axis=1).astype(np.float32)  # (H, 2)
-
-    def scan_numpy(self, xs: np.ndarray, dt: np.ndarray, bm: np.ndarray, cm: np.ndarray) -> np.ndarray:
-        p = self._params
-        return complex_ssd_numpy(xs, dt, p["a_log"], p["dt_bias"], bm, cm, p["d"], n_groups=self.config.n_groups)
 
     def record_scan(self, batch: Batch, xs: GpuBuffer, dt: GpuBuffer, bm: GpuBuffer, cm: GpuBuffer, y: GpuBuffer,
                     b: int, length: int) -> None:

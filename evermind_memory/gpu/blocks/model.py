@@ -1,92 +1,58 @@
-"""A small stacked sequence model (the reference's `mamba_model.ts`): token embedding, a stack of sequence
-blocks (one type, or a per-layer schedule, named in the config), then a final RMSNorm.
+"""A small stacked sequence model (the reference's `mamba_model.ts`) on the GPU: token embedding, a stack of
+sequence blocks (one type, or a per-layer schedule, named in the config), then a final RMSNorm.
 
-It is an alternative backbone: `forward` gives the final hidden states (B, L, C) on the GPU in one submit,
-`forward_numpy` the reference. No LM head, training or checkpoint format; the embedder does not use it yet.
+`forward` gives the final hidden states (B, L, C) in one submit. The config, the initial weights and the
+numpy reference (`forward_numpy`) are `lm.sequence` (`SequenceModelConfig`, `SequenceBackbone`), which is
+also the embedder's CPU backbone (embedder.SequenceEmbedder) and has a checkpoint format. No LM head or
+training here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.blocks import sequence_ops as so
-from evermind_memory.gpu.blocks.attention import AttentionBlock, AttentionConfig
-from evermind_memory.gpu.blocks.mamba1 import Mamba1Block, Mamba1Config
-from evermind_memory.gpu.blocks.mamba2 import Mamba2Block, Mamba2Config
-from evermind_memory.gpu.blocks.mamba3 import Mamba3Block, Mamba3Config
-from evermind_memory.gpu.blocks.sequence_layer import LAYER_TYPES, RMS_EPS, SequenceLayer
+from evermind_memory.gpu.blocks.attention import AttentionBlock
+from evermind_memory.gpu.blocks.mamba1 import Mamba1Block
+from evermind_memory.gpu.blocks.mamba2 import Mamba2Block
+from evermind_memory.gpu.blocks.mamba3 import Mamba3Block
+from evermind_memory.gpu.blocks.sequence_layer import RMS_EPS, SequenceLayer
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops import rmsnorm_numpy
+from evermind_memory.lm.sequence import (
+    SequenceBackbone,
+    SequenceModelConfig,
+    block_config,
+    init_sequence_params,
+)
 
 __all__ = ["SequenceModelConfig", "SequenceModel", "build_block"]
 
-
-@dataclass(frozen=True)
-class SequenceModelConfig:
-    """Shape of a stacked sequence model; `block` names the block type of every layer."""
-
-    vocab_size: int  # V
-    d_model: int  # C
-    n_layers: int  # number of stacked blocks
-    block: str | tuple[str, ...] = "mamba2"  # one of LAYER_TYPES, or one per layer (a hybrid schedule)
-    d_state: int = 16  # N for Mamba-1/2, Nc (complex states) for Mamba-3
-    d_conv: int = 4  # K, the Mamba blocks' conv width
-    expand: int = 2  # Mamba inner width = expand * C
-    n_heads: int = 4  # heads of Mamba-2/3 and attention
-    n_groups: int = 1  # B/C groups of Mamba-2/3
-    chunk_len: int = 64  # SSD chunk length on the GPU
-    ffn_mult: int = 0  # attention blocks' feed-forward width in units of C (0: none)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InvalidInput(f"SequenceModelConfig.{name} must be a positive int, got {getattr(self, name)!r}")
-        schedule = self.schedule
-        if len(schedule) != self.n_layers or any(kind not in LAYER_TYPES for kind in schedule):
-            raise InvalidInput(
-                f"SequenceModelConfig.block must be one of {LAYER_TYPES} or a tuple of {self.n_layers} of them, "
-                f"got {self.block!r}"
-            )
-
-    @property
-    def schedule(self) -> tuple[str, ...]:
-        """The block type of each layer."""
-        return (self.block,) * self.n_layers if isinstance(self.block, str) else tuple(self.block)
-
-    @property
-    def architecture(self) -> str:
-        """A stable description of the architecture (for a fingerprint): every field, in order."""
-        blocks = "+".join(self.schedule)
-        return (f"seqmodel/{blocks}/V{self.vocab_size}-C{self.d_model}-N{self.d_state}-K{self.d_conv}-"
-                f"E{self.expand}-H{self.n_heads}-G{self.n_groups}-Q{self.chunk_len}-F{self.ffn_mult}")
+_BLOCK_CLASSES: dict[str, type[SequenceLayer]] = {
+    "mamba1": Mamba1Block, "mamba2": Mamba2Block, "mamba3": Mamba3Block, "attention": AttentionBlock,
+}
 
 
-def build_block(kind: str, cfg: SequenceModelConfig, rng: np.random.Generator) -> SequenceLayer:
-    """A freshly initialised block of the given type with the model's shared sizes.
+def build_block(kind: str, cfg: SequenceModelConfig, rng: np.random.Generator,
+                params: Mapping[str, np.ndarray] | None = None) -> SequenceLayer:
+    """A block of the given type with the model's shared sizes, freshly initialised or from `params`.
 
     Args:
         kind: one of LAYER_TYPES.
         cfg: the model config (sizes).
-        rng: generator for the initial weights.
+        rng: generator for the initial weights (unused when params are given).
+        params: the block's parameters by name, or None to initialise them.
 
     Returns:
         The block.
 
     Raises:
-        InvalidInput: an unknown kind or inconsistent sizes.
+        InvalidInput: an unknown kind, inconsistent sizes or parameters that do not fit.
     """
-    if kind == "mamba1":
-        return Mamba1Block(Mamba1Config(cfg.d_model, cfg.d_state, cfg.d_conv, cfg.expand), rng=rng)
-    if kind in ("mamba2", "mamba3"):
-        cls, conf = (Mamba2Block, Mamba2Config) if kind == "mamba2" else (Mamba3Block, Mamba3Config)
-        return cls(conf(cfg.d_model, cfg.d_state, cfg.d_conv, cfg.expand, cfg.n_heads, cfg.n_groups, cfg.chunk_len),
-                   rng=rng)
-    if kind == "attention":
-        return AttentionBlock(AttentionConfig(cfg.d_model, cfg.n_heads, cfg.ffn_mult), rng=rng)
-    raise InvalidInput(f"unknown block type {kind!r}; expected one of {LAYER_TYPES}")
+    conf = block_config(kind, cfg)  # raises for an unknown kind
+    return _BLOCK_CLASSES[kind](conf, params=params, rng=rng)
 
 
 class SequenceModel:
@@ -107,12 +73,33 @@ class SequenceModel:
         Raises:
             InvalidInput: inconsistent sizes for a block type.
         """
-        rng = rng or np.random.default_rng(0)
+        self._setup(config, init_sequence_params(config, rng or np.random.default_rng(0)))
+
+    def _setup(self, config: SequenceModelConfig, params: Mapping[str, np.ndarray]) -> None:
         self.config = config
-        self.embedding = (rng.standard_normal((config.vocab_size, config.d_model))
-                          / np.sqrt(config.d_model)).astype(np.float32)  # (V, C)
-        self.layers = [build_block(kind, config, rng) for kind in config.schedule]
-        self.final_norm = np.ones(config.d_model, np.float32)  # (C,)
+        self.embedding = np.ascontiguousarray(params["embedding"], dtype=np.float32)  # (V, C)
+        rng = np.random.default_rng(0)  # unused: every block gets its parameters
+        self.layers = [
+            build_block(kind, config, rng, {n[len(f"layer{i}."):]: a for n, a in params.items()
+                                            if n.startswith(f"layer{i}.")})
+            for i, kind in enumerate(config.schedule)
+        ]
+        self.final_norm = np.ascontiguousarray(params["final_norm"], dtype=np.float32)  # (C,)
+
+    @classmethod
+    def from_backbone(cls, backbone: SequenceBackbone) -> SequenceModel:
+        """The GPU twin of a numpy `SequenceBackbone` (e.g. one loaded from a checkpoint), same weights.
+
+        Raises:
+            InvalidInput: backbone is not a SequenceBackbone.
+        """
+        if not isinstance(backbone, SequenceBackbone):
+            raise InvalidInput(
+                f"SequenceModel.from_backbone expected a SequenceBackbone, got {type(backbone).__name__}"
+            )
+        model = cls.__new__(cls)
+        model._setup(backbone.config, backbone.params)
+        return model
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Every parameter by name: "embedding", "layer{i}.{name}", "final_norm"."""
@@ -143,10 +130,7 @@ class SequenceModel:
         Raises:
             InvalidInput: ids not an integer (B, L) array inside the vocabulary.
         """
-        h = self.embedding[self._check_ids(ids)]  # (B, L, C)
-        for layer in self.layers:
-            h = layer.forward_numpy(h)  # (B, L, C)
-        return rmsnorm_numpy(h, self.final_norm, RMS_EPS)
+        return SequenceBackbone(self.config, self.parameters()).forward(self._check_ids(ids))
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """The final hidden states on the GPU: every layer recorded into one command batch, one read back.

@@ -1,8 +1,9 @@
 """The interface every sequence block implements (Mamba-1/2/3, attention), as the reference's `SequenceLayer`.
 
 A block maps (B, L, C) to (B, L, C) with its own residual: `forward` on the GPU, `forward_numpy` as the
-reference, `parameters()` by name. Weights are uploaded once and kept on the device until they change.
-Training (backward through whole blocks) is not here.
+reference, `parameters()` by name. The numpy maths (shapes, initial weights, reference forward) is
+`evermind_memory.lm.sequence`; a block here adds the device side. Weights are uploaded once and kept on the
+device until they change. Training (backward through whole blocks) is not here.
 """
 
 from __future__ import annotations
@@ -15,22 +16,23 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import Batch, GpuBuffer, get_device
+from evermind_memory.lm.sequence import (
+    LAYER_TYPES,
+    RMS_EPS,
+    block_forward,
+    block_kind,
+    block_param_shapes,
+    init_block_params,
+)
 
 __all__ = ["SequenceLayer", "RMS_EPS", "LAYER_TYPES"]
-
-RMS_EPS = 1e-5  # the pre-norm epsilon of every block (as lm.layers)
-LAYER_TYPES = ("mamba1", "mamba2", "mamba3", "attention")
-
-
-def gaussian(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
-    """float32 N(0, std^2) initial weights of the given shape."""
-    return (rng.standard_normal(shape) * std).astype(np.float32)
 
 
 class SequenceLayer(ABC):
     """A (B, L, C) -> (B, L, C) sequence block with named parameters, a GPU forward and a numpy reference.
 
-    Subclasses set `layer_type`, define `param_shapes()`, `forward_numpy()` and `record_forward()`.
+    Subclasses set `layer_type` and define `record_forward()`; shapes, initial weights and `forward_numpy()`
+    come from `lm.sequence` through the block's config.
     """
 
     layer_type: ClassVar[str]
@@ -47,14 +49,18 @@ class SequenceLayer(ABC):
         Raises:
             InvalidInput: parameters of the wrong names or shapes.
         """
+        if block_kind(config) != self.layer_type:
+            raise InvalidInput(
+                f"{type(self).__name__} needs a {self.layer_type} block config, got {type(config).__name__}"
+            )
         self.config = config
         self._params: dict[str, np.ndarray] = {}
         self._gpu: dict[str, GpuBuffer] | None = None
         self.load_parameters(params if params is not None else self._init(rng or np.random.default_rng(0)))
 
-    @abstractmethod
     def _init(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Initial parameters drawn from rng, as the reference initialises them."""
+        return init_block_params(self.config, rng)
 
     # ---- parameters ------------------------------------------------------------------------------
     @property
@@ -62,9 +68,9 @@ class SequenceLayer(ABC):
         """C, the width of the block's input and output."""
         return int(self.config.d_model)
 
-    @abstractmethod
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of every parameter, in a fixed order."""
+        return block_param_shapes(self.config)
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The block's float32 parameters by name (the arrays themselves: call `load_parameters` after editing).
@@ -175,6 +181,11 @@ class SequenceLayer(ABC):
     def record_forward(self, batch: Batch, x: GpuBuffer, y: GpuBuffer, b: int, length: int) -> None:
         """Record the block's forward from x (B, L, C) into y (B, L, C) on device buffers (y != x)."""
 
-    @abstractmethod
     def forward_numpy(self, x: np.ndarray) -> np.ndarray:
-        """The numpy reference of `forward`: x (B, L, C) -> (B, L, C) in x's dtype."""
+        """The numpy reference of `forward` (lm.sequence.block_forward): x (B, L, C) -> (B, L, C).
+
+        Raises:
+            InvalidInput: x is not a float (B, L, C) array.
+        """
+        self.reference_dims(x)
+        return block_forward(self.config, self._params, x)

@@ -1,5 +1,6 @@
 """GPU ops for sequence mixing: selective scan (Mamba-1, forward and backward), SSD (Mamba-2), complex SSD
-(Mamba-3) and causal attention, each numpy-in/numpy-out beside its twin in `reference.py`.
+(Mamba-3) and causal attention, each numpy-in/numpy-out beside its twin in `lm/sequence.py`
+(re-exported by `reference.py`).
 
 `record_*` functions put one kernel's dispatches on device buffers into a `Batch` (no copies, no data
 checks); the blocks chain them into one submit. Tiling past the binding limit is by time windows (scans)
@@ -24,6 +25,7 @@ from evermind_memory.gpu.blocks.reference import (
     ssd_numpy,
 )
 from evermind_memory.gpu.device import Batch, GpuBuffer, GpuDevice, get_device
+from evermind_memory.lm.sequence import MAX_STATE  # the WGSL's per-lane state array; lm's configs keep to it
 
 __all__ = [
     "selective_scan", "selective_scan_numpy",
@@ -36,7 +38,6 @@ __all__ = [
     "FLASH_MAX_HEAD_DIM",
 ]
 
-MAX_STATE = 64  # N (Mamba-2) and Nc (Mamba-3) live in a private array of this size per lane
 _SCAN_TILE = 64  # time steps per Kogge-Stone tile in selective_scan.wgsl
 _ATTN_TILE = 16  # query rows per tile in the three-pass attention kernels
 FLASH_MAX_HEAD_DIM = 64  # widest head attention_flash.wgsl keeps in registers (four mat4x4)
