@@ -3,6 +3,8 @@
 Layout (little-endian): magic (8 bytes) | format version (u32) | header length (u32) | JSON header |
 zero padding to 64 bytes | tensor data (each tensor 64-byte aligned) | CRC-32 of everything before it (u32).
 Files are written atomically (RELIABILITY R4) and checked, size first, before any tensor memory exists (R15).
+A model file holds an EvermindLM (meta {"config"}) or a SequenceBackbone (meta {"backbone": "sequence",
+"config"}); `load_backbone` reads either.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ __all__ = [
     "file_sha256",
     "save_model",
     "load_model",
+    "save_sequence_model",
+    "load_sequence_model",
+    "load_backbone",
     "export_delta",
     "apply_delta",
 ]
@@ -564,55 +569,109 @@ def save_model(
     if not isinstance(config, LMConfig):
         raise InvalidInput(f"save_model expected an LMConfig, got {type(config).__name__}.")
     shapes = param_shapes(config)
-    missing = [n for n in shapes if n not in params]
-    extra = [n for n in params if n not in shapes]
-    if missing or extra:
-        raise InvalidInput(f"save_model: params do not match the config: missing {missing}, unexpected {extra}.")
-    for name, shape in shapes.items():
-        if np.shape(params[name]) != tuple(shape):
-            raise InvalidInput(
-                f"save_model: params[{name!r}] has shape {np.shape(params[name])}, the config needs {tuple(shape)}."
-            )
-        arr = np.asarray(params[name])
-        if arr.dtype.kind != "f":
-            raise InvalidInput(f"save_model: params[{name!r}] has dtype {arr.dtype}; expected float.")
-        if not np.all(np.isfinite(arr)):
-            raise InvalidInput(f"save_model: params[{name!r}] holds NaN or Inf; refusing to save a broken model.")
+    _check_params_for_save("save_model", shapes, params)
     ordered = {name: params[name] for name in shapes}
     write_tensor_file(path, magic=MODEL_MAGIC, kind=MODEL_KIND, meta={"config": config.to_dict()},
                       tensors=ordered, fp16=fp16)
 
 
-def load_model(
-    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Load and validate a model checkpoint written by save_model.
+def _sequence_api() -> tuple[Any, Callable[[Any], dict[str, tuple[int, ...]]]]:
+    from evermind_memory.lm.sequence import SequenceModelConfig, sequence_param_shapes  # lazy, as _model_api
 
-    The tensor set and every shape are checked against param_shapes(config) before any weights are read.
+    return SequenceModelConfig, sequence_param_shapes
+
+
+SEQUENCE_BACKBONE = "sequence"  # meta["backbone"] of a SequenceBackbone file; files without the key are EvermindLM
+
+
+def _check_params_for_save(
+    what: str, shapes: Mapping[str, tuple[int, ...]], params: Mapping[str, np.ndarray]
+) -> None:
+    missing = [n for n in shapes if n not in params]
+    extra = [n for n in params if n not in shapes]
+    if missing or extra:
+        raise InvalidInput(f"{what}: params do not match the config: missing {missing}, unexpected {extra}.")
+    for name, shape in shapes.items():
+        if np.shape(params[name]) != tuple(shape):
+            raise InvalidInput(
+                f"{what}: params[{name!r}] has shape {np.shape(params[name])}, the config needs {tuple(shape)}."
+            )
+        arr = np.asarray(params[name])
+        if arr.dtype.kind != "f":
+            raise InvalidInput(f"{what}: params[{name!r}] has dtype {arr.dtype}; expected float.")
+        if not np.all(np.isfinite(arr)):
+            raise InvalidInput(f"{what}: params[{name!r}] holds NaN or Inf; refusing to save a broken model.")
+
+
+def save_sequence_model(
+    path: str | os.PathLike[str], config: Any, params: Mapping[str, np.ndarray], *, fp16: bool = False
+) -> None:
+    """Save a SequenceBackbone's config and parameters atomically, in the model file format.
+
+    The header meta is {"backbone": "sequence", "config": SequenceModelConfig fields}; EvermindLM files
+    have no "backbone" key.
 
     Args:
-        path: the checkpoint file.
-        max_bytes: refuse files larger than this.
-
-    Returns:
-        (config, params): the LMConfig and name -> float32 array in param_shapes order.
+        path: destination file (conventionally *.evlm).
+        config: the SequenceModelConfig.
+        params: name -> array, exactly the names and shapes of sequence_param_shapes(config).
+        fp16: store weights as float16 (half the size; loaded back as float32).
 
     Raises:
-        CheckpointError: missing, unreadable, corrupt, truncated, of another format, inconsistent
-            with its config, or holding non-finite weights.
+        InvalidInput: params do not match the config, are not finite floats, or cannot be stored.
+        CheckpointError: the file system refused the write (an existing file is left as it was).
     """
-    LMConfig, param_shapes = _model_api()
+    SequenceModelConfig, shapes_of = _sequence_api()
+    if not isinstance(config, SequenceModelConfig):
+        raise InvalidInput(f"save_sequence_model expected a SequenceModelConfig, got {type(config).__name__}.")
+    shapes = shapes_of(config)
+    _check_params_for_save("save_sequence_model", shapes, params)
+    write_tensor_file(path, magic=MODEL_MAGIC, kind=MODEL_KIND,
+                      meta={"backbone": SEQUENCE_BACKBONE, "config": config.to_dict()},
+                      tensors={name: params[name] for name in shapes}, fp16=fp16)
+
+
+def _backbone_of(meta: dict[str, Any], label: str) -> str:
+    """"evermind-lm" or "sequence" from a model header's meta; CheckpointError for anything else."""
+    if "backbone" not in meta:
+        if set(meta) != {"config"} or not isinstance(meta["config"], dict):
+            raise CheckpointError(
+                f"{label}: header meta should hold exactly a 'config' object, got keys {sorted(meta)}."
+            )
+        return "evermind-lm"
+    if set(meta) != {"backbone", "config"} or not isinstance(meta["config"], dict):
+        raise CheckpointError(
+            f"{label}: header meta should hold exactly 'backbone' and a 'config' object, got keys {sorted(meta)}."
+        )
+    if meta["backbone"] != SEQUENCE_BACKBONE:
+        raise CheckpointError(
+            f"{label}: unknown backbone {meta['backbone']!r:.60} (this version knows EvermindLM files, with no "
+            f"'backbone' key, and {SEQUENCE_BACKBONE!r}); it was written by another version of evermind_memory."
+        )
+    return SEQUENCE_BACKBONE
+
+
+def _load_any(
+    path: str | os.PathLike[str], max_bytes: int, allowed: tuple[str, ...]
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Read a model file of one of the `allowed` backbones; config type and tensors checked before reading."""
     label = os.fspath(path)
     found: dict[str, Any] = {}
 
     def check(meta: dict[str, Any], specs: dict[str, TensorSpec]) -> None:
-        if set(meta) != {"config"} or not isinstance(meta["config"], dict):
-            raise CheckpointError(f"{label}: header meta should hold exactly a 'config' object, got keys {sorted(meta)}.")
+        backbone = _backbone_of(meta, label)
+        if backbone not in allowed:
+            how = ("load_sequence_model(), SequenceBackbone.load() or embedder.load_embedder()"
+                   if backbone == SEQUENCE_BACKBONE else "load_model(), EvermindLM.load() or embedder.load_embedder()")
+            raise CheckpointError(
+                f"{label}: holds a {backbone} backbone, not {' or '.join(allowed)}; read it with {how}."
+            )
+        config_cls, shapes_of = _model_api() if backbone == "evermind-lm" else _sequence_api()
         try:
-            config = LMConfig.from_dict(meta["config"])
+            config = config_cls.from_dict(meta["config"])
         except (InvalidInput, TypeError, ValueError, KeyError) as e:
             raise CheckpointError(f"{label}: invalid model config in header: {e}") from e
-        shapes = param_shapes(config)
+        shapes = shapes_of(config)
         missing = [n for n in shapes if n not in specs]
         extra = [n for n in specs if n not in shapes]
         if missing or extra:
@@ -632,6 +691,63 @@ def load_model(
         if not np.all(np.isfinite(arr)):
             raise CheckpointError(f"{label}: tensor {name!r} holds NaN or Inf; the checkpoint is broken.")
     return found["config"], {name: tensors[name] for name in found["shapes"]}
+
+
+def load_model(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Load and validate an EvermindLM checkpoint written by save_model.
+
+    The tensor set and every shape are checked against param_shapes(config) before any weights are read.
+
+    Args:
+        path: the checkpoint file.
+        max_bytes: refuse files larger than this.
+
+    Returns:
+        (config, params): the LMConfig and name -> float32 array in param_shapes order.
+
+    Raises:
+        CheckpointError: missing, unreadable, corrupt, truncated, of another format or backbone, inconsistent
+            with its config, or holding non-finite weights.
+    """
+    return _load_any(path, max_bytes, ("evermind-lm",))
+
+
+def load_sequence_model(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Load and validate a SequenceBackbone checkpoint written by save_sequence_model.
+
+    Args:
+        path: the checkpoint file.
+        max_bytes: refuse files larger than this.
+
+    Returns:
+        (config, params): the SequenceModelConfig and name -> float32 array in sequence_param_shapes order.
+
+    Raises:
+        CheckpointError: as load_model, or the file holds an EvermindLM.
+    """
+    return _load_any(path, max_bytes, (SEQUENCE_BACKBONE,))
+
+
+def load_backbone(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Load a model file of either backbone; the header's meta says which.
+
+    Args:
+        path: the checkpoint file.
+        max_bytes: refuse files larger than this.
+
+    Returns:
+        (config, params): an LMConfig (EvermindLM) or a SequenceModelConfig, and its float32 params.
+
+    Raises:
+        CheckpointError: as load_model.
+    """
+    return _load_any(path, max_bytes, ("evermind-lm", SEQUENCE_BACKBONE))
 
 
 # ----------------------------------------------------------------------------------------------
