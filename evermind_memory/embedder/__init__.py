@@ -1,9 +1,12 @@
-"""Embedders: the protocol a store needs, the EvermindLM embedder, and the default one."""
+"""Embedders: the protocol a store needs, the EvermindLM and sequence-backbone embedders, a loader that picks
+between them from a checkpoint, and the default one."""
 
 from __future__ import annotations
 
 from .base import Embedder, check_embedder, checked_vectors
 from .lm_embedder import LMEmbedder
+from .loader import load_embedder
+from .sequence_embedder import SequenceEmbedder
 
 
 def default_embedder() -> Embedder:
@@ -20,4 +23,12 @@ def default_embedder() -> Embedder:
     return load_default()
 
 
-__all__ = ["Embedder", "LMEmbedder", "check_embedder", "checked_vectors", "default_embedder"]
+__all__ = [
+    "Embedder",
+    "LMEmbedder",
+    "SequenceEmbedder",
+    "check_embedder",
+    "checked_vectors",
+    "default_embedder",
+    "load_embedder",
+]
