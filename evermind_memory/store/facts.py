@@ -114,6 +114,13 @@ def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
     return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dim).astype(np.float32)  # (N, D)
 
 
+def _stale_sql(include_waiting: bool) -> str:
+    """The WHERE condition (one `?`: the current fingerprint) for stale vectors, with or without missing ones."""
+    if include_waiting:
+        return "(fingerprint IS NOT ? OR vector IS NULL)"
+    return "(vector IS NOT NULL AND fingerprint IS NOT ?)"
+
+
 def _chunks(items: Sequence, size: int = _IN_CHUNK) -> Iterator[Sequence]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -348,9 +355,14 @@ class FactsDB:
 
     @staticmethod
     def history(conn: sqlite3.Connection, fact_id: str) -> list[Change]:
-        """Every change of one fact, oldest first."""
+        """Every change of one fact, oldest first.
+
+        The arrival of a first vector (a 'reembed' that removed no label: background embedding of a
+        remembered fact) is part of remembering it, not a change, and is left out, so a fact's history reads
+        the same whether it was embedded before or after its commit."""
         rows = conn.execute(
-            "SELECT seq, op, at, text, tags, source FROM changes WHERE fact_id = ? ORDER BY seq", (fact_id,)
+            "SELECT seq, op, at, text, tags, source FROM changes WHERE fact_id = ? "
+            "AND NOT (op = 'reembed' AND label_removed IS NULL) ORDER BY seq", (fact_id,)
         ).fetchall()
         return [
             Change(seq=r[0], op=r[1], at=_dt(r[2]), text=r[3], tags=None if r[4] is None else json.loads(r[4]), source=r[5])
@@ -415,23 +427,30 @@ class FactsDB:
         return [(row[:-1], -float(row[-1])) for row in conn.execute(sql, [match, *params, limit])]
 
     @staticmethod
-    def stale(conn: sqlite3.Connection, fingerprint: str | None, limit: int, *, after_rid: int = 0) -> list[tuple[int, str, str, int | None]]:
-        """(rid, id, text, label) of facts whose vector is from another fingerprint (all facts for None), by rid."""
+    def stale(conn: sqlite3.Connection, fingerprint: str | None, limit: int, *, after_rid: int = 0,
+              include_waiting: bool = True) -> list[tuple[int, str, str, int | None]]:
+        """(rid, id, text, label) of facts whose vector is from another fingerprint or missing (only those
+        with a vector when include_waiting is False; all facts for fingerprint None), by rid."""
         if fingerprint is None:
             return conn.execute(
                 "SELECT rid, id, text, label FROM facts WHERE rid > ? ORDER BY rid LIMIT ?", (after_rid, limit)
             ).fetchall()
         return conn.execute(
-            "SELECT rid, id, text, label FROM facts WHERE (fingerprint IS NOT ? OR vector IS NULL) AND rid > ? "
+            f"SELECT rid, id, text, label FROM facts WHERE {_stale_sql(include_waiting)} AND rid > ? "
             "ORDER BY rid LIMIT ?", (fingerprint, after_rid, limit),
         ).fetchall()
 
     @staticmethod
-    def count_stale(conn: sqlite3.Connection, fingerprint: str) -> int:
-        """Facts whose vector is missing or from another fingerprint."""
+    def count_stale(conn: sqlite3.Connection, fingerprint: str, include_waiting: bool = True) -> int:
+        """Facts whose vector is from another fingerprint or (with include_waiting) missing."""
         return int(conn.execute(
-            "SELECT COUNT(*) FROM facts WHERE fingerprint IS NOT ? OR vector IS NULL", (fingerprint,)
+            f"SELECT COUNT(*) FROM facts WHERE {_stale_sql(include_waiting)}", (fingerprint,)
         ).fetchone()[0])
+
+    @staticmethod
+    def waiting(conn: sqlite3.Connection) -> list[tuple[int, str, str]]:
+        """(rid, id, text) of the facts with no vector yet, oldest first (background embedding's queue)."""
+        return conn.execute("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid").fetchall()
 
     @staticmethod
     def labels(conn: sqlite3.Connection, fingerprint: str) -> set[int]:

@@ -44,6 +44,7 @@ EMBED_CHUNK = 256
 REEMBED_BATCH = 256
 PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)
 PENDING_BATCH = 256  # facts per background embedding transaction
+PROBE_TEXT = "evermind probe"  # embedded once at open, so a broken embedder fails there (not in the vector thread)
 SAVE_AFTER_REPLAY = 1000
 MAX_IMPORT_LINE = 1 << 20
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
@@ -112,17 +113,22 @@ class MemoryStore:
         lock_timeout: seconds to wait for another writer's lock before StoreLocked.
         index_config: HNSW parameters.
         busy_timeout: seconds SQLite waits on a locked database.
-        background_embedding: (off by default) True: `remember()` commits the fact and returns; its vector is computed by a
-            background thread, in batches with the facts remembered meanwhile, and indexed. Vector and hybrid
-            recalls (and check, rebuild_index, close) first wait for every waiting vector, so a recall always
-            sees what was remembered before it; lexical recall finds the fact at once. After a crash, facts
-            still waiting are embedded when the store next opens. False: `remember()` embeds before it commits.
-            `remember_many()` always embeds its batch before committing.
+        background_embedding: True (the default): `remember()` commits the fact and returns; a background
+            thread embeds it, in batches with the facts remembered meanwhile, and indexes it. Vector and hybrid
+            recalls (and flush, check, rebuild_index, close) first wait for every waiting vector, so a recall
+            always sees what was remembered before it; lexical recall finds the fact at once. A fact the
+            embedder fails on (an exception, or a NaN, zero or wrong-shaped vector) stays lexical-only: the
+            next `flush()` or vector/hybrid recall raises for it, `check()` and `info()["vector_error"]`
+            report it. After a crash, facts still waiting are embedded when the store next opens.
+            False: `remember()` embeds before it commits and raises EmbedderOutputInvalid for a bad vector
+            (nothing stored). `remember_many()`, `update()` and `import_()` always embed before committing.
     Raises:
         InvalidInput: a bad argument or embedder, a missing directory, read_only on a missing file.
+        EmbedderOutputInvalid: the embedder's output for a probe text at open is not a usable vector.
         StoreLocked: another writer holds the store.
         EmbedderMismatch: on_mismatch="raise" (or a reader) and stored vectors are from another embedder.
-        EvermindError: not an evermind store, or no default model is available.
+        EvermindError: not an evermind store, no default model is available, or the embedder raised on the
+            probe text at open (its exception is the __cause__).
     """
 
     def __init__(
@@ -136,7 +142,7 @@ class MemoryStore:
         lock_timeout: float = 10.0,
         index_config: IndexConfig | None = None,
         busy_timeout: float = 5.0,
-        background_embedding: bool = False,
+        background_embedding: bool = True,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
@@ -170,6 +176,7 @@ class MemoryStore:
             self._fs_type = None
         self._embedder = default_embedder() if embedder is None else embedder
         self._dim, self._fingerprint = check_embedder(self._embedder)
+        self._probe_embedder(self._embedder, self._dim)
         weight = getattr(self._embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT)
         self._hybrid_weight = float(weight) if isinstance(weight, (int, float)) and np.isfinite(weight) else DEFAULT_HYBRID_WEIGHT
         self._path = path
@@ -196,7 +203,8 @@ class MemoryStore:
         self._drain_lock = threading.Lock()  # one drainer at a time: the worker or a caller that waits
         self._worker: threading.Thread | None = None
         self._worker_stop = False
-        self._vector_error: str | None = None  # the last background failure, for info()
+        self._vector_error: str | None = None  # the last background failure, for info() (kept until close)
+        self._failures: list[tuple[str, BaseException]] = []  # (fact id, why) not yet raised by flush()/recall()
         self._lock: WriterLock | None = None
         self._db: FactsDB | None = None
         try:
@@ -216,8 +224,8 @@ class MemoryStore:
             self._store_id = db.meta(conn, "store_id")
             stored_fp = db.meta(conn, "fingerprint")
             stored_dim = db.meta(conn, "dim")
-            stale = db.count_stale(conn, self._fingerprint)
-            foreign = db.count_foreign(conn, self._fingerprint) if stale else 0
+            foreign = db.count_foreign(conn, self._fingerprint)
+            waiting = db.waiting(conn) if not self._read_only else []
         if foreign:  # vectors from another model (facts merely waiting for a vector are embedded below)
             if self._read_only and stored_fp != self._fingerprint:
                 raise EmbedderMismatch(self._mismatch_message(stored_fp, stored_dim, foreign, reader=True))
@@ -229,9 +237,16 @@ class MemoryStore:
                 db.set_meta(conn, "dim", str(self._dim))
                 if stored_fp != self._fingerprint:
                     self._clear_adaptation_state(conn)  # another model: its adapters and half-built generation lapse
-        if stale and not self._read_only:
-            self._reembed_rows(force=False, with_index=False)
+        if foreign and not self._read_only:
+            self._reembed_rows(force=False, with_index=False, include_waiting=False)
         self._load_index()
+        if waiting:  # remembered without a vector before a crash (or the embedder failed on them): retry now
+            with self._waiting_cv:
+                self._waiting.update((rid, (fid, text)) for rid, fid, text in waiting)
+            if self._background:
+                self._start_worker()
+            else:
+                self._drain_waiting()
 
     def _mismatch_message(self, stored_fp: str | None, stored_dim: str | None, stale: int, *, reader: bool) -> str:
         what = f"{self._path} holds {stale} vectors made by embedder {stored_fp} (dim {stored_dim})"
@@ -371,15 +386,32 @@ class MemoryStore:
             out[start : start + len(chunk)] = checked_vectors(embedder.embed_many(chunk), len(chunk), self._dim)
         return out
 
+    @staticmethod
+    def _probe_embedder(embedder: Any, dim: int) -> None:
+        """Embed PROBE_TEXT through embed and embed_many once, so a broken embedder fails at open."""
+        for what, call in (("embed", lambda: embedder.embed(PROBE_TEXT)),
+                           ("embed_many", lambda: embedder.embed_many([PROBE_TEXT]))):
+            try:
+                checked_vectors(call(), 1, dim, what=what)
+            except EmbedderOutputInvalid as exc:
+                raise EmbedderOutputInvalid(f"MemoryStore() probed the embedder at open: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 (any embedder's own error, named and chained)
+                raise EvermindError(
+                    f"MemoryStore() probed the embedder at open and embedder.{what}({PROBE_TEXT!r}) raised "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+
     def _embed_query(self, text: str) -> np.ndarray:
         return checked_vectors(self._embedder.embed(text), 1, self._dim, what="embed")[0]  # (D,)
 
     # ---- writes --------------------------------------------------------------------------------------------
     def remember(self, text: str, *, tags: dict[str, str] | None = None, source: str | None = None) -> str:
-        """Store a fact; returns only after it is committed.
+        """Store a fact; returns only after it is committed (durable as `durability` says).
 
-        With background_embedding=True the vector follows from a background thread, and every
-        vector or hybrid recall waits for it; otherwise it is embedded before the commit. Thread-safe.
+        By default (background_embedding=True) the vector follows from a background thread: lexical recall
+        finds the fact at once, vector and hybrid recall wait for its vector, and `flush()` waits for it and
+        raises if the embedder failed on it. With background_embedding=False it is embedded before the
+        commit. Thread-safe.
 
         Args:
             text: the fact (1..100,000 characters, no NUL or lone surrogates).
@@ -389,7 +421,8 @@ class MemoryStore:
             the new fact's id.
         Raises:
             InvalidInput: bad text, tags or source. EmbedderOutputInvalid: the embedder returned a bad vector
-            (without background embedding; in the background such a fact keeps no vector, see check()).
+            (background_embedding=False only: nothing is stored; in the background such a fact keeps no
+            vector and `flush()` or the next vector/hybrid recall raises for it).
         """
         if not self._background:
             return self.remember_many([text], tags=tags, source=source)[0]
@@ -488,34 +521,76 @@ class MemoryStore:
                         continue  # the model was swapped meanwhile: embed this batch again with the new one
                     with self._db.transaction() as conn:
                         still = self._db.still_waiting(conn, rids)  # not forgotten or updated since
-                        keep = [i for i, rid in enumerate(rids) if i not in failed and still.get(rid) == texts[i]]
+                        current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
+                        keep = [i for i in current if i not in failed]
                         pairs = self._db.set_vectors(conn, [(rids[i], batch[i][1][0], None) for i in keep],
                                                      vectors[keep], fingerprint, utc_now())
                         top = self._db.max_seq(conn)
                     crash_point("remember.vectors_committed")
                     self._apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [], top)
                 with self._waiting_cv:
+                    for i in current:
+                        if i in failed:  # reported once by flush() or a vector/hybrid recall
+                            self._failures.append((batch[i][1][0], failed[i]))
+                            self._vector_error = (f"the embedder failed on fact {batch[i][1][0]}: "
+                                                  f"{type(failed[i]).__name__}: {failed[i]}")
                     for rid in rids:
                         self._waiting.pop(rid, None)
                     self._waiting_cv.notify_all()
 
-    def _embed_waiting(self, texts: list[str], embedder: Any) -> tuple[np.ndarray, set[int]]:
-        """Vectors (b, D) of texts; where the embedder fails on a text, its position is in the returned set
-        (that fact keeps no vector and check() reports it) and its row is zero."""
+    def _embed_waiting(self, texts: list[str], embedder: Any) -> tuple[np.ndarray, dict[int, BaseException]]:
+        """Vectors (b, D) of texts, and {position: error} for the texts the embedder fails on (their rows
+        are zero; those facts keep no vector). A failing batch is retried one text at a time."""
         try:
-            return self._embed_many(texts, embedder), set()
+            return self._embed_many(texts, embedder), {}
         except Exception as exc:  # noqa: BLE001 (any embedder's error: find the texts it fails on)
             if len(texts) == 1:
-                self._vector_error = f"the embedder failed on a remembered fact: {type(exc).__name__}: {exc}"
-                return np.zeros((1, self._dim), dtype=np.float32), {0}
+                return np.zeros((1, self._dim), dtype=np.float32), {0: exc}
         vectors = np.zeros((len(texts), self._dim), dtype=np.float32)  # (b, D)
-        failed: set[int] = set()
-        for i, text in enumerate(texts):
+        failed: dict[int, BaseException] = {}
+        for i, text in enumerate(texts):  # (only after a batch failed: bisecting would save calls, not clarity)
             one, bad = self._embed_waiting([text], embedder)
             vectors[i] = one[0]
             if bad:
-                failed.add(i)
+                failed[i] = bad[0]
         return vectors, failed
+
+    def _raise_vector_failures(self, method: str) -> None:
+        """Raise (once) for the facts the background embedding failed on since the last report."""
+        with self._waiting_cv:
+            failures, self._failures = self._failures, []
+        if not failures:
+            return
+        fid, first = failures[0]
+        many = f"{len(failures)} remembered facts" if len(failures) > 1 else "a remembered fact"
+        message = (
+            f"{method}(): the embedder failed on {many}, first {fid} ({type(first).__name__}: {first}). "
+            "They are stored and found by lexical recall, but have no vector; check() lists them. Fix the "
+            "embedder and call reembed(), or update()/forget() them."
+        )
+        if isinstance(first, EmbedderOutputInvalid):
+            raise EmbedderOutputInvalid(message) from first
+        raise EvermindError(message) from first
+
+    def flush(self) -> None:
+        """Wait until every remembered fact's vector is embedded and indexed (default background embedding).
+
+        Then raise if the embedder failed on any fact since the last flush() or vector/hybrid recall (each
+        failure is raised once; `check()` keeps reporting facts without a vector). For a reader: catch up
+        with the writer's commits. Thread-safe.
+
+        Raises:
+            EmbedderOutputInvalid: the embedder gave a bad vector (NaN, Inf, zero, wrong shape) for a fact.
+            EvermindError: the embedder raised on a fact (its exception is the __cause__), or SQLite refused
+                the vectors (the facts keep waiting and are retried).
+        """
+        self._check_usable()
+        if self._read_only:
+            self._follow_generation()
+            self._catch_up()
+            return
+        self._wait_for_vectors()
+        self._raise_vector_failures("flush")
 
     def remember_many(self, texts: Sequence[str], *, tags: dict[str, str] | None = None,
                       source: str | None = None) -> list[str]:
@@ -703,6 +778,8 @@ class MemoryStore:
     def history(self, fact_id: str) -> list[Change]:
         """Every change of a fact (remember, update, reembed, forget), oldest first. Thread-safe.
 
+        A background-embedded fact's first vector is part of its "remember", not a change of its own.
+
         Raises:
             FactNotFound: the id was never used in this store.
         """
@@ -734,6 +811,9 @@ class MemoryStore:
             list of Recall.
         Raises:
             InvalidInput: bad query, k, tags, mode, fusion or min_score.
+            EmbedderOutputInvalid, EvermindError: (vector and hybrid mode) the background embedding failed on
+                a remembered fact since the last flush() or recall; raised once, as flush() would (the next
+                recall serves results, without that fact's vector).
         """
         self._check_usable()
         query = check_text(query, "query")
@@ -747,6 +827,7 @@ class MemoryStore:
             self._catch_up()
         elif mode != "lexical":
             self._wait_for_vectors()
+            self._raise_vector_failures("recall")
         with self._gen_lock.read():  # one generation (model, fingerprint, index) for the whole recall
             if mode == "lexical":
                 scored = self._lexical(query, k, tags)
@@ -872,18 +953,20 @@ class MemoryStore:
         batch_size = check_int(batch_size, "batch_size", 1, 100_000, "reembed")
         return self._reembed_rows(force=force, with_index=True, batch_size=batch_size)
 
-    def _reembed_rows(self, *, force: bool, with_index: bool, batch_size: int = REEMBED_BATCH) -> int:
+    def _reembed_rows(self, *, force: bool, with_index: bool, batch_size: int = REEMBED_BATCH,
+                      include_waiting: bool = True) -> int:
         from tqdm.auto import tqdm
 
         db = self._db
         with db.write_mutex:
             with db.reading() as conn:
-                total = db.count(conn) if force else db.count_stale(conn, self._fingerprint)
+                total = db.count(conn) if force else db.count_stale(conn, self._fingerprint, include_waiting)
             done, after = 0, 0
             with tqdm(total=total, desc="re-embedding", unit="fact", disable=not sys.stderr.isatty(), leave=False) as bar:
                 while True:
                     with db.reading() as conn:
-                        rows = db.stale(conn, None if force else self._fingerprint, batch_size, after_rid=after)
+                        rows = db.stale(conn, None if force else self._fingerprint, batch_size, after_rid=after,
+                                        include_waiting=include_waiting)
                     if not rows:
                         break
                     vectors = self._embed_many([r[2] for r in rows])  # (b, D)

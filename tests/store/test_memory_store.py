@@ -26,13 +26,23 @@ TEXTS = [
 
 def test_remember_get_round_trip(store: MemoryStore):
     fid = store.remember("Ada prefers green tea", tags={"user": "ada", "topic": "drinks"}, source="chat")
-    fact = store.get(fid)
+    fact = store.get(fid)  # committed: readable at once, whether or not its vector has arrived
     assert isinstance(fact, Fact) and fact.id == fid
     assert (fact.text, fact.tags, fact.source) == ("Ada prefers green tea", {"user": "ada", "topic": "drinks"}, "chat")
     assert fact.created_at == fact.updated_at and fact.created_at.tzinfo is not None
-    assert fact.fingerprint == store.fingerprint
+    store.flush()  # default background embedding: the vector (and its fingerprint) after flush()
+    after = store.get(fid)
+    assert after.fingerprint == store.fingerprint
+    assert (after.text, after.tags, after.created_at, after.updated_at) == (fact.text, fact.tags, fact.created_at, fact.updated_at)
     with pytest.raises(FrozenInstanceError):
         fact.text = "x"  # type: ignore[misc]
+
+
+def test_synchronous_remember_has_its_vector_on_return(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder, background_embedding=False) as store:
+        fid = store.remember("Ada prefers green tea")
+        assert store.get(fid).fingerprint == store.fingerprint
+        assert store.info()["waiting_vectors"] == 0 and store.info()["indexed"] == 1
 
 
 def test_ids_are_opaque_and_unique(store: MemoryStore):
@@ -211,7 +221,9 @@ def test_replay_after_watermark(db_path: Path, embedder):
     (db_path.parent / "memory.db.json").write_text(json.dumps(manifest))
     (db_path.parent / manifest["file"]).write_bytes(saved)
     with MemoryStore(db_path, embedder) as store:
-        assert store.info()["index_status"] == "loaded (replayed 2 changes)"
+        # remember, forget and (default background embedding) the new fact's vector: all after the watermark
+        changes = store.info()["max_seq"] - manifest["watermark"]
+        assert changes == 3 and store.info()["index_status"] == f"loaded (replayed {changes} changes)"
         assert store.recall("a brand new fact about zebras", k=1, mode="vector")[0].id == new
         assert gone not in {h.id for h in store.recall(TEXTS[0], k=10, mode="vector")}
         assert store.check().ok
@@ -265,7 +277,9 @@ def test_reader_sees_writer_commits(db_path: Path, embedder):
         writer.remember("first fact")
         with MemoryStore(db_path, embedder, read_only=True) as reader:
             fid = writer.remember("the second fact is about zebras")
-            assert reader.get(fid).text == "the second fact is about zebras"
+            assert reader.get(fid).text == "the second fact is about zebras"  # the text once committed
+            assert reader.recall("second fact zebras", k=1, mode="lexical")[0].id == fid
+            writer.flush()  # its vector: the writer embeds in the background
             assert reader.recall("second fact zebras", k=1, mode="vector")[0].id == fid
             writer.forget(fid)
             assert fid not in {h.id for h in reader.recall("second fact zebras", k=5)}

@@ -15,22 +15,34 @@ from evermind_memory import EmbedderOutputInvalid, FactNotFound, InvalidInput, M
 
 
 class BadEmbedder:
-    """A user-supplied embedder returning whatever `make(n)` gives (to test R10 hygiene)."""
+    """A user-supplied embedder returning whatever `make(n)` gives (to test R10 hygiene); with `bad_for`, only
+    calls whose texts contain that word get `make(n)`, the rest get good vectors (so it passes the probe at
+    open and fails on chosen facts)."""
 
     fingerprint = "bad-embedder/v1"
 
-    def __init__(self, make, dimensions: int = 4) -> None:
+    def __init__(self, make, dimensions: int = 4, bad_for: str | None = None) -> None:
         self.make = make
         self.dimensions = dimensions
+        self.bad_for = bad_for
+
+    def _out(self, texts, n):
+        if self.bad_for is None or any(self.bad_for in t for t in texts):
+            return self.make(n)
+        return np.ones((n, self.dimensions), dtype=np.float32)
 
     def embed(self, text):
-        return self.make(1)
+        return self._out([text], 1)
 
     def embed_many(self, texts):
-        return self.make(len(texts))
+        return self._out(texts, len(texts))
 
 
 GOOD = lambda n: np.ones((n, 4), dtype=np.float32)  # noqa: E731
+
+
+def raising(n):
+    raise RuntimeError("the model server is down")
 
 
 @pytest.mark.parametrize(
@@ -160,17 +172,78 @@ def test_forget_where_needs_a_filter(store: MemoryStore):
     ],
 )
 def test_bad_embedder_output_is_refused(tmp_path: Path, make, message):
-    with MemoryStore(tmp_path / "b.db", BadEmbedder(make)) as store:
+    # an embedder that is bad for every text fails at open, before a file is written
+    with pytest.raises(EmbedderOutputInvalid, match="probed the embedder at open"):
+        MemoryStore(tmp_path / "a.db", BadEmbedder(make))
+    assert not (tmp_path / "a.db").exists()
+    # the strict contract: remember() embeds before the commit and refuses a bad vector, storing nothing
+    with MemoryStore(tmp_path / "b.db", BadEmbedder(make, bad_for="poison"), background_embedding=False) as store:
         with pytest.raises(EmbedderOutputInvalid, match=message):
-            store.remember("fact")
+            store.remember("poison fact")
         assert len(store) == 0
     with MemoryStore(tmp_path / "g.db", BadEmbedder(GOOD)) as store:
         store.remember("fact")
     # a query vector is checked too (the stored fingerprint matches, so no re-embed happens)
-    with MemoryStore(tmp_path / "g.db", BadEmbedder(make)) as store:
+    with MemoryStore(tmp_path / "g.db", BadEmbedder(make, bad_for="fact")) as store:
         with pytest.raises(EmbedderOutputInvalid):
             store.recall("fact", mode="vector")
         assert store.recall("fact", mode="lexical")[0].text == "fact"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda n: np.full((n, 4), np.nan, np.float32), "non-finite"),
+        (lambda n: np.zeros((n, 4), np.float32), "zero vector"),
+        (lambda n: np.ones((n, 3), np.float32), r"expected shape \(1, 4\)"),
+        (lambda n: [[1.0, 2.0], [3.0]], "not an array|numeric|shape"),
+    ],
+)
+def test_bad_vector_in_the_background_leaves_the_fact_lexical_only(tmp_path: Path, make, message):
+    with MemoryStore(tmp_path / "b.db", BadEmbedder(make, bad_for="poison")) as store:  # default mode
+        good = store.remember("a good fact")
+        bad = store.remember("a poison fact")  # committed and acknowledged: its vector comes later
+        with pytest.raises(EmbedderOutputInvalid, match=message) as caught:
+            store.flush()
+        assert f"first {bad}" in str(caught.value) and "lexical recall" in str(caught.value)
+        store.flush()  # each failure is raised once
+        assert store.get(bad).text == "a poison fact" and store.get(bad).fingerprint is None
+        assert [h.id for h in store.recall("poison", mode="lexical")] == [bad]
+        assert [h.id for h in store.recall("good fact", k=5, mode="vector")] == [good]  # no vector, no hit
+        assert bad in store.info()["vector_error"]
+        report = store.check()
+        assert not report.ok and report.waiting_vectors == 1 and report.indexed == 1
+        assert any("1 facts have no vector" in p for p in report.problems), report.problems
+        # a vector or hybrid recall raises for a new failure too (once), lexical recall never does
+        store.remember("another poison fact")
+        assert len(store.recall("another", mode="lexical")) == 1
+        with pytest.raises(EmbedderOutputInvalid, match="recall\\(\\): the embedder failed on a remembered fact"):
+            store.recall("good fact", mode="hybrid")
+        assert store.recall("good fact", k=1, mode="hybrid")[0].id == good
+        store.forget(bad)
+    # still without a vector at the next open: retried there, and reported again
+    with MemoryStore(tmp_path / "b.db", BadEmbedder(make, bad_for="poison")) as store:
+        with pytest.raises(EmbedderOutputInvalid, match="first"):
+            store.flush()
+        assert store.check().waiting_vectors == 1
+    # with a working embedder the next open embeds it: nothing is lost
+    with MemoryStore(tmp_path / "b.db", BadEmbedder(GOOD)) as store:
+        store.flush()
+        assert store.check().ok and store.info()["indexed"] == 2
+
+
+def test_embedder_exception_in_the_background_is_wrapped(tmp_path: Path):
+    from evermind_memory import EvermindError
+
+    with MemoryStore(tmp_path / "r.db", BadEmbedder(raising, bad_for="poison")) as store:
+        fid = store.remember("poison pill")
+        with pytest.raises(EvermindError, match="RuntimeError: the model server is down") as caught:
+            store.flush()
+        assert not isinstance(caught.value, EmbedderOutputInvalid)
+        assert isinstance(caught.value.__cause__, RuntimeError) and fid in str(caught.value)
+        assert store.recall("poison", mode="lexical")[0].id == fid
+    with pytest.raises(EvermindError, match="raised RuntimeError: the model server is down"):
+        MemoryStore(tmp_path / "x.db", BadEmbedder(raising))
 
 
 def test_embedder_vectors_are_normalised(tmp_path: Path):
