@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import CheckpointError, EvermindError, InvalidInput
 from ..lm.adapter import LoRAWeights, adapter_digest, load_adapter, save_adapter
 from ..lm.checkpoint import file_sha256
+from ..lm.sequence import SequenceBackbone
 from .lora import LoRAAdapter
 from .optim import AdamW, clip_grad_norm_
 
@@ -458,6 +459,12 @@ class FitResult:
 
 def _check_lm_embedder(embedder: Any, what: str) -> None:
     model = getattr(embedder, "model", None)
+    if isinstance(model, SequenceBackbone):
+        raise InvalidInput(
+            f"{what}: LoRA adaptation is EvermindLM-only, and this embedder ({embedder.fingerprint}) runs a "
+            "sequence backbone (Mamba / attention blocks). Adapt a store opened with an LMEmbedder, or keep "
+            "this one unadapted."
+        )
     ok = all(hasattr(embedder, a) for a in ("tokenizer", "max_tokens", "fingerprint")) and model is not None \
         and all(hasattr(model, a) for a in ("params", "config", "pooled_forward", "pooled_backward", "loss_and_grads"))
     if not ok:
