@@ -84,6 +84,9 @@ class AdaptationPolicy:
             head serves no recall, and the full-vocabulary softmax made a step ~4x slower without moving the
             vectors; see benchmarks/results/adaptation_gain_*).
         contrastive_weight: weight of the contrastive (retrieval) loss.
+        query_weight: weight of the logged-query term (real queries from the store's query log, each trained to
+            retrieve the memory it confidently found or was marked useful; see MemoryStore(query_log=...)).
+        query_batch: logged queries per step in that term.
         temperature: contrastive softmax temperature (the shipped model was trained at 0.05; 0.03 broke it).
         max_grad_norm: global gradient clipping.
         probe_fraction: share of memories held out of training for the gate.
@@ -126,6 +129,8 @@ class AdaptationPolicy:
     lm_batch: int = 8
     lm_weight: float = 0.0
     contrastive_weight: float = 1.0
+    query_weight: float = 1.0
+    query_batch: int = 32
     temperature: float = 0.05
     max_grad_norm: float = 1.0
     probe_fraction: float = 0.1
@@ -144,7 +149,7 @@ class AdaptationPolicy:
     def __post_init__(self) -> None:
         ints = {"min_new_facts": (0, 10**9), "rank": (1, 4096), "steps": (0, 10**7), "batch_size": (2, 65_536),
                 "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "train_tokens": (2, 65_536),
-                "anchor_batch": (1, 65_536),
+                "anchor_batch": (1, 65_536), "query_batch": (1, 65_536),
                 "lm_batch": (1, 65_536), "min_probe": (1, 10**6), "max_probe": (1, 10**6), "probe_k": (1, 1000),
                 "gate_corpus": (2, 10**6), "min_facts": (2, 10**9), "max_memories": (2, 10**9),
                 "reembed_batch": (1, 100_000), "seed": (0, 2**63 - 1)}
@@ -153,7 +158,7 @@ class AdaptationPolicy:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
                 raise InvalidInput(f"AdaptationPolicy expected {name} an int in [{lo}, {hi}], got {value!r}.")
         reals = {"min_interval_s": (0.0, 1e9), "max_cpu_seconds": (0.0, 1e9), "alpha": (1e-9, 1e9),
-                 "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6),
+                 "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6), "query_weight": (0.0, 1e6),
                  "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0),
                  "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
                  "gate_tolerance": (0.0, 1.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
@@ -346,17 +351,18 @@ def _unit_backward(z: np.ndarray, dz: np.ndarray, norms: np.ndarray) -> np.ndarr
 
 
 def retrieval_loss_and_grad(pooled: np.ndarray, targets: np.ndarray, positives: np.ndarray,
-                            temperature: float) -> tuple[float, np.ndarray]:
+                            temperature: float, weights: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     """InfoNCE of query vectors against fixed memory vectors, and its gradient w.r.t. the query rows.
 
-    z = pooled / |pooled|, S = z @ targets^T / temperature, loss = mean_b CE(S[b], positives[b]): each query
-    against every memory of the store, its own memory the positive.
+    z = pooled / |pooled|, S = z @ targets^T / temperature, loss = mean_b w_b CE(S[b], positives[b]): each
+    query against every memory of the store, its own memory the positive.
 
     Args:
         pooled: (B, C) unnormalised query vectors.
         targets: (N, C) unit memory vectors (constants).
         positives: (B,) row of each query's memory in targets.
         temperature: softmax temperature (> 0).
+        weights: (B,) per-query weights (None: all 1), e.g. the confidence of a pseudo-label.
     Returns:
         (loss, dpooled (B, C) in pooled's dtype).
     """
@@ -368,9 +374,10 @@ def retrieval_loss_and_grad(pooled: np.ndarray, targets: np.ndarray, positives: 
     p = np.exp(s)  # (B, N)
     p /= p.sum(axis=1, keepdims=True)
     rows = np.arange(b)  # (B,)
-    loss = -float(np.log(np.maximum(p[rows, positives], 1e-30)).mean())
+    w = np.ones(b, dtype=pooled.dtype) if weights is None else np.asarray(weights, dtype=pooled.dtype)  # (B,)
+    loss = -float((w * np.log(np.maximum(p[rows, positives], 1e-30))).mean())
     p[rows, positives] -= 1.0
-    dz = (p @ targets) / (b * temperature)  # (B, C)
+    dz = ((p * w[:, None]) @ targets) / (b * temperature)  # (B, C)
     return loss, _unit_backward(z, dz, norms).astype(pooled.dtype, copy=False)
 
 
@@ -475,7 +482,8 @@ def _check_lm_embedder(embedder: Any, what: str) -> None:
 
 
 def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, init: LoRAWeights | None = None,
-                should_stop: Callable[[], bool] | None = None, vectors: np.ndarray | None = None) -> FitResult:
+                should_stop: Callable[[], bool] | None = None, vectors: np.ndarray | None = None,
+                pairs: Sequence[tuple[str, int, float]] | None = None) -> FitResult:
     """Fit LoRA tensors over a frozen LMEmbedder on memories: retrieval + anchor (+ lm_weight * next-token).
 
     Each step draws batch_size memories, cuts a short query-like view of each (policy.views) and trains it to
@@ -496,6 +504,9 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         should_stop: polled before each step; True ends training early.
         vectors: (N, D) the current vectors of `texts` (e.g. stored): the fixed targets of "store" negatives
             and of the anchor term; without them training uses "batch" negatives and no anchor.
+        pairs: (query, index into texts, weight) from the store's query log: real queries, each with the memory
+            it found (a pseudo-label) or was told was useful. With "store" negatives, each step also trains
+            query_batch of them to retrieve their memory, weighted by weight * policy.query_weight.
     Returns:
         FitResult (weights carry base_fingerprint = base.fingerprint).
     Raises:
@@ -520,6 +531,12 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         current = current[keep]  # (N, D)
         current = current / np.maximum(np.linalg.norm(current, axis=1, keepdims=True), _EPS)  # (N, D) unit
     to_store = current is not None and policy.negatives == "store"
+    where = {orig: pos for pos, orig in enumerate(keep)}
+    logged = []  # (query tokens, row in token_lists, weight)
+    for query, idx, weight in pairs or ():
+        q = list(tok.encode(query))[: policy.train_tokens]
+        if q and int(idx) in where and weight > 0:
+            logged.append((q, where[int(idx)], float(weight)))
     anchored = current is not None and policy.anchor_weight > 0
     asymmetric = policy.views != "two-spans"
     word_lists = [texts[i].split() for i in keep] if asymmetric else []
@@ -579,6 +596,17 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
             g = work.pooled_backward(dpooled, cache, grads_for=targets)
             for t in targets:
                 grads_w[t] += np.float32(policy.contrastive_weight) * g[t]
+        if to_store and logged and policy.query_weight > 0:  # real queries to the memory they found
+            sub = rng.choice(len(logged), size=min(policy.query_batch, len(logged)), replace=False)  # (Q,)
+            tokens, lengths = pad_batch([logged[i][0] for i in sub])  # (Q, T), (Q,)
+            pooled, cache = work.pooled_forward(tokens, lengths)  # (Q, C)
+            q_loss, dpooled = retrieval_loss_and_grad(
+                pooled, current, np.array([logged[i][1] for i in sub], dtype=np.intp), float(policy.temperature),
+                weights=np.array([logged[i][2] for i in sub], dtype=np.float32))
+            con_loss += float(policy.query_weight) * q_loss
+            g = work.pooled_backward(dpooled, cache, grads_for=targets)
+            for t in targets:
+                grads_w[t] += np.float32(policy.query_weight) * g[t]
         if anchored:  # whole memories keep their current vectors
             sub = rng.choice(n, size=min(policy.anchor_batch, n), replace=False)  # (A,)
             tokens, lengths = pad_batch([token_lists[i] for i in sub])  # (A, T), (A,)

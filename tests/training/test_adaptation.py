@@ -75,6 +75,11 @@ def test_retrieval_and_anchor_gradients_match_finite_differences(rng: np.random.
     assert grad.dtype == np.float64 and loss > 0
     numeric = _numeric_grad(lambda x: retrieval_loss_and_grad(x, targets, positives, 0.2)[0], pooled)
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+    weights = np.array([0.5, 1.0, 0.0, 2.0])
+    loss_w, grad_w = retrieval_loss_and_grad(pooled, targets, positives, 0.2, weights=weights)
+    numeric = _numeric_grad(lambda x: retrieval_loss_and_grad(x, targets, positives, 0.2, weights=weights)[0], pooled)
+    np.testing.assert_allclose(grad_w, numeric, rtol=1e-5, atol=1e-8)
+    assert np.all(grad_w[2] == 0.0)  # a zero-weight query contributes nothing
     # a query that already points at its memory has a lower loss than one pointing elsewhere
     near = retrieval_loss_and_grad(targets[[3]] * 2.0, targets, np.array([3]), 0.2)[0]
     far = retrieval_loss_and_grad(targets[[5]] * 2.0, targets, np.array([3]), 0.2)[0]
@@ -123,6 +128,25 @@ def test_fit_adapter_against_store_vectors_learns_retrieval_and_keeps_the_anchor
     assert np.einsum("nd,nd->n", moved, vectors).mean() > np.einsum("nd,nd->n", drifted, vectors).mean()
     with pytest.raises(InvalidInput):
         fit_adapter(base, TEXTS, policy, vectors=vectors[:3])
+
+
+def test_fit_adapter_learns_logged_queries_that_share_no_word_with_their_memory(base: LMEmbedder) -> None:
+    vectors = base.embed_many(TEXTS)  # (N, D)
+    # real queries in other words than the memory (what a query log holds), each with the memory it found
+    names = {"Ada": "the first", "Bob": "the second", "Cyd": "the third", "Dee": "the fourth"}
+    pairs = [(f"{names[t.split()[0]]} person, {t.split()[-1]} habit", i, 1.0) for i, t in enumerate(TEXTS)]
+    policy = AdaptationPolicy(steps=80, batch_size=8, lr=1e-2, anchor_batch=6, query_batch=16, seed=4)
+    tokens, lengths = pad_batch([base.tokenizer.encode(q) for q, _, _ in pairs])
+    rows = np.array([i for _, i, _ in pairs])
+    plain = merge_adapter(base.model, fit_adapter(base, TEXTS, policy, vectors=vectors).weights)
+    logged = merge_adapter(base.model, fit_adapter(base, TEXTS, policy, vectors=vectors, pairs=pairs).weights)
+    loss_plain = retrieval_loss_and_grad(plain.pooled_forward(tokens, lengths)[0], vectors, rows, 0.05)[0]
+    loss_logged = retrieval_loss_and_grad(logged.pooled_forward(tokens, lengths)[0], vectors, rows, 0.05)[0]
+    assert loss_logged < loss_plain
+    # pairs pointing outside texts, with no tokens or with zero weight are dropped, not an error
+    junk = [("x", len(TEXTS) + 5, 1.0), ("", 0, 1.0), ("y", 1, 0.0)]
+    fit = fit_adapter(base, TEXTS, AdaptationPolicy(steps=3, seed=4), vectors=vectors, pairs=junk)
+    assert fit.steps == 3
 
 
 @pytest.mark.parametrize("target", ["pool.wo", "emb"])
