@@ -122,6 +122,9 @@ sys.stdin.readline()
 fid = store.remember("written by the child writer about zebras")
 print("ok", fid, flush=True)
 sys.stdin.readline()
+store.flush()
+print("flushed", flush=True)
+sys.stdin.readline()
 store.close()
 """
 
@@ -143,12 +146,12 @@ def test_reader_process_view_and_writer_lock(model_files, embedder, tmp_path: Pa
             fid = proc.stdout.readline().split()[1]
             assert reader.get(fid).text == "written by the child writer about zebras"
             assert reader.recall("zebras", k=1, mode="lexical")[0].id == fid
-            # the vector follows from the writer's background thread: the reader finds it once it is committed
-            deadline = time.monotonic() + 30
-            while not (hits := reader.recall("written by the child writer about zebras", k=1, mode="vector")):
-                assert time.monotonic() < deadline, "the writer's vector never reached the reader"
-                time.sleep(0.01)
-            assert hits[0].id == fid
+            # the vector follows from the writer's background thread; after the writer's flush() it is committed
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "flushed"
+            assert reader.recall("written by the child writer about zebras", k=1, mode="vector")[0].id == fid
+            assert reader.check().ok
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.wait(timeout=60) == 0, proc.stderr.read()[-2000:]

@@ -1,5 +1,8 @@
 """RELIABILITY A: kill -9 of a writer child process (at random moments and at named crash points) never
-loses an acknowledged fact and leaves a store that opens, passes check() and recalls like exact search."""
+loses an acknowledged fact and leaves a store that opens, passes check() and recalls like exact search.
+
+The children use the default background embedding: acknowledged means remember() returned (the text is
+committed); a fact whose vector was still waiting when the child died is embedded at the next open."""
 
 from __future__ import annotations
 
@@ -61,13 +64,21 @@ def run_until_killed(model_files, db: Path, kill_after: int, durability: str) ->
     return acked, forgotten
 
 
+def waiting_vectors(db: Path) -> int:
+    """Facts committed without a vector yet (read straight from SQLite, without opening a store)."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NULL").fetchone()[0]
+
+
 def assert_healthy(db: Path, embedder, acked: set[str], forgotten: set[str]) -> None:
     with MemoryStore(db, embedder) as store:
         present = {f.id for f in store.list(limit=100_000)}
         assert acked - forgotten <= present, f"lost {len(acked - forgotten - present)} acknowledged facts"
         assert not (forgotten & present)
+        store.flush()  # the vectors still waiting at the kill were queued at open; none may fail
+        assert all(f.fingerprint == store.fingerprint for f in store.list(limit=100_000))
         report = store.check()
-        assert report.ok, report.problems
+        assert report.ok and report.waiting_vectors == 0 and report.indexed == len(present), report.problems
         assert recall_at_k(store, db, ["river foxes", "tea and cats", "fact number 3", "batch"]) >= 0.95
 
 
@@ -104,15 +115,17 @@ print("closed", flush=True)
 
 
 @pytest.mark.parametrize(
-    "point, committed_unacked",
+    "point, committed_unacked, least_waiting",
     [
-        ("remember.before_commit:5", 0),  # the 5th remember dies before COMMIT: never acknowledged, not stored
-        ("remember.after_commit:5", 1),  # dies after COMMIT, before the index saw it: replayed on open
-        ("index.save.written:1", 0),  # dies with a half-saved index temp file on close
-        ("index.save.before_manifest:1", 0),  # new index renamed, manifest not yet: the old one stays valid
+        ("remember.before_commit:5", 0, 0),  # the 5th remember dies before COMMIT: never acknowledged, not stored
+        ("remember.after_commit:5", 1, 1),  # dies after COMMIT, before its vector: embedded at the next open
+        ("remember.vectors_committed:1", 0, 0),  # dies after a batch of vectors committed, before the index saw it
+        ("index.save.written:1", 0, 0),  # dies with a half-saved index temp file on close
+        ("index.save.before_manifest:1", 0, 0),  # new index renamed, manifest not yet: the old one stays valid
     ],
 )
-def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, committed_unacked: int):
+def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, committed_unacked: int,
+                            least_waiting: int):
     db = tmp_path / "c.db"
     with MemoryStore(db, embedder) as store:  # an earlier generation of the index exists on disk
         before = set(store.remember_many(["an older fact", "another older fact"]))
@@ -124,6 +137,7 @@ def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, c
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     acked = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("ok ")}
     assert "closed" not in proc.stdout
+    assert waiting_vectors(db) >= least_waiting
     assert_healthy(db, embedder, acked | before, set())
     with MemoryStore(db, embedder) as store:
         assert len(store) == len(acked) + 2 + committed_unacked

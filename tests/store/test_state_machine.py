@@ -1,5 +1,6 @@
 """RELIABILITY E: a hypothesis state machine drives a MemoryStore against a dict + exact-search model:
-remember, update, forget, recall, reopen, rebuild, drop or corrupt the index, swap the embedder."""
+remember, update, forget, recall, flush, reopen, rebuild, drop or corrupt the index, swap the embedder.
+The store runs in the default mode (background embedding)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,13 @@ class StoreMachine(RuleBasedStateMachine):
         self.seed = 1 - self.seed
         self.reopen()
         assert all(f.fingerprint == embedder(self.seed).fingerprint for f in self.store.list(limit=1000))
+
+    @rule()
+    def flush(self):
+        self.store.flush()  # every vector embedded and indexed (the default embeds in the background)
+        fingerprints = {f.fingerprint for f in self.store.list(limit=1000)}
+        assert fingerprints <= {self.store.fingerprint}
+        assert self.store.info()["indexed"] == len(self.model)
 
     @rule()
     def check(self):
