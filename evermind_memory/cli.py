@@ -172,6 +172,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     if cmd == "remember":
         text = sys.stdin.read().rstrip("\n") if args.text == "-" else args.text
         fid = store.remember(text, tags=dict(args.tag) or None, source=args.source)
+        store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
         emit({"id": fid}, [fid])
     elif cmd == "recall":
         hits = store.recall(args.query, k=args.k, tags=dict(args.tag) or None, mode=args.mode,

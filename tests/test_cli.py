@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,45 @@ def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     assert [c["op"] for c in json.loads(out)] == ["remember", "forget"]
     code, _ = run(embedder, db, "get", fid)
     assert code == 1 and "no fact with id" in capsys.readouterr().err
+
+
+def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Path):
+    db = tmp_path / "cli.db"
+    fid = run(embedder, db, "remember", "Ada prefers green tea")[1].strip()
+    with sqlite3.connect(db) as conn:
+        vector, fingerprint = conn.execute("SELECT vector, fingerprint FROM facts WHERE id = ?", (fid,)).fetchone()
+        top = conn.execute("SELECT MAX(seq) FROM changes").fetchone()[0]
+    assert vector is not None and fingerprint == embedder.fingerprint
+    manifest = json.loads((tmp_path / "cli.db.json").read_text())  # the saved index holds it
+    assert manifest["watermark"] == top and manifest["count"] == 1
+
+
+class PoisonedEmbedder:
+    """The tiny real embedder, except that texts containing "poison" get a NaN vector."""
+
+    def __init__(self, inner: LMEmbedder) -> None:
+        self.inner, self.dimensions, self.fingerprint = inner, inner.dimensions, inner.fingerprint
+
+    def embed(self, text):
+        return self.embed_many([text])[0]
+
+    def embed_many(self, texts):
+        out = self.inner.embed_many(texts)
+        out[["poison" in t for t in texts]] = float("nan")
+        return out
+
+
+def test_remember_reports_a_bad_vector(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "cli.db"
+    code, out = run(PoisonedEmbedder(embedder), db, "remember", "a poison fact")
+    err = capsys.readouterr().err
+    assert code == 1 and out == "" and "evermind: error: flush(): the embedder failed on a remembered fact" in err
+    assert "non-finite" in err
+    fid = err.split("first ")[1].split()[0]  # the fact is kept, lexical-only, and check says so
+    assert json.loads(run(embedder, db, "recall", "poison", "--mode", "lexical", "--json")[1])[0]["id"] == fid
+    code, out = run(PoisonedEmbedder(embedder), db, "check")
+    assert code == 1 and "1 fact has no vector" in out
+    assert run(embedder, db, "check")[0] == 0  # a working embedder embeds it at the next open
 
 
 def test_list_check_info_reembed_rebuild(embedder, tmp_path: Path):

@@ -1037,7 +1037,9 @@ class MemoryStore:
                 problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
             if waiting and not self._read_only:  # (a reader sees the writer's facts before their vectors)
                 why = f" ({self._vector_error})" if self._vector_error else ""
-                problems.append(f"{waiting} facts have no vector: the embedder failed on them{why}; call reembed()")
+                count = f"{waiting} facts have" if waiting != 1 else "1 fact has"
+                problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
+                                "reembed() succeeds")
             live = self._index.live_labels()
             if self._applied >= top and live != truth:
                 problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")

@@ -213,7 +213,7 @@ def test_bad_vector_in_the_background_leaves_the_fact_lexical_only(tmp_path: Pat
         assert bad in store.info()["vector_error"]
         report = store.check()
         assert not report.ok and report.waiting_vectors == 1 and report.indexed == 1
-        assert any("1 facts have no vector" in p for p in report.problems), report.problems
+        assert any("1 fact has no vector" in p for p in report.problems), report.problems
         # a vector or hybrid recall raises for a new failure too (once), lexical recall never does
         store.remember("another poison fact")
         assert len(store.recall("another", mode="lexical")) == 1
