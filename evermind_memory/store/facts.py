@@ -23,7 +23,7 @@ import sqlite_utils
 from ..errors import EvermindError, InvalidInput
 from .records import Change, Fact, Recall
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation)
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq"
 _IN_CHUNK = 500
@@ -36,8 +36,18 @@ _INSERT_CHANGE = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+
+
+def _create_feedback(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE feedback (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, query TEXT NOT NULL, "
+        "fact_id TEXT NOT NULL, useful INTEGER NOT NULL CHECK (useful IN (0, 1)))"
+    )
+    conn.execute("CREATE INDEX feedback_fact ON feedback (fact_id, query)")
+
+
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback}
 
 
 def utc_now() -> str:
@@ -295,6 +305,7 @@ class FactsDB:
             "CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
             "tokenize='porter unicode61')"
         )
+        _create_feedback(conn)
         now = utc_now()
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
@@ -311,6 +322,25 @@ class FactsDB:
     def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
         """Set a meta value (inside a transaction)."""
         conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    # ---- feedback ------------------------------------------------------------------------------------------
+    @staticmethod
+    def add_feedback(conn: sqlite3.Connection, at: str, query: str, fact_id: str, useful: bool, limit: int) -> None:
+        """Record a judgement and keep only the newest `limit` ones (inside a transaction)."""
+        cur = conn.execute("INSERT INTO feedback (at, query, fact_id, useful) VALUES (?, ?, ?, ?)",
+                           (at, query, fact_id, int(useful)))
+        conn.execute("DELETE FROM feedback WHERE id <= ?", (cur.lastrowid - limit,))
+
+    @staticmethod
+    def feedback_pairs(conn: sqlite3.Connection, fingerprint: str) -> list[tuple[str, int]]:
+        """(query, label) of every query whose latest judgement of a fact with a current vector was "useful"."""
+        return conn.execute(
+            "SELECT f.query, facts.label FROM feedback f JOIN facts ON facts.id = f.fact_id "
+            "WHERE facts.fingerprint = ? AND facts.label IS NOT NULL AND f.id = "
+            "(SELECT MAX(g.id) FROM feedback g WHERE g.query = f.query AND g.fact_id = f.fact_id) AND f.useful = 1 "
+            "ORDER BY f.id",
+            (fingerprint,),
+        ).fetchall()
 
     # ---- reads ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -537,6 +567,7 @@ class FactsDB:
             rid, fid, text, label = row[0], row[1], row[2], row[8]
             seq += 1
             conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (fid,))
+            conn.execute("DELETE FROM feedback WHERE fact_id = ?", (fid,))  # a forgotten fact leaves no trace there
             conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (rid, text))
             conn.execute("DELETE FROM facts WHERE rid = ?", (rid,))
             self._log(conn, seq, fid, "forget", now, None, None, None, False, label)

@@ -46,6 +46,7 @@ PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait 
 PENDING_BATCH = 256  # facts per background embedding transaction
 PROBE_TEXT = "evermind probe"  # embedded once at open, so a broken embedder fails there (not in the vector thread)
 SAVE_AFTER_REPLAY = 1000
+FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
 MAX_IMPORT_LINE = 1 << 20
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 _ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
@@ -738,6 +739,32 @@ class MemoryStore:
                 top = self._db.max_seq(conn)
             self._apply(np.zeros(0, dtype=np.int64), np.zeros((0, self._dim), np.float32), removed, top)
         return len(rows)
+
+    def feedback(self, query: str, fact_id: str, *, useful: bool = True) -> None:
+        """Tell the store whether a recalled fact answered a query; adaptation learns from it.
+
+        Each "useful" judgement becomes a training pair (query -> that fact) of the next adaptation round, so
+        queries in the user's own words learn to reach the facts they meant; a later useful=False for the same
+        query and fact withdraws it. The newest FEEDBACK_LIMIT judgements are kept; forgetting a fact drops
+        its judgements. Thread-safe.
+
+        Args:
+            query: the query as it was recalled.
+            fact_id: the fact judged.
+            useful: whether it answered the query.
+        Raises:
+            InvalidInput: bad query, id or useful. FactNotFound: no such fact.
+        """
+        self._check_writable("feedback")
+        query = check_text(query, "query")
+        fact_id = check_id(fact_id)
+        if not isinstance(useful, bool):
+            raise InvalidInput(f"feedback() expected useful to be a bool, got {useful!r}.")
+        with self._db.write_mutex:
+            with self._db.transaction() as conn:
+                if self._db.fetch(conn, fact_id) is None:
+                    raise FactNotFound(f"feedback() found no fact with id {fact_id!r}; it may have been forgotten.")
+                self._db.add_feedback(conn, utc_now(), query, fact_id, useful, FEEDBACK_LIMIT)
 
     # ---- reads ---------------------------------------------------------------------------------------------
     def get(self, fact_id: str) -> Fact:
@@ -1441,6 +1468,13 @@ class MemoryStore:
         labels = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
         return labels, [r[1] for r in rows], vectors_from_blobs([r[2] for r in rows], self._dim)
 
+    def _adapt_feedback(self, labels: np.ndarray) -> list[tuple[str, int, float]]:
+        """(query, row in `labels`, weight 1.0) for every standing "useful" judgement of those memories."""
+        row = {int(label): i for i, label in enumerate(labels.tolist())}
+        with self._db.reading() as conn:
+            pairs = self._db.feedback_pairs(conn, self._fingerprint)
+        return [(query, row[label], 1.0) for query, label in pairs if label in row]
+
     def _adapt_save(self, weights: Any, report: Any) -> dict:
         """Write a gated candidate to the adapter history; returns its entry."""
         from ..training.adaptation import AdapterHistory
@@ -1704,6 +1738,7 @@ class MemoryStore:
             top = self._db.max_seq(conn)
             schema = self._db.meta(conn, "schema_version")
             waiting = self._db.count_waiting(conn)
+            judged = conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0]
         return {
             "path": self._path, "read_only": self._read_only, "durability": self._durability, "facts": facts,
             "indexed": self._index.live_count, "index_elements": self._index.element_count,
@@ -1714,6 +1749,7 @@ class MemoryStore:
             "hybrid_weight": self._hybrid_weight,
             "adapter": self._active_adapter_id(), "adaptation_pending": self._adapt_pending() is not None,
             "background_embedding": self._background, "waiting_vectors": waiting, "vector_error": self._vector_error,
+            "feedback": judged,
         }
 
     # ---- persistence and closing ---------------------------------------------------------------------------

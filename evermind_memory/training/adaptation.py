@@ -270,6 +270,7 @@ class AdaptationReport:
     adapter_id: str | None = None
     memories: int = 0
     trained_on: int = 0
+    feedback_pairs: int = 0  # standing "useful" judgements (store.feedback) trained on
     steps: int = 0
     losses: list = field(default_factory=list)  # [(step, lm_loss, contrastive_loss)]
     gate: GateResult | None = None
@@ -882,8 +883,11 @@ def run_round(store: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, r
         train_idx, probe_idx = split_probe(len(texts), policy)
         report.trained_on = len(train_idx)
         if adapter is None:
+            at = {int(i): j for j, i in enumerate(train_idx.tolist())}  # the gate's probes are never trained on
+            pairs = [(q, at[i], w) for q, i, w in store._adapt_feedback(labels) if i in at]
+            report.feedback_pairs = len(pairs)
             fit = fit_adapter(base, [texts[i] for i in train_idx], policy, init=init, should_stop=stop,
-                              vectors=stored[train_idx])
+                              vectors=stored[train_idx], pairs=pairs)
             report.steps, report.losses = fit.steps, fit.losses
             report.train_seconds, report.train_cpu_seconds = fit.seconds, fit.cpu_seconds
             if fit.stopped:
