@@ -1774,7 +1774,11 @@ class MemoryStore:
             self._saved_watermark = self._applied
 
     def close(self) -> None:
-        """Save the index if it changed, close SQLite and release the writer lock. Idempotent."""
+        """Embed and index the waiting vectors, save the index if it changed, close SQLite, release the lock.
+
+        Idempotent. It does not raise for facts the embedder failed on (they stay lexical-only, check()
+        reports them and the next open retries them): call flush() first to hear about them.
+        """
         if self._closed:
             return
         adaptation = self._adaptation
