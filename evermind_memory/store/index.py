@@ -39,7 +39,12 @@ class IndexConfig:
     Args:
         M: graph degree.
         ef_construction: build-time beam width.
-        ef_search: query-time beam width (changed only under the exclusive lock).
+        ef_search: query-time beam width up to ef_base_size vectors in the graph; above that it grows by
+            ef_growth per 10x vectors (see VectorIndex.search_ef). Changed only under the exclusive lock.
+        ef_base_size: graph size up to which ef_search is used as it is.
+        ef_growth: beam width factor per 10x graph size beyond ef_base_size. Measured on store_speed's vectors
+            (M=16, ef_construction=100): a fixed ef 64 gives recall@10 0.984 at 10k vectors but 0.941 at 100k;
+            ef 96 gives 0.972 at 100k (128: 0.983), so 1.5 keeps recall@10 >= 0.97 as the store grows.
         initial_capacity: elements allocated at first; doubled on demand.
         rebuild_deleted_ratio: rebuild once deleted/total exceeds this (R8).
         threads: hnswlib threads for bulk adds.
@@ -49,10 +54,32 @@ class IndexConfig:
     M: int = 16
     ef_construction: int = 100
     ef_search: int = 64
+    ef_base_size: int = 10_000
+    ef_growth: float = 1.5
     initial_capacity: int = 1024
     rebuild_deleted_ratio: float = 0.2
     threads: int = 2
     seed: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("ef_search", "ef_base_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidInput(f"IndexConfig.{name} expected an int >= 1, got {value!r}.")
+        growth = self.ef_growth
+        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 1.0 <= growth <= 10.0:
+            raise InvalidInput(f"IndexConfig.ef_growth expected a number from 1.0 to 10.0, got {growth!r}.")
+
+
+def search_ef(config: IndexConfig, elements: int) -> int:
+    """The beam width for a graph of `elements` vectors (deleted ones too: search walks through them).
+
+    ef_search up to config.ef_base_size, then times ef_growth per 10x; hnswlib itself widens the beam to k
+    for a query asking for more than ef neighbours.
+    """
+    if elements <= config.ef_base_size:
+        return config.ef_search
+    return int(math.ceil(config.ef_search * config.ef_growth ** math.log10(elements / config.ef_base_size)))
 
 
 class IndexRejected(Exception):
@@ -101,7 +128,8 @@ class VectorIndex:
             max_elements=config.initial_capacity, ef_construction=config.ef_construction, M=config.M,
             random_seed=config.seed,
         )
-        self._hnsw.set_ef(config.ef_search)
+        self._ef = search_ef(config, 0)
+        self._hnsw.set_ef(self._ef)
         self._hnsw.set_num_threads(1)
         self._live: set[int] = set()
         self._elements = 0
@@ -123,6 +151,11 @@ class VectorIndex:
         """Elements allocated now."""
         with self._lock.read():
             return int(self._hnsw.get_max_elements())
+
+    @property
+    def ef(self) -> int:
+        """The beam width searches use now (search_ef of the graph size)."""
+        return self._ef
 
     def deleted_ratio(self) -> float:
         """deleted / total, 0.0 when empty."""
@@ -173,6 +206,7 @@ class VectorIndex:
             self._hnsw.add_items(vectors, labels.astype(np.uint64), num_threads=threads)
             self._elements += len(labels)
             self._live.update(int(label) for label in labels)
+            self._set_ef()
 
     def mark_deleted(self, labels: object) -> int:
         """Hide labels from search; labels not live in this index are ignored.
@@ -191,6 +225,11 @@ class VectorIndex:
                     self._live.discard(label)
                     done += 1
             return done
+
+    def _set_ef(self) -> None:
+        """Match the beam width to the graph size; the caller holds the exclusive lock."""
+        self._ef = search_ef(self.config, self._elements)
+        self._hnsw.set_ef(self._ef)
 
     # ---- reads (shared) ------------------------------------------------------------------------------------
     def query(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,14 +257,14 @@ class VectorIndex:
             k_eff = min(int(k), len(self._live))
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-            self._hnsw.set_ef(max(self.config.ef_search, 4 * k_eff, min(self._elements, 4 * k_eff + 256)))
+            self._hnsw.set_ef(max(self._ef, 4 * k_eff, min(self._elements, 4 * k_eff + 256)))
             try:
                 labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
                 return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
             except RuntimeError as exc:
                 raise SearchFailed(str(exc)) from None
             finally:
-                self._hnsw.set_ef(self.config.ef_search)
+                self._hnsw.set_ef(self._ef)
 
     # ---- files ---------------------------------------------------------------------------------------------
     def save(self, directory: Path, stem: str, meta: dict) -> dict:
@@ -327,11 +366,11 @@ class VectorIndex:
         with self._lock.write():
             hnsw = hnswlib.Index(space=SPACE, dim=dim)
             hnsw.load_index(str(path), max_elements=info.max_elements)
-            hnsw.set_ef(config.ef_search)
             hnsw.set_num_threads(1)
             self._hnsw = hnsw
             self._live = live
             self._elements = info.count
+            self._set_ef()
         self.file_info = info  # kept for the caller to compare with SQLite, then dropped
         return self, manifest
 

@@ -12,7 +12,7 @@ import pytest
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.store.index import (
-    IndexConfig, IndexRejected, VectorIndex, exact_search, parse_hnsw_file, read_manifest,
+    IndexConfig, IndexRejected, VectorIndex, exact_search, parse_hnsw_file, read_manifest, search_ef,
 )
 
 DIM = 16
@@ -32,13 +32,43 @@ def recall_at_10(index: VectorIndex, labels: np.ndarray, vecs: np.ndarray, queri
     return hits / (10 * len(queries))
 
 
-def test_recall_at_10_against_exact(rng):
-    vecs = unit(rng, 3000)
+@pytest.mark.parametrize("dim, config", [
+    (DIM, IndexConfig(initial_capacity=64)),
+    # 32-d random vectors with a base beam of 16 (recall@10 about 0.83 at 3000 if it stayed 16): the beam that
+    # grows with the graph (48 at 3000) must reach the target
+    (32, IndexConfig(initial_capacity=64, ef_search=16, ef_base_size=300, ef_growth=3.0)),
+])
+def test_recall_at_10_against_exact(rng, dim, config):
+    vecs = unit(rng, 3000, dim)
     labels = np.arange(1, 3001)
-    index = VectorIndex(DIM, IndexConfig(initial_capacity=64))
+    index = VectorIndex(dim, config)
     index.add(labels, vecs)
     assert index.capacity >= 3000 and index.live_count == 3000
-    assert recall_at_10(index, labels, vecs, unit(rng, 50)) >= 0.95
+    assert index.ef == search_ef(config, 3000)
+    assert recall_at_10(index, labels, vecs, unit(rng, 50, dim)) >= 0.95
+
+
+def test_search_ef_grows_with_the_graph_and_survives_a_reload(rng, tmp_path: Path):
+    config = IndexConfig(ef_search=16, ef_base_size=100, ef_growth=2.0)
+    assert [search_ef(config, n) for n in (0, 100, 1000, 10_000)] == [16, 16, 32, 64]
+    assert search_ef(IndexConfig(), 10_000) == 64 and search_ef(IndexConfig(), 100_000) == 96
+    index = VectorIndex(DIM, config)
+    index.add(np.arange(100), unit(rng, 100))
+    assert index.ef == 16
+    index.add(np.arange(100, 1000), unit(rng, 900))
+    index.mark_deleted(range(500))  # deleted vectors stay in the graph: the beam still walks through them
+    assert index.ef == 32
+    manifest = index.save(tmp_path, "m.db", {"watermark": 1000, "dim": DIM})
+    loaded, _ = VectorIndex.load(tmp_path, "m.db", expect={"dim": DIM}, config=config, max_seq=1000)
+    assert loaded.ef == 32 and manifest["count"] == 1000
+
+
+@pytest.mark.parametrize("field, value", [
+    ("ef_search", 0), ("ef_search", True), ("ef_base_size", 1.5), ("ef_growth", 0.5), ("ef_growth", float("nan")),
+])
+def test_bad_ef_settings_are_refused(field, value):
+    with pytest.raises(InvalidInput, match=f"IndexConfig.{field}"):
+        IndexConfig(**{field: value})
 
 
 def test_capacity_doubles(rng):
