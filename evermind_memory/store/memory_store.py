@@ -30,6 +30,7 @@ from .facts import (
     SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now, vectors_from_blobs,
 )
 from .index import IndexConfig, IndexRejected, SearchFailed, VectorIndex, exact_search, read_manifest
+from .lexical import MAX_TERMS, phrase_query, plan, query_words
 from .lock import RWLock, WriterLock, crash_point, filesystem_type, is_remote_filesystem
 from .records import Change, CheckReport, Fact, Recall
 from .validate import (
@@ -48,7 +49,6 @@ PROBE_TEXT = "evermind probe"  # embedded once at open, so a broken embedder fai
 SAVE_AFTER_REPLAY = 1000
 FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
 MAX_IMPORT_LINE = 1 << 20
-_WORD_RE = re.compile(r"\w+", re.UNICODE)
 _ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
 # Adaptation state in SQLite (the truth): the active adapter, the base model it sits on, a publish in progress,
 # and the vectors of the generation being built (keyed by the fact's label, which names one text version).
@@ -61,12 +61,10 @@ _ADAPTER_NAME_RE = re.compile(r"^\d{4,9}\.lora$")
 _IN_CHUNK = 500
 
 
-def fts_match(query: str, max_terms: int = 64) -> str | None:
-    """Turn free text into a safe FTS5 query: each word quoted, OR-joined (None when no words)."""
-    words = list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(query)))[:max_terms]
-    if not words:
-        return None
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+def fts_match(query: str, max_terms: int = MAX_TERMS) -> str | None:
+    """Turn free text into a safe FTS5 query: each word quoted, OR-joined (None when no words). Recall itself
+    matches fewer words on large stores: see store/lexical.py."""
+    return phrase_query(query_words(query, max_terms))
 
 
 def _is_lm_embedder(embedder: Any) -> bool:
@@ -911,11 +909,16 @@ class MemoryStore:
         return [(rows[label], score) for label, score in hits if label in rows]
 
     def _lexical(self, query: str, k: int, tags: dict[str, str]) -> list[tuple[tuple, float]]:
-        match = fts_match(query)
-        if match is None:
+        words = query_words(query)
+        if not words:
             return []
         with self._db.reading() as conn:
-            return self._db.lexical(conn, match, k, tags)
+            chosen = plan(conn, words, self._db.count(conn))
+            if chosen.all_words is not None:  # many postings: the rows holding every word, when there are enough
+                hits = self._db.lexical(conn, chosen.all_words, k, tags)
+                if len(hits) >= k:
+                    return hits
+            return [] if chosen.any_word is None else self._db.lexical(conn, chosen.any_word, k, tags)
 
     def _hybrid(self, query: str, qv: np.ndarray, k: int, tags: dict[str, str], fusion: str) -> list[tuple[tuple, float]]:
         pool = min(K_MAX, max(50, 4 * k))

@@ -1,0 +1,120 @@
+"""Which words of a query FTS5 should match, so that lexical recall stays fast on large stores.
+
+FTS5 computes bm25 for every row its MATCH selects, and an OR of common words selects most of the table
+(61 ms at 100k facts). BM25 is a sum over the query's words of idf * saturated term frequency, with
+idf = log((N - df + 0.5) / (df + 0.5)), so a common word adds little to any row's score. Two cuts, both from
+document frequencies that FTS5's `fts5vocab` table gives without touching the rows:
+
+1. Words no fact holds are dropped (they add nothing to any score), and so are words held by more than half
+   of the facts when the query has rarer words: their idf is <= 0, which FTS5 clamps to 1e-6, so they do not
+   change the ranking of the rows the rarer words select; they only add rows that score ~0. (Dropping words
+   held by a quarter of the facts already costs ndcg@10 on corpus/eval: -0.003 on debian.)
+2. When the words left still select more than OR_BUDGET postings, the rows holding all of them are fetched
+   first (FTS5 AND: each such row's bm25 is the same as under OR, the same words being scored). If at least
+   `limit` rows hold them all, those are the answer; otherwise the OR query runs. (A row missing one word can
+   then, rarely, be left out although OR would rank it in; the store_speed benchmark reports how often.)
+
+The vocabulary table holds porter-stemmed terms, so words are stemmed by a private in-memory FTS5 table with
+the tokenizer of facts_fts (FTS_TOKENIZE, which must stay equal to the one in facts.py's schema).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from typing import NamedTuple
+
+FTS_TOKENIZE = "porter unicode61"  # facts_fts's tokenizer (facts.py); stems must come out the same
+MAX_TERMS = 64
+COMMON_FRACTION = 0.5  # a word in more than this share of the facts is dropped when the query has rarer words
+OR_BUDGET = 10_000  # postings above which the rows holding every word are tried before the OR query
+_STEM_CACHE_MAX = 50_000
+_WORD_RE = re.compile(r"\w+", re.UNICODE)
+_VOCAB = "temp.facts_fts_vocab"
+
+
+class LexicalPlan(NamedTuple):
+    """FTS5 MATCH strings to run: `all_words` first when not None (accepted if it fills the limit), then `any_word`."""
+
+    all_words: str | None
+    any_word: str | None
+
+
+def query_words(query: str, max_terms: int = MAX_TERMS) -> list[str]:
+    """The distinct lower-cased words of `query`, in order, at most `max_terms`."""
+    return list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(query)))[:max_terms]
+
+
+def phrase_query(words: list[str], op: str = "OR") -> str | None:
+    """A safe FTS5 query: each word a quoted phrase, joined by `op` ("OR" or "AND"); None for no words."""
+    if not words:
+        return None
+    return f" {op} ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+class _Stemmer:
+    """Word -> the terms facts_fts indexes for it, by FTS5's own tokenizer (thread-safe, cached)."""
+
+    def __init__(self) -> None:
+        self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._conn.execute(f"CREATE VIRTUAL TABLE words USING fts5(w, tokenize='{FTS_TOKENIZE}')")
+        self._conn.execute("CREATE VIRTUAL TABLE word_terms USING fts5vocab(words, instance)")
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[str, ...]] = {}
+
+    def terms(self, words: list[str]) -> list[tuple[str, ...]]:
+        with self._lock:
+            missing = [w for w in dict.fromkeys(words) if w not in self._cache]
+            if missing:
+                if len(self._cache) + len(missing) > _STEM_CACHE_MAX:
+                    self._cache.clear()
+                found: dict[int, list[str]] = {i: [] for i in range(len(missing))}
+                self._conn.execute("BEGIN")
+                try:  # rolled back: the table stays empty, the tokenizer's output is all we want
+                    self._conn.executemany("INSERT INTO words (rowid, w) VALUES (?, ?)", enumerate(missing))
+                    for doc, term in self._conn.execute("SELECT doc, term FROM word_terms ORDER BY doc, offset"):
+                        found[doc].append(term)
+                finally:
+                    self._conn.execute("ROLLBACK")
+                for i, word in enumerate(missing):
+                    self._cache[word] = tuple(found[i])
+            return [self._cache[w] for w in words]
+
+
+_STEMMER = _Stemmer()
+
+
+def document_frequencies(conn: sqlite3.Connection, words: list[str]) -> list[int]:
+    """For each word, how many facts hold it (for a word FTS5 splits into several terms, the rarest term's count:
+    an upper bound of the phrase's). Reads facts_fts's vocabulary, not the rows."""
+    stems = _STEMMER.terms(words)
+    terms = sorted({t for s in stems for t in s})
+    df: dict[str, int] = {}
+    if terms:
+        conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_VOCAB} USING fts5vocab(main, facts_fts, row)")
+        marks = ", ".join("?" * len(terms))
+        df = dict(conn.execute(f"SELECT term, doc FROM {_VOCAB} WHERE term IN ({marks})", terms).fetchall())
+    return [min((df.get(t, 0) for t in s), default=0) for s in stems]
+
+
+def plan(conn: sqlite3.Connection, words: list[str], n_facts: int) -> LexicalPlan:
+    """Choose the MATCH strings for `words` over a table of `n_facts` rows (see the module docstring).
+
+    Args:
+        conn: a connection that can read facts_fts.
+        words: from query_words.
+        n_facts: rows in facts_fts.
+    Returns:
+        LexicalPlan; both fields None when no fact holds any word.
+    """
+    df = document_frequencies(conn, words)
+    held = [(w, d) for w, d in zip(words, df) if d > 0]
+    rare = [(w, d) for w, d in held if d <= COMMON_FRACTION * n_facts]
+    kept = rare or held
+    if not kept:
+        return LexicalPlan(None, None)
+    any_word = phrase_query([w for w, _ in kept])
+    if len(kept) > 1 and sum(d for _, d in kept) > OR_BUDGET:
+        return LexicalPlan(phrase_query([w for w, _ in kept], "AND"), any_word)
+    return LexicalPlan(None, any_word)
