@@ -46,7 +46,8 @@ from evermind_memory import MemoryStore  # noqa: E402
 from evermind_memory.embedder import LMEmbedder  # noqa: E402
 from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
-from evermind_memory.store.index import IndexConfig  # noqa: E402
+from evermind_memory.store.index import IndexConfig, search_ef  # noqa: E402
+from evermind_memory.store.memory_store import fts_match  # noqa: E402
 
 CONFIGS = {
     # the foundation issue's small config (the tokenizer is trained smaller; ids stay < vocab_size)
@@ -144,6 +145,14 @@ def bench_size(n: int, embedder: LMEmbedder, args: argparse.Namespace, workdir: 
             res[f"recall_{mode}_ms"] = pct(timed(lambda q, m=mode: store.recall(q, k=10, mode=m), queries))
         res["recall_vector_tag_filter_ms"] = pct(
             timed(lambda q: store.recall(q, k=10, mode="vector", tags={"none": "x"}), queries[:50]))
+        store_vector_ids = [[h.id for h in store.recall(q, k=10, mode="vector")] for q in queries]
+        with sqlite3.connect(db) as conn:  # FTS5's OR over every query word: the ranking before any pruning
+            full_or = [[r[0] for r in conn.execute(
+                "SELECT f.id FROM (SELECT rowid, rank FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rank LIMIT 10) r "
+                "JOIN facts f ON f.rid = r.rowid ORDER BY r.rank, f.rid", [fts_match(q)])] for q in queries]
+        lexical_ids = [[h.id for h in store.recall(q, k=10, mode="lexical")] for q in queries]
+        res["lexical_top10_vs_full_or"] = sum(len(set(a) & set(b)) for a, b in zip(lexical_ids, full_or)) / max(
+            1, sum(len(b) for b in full_or))
         t0 = time.perf_counter()
         store.rebuild_index()
         res["rebuild_s"] = time.perf_counter() - t0
@@ -151,16 +160,18 @@ def bench_size(n: int, embedder: LMEmbedder, args: argparse.Namespace, workdir: 
         store.close()
 
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT label, vector FROM facts ORDER BY label").fetchall()
+        rows = conn.execute("SELECT label, vector, id FROM facts ORDER BY label").fetchall()
     labels = np.array([r[0] for r in rows], dtype=np.int64)
     matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), embedder.dimensions)
+    id_of = {r[0]: r[2] for r in rows}
     qvecs = embedder.embed_many(queries)
     cfg = IndexConfig()
     t0 = time.perf_counter()
     plain = hnswlib.Index(space="ip", dim=embedder.dimensions)
     plain.init_index(max_elements=len(labels), ef_construction=cfg.ef_construction, M=cfg.M, random_seed=cfg.seed)
     plain.add_items(matrix, labels, num_threads=cfg.threads)
-    plain.set_ef(cfg.ef_search)
+    res["hnswlib_ef"] = search_ef(cfg, len(labels))  # the beam the store's index uses at this size
+    plain.set_ef(res["hnswlib_ef"])
     res["hnswlib_build_s"] = time.perf_counter() - t0
     res["hnswlib_knn_ms"] = pct(timed(lambda q: plain.knn_query(q[None, :], k=10, num_threads=1), list(qvecs)))
     res["hnswlib_with_embed_ms"] = pct(
@@ -174,6 +185,16 @@ def bench_size(n: int, embedder: LMEmbedder, args: argparse.Namespace, workdir: 
     res["numpy_exact_with_embed_ms"] = pct(timed(lambda q: exact(embedder.embed(q)), queries))
     hits = sum(len(set(plain.knn_query(q[None, :], k=10)[0][0].tolist()) & set(exact(q).tolist())) for q in qvecs)
     res["hnswlib_recall_at_10"] = hits / (10 * len(qvecs))
+    exact_ids = [{id_of[label] for label in exact(q).tolist()} for q in qvecs]
+    res["store_vector_recall_at_10"] = sum(len(set(got) & want) for got, want in zip(store_vector_ids, exact_ids)) / (
+        10 * len(qvecs))
+    sweep = {}
+    for ef in args.ef_sweep:
+        plain.set_ef(ef)
+        found = sum(len(set(plain.knn_query(q[None, :], k=10)[0][0].tolist()) & set(exact(q).tolist())) for q in qvecs)
+        knn = pct(timed(lambda q: plain.knn_query(q[None, :], k=10, num_threads=1), list(qvecs)))
+        sweep[str(ef)] = {"recall_at_10": found / (10 * len(qvecs)), "knn_ms": knn}
+    res["ef_sweep"] = sweep
     return res
 
 
@@ -197,7 +218,10 @@ def print_table(results: list[dict]) -> None:
         ("plain hnswlib + embed", "hnswlib_with_embed_ms", "ms p50/p99"),
         ("exact numpy", "numpy_exact_ms", "ms p50/p99"),
         ("exact numpy + embed", "numpy_exact_with_embed_ms", "ms p50/p99"),
+        ("hnswlib ef (store's, by size)", "hnswlib_ef", ""),
         ("hnswlib recall@10 vs exact", "hnswlib_recall_at_10", ""),
+        ("store vector recall@10 vs exact", "store_vector_recall_at_10", ""),
+        ("store lexical top-10 = full OR", "lexical_top10_vs_full_or", "share"),
     ]
     head = f"{'':32}" + "".join(f"{r['n']:>20,}" for r in results)
     print(head)
@@ -207,6 +231,13 @@ def print_table(results: list[dict]) -> None:
             v = r[key]
             cells.append(f"{v[0]:>9.3f} / {v[1]:<8.3f}" if isinstance(v, tuple) else f"{v:>20.3f}" if isinstance(v, float) else f"{v!s:>20}")
         print(f"{label:<32}" + "".join(f"{c:>20}" for c in cells) + f"  {unit}")
+
+
+def print_ef_sweep(results: list[dict]) -> None:
+    """recall@10 vs exact and knn p50 of plain hnswlib (M, ef_construction as the store) at each swept ef."""
+    for r in results:
+        cells = [f"ef {ef}: {v['recall_at_10']:.3f} / {v['knn_ms'][0]:.3f} ms" for ef, v in r["ef_sweep"].items()]
+        print(f"ef sweep at {r['n']:,} (recall@10 / knn p50): " + "; ".join(cells))
 
 
 def print_targets(results: list[dict]) -> None:
@@ -229,7 +260,9 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=2000, help="facts remembered one at a time per size")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (set before numpy loads)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--ef-sweep", default="64,96,128,160", help="hnswlib ef values to measure recall@10 at")
     args = parser.parse_args()
+    args.ef_sweep = [int(x) for x in args.ef_sweep.split(",") if x]
     rng = np.random.default_rng(0)
     tok = BPETokenizer.train(texts(rng, 3000), 1024)
     config = CONFIGS[args.config]
@@ -250,6 +283,7 @@ def main() -> None:
     print(f"MemoryStore speed ({args.config} config: {config.to_dict()}; {args.queries} queries, k=10; "
           f"load avg {load_start[0]:.2f} -> {meta['load_avg_end'][0]:.2f} on {os.cpu_count()} CPUs)")
     print_table(results)
+    print_ef_sweep(results)
     print_targets(results)
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
