@@ -4,10 +4,13 @@ Domains are Texinfo HTML manuals from Debian packages that recipe/build_corpus.p
 `--domain octave` (the GNU Octave manual, octave-doc: the reported result, never tuned on) and `--domain maxima`
 (the Maxima manual, maxima-doc: the development domain the AdaptationPolicy defaults were tuned on). Pairs are
 (definition line -> the description under it) and (page title -> the page's opening prose); the store also holds
-other passages of the manual as distractors, up to --memories. Only the descriptions and passages are stored;
-the queries are never seen by the round. We measure vector ndcg@10 through `store.recall` before and after one
-`store.adapt_now()` round, ndcg@10 on a general probe set (corpus/eval/debian.jsonl, exact search) with the same
-two models, and the round's time split into training, gate, re-embed, index and swap.
+other passages of the manual as distractors, up to --memories. Only the descriptions and passages are stored.
+The queries are split: the evaluation half is never seen by any round; the usage half is what an agent asks
+before the second round. We measure vector ndcg@10 of the evaluation queries through `store.recall` before and
+after each of two `store.adapt_now()` rounds from the same base model: "memories only" (the stored texts) and
+"with feedback" (after the agent recalled each usage query in hybrid mode and called `store.feedback(query, id)`
+for the right fact when it was in its top 10), ndcg@10 on a general probe set (corpus/eval/debian.jsonl, exact
+search) with the same models, and each round's time split into training, gate, re-embed, index and swap.
 
     python benchmarks/adaptation_gain.py --domain maxima --out benchmarks/results/adaptation_gain_dev.json
     python benchmarks/adaptation_gain.py --domain octave --out benchmarks/results/adaptation_gain_shipped.json
@@ -217,11 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-cpu-seconds", type=float, default=None)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override an AdaptationPolicy field (repeatable; tuples comma-separated)")
+    ap.add_argument("--usage-fraction", type=float, default=0.5,
+                    help="share of the query->doc pairs whose queries an agent issues and judges before the feedback "
+                         "round; the rest are the evaluation queries of both rounds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     if (args.model is None) != (args.tokenizer is None) and not args.random_d_model:
         ap.error("--model and --tokenizer go together")
+    if not 0.0 <= args.usage_fraction <= 0.9:
+        ap.error(f"--usage-fraction must lie in [0, 0.9], got {args.usage_fraction}")
 
     embedder, model_name = load_embedder(args)
     domain = DOMAINS[args.domain]
@@ -248,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         chosen[key] = (tuple(t.strip() for t in raw.split(",") if t.strip()) if key == "targets"
                        else raw if kind is str else kind(float(raw)) if kind is int else kind(raw))
     policy = AdaptationPolicy(seed=args.seed, **{k: v for k, v in chosen.items() if v is not None})
+    usage_n = int(round(len(pairs) * args.usage_fraction))
+    rounds: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        with MemoryStore(Path(tmp) / "bench.db", embedder) as store:
+        with MemoryStore(Path(tmp) / "bench.db", embedder, background_embedding=False) as store:
             t0 = time.perf_counter()
             ids = []
             for start in range(0, len(pairs), 512):
@@ -257,47 +267,70 @@ def main(argv: list[str] | None = None) -> int:
             for start in range(0, len(fillers), 512):
                 store.remember_many(fillers[start : start + 512], source=domain.package)
             fill_s = time.perf_counter() - t0
-            queries = [q for q, _ in pairs]
-            before = {"domain_ndcg10": store_ndcg(store, queries, ids)}
-            if general:
-                before["general_ndcg10"] = exact_ndcg(store.embedder, [g["query"] for g in general], [g["doc"] for g in general])
-            cpu0 = time.process_time()
-            report = store.adapt_now(policy)
-            cpu = time.process_time() - cpu0
-            after = {"domain_ndcg10": store_ndcg(store, queries, ids)}
-            if general:
-                after["general_ndcg10"] = exact_ndcg(store.embedder, [g["query"] for g in general], [g["doc"] for g in general])
+            eval_q, eval_ids = [q for q, _ in pairs[usage_n:]], ids[usage_n:]
+
+            def measure() -> dict:
+                out = {"domain_ndcg10": store_ndcg(store, eval_q, eval_ids)}
+                if general:
+                    out["general_ndcg10"] = exact_ndcg(store.embedder, [g["query"] for g in general],
+                                                       [g["doc"] for g in general])
+                return out
+
+            before = measure()
+            for name in ("memories only", "with feedback"):
+                judged = 0
+                if name == "with feedback":
+                    store.rollback_adapter("base")  # the same start as the first round
+                    # an agent at work: it recalls the usage half and marks the hit that answered (if shown)
+                    for (q, _), want in zip(pairs[:usage_n], ids[:usage_n]):
+                        if want in [h.id for h in store.recall(q, k=10)]:
+                            store.feedback(q, want)
+                            judged += 1
+                cpu0 = time.process_time()
+                report = store.adapt_now(policy)
+                cpu = time.process_time() - cpu0
+                after = measure()
+                rounds[name] = {
+                    "judged": judged, "after": after, "delta": {k: after[k] - before[k] for k in before},
+                    "round": {k: report.to_dict()[k] for k in (
+                        "status", "reason", "steps", "trained_on", "feedback_pairs", "reembedded", "replayed",
+                        "train_seconds", "train_cpu_seconds", "gate_seconds", "reembed_seconds", "index_seconds",
+                        "swap_seconds", "total_seconds")},
+                    "round_process_cpu_seconds": cpu, "gate": None if report.gate is None else report.gate.to_dict(),
+                }
     result = {
         "model": model_name, "base_fingerprint": embedder.fingerprint, "domain": domain.package, "pairs": len(pairs),
+        "usage_queries": usage_n, "eval_queries": len(pairs) - usage_n,
         "memories": len(pairs) + len(fillers), "general_pairs": len(general), "fill_seconds": fill_s,
-        "policy": {k: v for k, v in policy.__dict__.items()}, "before": before, "after": after,
-        "delta": {k: after[k] - before[k] for k in before},
-        "round": {k: report.to_dict()[k] for k in ("status", "reason", "steps", "trained_on", "reembedded", "replayed",
-                                                     "train_seconds", "train_cpu_seconds", "gate_seconds",
-                                                     "reembed_seconds", "index_seconds", "swap_seconds",
-                                                     "total_seconds")},
-        "round_process_cpu_seconds": cpu, "gate": None if report.gate is None else report.gate.to_dict(),
+        "policy": {k: v for k, v in policy.__dict__.items()}, "before": before, "rounds": rounds,
         "cores": os.cpu_count(),
     }
-    r = result["round"]
-    print(f"round: {r['status']} {r['reason']}")
-    print(f"  steps {r['steps']} on {r['trained_on']} memories; re-embedded {r['reembedded']} (+ the gate's "
-          f"{result['gate']['corpus'] if result['gate'] else 0}), replayed {r['replayed']}")
-    print(f"  seconds: train {r['train_seconds']:.1f} | gate {r['gate_seconds']:.1f} | re-embed {r['reembed_seconds']:.1f}"
-          f" | index {r['index_seconds']:.1f} | swap {r['swap_seconds']:.2f} | total {r['total_seconds']:.1f}"
-          f" (process CPU {cpu:.1f})")
-    if result["gate"]:
-        print(f"  gate: {result['gate']['reason']} ({result['gate']['probes']} probes, corpus {result['gate']['corpus']})")
-    for key in before:
-        print(f"  {key:>15}: {before[key]:.4f} -> {after[key]:.4f}  ({after[key] - before[key]:+.4f})")
+    print(f"queries: {len(pairs) - usage_n} evaluated (never judged, never trained on); {usage_n} in the usage half")
+    print(f"before: " + "  ".join(f"{k} {v:.4f}" for k, v in before.items()))
+    for name, res in rounds.items():
+        r, g = res["round"], res["gate"]
+        print(f"round '{name}': {r['status']} {r['reason']}")
+        if name == "with feedback":
+            print(f"  the agent judged {res['judged']} of {usage_n} usage queries useful (right fact in its hybrid top 10); "
+                  f"{r['feedback_pairs']} trained on (the rest hit the gate's probes)")
+        print(f"  steps {r['steps']} on {r['trained_on']} memories; re-embedded {r['reembedded']} (+ the gate's "
+              f"{g['corpus'] if g else 0}), replayed {r['replayed']}")
+        print(f"  seconds: train {r['train_seconds']:.1f} | gate {r['gate_seconds']:.1f} | re-embed {r['reembed_seconds']:.1f}"
+              f" | index {r['index_seconds']:.1f} | swap {r['swap_seconds']:.2f} | total {r['total_seconds']:.1f}"
+              f" (process CPU {res['round_process_cpu_seconds']:.1f})")
+        if g:
+            print(f"  gate: {g['reason']} ({g['probes']} probes, corpus {g['corpus']})")
+        for key in before:
+            print(f"  {key:>15}: {before[key]:.4f} -> {res['after'][key]:.4f}  ({res['delta'][key]:+.4f})")
     p = policy
     print(f"policy: views {p.views} {p.query_min_words}-{p.query_max_words} words (idf^{p.query_idf_power:g}), "
-          f"negatives {p.negatives}, anchor {p.anchor_weight:g} x {p.anchor_batch}, lm_weight {p.lm_weight:g}, "
-          f"lr {p.lr:g} {p.lr_schedule}, batch {p.batch_size}, rank {p.rank}, cpu budget {p.max_cpu_seconds:g} s, "
-          f"gate tolerance {p.gate_tolerance:g}")
-    d = result["delta"]
-    print(f"targets: domain {d['domain_ndcg10']:+.4f} (>= +0.05), general "
-          f"{d.get('general_ndcg10', float('nan')):+.4f} (>= -0.01), round {r['total_seconds']:.1f} s (<= 60)")
+          f"negatives {p.negatives}, anchor {p.anchor_weight:g} x {p.anchor_batch}, feedback {p.query_weight:g} x "
+          f"{p.query_batch}, lm_weight {p.lm_weight:g}, lr {p.lr:g} {p.lr_schedule}, batch {p.batch_size}, "
+          f"rank {p.rank}, cpu budget {p.max_cpu_seconds:g} s, gate tolerance {p.gate_tolerance:g}")
+    for name, res in rounds.items():
+        d, r = res["delta"], res["round"]
+        print(f"targets ({name}): domain {d['domain_ndcg10']:+.4f} (>= +0.05), general "
+              f"{d.get('general_ndcg10', float('nan')):+.4f} (>= -0.01), round {r['total_seconds']:.1f} s (<= 60)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
