@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--source")
 
+    p = add("feedback", "say whether a recalled fact answered a query (adaptation learns from it)")
+    p.add_argument("query")
+    p.add_argument("id")
+    p.add_argument("--not-useful", action="store_true", help="the fact did not answer the query")
+
     p = add("list", "list facts in the order they were remembered")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--offset", type=int, default=0)
@@ -191,6 +196,10 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         else:
             count = store.forget_where(tags=dict(args.tag) or None, source=args.source)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
+    elif cmd == "feedback":
+        store.feedback(args.query, args.id, useful=not args.not_useful)
+        verdict = "not useful" if args.not_useful else "useful"
+        emit({"id": args.id, "useful": not args.not_useful}, [f"noted: {args.id} {verdict} for {args.query!r}"])
     elif cmd == "list":
         facts = store.list(limit=args.limit, offset=args.offset, tags=dict(args.tag) or None, source=args.source)
         emit(facts, [_fact_line(f) for f in facts])

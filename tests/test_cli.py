@@ -92,6 +92,19 @@ def test_remember_reports_a_bad_vector(embedder, tmp_path: Path, capsys):
     assert run(embedder, db, "check")[0] == 0  # a working embedder embeds it at the next open
 
 
+def test_feedback_is_recorded_and_reported(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "cli.db"
+    fid = run(embedder, db, "remember", "Ada prefers green tea")[1].strip()
+    code, out = run(embedder, db, "feedback", "what does Ada drink", fid)
+    assert code == 0 and fid in out and "useful" in out
+    code, out = run(embedder, db, "--json", "feedback", "coffee", fid, "--not-useful")
+    assert code == 0 and json.loads(out) == {"id": fid, "useful": False}
+    code, out = run(embedder, db, "--json", "info")
+    assert json.loads(out)["feedback"] == 2
+    code, _ = run(embedder, db, "feedback", "tea", "0" * 32)
+    assert code != 0 and "no fact" in capsys.readouterr().err
+
+
 def test_list_check_info_reembed_rebuild(embedder, tmp_path: Path):
     db = tmp_path / "cli.db"
     for i in range(5):
