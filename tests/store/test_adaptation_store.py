@@ -158,7 +158,9 @@ def test_recalls_in_four_threads_during_a_round(filled: MemoryStore, db_path: Pa
     def reader(seed: int) -> None:
         rng = np.random.default_rng(seed)
         try:
-            while not done.is_set() or len(records) < 40:
+            after = 0  # recalls made after the round returned (the new model), so the swap is straddled
+            while not done.is_set() or len(records) < 40 or after < 5:
+                after += done.is_set()
                 text = texts[int(rng.integers(len(texts)))]
                 hits = filled.recall(text, k=5, mode="vector")
                 hybrid = filled.recall(text, k=5)
@@ -189,6 +191,7 @@ def test_recalls_in_four_threads_during_a_round(filled: MemoryStore, db_path: Pa
             t.join(timeout=120)
     assert not errors, errors[:3]
     assert report.status == "swapped" and filled.fingerprint != base_fp and written
+    filled.flush()  # the last facts written may still wait for their vectors (background embedding)
     # every fact, including those written during the round, is served by the new generation only
     assert fingerprints(db_path) == {filled.fingerprint} and filled.check().ok
     assert recall_at_k(filled, db_path, QUERIES + [f"written during the round {len(written) - 1}"]) >= 0.95
