@@ -154,14 +154,22 @@ def domain_pairs(domain: Domain, root: Path) -> tuple[list[tuple[str, str]], lis
     return unique, [p for p in dict.fromkeys(passages) if p not in seen]
 
 
-def ndcg_at_10(ranks: np.ndarray) -> float:
-    """Mean ndcg@10 with one relevant doc per query at 0-based `ranks` (>= 10 or -1: missed)."""
+def ndcg_at_10(ranks: np.ndarray) -> np.ndarray:
+    """Per-query ndcg@10 (Q,) with one relevant doc per query at 0-based `ranks` (>= 10 or -1: missed)."""
     ok = (ranks >= 0) & (ranks < 10)
-    return float(np.where(ok, 1.0 / np.log2(np.maximum(ranks, 0) + 2), 0.0).mean())
+    return np.where(ok, 1.0 / np.log2(np.maximum(ranks, 0) + 2), 0.0)
 
 
-def store_ndcg(store: MemoryStore, queries: list[str], doc_ids: list[str]) -> float:
-    """ndcg@10 of vector recall through the store (what an agent gets)."""
+def paired_ci(before: np.ndarray, after: np.ndarray, seed: int = 0, draws: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of mean(after - before) over the same queries (resampled together)."""
+    diff = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)  # (Q,)
+    idx = np.random.default_rng(seed).integers(0, len(diff), size=(draws, len(diff)))  # (draws, Q)
+    means = diff[idx].mean(axis=1)  # (draws,)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def store_ndcg(store: MemoryStore, queries: list[str], doc_ids: list[str]) -> np.ndarray:
+    """Per-query ndcg@10 (Q,) of vector recall through the store (what an agent gets)."""
     ranks = np.full(len(queries), -1)  # (Q,)
     for i, (q, fid) in enumerate(zip(queries, doc_ids)):
         got = [h.id for h in store.recall(q, k=10, mode="vector")]
@@ -169,8 +177,8 @@ def store_ndcg(store: MemoryStore, queries: list[str], doc_ids: list[str]) -> fl
     return ndcg_at_10(ranks)
 
 
-def exact_ndcg(embedder, queries: list[str], docs: list[str]) -> float:
-    """ndcg@10 by exact search: query i's relevant doc is docs[i] (duplicate docs share one row)."""
+def exact_ndcg(embedder, queries: list[str], docs: list[str]) -> np.ndarray:
+    """Per-query ndcg@10 (Q,) by exact search: query i's relevant doc is docs[i] (duplicate docs share one row)."""
     uniq = list(dict.fromkeys(docs))
     pos = {d: i for i, d in enumerate(uniq)}
     target = np.array([pos[d] for d in docs])  # (Q,)
@@ -269,14 +277,15 @@ def main(argv: list[str] | None = None) -> int:
             fill_s = time.perf_counter() - t0
             eval_q, eval_ids = [q for q, _ in pairs[usage_n:]], ids[usage_n:]
 
-            def measure() -> dict:
+            def measure() -> dict[str, np.ndarray]:
                 out = {"domain_ndcg10": store_ndcg(store, eval_q, eval_ids)}
                 if general:
                     out["general_ndcg10"] = exact_ndcg(store.embedder, [g["query"] for g in general],
                                                        [g["doc"] for g in general])
                 return out
 
-            before = measure()
+            before_q = measure()
+            before = {k: float(v.mean()) for k, v in before_q.items()}
             for name in ("memories only", "with feedback"):
                 judged = 0
                 if name == "with feedback":
@@ -289,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0 = time.process_time()
                 report = store.adapt_now(policy)
                 cpu = time.process_time() - cpu0
-                after = measure()
+                after_q = measure()
+                after = {k: float(v.mean()) for k, v in after_q.items()}
                 rounds[name] = {
-                    "judged": judged, "after": after, "delta": {k: after[k] - before[k] for k in before},
+                    "judged": judged, "after": after,
+                    "delta": {k: after[k] - float(before_q[k].mean()) for k in before_q},
+                    "delta_ci95": {k: paired_ci(before_q[k], after_q[k]) for k in before_q},
                     "round": {k: report.to_dict()[k] for k in (
                         "status", "reason", "steps", "trained_on", "feedback_pairs", "reembedded", "replayed",
                         "train_seconds", "train_cpu_seconds", "gate_seconds", "reembed_seconds", "index_seconds",
@@ -321,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         if g:
             print(f"  gate: {g['reason']} ({g['probes']} probes, corpus {g['corpus']})")
         for key in before:
-            print(f"  {key:>15}: {before[key]:.4f} -> {res['after'][key]:.4f}  ({res['delta'][key]:+.4f})")
+            lo, hi = res["delta_ci95"][key]
+            print(f"  {key:>15}: {before[key]:.4f} -> {res['after'][key]:.4f}  ({res['delta'][key]:+.4f}, "
+                  f"95% paired bootstrap [{lo:+.4f}, {hi:+.4f}])")
     p = policy
     print(f"policy: views {p.views} {p.query_min_words}-{p.query_max_words} words (idf^{p.query_idf_power:g}), "
           f"negatives {p.negatives}, anchor {p.anchor_weight:g} x {p.anchor_batch}, feedback {p.query_weight:g} x "
