@@ -773,6 +773,12 @@ DOCSETS = {
     "django-doc": ("python-django-doc", DocSet(
         "usr/share/doc/python-django-doc/html", ".html",
         _SPHINX_EXCLUDE + (r"^ref/django-admin\.html$", r"^contents\.html$", r"^index\.html$"), api=True)),
+    # Scientific Python API references: qualified name <-> description pairs in the same shape as the
+    # Python API ones, from packages whose names never collide with the held-out stdlib modules.
+    **{f"{name}-doc": (f"python-{name}-doc", DocSet(
+        f"usr/share/doc/python-{name}-doc/html", ".html",
+        _SPHINX_EXCLUDE + (r"(^|/)release[./]", r"(^|/)(whatsnew|changelog|changes)", r"(^|/)index\.html$"),
+        api=True)) for name in ("scipy", "sklearn", "pandas", "statsmodels", "astropy", "sympy")},
     "postgres-doc": ("postgresql-doc-15", DocSet(
         "usr/share/doc/postgresql-doc-15/html", ".html",
         (r"(^|/)(sql|app)-[^/]*\.html$", r"(^|/)bookindex\.html$", r"(^|/)index\.html$"))),
