@@ -102,3 +102,25 @@ def test_lexical_works_on_a_reader_and_in_memory(filled: MemoryStore, db_path: P
     with MemoryStore(":memory:", embedder) as mem:
         ids = mem.remember_many(["the zebra plays", "the tea is hot", "the cat"])
         assert [h.id for h in mem.recall("the zebra", mode="lexical")] == [ids[0]]
+
+
+def test_identifier_queries_also_match_their_parts():
+    assert query_words("zipfile.ZipFile") == ["zipfile", "zip", "file"]
+    assert query_words("HTTPServer Qt5Core") == ["httpserver", "qt5core", "http", "server", "qt5", "core"]
+    assert query_words("parser.buffer_size") == ["parser", "buffer_size", "buffer", "size"]
+    assert query_words("Straße_Nord") == ["straße_nord", "straße", "nord"]
+    assert query_words("mp3 player x86") == ["mp3", "player", "x86"]  # no case change, no underscore: one word
+    assert query_words("get_item getItem", max_terms=3) == ["get_item", "getitem", "get"]  # whole words come first
+
+
+def test_an_identifier_finds_the_prose_that_describes_it(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        zip_id = store.remember("The class for reading and writing ZIP files.")
+        size_id = store.remember("The size of the buffer used when text is collected.")
+        store.remember("A garden by the river in Paris.")
+        assert [h.id for h in store.recall("zipfile.ZipFile", k=3, mode="lexical")][:1] == [zip_id]
+        assert [h.id for h in store.recall("xmlparser.buffer_size", k=3, mode="lexical")][:1] == [size_id]
+    # FTS5 on the whole words alone matches neither: "ZipFile" is one term, "buffer_size" a phrase no fact holds
+    with sqlite3.connect(db_path) as conn:
+        for query in ('"zipfile"', '"xmlparser" OR "buffer_size"'):
+            assert conn.execute("SELECT count(*) FROM facts_fts WHERE facts_fts MATCH ?", [query]).fetchone() == (0,)
