@@ -40,6 +40,9 @@ from .validate import (
 
 DEFAULT_HYBRID_WEIGHT = 2.0
 RRF_K = 60
+# BM25 below this is no evidence: FTS5 clamps the idf of a word held by half the facts or more to 1e-6, so a row
+# matched by such words alone scores ~1e-6, and min-max fusion would otherwise stretch that to a full 1.0.
+LEXICAL_EVIDENCE = 1e-3
 EXACT_FILTER_MAX = 4096  # a tag filter matching at most this many facts is searched exactly (R9)
 EMBED_CHUNK = 256
 REEMBED_BATCH = 256
@@ -941,7 +944,7 @@ class MemoryStore:
                 for row, _ in lex:
                     if row[0] not in cos and row[8] in by_label:
                         cos[row[0]] = by_label[row[8]]
-            bm = {row[0]: s for row, s in lex}
+            bm = {row[0]: s for row, s in lex if s > LEXICAL_EVIDENCE}
             lo, hi = (min(bm.values()), max(bm.values())) if bm else (0.0, 0.0)
             def lexical_part(rid: int) -> float:
                 if rid not in bm:

@@ -113,6 +113,20 @@ def test_identifier_queries_also_match_their_parts():
     assert query_words("get_item getItem", max_terms=3) == ["get_item", "getitem", "get"]  # whole words come first
 
 
+def test_function_words_are_left_out_unless_nothing_else_is_left():
+    assert query_words("travel plans to Portugal") == ["travel", "plans", "portugal"]
+    assert query_words("When does the machine reboot?") == ["machine", "reboot"]
+    assert query_words("to be or not") == ["not"]
+    assert query_words("The Who") == ["the", "who"]  # all function words: kept, or nothing would match
+
+
+def test_a_function_word_is_no_evidence_in_a_small_store(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        store.remember("Bob is allergic to peanuts.")
+        trip = store.remember("Our flight leaves to Lisbon on Friday.")
+        assert [h.id for h in store.recall("flight to Portugal", k=2, mode="lexical")] == [trip]
+
+
 def test_an_identifier_finds_the_prose_that_describes_it(db_path: Path, embedder):
     with MemoryStore(db_path, embedder) as store:
         zip_id = store.remember("The class for reading and writing ZIP files.")
