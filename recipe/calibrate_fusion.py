@@ -1,7 +1,7 @@
 """Choose the hybrid-recall weight w (score = minmax(BM25) + w * cosine) for a model on a dev set, not the eval sets.
 
 The dev set is a seeded slice of corpus/pairs.jsonl (Debian short <-> long description, Python API name <->
-description), disjoint from corpus/eval/*; the sweep runs the store's own hybrid recall for every w on a log
+description, FOLDOC term <-> definition: the three kinds of query the benchmark has), disjoint from corpus/eval/*; the sweep runs the store's own hybrid recall for every w on a log
 grid and keeps the w with the best mean ndcg@10 among those where hybrid >= max(lexical, vector).
 
     python recipe/calibrate_fusion.py --model runs/c256/model.evlm --tokenizer runs/c256/tokenizer.json \
@@ -33,7 +33,7 @@ from recall_quality import (  # noqa: E402
     EvalSet, QueryCachingEmbedder, build_store, eval_set_from_rows, load_embedder, rank_metrics, store_rankings,
 )
 
-DEV_SOURCES = ("debian", "python-api")
+DEV_SOURCES = ("debian", "python-api", "foldoc")  # the three kinds of query recall_quality.py measures
 DOC_MIN_CHARS = 50  # as the eval sets (recipe/build_corpus.py EVAL_DOC_MIN_CHARS): a doc must say enough to be found
 DEFAULT_WEIGHTS = tuple(float(f"{w:.3g}") for w in np.geomspace(0.05, 8.0, 17)) + (2.0,)
 

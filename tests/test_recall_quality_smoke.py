@@ -92,7 +92,8 @@ def test_benchmark_cli_runs_every_store_mode(tmp_path: Path, embedder: LMEmbedde
     assert set(out["sources"]) == {"debian", "pyapi"}
     for res in out["sources"].values():
         assert res["queries"] == 10 and res["hybrid_weight"] == 0.25
-        assert set(res["systems"]) == {"vector", "lexical (BM25)", "hybrid", "hybrid rrf"}
+        assert set(res["systems"]) == {"vector", "lexical (BM25)", "hybrid", "hybrid rrf", "FTS5 BM25"}
+        assert res["systems"]["FTS5 BM25"]["recall@1"] == 1.0
         assert res["systems"]["lexical (BM25)"]["recall@1"] == 1.0  # the rare word finds its doc despite the noise
         assert res["systems"]["hybrid"]["recall@10"] == 1.0  # BM25's first hit is in the fused pool
         for met in res["systems"].values():
@@ -107,6 +108,8 @@ def _pairs() -> tuple[list[dict], set[str], set[str]]:
               "source": "debian"} for i in range(30)]
     pairs += [{"query": f"mod{i % 4}.fn{i}", "doc": f"Function fn{i} returns the value of the thing it computes.",
                "source": "python-api"} for i in range(30)]
+    pairs += [{"query": f"term{i}", "doc": f"In computing, term{i} names a thing that glossaries define at length.",
+               "source": "foldoc"} for i in range(20)]
     pairs += [{"query": "PyDict_New", "doc": "A C API function that returns a new empty dictionary.", "source": "python-api"},
               {"query": "dup a", "doc": "A doc that two different pairs share, so training saw it twice.", "source": "debian"},
               {"query": "dup b", "doc": "A doc that two different pairs share, so training saw it twice.", "source": "debian"},
@@ -120,7 +123,8 @@ def _pairs() -> tuple[list[dict], set[str], set[str]]:
 def test_dev_sets_keep_only_eligible_rows() -> None:
     pairs, exclude, passages = _pairs()
     dev = cf.dev_sets(pairs, exclude=exclude, passages=passages, per_source=100, seed=0)
-    assert set(dev) == {"debian", "python-api"}
+    assert set(dev) == {"debian", "python-api", "foldoc"}
+    assert {r["query"] for r in dev["foldoc"]} == {f"term{i}" for i in range(20)}
     deb = {r["query"] for r in dev["debian"]}
     assert deb == {f"pkg{i} short" for i in range(30)} - {"pkg3 short", "pkg4 short"}
     assert {r["query"] for r in dev["python-api"]} == {f"mod{i % 4}.fn{i}" for i in range(30)}
@@ -162,12 +166,12 @@ def test_calibrate_cli_writes_a_weight_from_the_grid(tmp_path: Path, embedder: L
                    "--write-dev", str(tmp_path / "dev.jsonl")])
     written = json.loads((tmp_path / "fusion.json").read_text())
     assert written["hybrid_weight"] in (0.0, 0.5, 3.0) and written == json.loads(json.dumps(out))
-    assert written["dev"]["rows"] == {"debian": 12, "python-api": 12}
+    assert written["dev"]["rows"] == {"debian": 12, "python-api": 12, "foldoc": 12}
     assert set(written["sweep"]["debian"]["hybrid"]) == {"0", "0.5", "3"}
     # each query's rare word is in its doc only: BM25 finds it first, and so does hybrid at w = 0 (BM25 alone)
     for sweep in written["sweep"].values():
         assert sweep["lexical"]["recall@1"] == 1.0 and sweep["hybrid"]["0"]["recall@1"] == 1.0
     assert written["hybrid_weight"] == 0.0 or written["mean_ndcg@10"][f"{written['hybrid_weight']:g}"] == 1.0
-    assert len((tmp_path / "dev.jsonl").read_text().splitlines()) == 24
+    assert len((tmp_path / "dev.jsonl").read_text().splitlines()) == 36
     assert rq.load_embedder(str(tmp_path / "m.evlm"), str(tmp_path / "t.json"),
                             str(tmp_path / "fusion.json")).hybrid_weight == written["hybrid_weight"]
