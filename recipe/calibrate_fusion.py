@@ -1,4 +1,4 @@
-"""Choose the hybrid-recall weight w (score = minmax(BM25) + w * cosine) for a model on a dev set, not the eval sets.
+"""Choose the hybrid-recall weight w (score = BM25 / max BM25 + w * cosine) for a model on a dev set, not the eval sets.
 
 The dev set is a seeded slice of corpus/pairs.jsonl (Debian short <-> long description, Python API name <->
 description, FOLDOC term <-> definition: the three kinds of query the benchmark has), disjoint from corpus/eval/*; the sweep runs the store's own hybrid recall for every w on a log
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out = {
         "hybrid_weight": res["hybrid_weight"],
         "fusion": "score",
-        "formula": "minmax(BM25 over the lexical candidates) + hybrid_weight * cosine (MemoryStore._hybrid)",
+        "formula": "BM25 / best BM25 of the lexical candidates + hybrid_weight * cosine (MemoryStore._hybrid)",
         "fingerprint": embedder.fingerprint,
         "metric": "ndcg@10",
         "constraint": res["constraint"],

@@ -52,7 +52,7 @@ class LMEmbedder:
         tokenizer: a BPETokenizer (`encode`, `digest`, `bos_id`).
         max_tokens: texts are truncated to this many tokens.
         adapter_digest: digest of a LoRA adapter merged into `model`, recorded in the fingerprint.
-        hybrid_weight: weight of the cosine score against min-max-normalised BM25 in hybrid recall.
+        hybrid_weight: weight of the cosine score against BM25 over the best BM25 in hybrid recall.
         batch_size: rows per `embed_batch` call in `embed_many`.
     Raises:
         InvalidInput: max_tokens or batch_size out of range.

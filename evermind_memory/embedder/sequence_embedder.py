@@ -33,7 +33,7 @@ class SequenceEmbedder:
         backbone: a SequenceBackbone (`.config`, `.params`, `.forward(ids) -> (B, L, C)`).
         tokenizer: a BPETokenizer (`encode`, `digest`, `bos_id`).
         max_tokens: texts are truncated to this many tokens.
-        hybrid_weight: weight of the cosine score against min-max-normalised BM25 in hybrid recall.
+        hybrid_weight: weight of the cosine score against BM25 over the best BM25 in hybrid recall.
         batch_size: most texts per backbone forward in `embed_many`.
     Raises:
         InvalidInput: backbone is not a SequenceBackbone, its vocabulary is smaller than the tokenizer's, or

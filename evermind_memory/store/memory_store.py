@@ -41,7 +41,7 @@ from .validate import (
 DEFAULT_HYBRID_WEIGHT = 2.0
 RRF_K = 60
 # BM25 below this is no evidence: FTS5 clamps the idf of a word held by half the facts or more to 1e-6, so a row
-# matched by such words alone scores ~1e-6, and min-max fusion would otherwise stretch that to a full 1.0.
+# matched by such words alone scores ~1e-6, and normalising by the best BM25 would stretch that to a full 1.0.
 LEXICAL_EVIDENCE = 1e-3
 EXACT_FILTER_MAX = 4096  # a tag filter matching at most this many facts is searched exactly (R9)
 EMBED_CHUNK = 256
@@ -834,7 +834,7 @@ class MemoryStore:
             tags: exact tags every hit must carry.
             mode: "hybrid" (BM25 and vector fused), "vector" (cosine) or "lexical" (FTS5 BM25).
             min_score: drop hits scoring below this.
-            fusion: for hybrid: "score" (min-max BM25 + w * cosine, w from the embedder) or "rrf".
+            fusion: for hybrid: "score" (BM25 / best BM25 + w * cosine, w from the embedder) or "rrf".
         Returns:
             list of Recall.
         Raises:
@@ -944,14 +944,11 @@ class MemoryStore:
                 for row, _ in lex:
                     if row[0] not in cos and row[8] in by_label:
                         cos[row[0]] = by_label[row[8]]
+            # BM25 over the best BM25: the weakest lexical match keeps its share (min-max would score it as no
+            # match at all, which on a small store lets a noise-level idf difference decide between two facts)
             bm = {row[0]: s for row, s in lex if s > LEXICAL_EVIDENCE}
-            lo, hi = (min(bm.values()), max(bm.values())) if bm else (0.0, 0.0)
-            def lexical_part(rid: int) -> float:
-                if rid not in bm:
-                    return 0.0
-                return (bm[rid] - lo) / (hi - lo) if hi > lo else 1.0
-
-            fused = {rid: lexical_part(rid) + self._hybrid_weight * cos.get(rid, 0.0) for rid in rows}
+            hi = max(bm.values(), default=0.0)
+            fused = {rid: (bm[rid] / hi if rid in bm else 0.0) + self._hybrid_weight * cos.get(rid, 0.0) for rid in rows}
         order = sorted(rows, key=lambda rid: (-fused[rid], rid))
         return [(rows[rid], fused[rid]) for rid in order[:k]]
 
