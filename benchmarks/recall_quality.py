@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 
 from evermind_memory import MemoryStore  # noqa: E402
 from evermind_memory.errors import EvermindError, InvalidInput  # noqa: E402
-from evermind_memory.store.lexical import phrase_query  # noqa: E402
+from evermind_memory.store.lexical import MAX_TERMS, phrase_query  # noqa: E402
 
 K = 10                      # metrics read the top 10 of every ranking
 RRF_K = 60                  # the store's reciprocal-rank constant (store/memory_store.py)
@@ -302,7 +302,7 @@ def plain_bm25_rankings(db: Path, id_to_doc: dict[str, int], queries: Sequence[s
     out = []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         for query in queries:
-            words = list(dict.fromkeys(w.lower() for w in re.findall(r"\w+", query)))[:64]
+            words = list(dict.fromkeys(w.lower() for w in re.findall(r"\w+", query)))[:MAX_TERMS]
             match = phrase_query(words)
             rows = [] if match is None else conn.execute(
                 "SELECT f.id FROM (SELECT rowid, rank FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rank LIMIT ?) r "
