@@ -29,6 +29,7 @@ from ..errors import (
 from .facts import (
     SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now, vectors_from_blobs,
 )
+from .fusion import LEXICAL_EVIDENCE, RRF_K, fuse_rrf, fuse_scores  # noqa: F401 (re-exported)
 from .index import IndexConfig, IndexRejected, SearchFailed, VectorIndex, exact_search, read_manifest
 from .lexical import MAX_TERMS, phrase_query, plan, query_words
 from .lock import RWLock, WriterLock, crash_point, filesystem_type, is_remote_filesystem
@@ -39,10 +40,6 @@ from .validate import (
 )
 
 DEFAULT_HYBRID_WEIGHT = 2.0
-RRF_K = 60
-# BM25 below this is no evidence: FTS5 clamps the idf of a word held by half the facts or more to 1e-6, so a row
-# matched by such words alone scores ~1e-6, and normalising by the best BM25 would stretch that to a full 1.0.
-LEXICAL_EVIDENCE = 1e-3
 EXACT_FILTER_MAX = 4096  # a tag filter matching at most this many facts is searched exactly (R9)
 EMBED_CHUNK = 256
 REEMBED_BATCH = 256
@@ -930,10 +927,7 @@ class MemoryStore:
         rows = {row[0]: row for row, _ in vec}
         rows.update({row[0]: row for row, _ in lex})
         if fusion == "rrf":
-            fused = dict.fromkeys(rows, 0.0)
-            for ranked in (vec, lex):
-                for rank, (row, _) in enumerate(ranked, start=1):
-                    fused[row[0]] += 1.0 / (RRF_K + rank)
+            fused = fuse_rrf([row[0] for row, _ in lex], [row[0] for row, _ in vec])
         else:
             cos = {row[0]: s for row, s in vec}
             missing = [row[8] for row, _ in lex if row[0] not in cos and row[8] is not None]
@@ -944,11 +938,7 @@ class MemoryStore:
                 for row, _ in lex:
                     if row[0] not in cos and row[8] in by_label:
                         cos[row[0]] = by_label[row[8]]
-            # BM25 over the best BM25: the weakest lexical match keeps its share (min-max would score it as no
-            # match at all, which on a small store lets a noise-level idf difference decide between two facts)
-            bm = {row[0]: s for row, s in lex if s > LEXICAL_EVIDENCE}
-            hi = max(bm.values(), default=0.0)
-            fused = {rid: (bm[rid] / hi if rid in bm else 0.0) + self._hybrid_weight * cos.get(rid, 0.0) for rid in rows}
+            fused = fuse_scores({row[0]: s for row, s in lex}, cos, self._hybrid_weight)
         order = sorted(rows, key=lambda rid: (-fused[rid], rid))
         return [(rows[rid], fused[rid]) for rid in order[:k]]
 
