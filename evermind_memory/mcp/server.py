@@ -20,7 +20,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from .. import __version__
 from ..errors import EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput
@@ -42,13 +42,27 @@ INSTRUCTIONS = (
 )
 
 # ---- argument types (the input schema the host shows the model) ------------------------------------------
+def _not_bool(value: Any) -> Any:
+    """Refuse true/false where a number belongs (lax ints would read them as 1/0); "5" stays accepted, as some
+    hosts send numbers as strings."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got the boolean {str(value).lower()}")
+    return value
+
+
+def _int(low: int, high: int, description: str) -> Any:
+    """An integer argument in [low, high] (JSON schema minimum/maximum), never a boolean."""
+    return Annotated[int, Field(ge=low, le=high, description=description), BeforeValidator(_not_bool)]
 Text = Annotated[str, Field(min_length=1, max_length=100_000, description="the fact, self-contained (1 to 100,000 characters)")]
 Query = Annotated[str, Field(min_length=1, max_length=100_000, description="what to look for, in your own words")]
 FactId = Annotated[str, Field(min_length=1, max_length=128, description="a memory id, as returned by remember or recall")]
 Tags = Annotated[dict[str, str] | None, Field(description="exact-match labels, e.g. {\"user\": \"ada\", \"project\": \"x\"}")]
 TagFilter = Annotated[dict[str, str] | None, Field(description="only memories carrying all of these tags (exact match)")]
 Source = Annotated[str | None, Field(max_length=MAX_SOURCE_LABEL, description="who or what said it (provenance); default: this MCP client's name")]
-MaxChars = Annotated[int, Field(ge=MIN_CHARS, le=MAX_CHARS, strict=True, description="upper bound on the length of this result's JSON text; long texts are cut and flagged truncated")]
+MaxChars = _int(MIN_CHARS, MAX_CHARS, "upper bound on the length of this result's JSON text; long texts are cut and flagged truncated")
+K = _int(1, MAX_K, f"at most this many memories (1 to {MAX_K})")
+Limit = _int(1, MAX_PAGE, f"at most this many per page (1 to {MAX_PAGE})")
+TextOffset = _int(0, 100_000, "start each text here (to read on in a truncated text)")
 Cursor = Annotated[str | None, Field(max_length=512, description="next_cursor from the previous page; omit for the first page")]
 
 
@@ -242,7 +256,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         return _result({"forgotten": forgotten, "not_found": not_found})
 
     def mark_useful(query: Query, id: FactId,
-                    useful: Annotated[bool, Field(strict=True, description="false withdraws an earlier judgement")] = True,
+                    useful: Annotated[bool, Field(description="false withdraws an earlier judgement")] = True,
                     ) -> Annotated[CallToolResult, UsefulResult]:
         """MemoryStore.feedback (thread-safe); adaptation trains on the (query, memory) pairs judged useful."""
         store.feedback(query, id, useful=useful)
@@ -250,10 +264,10 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
 
     # -- reads -------------------------------------------------------------------------------------------
     def recall(query: Query,
-               k: Annotated[int, Field(ge=1, le=MAX_K, strict=True, description=f"at most this many memories (1 to {MAX_K})")] = 5,
+               k: K = 5,
                tags: TagFilter = None,
                mode: Annotated[Literal["hybrid", "vector", "lexical"], Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: words only")] = "hybrid",
-               min_score: Annotated[float | None, Field(allow_inf_nan=False, description="drop matches scoring below this")] = None,
+               min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
@@ -262,13 +276,15 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         except EmbedderOutputInvalid as exc:  # a remembered fact could not be embedded: reported once, then served
             warning = f"{exc} That memory is found by lexical recall only."
             hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags))
-        envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE, "warning": warning}
+        envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE}
+        if warning is not None:
+            envelope["warning"] = warning
         kept = fit([_memory(h, score=h.score) for h in hits], _room(max_chars, envelope))
         return _result({**envelope, "memories": kept, "omitted": len(hits) - len(kept)})
 
     def get_memory(ids: Annotated[list[FactId], Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],
                    max_chars: MaxChars = 20_000,
-                   text_offset: Annotated[int, Field(ge=0, le=100_000, strict=True, description="start each text here (to read on in a truncated text)")] = 0,
+                   text_offset: TextOffset = 0,
                    ) -> Annotated[CallToolResult, GetResult]:
         """MemoryStore.get per id (thread-safe)."""
         found, missing = [], []
@@ -283,7 +299,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         omitted = [f["id"] for f in found[len(kept):]]
         return _result({**envelope, "memories": kept, "omitted_ids": omitted})
 
-    def list_memories(limit: Annotated[int, Field(ge=1, le=MAX_PAGE, strict=True, description=f"at most this many (1 to {MAX_PAGE})")] = 20,
+    def list_memories(limit: Limit = 20,
                       cursor: Cursor = None, tags: TagFilter = None,
                       max_chars: MaxChars = 8000) -> Annotated[CallToolResult, ListResult]:
         """MemoryStore.list (thread-safe), oldest first, paged by a cursor that survives forgets between pages."""
@@ -300,7 +316,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         return _result({**envelope, "memories": kept, "next_cursor": next_cursor})
 
     def memory_history(id: FactId,
-                       limit: Annotated[int, Field(ge=1, le=MAX_PAGE, strict=True, description=f"at most this many changes (1 to {MAX_PAGE})")] = 20,
+                       limit: Limit = 20,
                        cursor: Cursor = None, max_chars: MaxChars = 8000) -> Annotated[CallToolResult, HistoryResult]:
         """MemoryStore.history (thread-safe), oldest change first, paged."""
         scope = scope_digest(tool="history", id=id)
