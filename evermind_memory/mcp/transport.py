@@ -280,7 +280,10 @@ def serve_http(server: Any, config: HttpConfig, *, announce: Any = None) -> None
           flush=True)
     uv = uvicorn.Server(uvicorn.Config(Guard(app, config), log_level="warning", server_header=False,
                                        timeout_keep_alive=5, limit_concurrency=256, lifespan="on"))
+    _stop_on_sigterm()  # uvicorn shuts down gracefully on SIGTERM, then raises it again: end as for Ctrl-C
     try:
         anyio.run(uv.serve, [sock])
+    except KeyboardInterrupt:
+        pass
     finally:
         sock.close()
