@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"evermind {__version__}",
                         help="print the version and exit")
     parser.set_defaults(db=None, json=False, model=None, tokenizer=None, durability="normal")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its options)")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         # a fresh copy per subcommand: parents share Action objects, and set_defaults above must not leak here
