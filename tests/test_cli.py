@@ -16,6 +16,7 @@ from evermind_memory import cli
 from evermind_memory.embedder import LMEmbedder
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
+from poisoned_embedder import PoisonedEmbedder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,21 +63,6 @@ def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Pat
     assert vector is not None and fingerprint == embedder.fingerprint
     manifest = json.loads((tmp_path / "cli.db.json").read_text())  # the saved index holds it
     assert manifest["watermark"] == top and manifest["count"] == 1
-
-
-class PoisonedEmbedder:
-    """The tiny real embedder, except that texts containing "poison" get a NaN vector."""
-
-    def __init__(self, inner: LMEmbedder) -> None:
-        self.inner, self.dimensions, self.fingerprint = inner, inner.dimensions, inner.fingerprint
-
-    def embed(self, text):
-        return self.embed_many([text])[0]
-
-    def embed_many(self, texts):
-        out = self.inner.embed_many(texts)
-        out[["poison" in t for t in texts]] = float("nan")
-        return out
 
 
 def test_remember_reports_a_bad_vector(embedder, tmp_path: Path, capsys):

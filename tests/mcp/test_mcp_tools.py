@@ -14,6 +14,7 @@ from evermind_memory import MemoryStore
 from evermind_memory.mcp import build_server
 from evermind_memory.mcp.server import NOTICE
 from mcp_helpers import error_text, payload
+from poisoned_embedder import PoisonedEmbedder
 
 pytestmark = pytest.mark.anyio
 
@@ -162,6 +163,7 @@ BAD_CALLS = [
     ("update_memory", {"id": "0" * 32, "text": "new"}, "FactNotFound: update() found no fact"),
     ("forget", {"ids": []}, "at least 1 item"),
     ("forget", {"ids": "abc"}, "valid list"),
+    ("forget", {"ids": ["FID", "bad\x00id"]}, "InvalidInput: fact id must not contain NUL"),  # checked before any forget
     ("list_memories", {"cursor": "not-a-cursor"}, "InvalidInput: the cursor is not one this server returned"),
     ("list_memories", {"limit": 101}, "less than or equal to 100"),
     ("memory_history", {"id": "0" * 32}, "FactNotFound: history() found no fact"),
@@ -175,6 +177,8 @@ async def test_bad_input_is_an_error_result_and_the_server_carries_on(store):
     async with client(store) as c:
         fid = payload(await c.call_tool("remember", {"text": "still here"}))["id"]
         for tool, args, expected in BAD_CALLS:
+            args = {k: [fid if x == "FID" else x for x in v] if k == "ids" and isinstance(v, list) else v
+                    for k, v in args.items()}
             text = error_text(await c.call_tool(tool, args))
             assert expected in text, (tool, args, text)
         assert payload(await c.call_tool("get_memory", {"ids": [fid]}))["memories"][0]["text"] == "still here"
@@ -214,21 +218,6 @@ async def test_concurrent_calls_from_two_clients(store):
     assert {store.get(r["id"]).source for r in results["b"]} == {"mcp:b"}
     hits = store.recall("a concurrent fact 7", k=20, mode="lexical")
     assert {"a concurrent fact 7", "b concurrent fact 7"} <= {h.text for h in hits}
-
-
-class PoisonedEmbedder:
-    """The shipped embedder, except that texts containing "poison" get a NaN vector."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.dimensions, self.fingerprint = inner, inner.dimensions, inner.fingerprint
-
-    def embed(self, text):
-        return self.embed_many([text])[0]
-
-    def embed_many(self, texts):
-        out = self.inner.embed_many(texts)
-        out[["poison" in t for t in texts]] = float("nan")
-        return out
 
 
 async def test_a_fact_that_could_not_be_embedded_is_a_warning_not_a_failed_recall(db):
