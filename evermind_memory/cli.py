@@ -382,12 +382,17 @@ def _mcp(args: argparse.Namespace, embedder: Any) -> int:
                              allow_origins=args.allow_origin, requests_per_minute=args.max_requests_per_minute)
     elif args.token_file is not None or args.allow_host or args.allow_origin:
         raise InvalidInput("--token-file, --allow-host and --allow-origin apply to --http; stdio needs none of them.")
+    signalled = False
     with _open(args, embedder) as store:
         server = build_server(store)
         if config is None:
-            serve_stdio(server)
+            signalled = serve_stdio(server)
         else:
             serve_http(server, config)
+    if signalled:  # the store is closed; a thread blocked on stdin would keep the process alive forever
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
     return EXIT_OK
 
 

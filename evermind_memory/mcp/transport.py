@@ -235,15 +235,21 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
-def serve_stdio(server: Any) -> None:
-    """Serve `server` over stdin/stdout until the client closes stdin (or SIGTERM/SIGINT)."""
+def serve_stdio(server: Any) -> bool:
+    """Serve `server` over stdin/stdout until the client closes stdin (or SIGTERM/SIGINT).
+
+    Returns:
+        True when a signal stopped it: a worker thread is then still blocked reading stdin, so the caller
+        should close what it opened and leave with os._exit (Python would wait for that thread forever).
+    """
     import anyio
 
     _stop_on_sigterm()
     try:
         anyio.run(server.run_stdio_async)
     except KeyboardInterrupt:
-        pass
+        return True
+    return False
 
 
 def serve_http(server: Any, config: HttpConfig, *, announce: Any = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import secrets
@@ -121,3 +122,25 @@ def test_http_config_checks(tmp_path: Path, monkeypatch):
     assert "box.lan" in wide.hosts and "0.0.0.0" not in wide.hosts and wide.token_sha256 is not None
     monkeypatch.setenv("EVERMIND_MCP_TOKEN", "y" * 20)
     assert http_config("10.1.2.3:80").token_sha256 is not None  # the env var is a token source too
+
+
+def test_stdio_server_stops_cleanly_on_sigterm(tmp_path: Path):
+    """Hosts stop stdio servers with SIGTERM while stdin is still open: the store closes and the process exits 0."""
+    db = tmp_path / "term.db"
+    proc = subprocess.Popen([sys.executable, "-m", "evermind_memory", "mcp", "--db", str(db)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "remember", "arguments": {"text": "kept across SIGTERM"}}}
+        for message in (init, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call):
+            proc.stdin.write(json.dumps(message) + "\n")
+            proc.stdin.flush()
+        replies = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        fid = replies[1]["result"]["structuredContent"]["id"]
+        assert stop(proc) == 0
+    finally:
+        proc.kill()
+    with MemoryStore(db, read_only=True) as store:
+        assert store.get(fid).text == "kept across SIGTERM" and store.check().ok
