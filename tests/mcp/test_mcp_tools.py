@@ -191,6 +191,7 @@ async def test_read_only_server_offers_only_reading_tools(db):
     with MemoryStore(db, read_only=True) as reader:
         async with client(reader) as c:
             assert {t.name for t in (await c.list_tools()).tools} == READ_TOOLS
+            assert "read-only" in c.instructions and "remember" not in c.instructions
             hit = payload(await c.call_tool("recall", {"query": "recall servers"}))["memories"][0]
             assert hit["id"] == fid
             assert "Unknown tool" in error_text(await c.call_tool("remember", {"text": "no"}))
