@@ -10,11 +10,9 @@ command imports what it needs when it runs, so `--help` and `--version` start at
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -219,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _jsonable(value: Any) -> Any:
+    import dataclasses  # here, not at the top: with inspect and ast it is a third of this module's import time
+    from datetime import datetime
+
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
     if isinstance(value, datetime):
