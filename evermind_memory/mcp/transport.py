@@ -158,7 +158,7 @@ def http_config(value: str, *, token_file: Path | None = None, allow_hosts: list
 
 
 class Guard:
-    """ASGI middleware in front of the whole app: Host, Origin, bearer token and a request rate, in that order.
+    """ASGI middleware in front of the whole app: request rate, Host, Origin and bearer token, in that order.
 
     Refusals are plain-text 4xx answers that say what to fix; nothing reaches the MCP app unless all pass.
     """
@@ -207,14 +207,14 @@ class Guard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         refusal = None
-        if not self._host_ok(headers.get("host")):
+        if not self._rate_ok():  # every request counts, refused ones too (token guessing)
+            refusal = (429, "Too many requests this minute (--max-requests-per-minute); retry shortly.")
+        elif not self._host_ok(headers.get("host")):
             refusal = (421, "Host not allowed: connect by a name the server was started with (--allow-host).")
         elif not self._origin_ok(headers.get("origin")):
             refusal = (403, "Origin not allowed: start the server with --allow-origin for this web origin.")
         elif not self._token_ok(headers.get("authorization")):
             refusal = (401, "Missing or wrong bearer token: send 'Authorization: Bearer TOKEN'.")
-        elif not self._rate_ok():
-            refusal = (429, "Too many requests this minute (--max-requests-per-minute); retry shortly.")
         if refusal is None:
             await self.app(scope, receive, send)
             return

@@ -20,6 +20,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from evermind_memory import MemoryStore, cli
 from evermind_memory.mcp import http_config
+from evermind_memory.mcp.transport import Guard
 from evermind_memory.errors import InvalidInput
 from mcp_helpers import error_text, payload
 
@@ -144,3 +145,48 @@ def test_stdio_server_stops_cleanly_on_sigterm(tmp_path: Path):
         proc.kill()
     with MemoryStore(db, read_only=True) as store:
         assert store.get(fid).text == "kept across SIGTERM" and store.check().ok
+
+
+@pytest.mark.anyio
+async def test_guard_checks_host_origin_token_and_rate_before_the_app(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("EVERMIND_MCP_TOKEN", raising=False)
+    token = secrets.token_urlsafe(24)
+    (tmp_path / "t").write_text(token)
+    (tmp_path / "t").chmod(0o600)
+    config = http_config("127.0.0.1:8765", token_file=tmp_path / "t", allow_hosts=["box.lan"],
+                         allow_origins=["https://app.example"], requests_per_minute=9)
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["type"])
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = Guard(app, config)
+
+    async def status(**headers: str) -> int:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]}
+        await guard(scope, None, send)
+        return sent[0]["status"]
+
+    auth = f"Bearer {token}"
+    assert await status(host="127.0.0.1:8765", authorization=auth) == 200
+    assert await status(host="[::1]:8765", authorization=f"bearer {token}") == 200
+    assert await status(host="BOX.LAN:8765", authorization=auth, origin="https://app.example") == 200
+    assert await status(host="evil.example:8765", authorization=auth) == 421
+    assert await status(authorization=auth) == 421  # no Host at all
+    assert await status(host="localhost:8765", authorization=auth, origin="null") == 403
+    assert await status(host="localhost:8765", authorization=auth, origin="https://app.example.evil") == 403
+    assert await status(host="localhost:8765", authorization=f"Basic {token}") == 401
+    assert await status(host="localhost:8765") == 401
+    assert await status(host="localhost:8765", authorization=auth) == 429  # the 10th request this minute
+    assert reached == ["http"] * 3
+    await guard({"type": "lifespan"}, None, None)  # lifespan events pass through untouched
+    assert reached[-1] == "lifespan"
