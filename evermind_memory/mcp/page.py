@@ -26,13 +26,14 @@ def dumps(value: Any) -> str:
 
 def cut_text(text: str, room: int) -> str:
     """The longest prefix of `text` whose JSON string (quotes and escapes included) fits in `room` characters."""
-    cut = text[: max(room - 2, 0)]
-    while cut:
-        over = len(dumps(cut)) - room
-        if over <= 0:
-            break
-        cut = cut[: len(cut) - over]  # every character takes at least one JSON character, so this converges
-    return cut
+    low, high = 0, min(len(text), max(room - 2, 0))  # the answer lies in [low, high]: each character costs >= 1
+    while low < high:  # the JSON length grows with the prefix, so bisect (escapes make it no simple sum)
+        mid = (low + high + 1) // 2
+        if len(dumps(text[:mid])) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low]
 
 
 def fit(items: list[dict], room: int, *, always_one: bool = True) -> list[dict]:
