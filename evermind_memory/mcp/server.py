@@ -12,7 +12,6 @@ calls MemoryStore methods documented as thread-safe, and keeps no state of its o
 from __future__ import annotations
 
 import functools
-import math
 from datetime import datetime
 from typing import Annotated, Any, Callable, Literal
 
@@ -164,7 +163,7 @@ def _memory(fact: Any, *, score: float | None = None, text_offset: int | None = 
             "updated_at": _iso(fact.updated_at), "tags": dict(fact.tags), "text": text,
             "text_chars": len(fact.text), "truncated": False}
     if score is not None:
-        item = {"score": round(float(score), 6) if math.isfinite(score) else None, **item}
+        item = {"score": round(float(score), 6), **item}
     if text_offset is not None:
         item["text_offset"] = text_offset
     return item
