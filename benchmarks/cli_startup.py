@@ -1,7 +1,7 @@
 """Start-up time of `evermind` commands, side by side with a bare interpreter (the floor no command can beat).
 
 Each command runs `--runs` times as a fresh `python -m evermind_memory ...` process on a store of 100 facts;
-the table gives the median and best wall time. A second table lists the costliest imports of one command
+the table gives the median and best wall time and the median CPU time (steadier on a shared machine). A second table lists the costliest imports of one command
 (`python -X importtime`, cumulative), to show where the time goes. Commands that need no model should start
 in under 0.3 s; today MemoryStore() loads and probes the model when it opens, so those that open a store do
 not yet (see the "open" rows).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,16 +26,22 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
 
 
-def wall(argv: list[str], runs: int) -> list[float]:
-    """Wall seconds of `runs` fresh processes (each must exit 0)."""
-    times = []
+def timed_runs(argv: list[str], runs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system) of `runs` fresh processes (each must exit 0).
+
+    CPU time is the steadier figure on a shared machine: other processes stretch wall time, not CPU time.
+    """
+    walls, cpus = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         p = subprocess.run(argv, capture_output=True, text=True, env=ENV)
-        times.append(time.perf_counter() - start)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
-    return times
+    return walls, cpus
 
 
 def import_profile(argv: list[str], top: int = 10) -> list[tuple[str, float]]:
@@ -81,19 +88,22 @@ def main() -> None:
             ("evermind recall (hybrid)", [*ev, "recall", "topic"], "open + embed"),
         ]
         results = []
-        print(f"{'command':<34} {'loads':<13} {'median s':>9} {'best s':>8}")
+        print(f"{'command':<34} {'loads':<13} {'wall median s':>13} {'wall best s':>11} {'cpu median s':>12}")
         for name, argv, loads in cases:
-            times = wall(argv, args.runs)
-            row = {"command": name, "loads": loads, "median_s": statistics.median(times), "best_s": min(times)}
+            walls, cpus = timed_runs(argv, args.runs)
+            row = {"command": name, "loads": loads, "median_s": statistics.median(walls), "best_s": min(walls),
+                   "cpu_median_s": statistics.median(cpus)}
             results.append(row)
-            print(f"{name:<34} {loads:<13} {row['median_s']:>9.3f} {row['best_s']:>8.3f}")
+            print(f"{name:<34} {loads:<13} {row['median_s']:>13.3f} {row['best_s']:>11.3f} {row['cpu_median_s']:>12.3f}")
         profiled = [*ev, *{"list": ["list"], "get": ["get", ids[0]], "help": ["--help"]}.get(args.profile, [args.profile])]
         profile = import_profile(profiled)
+    load = os.getloadavg()[0]
+    print(f"\n1-minute load average at the end: {load:.1f} on {os.cpu_count()} CPUs (wall times grow with it)")
     print(f"\nlargest imports of `evermind {args.profile}` (cumulative s, python -X importtime):")
     for name, seconds in profile:
         print(f"  {name:<40} {seconds:>7.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"runs": args.runs, "python": sys.version.split()[0], "results": results,
+        args.json.write_text(json.dumps({"runs": args.runs, "python": sys.version.split()[0], "load_average": load, "results": results,
                                          "imports": dict(profile)}, indent=2))
 
 
