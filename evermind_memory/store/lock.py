@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .._crash import crash_point  # noqa: F401 (memory_store imports it from here until the split)
 from ..errors import StoreLocked
 
 try:  # POSIX only; on other systems the writer lock degrades to in-process exclusion
