@@ -179,10 +179,18 @@ class Adaptation:
     """A background adaptation thread on one store (made by `MemoryStore.start_adaptation`).
 
     Thread-safe: stop(), join() and status() may be called from any thread.
+
+    Args:
+        gens: the writable store's generation API.
+        policy: when rounds run and what they fit.
+        hooks: the callbacks.
+        owner: kept alive while the thread runs (the MemoryStore: a store dropped while it adapts stays open
+            until the thread is stopped, as its close() would stop it).
     """
 
-    def __init__(self, gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks) -> None:
+    def __init__(self, gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, owner: Any = None) -> None:
         self._gens = gens
+        self._owner = owner
         self.policy = policy
         self.hooks = hooks
         self._stop = threading.Event()

@@ -46,7 +46,7 @@ class AdaptationMethods:
         self._gens.adaptable_base()  # fail now, not in the thread, when the store cannot be adapted
         if self._adaptation is not None and self._adaptation.running:
             raise InvalidInput("start_adaptation(): an adaptation is already running; stop() and join() it first.")
-        self._adaptation = Adaptation(self._gens, policy, hooks).start()
+        self._adaptation = Adaptation(self._gens, policy, hooks, owner=self).start()
         return self._adaptation
 
     @property

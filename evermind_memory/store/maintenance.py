@@ -95,7 +95,7 @@ def export(db: Backend, path: str | os.PathLike) -> int:
     count = 0
     with db.snapshot() as r, atomic_write(out, text=True) as fh:
         for row in r.export_rows():
-            record = {"id": row.id, "text": row.text, "tags": json.loads(row.tags_json), "source": row.source,
+            record = {"id": row.id, "text": row.text, "tags": row.tags, "source": row.source,
                       "created_at": row.created_at, "updated_at": row.updated_at}
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += 1
@@ -143,9 +143,9 @@ def import_records(db: Backend, cache: VectorCache, records: list[tuple]) -> int
     if not records:
         return 0
     texts = [rec[1] for rec in records]
-    made = embed_serving(cache, texts)  # (N, D)
+    made = embed_serving(cache, texts)
     with db.write_mutex:
-        gen, vectors = embed_serving(cache, texts, made)  # again only if the model changed meanwhile
+        gen, vectors = embed_serving(cache, texts, made)  # (N, D), again only if the model changed meanwhile
         with db.transaction() as tx:
             present = set(tx.fetch_where("id", [rec[0] for rec in records]))
             keep = [i for i, rec in enumerate(records) if rec[0] not in present]

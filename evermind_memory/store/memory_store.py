@@ -314,7 +314,7 @@ class MemoryStore(AdaptationMethods):
                     vector = None  # same text, same embedder: keep the vector and its label
                 seq, removed = tx.update(
                     row, text=row.text if new_text is None else new_text,
-                    tags=row.to_fact().tags if new_tags is None else new_tags,
+                    tags=row.tags if new_tags is None else new_tags,
                     source=row.source if new_source is None else new_source,
                     vector=vector, fingerprint=gen.fingerprint, now=utc_now(),
                 )

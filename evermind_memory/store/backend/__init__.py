@@ -57,15 +57,20 @@ class FactRow(NamedTuple):
     label: int | None  # the index label of its current vector (the seq that gave it), None while waiting
     seq: int  # the seq of its latest change
 
+    @property
+    def tags(self) -> dict[str, str]:
+        """The tags, parsed."""
+        return _tags(self.tags_json)
+
     def to_fact(self) -> Fact:
         """The public Fact."""
-        return Fact(id=self.id, text=self.text, tags=_tags(self.tags_json), source=self.source,
+        return Fact(id=self.id, text=self.text, tags=self.tags, source=self.source,
                     created_at=datetime.fromisoformat(self.created_at),
                     updated_at=datetime.fromisoformat(self.updated_at), fingerprint=self.fingerprint)
 
     def to_recall(self, score: float) -> Recall:
         """The public Recall with `score`."""
-        return Recall(id=self.id, text=self.text, score=float(score), tags=_tags(self.tags_json), source=self.source,
+        return Recall(id=self.id, text=self.text, score=float(score), tags=self.tags, source=self.source,
                       created_at=datetime.fromisoformat(self.created_at),
                       updated_at=datetime.fromisoformat(self.updated_at))
 
