@@ -197,6 +197,7 @@ class VectorWorker:
                     return
                 gen = cache.current
                 rids = [rid for rid, _ in batch]
+                ids = [fid for _, (fid, _) in batch]
                 texts = [text for _, (_, text) in batch]
                 vectors, failed = self._embed(texts, gen.embedder)  # (b, D)
                 with db.write_mutex:
@@ -206,7 +207,7 @@ class VectorWorker:
                         still = tx.still_waiting(rids)  # not forgotten or updated since
                         current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
                         keep = [i for i in current if i not in failed]
-                        pairs = tx.set_vectors([(rids[i], batch[i][1][0], None) for i in keep], vectors[keep],
+                        pairs = tx.set_vectors([(rids[i], ids[i], None) for i in keep], vectors[keep],
                                                gen.fingerprint, utc_now())
                         top = tx.max_seq()
                     crash_point("remember.vectors_committed")
@@ -214,8 +215,8 @@ class VectorWorker:
                 with self._cv:
                     for i in current:
                         if i in failed:  # reported once by flush() or a vector/hybrid recall
-                            self._failures.append((batch[i][1][0], failed[i]))
-                            self.vector_error = (f"the embedder failed on fact {batch[i][1][0]}: "
+                            self._failures.append((ids[i], failed[i]))
+                            self.vector_error = (f"the embedder failed on fact {ids[i]}: "
                                                  f"{type(failed[i]).__name__}: {failed[i]}")
                     for rid in rids:
                         self._waiting.pop(rid, None)

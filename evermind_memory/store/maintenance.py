@@ -15,7 +15,7 @@ import numpy as np
 from .._atomic import atomic_write
 from ..errors import InvalidInput
 from .access import Access
-from .backend import Backend, new_id, utc_now
+from .backend import Backend, NewFact, new_id, utc_now
 from .embedding import VectorWorker, embed_serving
 from .records import CheckReport
 from .validate import check_id, check_source, check_tags, check_text
@@ -102,8 +102,8 @@ def export(db: Backend, path: str | os.PathLike) -> int:
     return count
 
 
-def read_export(path: str | os.PathLike) -> list[tuple]:
-    """The facts of a JSONL export, validated: (id, text, tags, source, created_at, updated_at), ids distinct.
+def read_export(path: str | os.PathLike) -> list[NewFact]:
+    """The facts of a JSONL export, validated, each id once.
 
     Raises:
         InvalidInput: a line is not a valid fact (the line number is named).
@@ -130,25 +130,25 @@ def read_export(path: str | os.PathLike) -> list[tuple]:
                 updated = check_time(rec.get("updated_at"), default=created)
             except InvalidInput as exc:
                 raise InvalidInput(f"import_() line {number}: {exc}") from None
-            records.append((fid, text, tags, source, created, updated))
+            records.append(NewFact(fid, text, tags, source, created, updated))
     seen: set[str] = set()
-    return [r for r in records if not (r[0] in seen or seen.add(r[0]))]
+    return [r for r in records if not (r.id in seen or seen.add(r.id))]
 
 
-def import_records(db: Backend, cache: VectorCache, records: list[tuple]) -> int:
+def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> int:
     """Add the records whose ids are not in the store yet, embedded, in one transaction; returns how many."""
     with db.reading() as r:
-        present = set(r.fetch_where("id", [rec[0] for rec in records]))
-    records = [rec for rec in records if rec[0] not in present]
+        present = set(r.fetch_where("id", [rec.id for rec in records]))
+    records = [rec for rec in records if rec.id not in present]
     if not records:
         return 0
-    texts = [rec[1] for rec in records]
+    texts = [rec.text for rec in records]
     made = embed_serving(cache, texts)
     with db.write_mutex:
         gen, vectors = embed_serving(cache, texts, made)  # (N, D), again only if the model changed meanwhile
         with db.transaction() as tx:
-            present = set(tx.fetch_where("id", [rec[0] for rec in records]))
-            keep = [i for i, rec in enumerate(records) if rec[0] not in present]
+            present = set(tx.fetch_where("id", [rec.id for rec in records]))
+            keep = [i for i, rec in enumerate(records) if rec.id not in present]
             labels, _ = tx.insert([records[i] for i in keep], vectors[keep], gen.fingerprint)
             top = tx.max_seq()
         cache.apply(np.array(labels, dtype=np.int64), vectors[keep], [], top)

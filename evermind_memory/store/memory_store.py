@@ -23,7 +23,7 @@ from ..errors import EvermindError, FactNotFound, InvalidInput, StoreWarning
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
-from .backend import new_id, open_backend, utc_now
+from .backend import NewFact, new_id, open_backend, utc_now
 from .embedding import PENDING_MAX, VectorWorker, embed_query, embed_serving, probe_embedder
 from .generations import REEMBED_BATCH, Generations, resolve_embedder
 from .index import IndexConfig
@@ -211,7 +211,7 @@ class MemoryStore(AdaptationMethods):
         fid = new_id()
         with self._db.write_mutex:
             with self._db.transaction() as tx:
-                (seq,), rid = tx.insert([(fid, text, tags, source, now, now)], None, None)
+                (seq,), rid = tx.insert([NewFact(fid, text, tags, source, now, now)], None, None)
                 crash_point("remember.before_commit")
             crash_point("remember.after_commit")
             self._vectors.advance(seq)  # nothing to index yet; every earlier change was applied under this mutex
@@ -267,7 +267,7 @@ class MemoryStore(AdaptationMethods):
         made = embed_serving(self._vectors, checked)  # before the mutex: an adaptation swap may change the model
         now = utc_now()
         ids = [new_id() for _ in checked]
-        items = [(fid, text, tags, source, now, now) for fid, text in zip(ids, checked)]
+        items = [NewFact(fid, text, tags, source, now, now) for fid, text in zip(ids, checked)]
         with self._db.write_mutex:
             gen, vectors = embed_serving(self._vectors, checked, made)  # (N, D) by the model that serves now
             with self._db.transaction() as tx:

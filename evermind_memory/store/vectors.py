@@ -171,7 +171,11 @@ class VectorCache:
 
     def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], top: int) -> None:
         """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
-        (N,), retire `removed`, advance to `top`; rebuild if the index refuses or holds too many deleted."""
+        (N,), retire `removed`, advance to `top`; rebuild if the index refuses or holds too many deleted.
+
+        This assumes the watermark was just below this change's first seq, true while one process writes.
+        With many writers (issue 17, phase B) another process may have committed in between: apply() must then
+        catch up through the change feed instead of moving the watermark past changes it never saw."""
         gen = self._gen
         try:
             if removed:  # (the index calls take a lock and validate even when there is nothing to do)

@@ -75,6 +75,17 @@ class FactRow(NamedTuple):
                       updated_at=datetime.fromisoformat(self.updated_at))
 
 
+class NewFact(NamedTuple):
+    """A fact about to be inserted (Writes.insert)."""
+
+    id: str
+    text: str
+    tags: dict[str, str]
+    source: str | None
+    created_at: str  # ISO 8601 UTC
+    updated_at: str
+
+
 class ChangeRow(NamedTuple):
     """One entry of the change feed, as a vector cache replays it."""
 
@@ -214,10 +225,9 @@ class Writes(Reads, Protocol):
     def delete_meta(self, *keys: str) -> None:
         """Remove store-level settings (absent keys are ignored)."""
 
-    def insert(self, items: Sequence[tuple], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
-        """Add facts: items are (id, text, tags dict, source, created_at, updated_at). Each gets the next seq,
-        which is also its label when `vectors` (N, D) are given; with None they wait for one. Returns (seqs,
-        first new rid)."""
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+        """Add facts. Each gets the next seq, which is also its label when `vectors` (N, D) are given; with
+        None they wait for one. Returns (seqs, first new rid)."""
 
     def update(self, row: FactRow, *, text: str, tags: dict[str, str], source: str | None,
                vector: np.ndarray | None, fingerprint: str | None, now: str) -> tuple[int, int | None]:
@@ -297,6 +307,7 @@ def open_backend(path: str, *, read_only: bool, durability: str, busy_timeout: f
 
 
 __all__ = [
-    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "Reads", "StaleRow", "WaitingRow", "Writes",
+    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "NewFact", "Reads", "StaleRow", "WaitingRow",
+    "Writes",
     "new_id", "open_backend", "utc_now",
 ]

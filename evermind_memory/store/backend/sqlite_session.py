@@ -16,7 +16,7 @@ import numpy as np
 
 from ..lexical import plan
 from ..records import Change
-from . import ChangeRow, FactRow, GenerationRows, Integrity, StaleRow, WaitingRow
+from . import ChangeRow, FactRow, GenerationRows, Integrity, NewFact, StaleRow, WaitingRow
 
 FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq"
 _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
@@ -302,7 +302,7 @@ class SQLiteSession:
              vector_added: bool, label_removed: int | None) -> None:
         self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed))
 
-    def insert(self, items: Sequence[tuple], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
         conn = self.conn
         base = self.max_seq()
         seqs = list(range(base + 1, base + 1 + len(items)))
