@@ -98,6 +98,12 @@ class PublishReport(Protocol):
 class Generations:
     """The serving model of one store and the ways to replace it (the public generation API).
 
+    What adaptation uses: current, embedder, fingerprint, base_embedder, adapters_dir, closed, round_lock;
+    pending(), active_adapter(), active_adapter_id(), max_seq(), adapted_upto(), remembered_since();
+    adaptable_base(), memories(), feedback_pairs(), load_adapter(), adapted_embedder(); publish(), resume().
+    The store itself also calls settle() (open), follow() (before answering), reembed() and
+    clear_adaptation_state().
+
     Thread-safety: every method may be called from any thread; `round_lock` keeps adaptation rounds,
     resumes and rollbacks to one at a time, publish() serialises with writes through the write mutex.
 
