@@ -47,7 +47,7 @@ from evermind_memory.embedder import LMEmbedder  # noqa: E402
 from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
 from evermind_memory.store.index import IndexConfig, search_ef  # noqa: E402
-from evermind_memory.store.memory_store import fts_match  # noqa: E402
+from evermind_memory.store.search import fts_match  # noqa: E402
 
 CONFIGS = {
     # the foundation issue's small config (the tokenizer is trained smaller; ids stay < vocab_size)

@@ -354,7 +354,7 @@ def _adapt(args: argparse.Namespace, store: Any, emit) -> None:
     if args.rollback is not None:
         report = store.rollback_adapter(args.rollback)
     else:
-        from .training.adaptation import AdaptationPolicy
+        from .adaptation import AdaptationPolicy
 
         chosen = {"steps": args.steps, "lr": args.lr, "rank": args.rank, "max_cpu_seconds": args.max_cpu_seconds,
                   "seed": args.seed}

@@ -21,8 +21,10 @@ from pathlib import Path
 import hnswlib
 import numpy as np
 
+from .._atomic import fsync_path, write_atomic
+from .._crash import crash_point
 from ..errors import InvalidInput
-from .lock import RWLock, crash_point
+from .lock import RWLock
 
 INDEX_FORMAT = "evermind-hnsw 1"
 SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
@@ -288,7 +290,7 @@ class VectorIndex:
             count, live, cap = self._elements, len(self._live), int(self._hnsw.get_max_elements())
         try:
             crash_point("index.save.written")
-            _fsync_path(tmp)
+            fsync_path(tmp)
             data = tmp.read_bytes()
             manifest = {
                 **meta,
@@ -301,7 +303,7 @@ class VectorIndex:
                 raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
             os.replace(tmp, final)
             crash_point("index.save.before_manifest")
-            _write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
+            write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
         except BaseException:
             tmp.unlink(missing_ok=True)
             if name not in _manifest_names(directory / f"{stem}.json"):
@@ -497,59 +499,3 @@ def _manifest_names(path: Path) -> set[str]:
         return {read_manifest(path).get("file")}
     except IndexRejected:
         return set()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _full_fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _full_fsync(fd: int) -> None:
-    try:
-        import fcntl
-
-        if hasattr(fcntl, "F_FULLFSYNC"):  # macOS: fsync alone does not reach the platter
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-    except (ImportError, OSError):
-        pass
-    os.fsync(fd)
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory so a rename in it is durable (no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` with temp file + fsync + rename + directory fsync (R4)."""
-    tmp = path.with_name(path.name + f".{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            _full_fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-write_atomic = _write_atomic

@@ -1,6 +1,6 @@
 """Locks: an in-process readers-writer lock (around every hnswlib call, R7) and the cross-process writer
-lock file (`fcntl.flock` on `<db>.lock`, R13), the filesystem check that goes with them (R14: WAL and file
-locks need a local disk), plus the named crash points used by fault-injection tests.
+lock file (`fcntl.flock` on `<db>.lock`, R13), and the filesystem check that goes with them (R14: WAL and file
+locks need a local disk). The named crash points of fault-injection tests are in evermind_memory/_crash.py.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import threading
 import time
 from pathlib import Path
@@ -148,22 +147,3 @@ class WriterLock:
             if fcntl is not None:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-
-
-_CRASH_COUNTS: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """Fault injection: SIGKILL this process at the n-th hit of `name` when EVERMIND_CRASH_AT="name:n".
-
-    Costs one environment lookup when unset. Used only by crash tests in child processes.
-    """
-    spec = os.environ.get("EVERMIND_CRASH_AT")
-    if not spec:
-        return
-    point, _, nth = spec.rpartition(":")
-    if point != name:
-        return
-    _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
-    if _CRASH_COUNTS[name] >= int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)

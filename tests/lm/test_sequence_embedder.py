@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from evermind_memory import MemoryStore
+from evermind_memory.adaptation import AdaptationPolicy, fit_adapter
 from evermind_memory.embedder import LMEmbedder, SequenceEmbedder, check_embedder, load_embedder
 from evermind_memory.errors import InvalidInput
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.sequence import SequenceBackbone, SequenceModelConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
-from evermind_memory.training.adaptation import AdaptationPolicy, fit_adapter
 
 CORPUS = [
     "Ada prefers green tea in the morning and black coffee after lunch.",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from evermind_memory import FactNotFound, MemoryStore
+from evermind_memory.adaptation import AdaptationPolicy
 from evermind_memory.errors import EvermindError, InvalidInput
 from evermind_memory.store import memory_store as memory_store_module
-from evermind_memory.store.facts import SCHEMA_VERSION
-from evermind_memory.training.adaptation import AdaptationPolicy
+from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
 WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats", "lazy dogs", "news at eight"]

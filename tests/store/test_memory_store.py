@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, MemoryStore, Recall
-from evermind_memory.store.facts import SCHEMA_VERSION
+from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 from store_helpers import recall_at_k
 
 TEXTS = [

@@ -1,0 +1,313 @@
+"""The store's database seam: the rows the rest of the store reads (by name) and the interface a backend implements.
+
+Every SQL statement of the store lives under this package; memory_store, vectors, search, embedding,
+generations and maintenance only call the methods below. Today there is one implementation, SQLite
+(`backend/sqlite.py`); the interface is written so that a PostgreSQL backend (a later issue:
+`MemoryStore("postgresql://...")`) can implement the same methods. A backend hands out sessions: `reading()`
+(each statement its own snapshot), `snapshot()` (one consistent read transaction) and `transaction()` (one
+write transaction, committed when the block ends, rolled back if it raises). Sessions are used only inside
+their block and only by the thread that opened it.
+
+The change log is the change feed: every change of a fact gets the next `seq` (monotonic, never reused), and
+`max_seq()` / `changes_after()` let any vector cache catch up from its watermark (RELIABILITY R3).
+
+Room for many writer processes (issue 17, phase B), not built yet: `Writes` gains leases
+(`claim_lease(name, holder, ttl_s) -> bool`, `renew_lease`, `release_lease`) so that background embedding,
+re-embedding, adaptation rounds and WAL checkpoints are each run by one process at a time, and the in-process
+`write_mutex` stops being the only thing that orders commits (the database does, with `BEGIN IMMEDIATE`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Any, ContextManager, Iterator, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from ..records import Change, Fact, Recall
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO 8601 text with microseconds (sorts as text)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def new_id() -> str:
+    """A fresh opaque fact id (uuid4 hex)."""
+    return uuid.uuid4().hex
+
+
+def _tags(text: str) -> dict[str, str]:
+    return {} if text == "{}" else json.loads(text)  # most facts carry no tags: skip the JSON parser
+
+
+class FactRow(NamedTuple):
+    """One stored fact as the backend holds it."""
+
+    rid: int  # row id: insertion order, never reused
+    id: str  # the public fact id
+    text: str
+    tags_json: str  # canonical JSON of the tags ("{}" for none)
+    source: str | None
+    created_at: str  # ISO 8601 UTC
+    updated_at: str
+    fingerprint: str | None  # the embedder that made `vector` (None while the fact waits for one)
+    label: int | None  # the index label of its current vector (the seq that gave it), None while waiting
+    seq: int  # the seq of its latest change
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The tags, parsed."""
+        return _tags(self.tags_json)
+
+    def to_fact(self) -> Fact:
+        """The public Fact."""
+        return Fact(id=self.id, text=self.text, tags=self.tags, source=self.source,
+                    created_at=datetime.fromisoformat(self.created_at),
+                    updated_at=datetime.fromisoformat(self.updated_at), fingerprint=self.fingerprint)
+
+    def to_recall(self, score: float) -> Recall:
+        """The public Recall with `score`."""
+        return Recall(id=self.id, text=self.text, score=float(score), tags=self.tags, source=self.source,
+                      created_at=datetime.fromisoformat(self.created_at),
+                      updated_at=datetime.fromisoformat(self.updated_at))
+
+
+class NewFact(NamedTuple):
+    """A fact about to be inserted (Writes.insert)."""
+
+    id: str
+    text: str
+    tags: dict[str, str]
+    source: str | None
+    created_at: str  # ISO 8601 UTC
+    updated_at: str
+
+
+class ChangeRow(NamedTuple):
+    """One entry of the change feed, as a vector cache replays it."""
+
+    seq: int
+    vector_added: bool  # the change gave the fact a vector labelled `seq`
+    label_removed: int | None  # the label whose vector the change retired
+
+
+class StaleRow(NamedTuple):
+    """A fact whose vector must be (re)made."""
+
+    rid: int
+    id: str
+    text: str
+    label: int | None  # its current label (retired when the new vector lands)
+
+
+class WaitingRow(NamedTuple):
+    """A fact with no vector yet (background embedding's queue)."""
+
+    rid: int
+    id: str
+    text: str
+
+
+class Integrity(NamedTuple):
+    """What the database's own checks found (maintenance turns it into CheckReport problems)."""
+
+    messages: list[str]  # the engine's integrity check; ["ok"] when clean
+    foreign_key_violations: int
+    bad_vectors: int  # vectors whose byte length is not 4 * dim
+    fts_rows: int  # rows in the full-text index (must equal the facts)
+    tags_out_of_sync: int  # facts whose tag rows disagree with their tags JSON
+
+
+class GenerationRows(NamedTuple):
+    """Facts as seen by a generation being built: the vectors it has, and the texts it still needs."""
+
+    labels: np.ndarray  # (N,) int64 labels, ascending
+    vectors: np.ndarray  # (N, D) float32: the new generation's vector, zeros where missing
+    missing: list[tuple[int, str]]  # (position in labels, text) of the facts with no new vector yet
+
+
+class Reads(Protocol):
+    """Queries every session answers."""
+
+    def meta(self, key: str) -> str | None:
+        """A store-level setting (schema_version, store_id, fingerprint, dim, adapter state), or None."""
+
+    def max_seq(self) -> int:
+        """The newest change's seq (0 for a new store): the head of the change feed."""
+
+    def changes_after(self, seq: int, upto: int) -> list[ChangeRow]:
+        """The changes with seq in (seq, upto], oldest first: what a cache at watermark `seq` must replay."""
+
+    def count(self, fingerprint: str | None = None) -> int:
+        """Live facts (only those whose vector has `fingerprint` when given)."""
+
+    def fetch(self, fact_id: str) -> FactRow | None:
+        """One fact by id, or None."""
+
+    def fetch_where(self, column: str, values: Sequence) -> dict:
+        """Facts whose `column` ("rid", "id" or "label") is in `values`, keyed by that column."""
+
+    def list_rows(self, limit: int, offset: int, tags: dict[str, str], source: str | None) -> list[FactRow]:
+        """Facts in insertion order carrying every tag (and from `source` when given); limit -1: all."""
+
+    def history(self, fact_id: str) -> list[Change]:
+        """Every change of one fact, oldest first (a first vector arriving is part of its remember)."""
+
+    def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
+                tags: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(labels (N,), vectors (N, D)) of facts with `fingerprint`, optionally only `labels` or facts with `tags`.
+        Vectors of the wrong length are left out."""
+
+    def labels(self, fingerprint: str | None) -> set[int]:
+        """Labels of facts whose vector has `fingerprint` (None: every labelled fact)."""
+
+    def count_tagged(self, tags: dict[str, str], fingerprint: str) -> int:
+        """Facts with `fingerprint` carrying every tag."""
+
+    def lexical(self, words: list[str], limit: int, tags: dict[str, str]) -> list[tuple[FactRow, float]]:
+        """Full-text search for `words` (store/lexical.query_words): (row, score) best first, higher is better."""
+
+    def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
+              include_waiting: bool = True) -> list[StaleRow]:
+        """Facts after `after_rid` (by rid) whose vector is not from `fingerprint` (and, with include_waiting,
+        those with none); every fact for fingerprint None."""
+
+    def count_stale(self, fingerprint: str, include_waiting: bool = True) -> int:
+        """How many facts `stale(fingerprint, ...)` would return in all."""
+
+    def count_foreign(self, fingerprint: str) -> int:
+        """Facts with a vector made by another embedder (a model mismatch, unlike facts waiting for one)."""
+
+    def waiting(self) -> list[WaitingRow]:
+        """Facts with no vector yet, oldest first."""
+
+    def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
+        """rid -> text of those of `rids` that still have no vector (not forgotten, not updated since)."""
+
+    def count_waiting(self) -> int:
+        """Facts with no vector yet."""
+
+    def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
+        """(labels (N,), texts) of every fact with a valid vector of `fingerprint`, by label (what adaptation
+        learns from; their vectors come from `vectors(..., labels=...)`)."""
+
+    def remembered_since(self, seq: int) -> int:
+        """How many facts were remembered after change `seq`."""
+
+    def feedback_pairs(self, fingerprint: str) -> list[tuple[str, int]]:
+        """(query, label) of every query whose latest judgement of a fact with a current vector is "useful"."""
+
+    def count_feedback(self) -> int:
+        """Judgements kept."""
+
+    def export_rows(self) -> Iterator[FactRow]:
+        """Every fact in insertion order (use inside `snapshot()` for a consistent copy)."""
+
+    def integrity(self, dim: int) -> Integrity:
+        """Run the database's structural checks (use inside `snapshot()`)."""
+
+    def generation_missing(self, fingerprint: str, after: int, limit: int) -> list[tuple[int, str]]:
+        """(label, text) of facts after label `after` with no vector yet in the generation `fingerprint`."""
+
+    def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
+        """Every labelled fact (or only `labels`) with its vector in the generation `fingerprint`, if it has one."""
+
+
+class Writes(Reads, Protocol):
+    """Changes; only inside `Backend.transaction()`, so each call commits with the others or not at all."""
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a store-level setting."""
+
+    def delete_meta(self, *keys: str) -> None:
+        """Remove store-level settings (absent keys are ignored)."""
+
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+        """Add facts. Each gets the next seq, which is also its label when `vectors` (N, D) are given; with
+        None they wait for one. Returns (seqs, first new rid)."""
+
+    def update(self, row: FactRow, *, text: str, tags: dict[str, str], source: str | None,
+               vector: np.ndarray | None, fingerprint: str | None, now: str) -> tuple[int, int | None]:
+        """Change one fact; a new vector gets a new label (R8). Returns (seq, label retired or None)."""
+
+    def delete(self, rows: Sequence[FactRow], now: str) -> list[int]:
+        """Forget facts (tombstones stay in the change feed; their feedback goes). Returns the labels retired."""
+
+    def set_vectors(self, rows: Sequence[tuple[int, str, int | None]], vectors: np.ndarray, fingerprint: str,
+                    now: str) -> list[tuple[int, int | None]]:
+        """Give each (rid, id, old label) a new vector and label. Returns [(new label, old label)]."""
+
+    def add_feedback(self, at: str, query: str, fact_id: str, useful: bool, limit: int) -> None:
+        """Record a judgement and keep only the newest `limit`."""
+
+    def generation_begin(self, fingerprint: str, labels: np.ndarray | None, vectors: np.ndarray | None) -> None:
+        """Start (or continue) building the generation `fingerprint`: drop other generations' vectors, keep
+        its own, and store the (labels, vectors) given."""
+
+    def generation_store(self, fingerprint: str, labels: Sequence[int], vectors: np.ndarray) -> None:
+        """Store vectors of the generation `fingerprint` (replacing any for the same labels)."""
+
+    def generation_count_missing(self, fingerprint: str) -> int:
+        """Labelled facts with no vector in the generation `fingerprint`."""
+
+    def generation_adopt(self, fingerprint: str) -> None:
+        """Make the generation's vectors the facts' vectors (every fact then carries `fingerprint`)."""
+
+    def generation_drop(self) -> None:
+        """Forget the generation being built (its vectors)."""
+
+
+class Backend(Protocol):
+    """One store's database: sessions, the in-process write mutex, backup and close."""
+
+    path: str
+    memory: bool  # ":memory:": nothing on disk, nothing shared with other processes
+    read_only: bool
+    write_mutex: Any  # an RLock: held across a commit and its mirroring into this process's vector cache
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+
+    def reading(self) -> ContextManager[Reads]:
+        """A session for reads; each statement sees the latest commit."""
+
+    def snapshot(self) -> ContextManager[Reads]:
+        """A session whose reads all see one consistent state."""
+
+    def transaction(self) -> ContextManager[Writes]:
+        """A write transaction (serialised with every other writer), committed when the block ends."""
+
+    def describe(self) -> dict:
+        """Engine facts for info(): schema_version, and the engine's name, version and known-bug status."""
+
+    def fts_integrity(self) -> str | None:
+        """The full-text index's own deep check (a writer only): None when it passes, else the error."""
+
+    def backup(self, dest: str) -> None:
+        """Write a consistent copy of the database to the new file `dest` while the store stays live."""
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+
+
+def open_backend(path: str, *, read_only: bool, durability: str, busy_timeout: float) -> Backend:
+    """Open the database of a store (today: an SQLite file or ":memory:"; see backend/sqlite.py).
+
+    Raises:
+        InvalidInput: read_only on a missing file.
+        EvermindError: not an evermind store, or one made by a newer version.
+    """
+    from .sqlite import SQLiteBackend
+
+    return SQLiteBackend(path, read_only=read_only, durability=durability, busy_timeout=busy_timeout)
+
+
+__all__ = [
+    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "NewFact", "Reads", "StaleRow", "WaitingRow",
+    "Writes",
+    "new_id", "open_backend", "utc_now",
+]

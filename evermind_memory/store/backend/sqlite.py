@@ -1,0 +1,261 @@
+"""The SQLite backend, the only source of truth (R1): connections, schema and migrations, and the sessions.
+
+Connections are ours (R14): one writing connection guarded by a mutex, read-only connections per thread,
+WAL, a chosen `synchronous`, `busy_timeout`, `foreign_keys=ON`, `trusted_schema=OFF`, `mmap_size=0`.
+sqlite-utils creates and inspects the schema; the queries (backend/sqlite_session.py) are plain parameterised
+SQL in explicit `BEGIN IMMEDIATE` transactions, so the FTS rows, tags and change log commit with the fact or
+not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import sqlite_utils
+
+from ...errors import EvermindError, InvalidInput
+from . import utc_now
+from .sqlite_session import SQLiteSession
+
+SCHEMA_VERSION = 2  # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation)
+SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
+
+
+def _create_feedback(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE feedback (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, query TEXT NOT NULL, "
+        "fact_id TEXT NOT NULL, useful INTEGER NOT NULL CHECK (useful IN (0, 1)))"
+    )
+    conn.execute("CREATE INDEX feedback_fact ON feedback (fact_id, query)")
+
+
+# Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback}
+
+
+def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
+    """Whether the linked SQLite has the WAL-reset corruption fix (R6, R14)."""
+    v = tuple(int(p) for p in version.split(".")[:3])
+    if v >= SQLITE_FIXED[0]:
+        return True
+    return any(v[:2] == fixed[:2] and v >= fixed for fixed in SQLITE_FIXED[1:])
+
+
+class SQLiteBackend:
+    """SQLite access for one store file (or ":memory:"); implements backend.Backend.
+
+    Args:
+        path: database file, or ":memory:".
+        read_only: open only read-only connections; the store must exist.
+        durability: "normal" (synchronous=NORMAL) or "full" (synchronous=FULL).
+        busy_timeout: seconds SQLite waits on a locked database.
+    Raises:
+        InvalidInput: read_only on a missing file.
+        EvermindError: not an evermind store, or made by a newer version.
+    """
+
+    def __init__(self, path: str, *, read_only: bool, durability: str, busy_timeout: float) -> None:
+        self.path = path
+        self.memory = path == ":memory:"
+        self.read_only = read_only
+        self.synchronous = "FULL" if durability == "full" else "NORMAL"
+        self.busy_ms = int(busy_timeout * 1000)
+        self.write_mutex = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        self._writer: sqlite3.Connection | None = None
+        self._writer_session: SQLiteSession | None = None
+        if read_only:
+            if not Path(path).is_file():
+                raise InvalidInput(f"{path} does not exist; open it once without read_only=True to create it.")
+            with self.reading() as session:
+                self._check_readable_schema(session)
+        else:
+            self._writer = self._connect(write=True)
+            self._writer_session = SQLiteSession(self._writer)
+            self._ensure_schema()
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._closed
+
+    # ---- connections ---------------------------------------------------------------------------------------
+    def _connect(self, *, write: bool) -> sqlite3.Connection:
+        if self.memory:
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        elif write:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
+        else:
+            uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
+        conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA trusted_schema = OFF")
+        conn.execute("PRAGMA mmap_size = 0")
+        if write and not self.memory:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.close()
+                raise EvermindError(f"{self.path}: could not switch to WAL journal mode (got {mode}); is it on a local disk?")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        return conn
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[SQLiteSession]:
+        """A session for reads: this thread's read-only connection (the writer's, locked, for :memory:)."""
+        if self._closed:
+            raise EvermindError("this MemoryStore is closed.")
+        if self.memory:
+            with self.write_mutex:
+                yield self._writer_session
+            return
+        session = getattr(self._local, "session", None)
+        if session is None:
+            conn = self._connect(write=False)
+            session = self._local.session = SQLiteSession(conn)
+            with self._readers_lock:
+                self._readers.append(conn)
+        yield session
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[SQLiteSession]:
+        """A read session inside one read transaction: every query sees the same committed state."""
+        with self.reading() as session:
+            session.conn.execute("BEGIN")
+            try:
+                yield session
+            finally:
+                session.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SQLiteSession]:
+        """`BEGIN IMMEDIATE` ... `COMMIT` on the writing connection, under the write mutex (R2)."""
+        if self._closed:
+            raise EvermindError("this MemoryStore is closed.")
+        if self._writer is None:
+            raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
+        with self.write_mutex:
+            conn = self._writer
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._writer_session
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:  # disk full, I/O error, locked past busy_timeout
+                raise EvermindError(
+                    f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
+                    "Free disk space or check the file's permissions, then retry."
+                ) from exc
+
+    def describe(self) -> dict:
+        """schema_version, sqlite_version and whether that SQLite has the WAL-reset fix."""
+        with self.reading() as session:
+            schema = session.meta("schema_version")
+        return {"schema_version": int(schema or SCHEMA_VERSION), "sqlite_version": sqlite3.sqlite_version,
+                "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix()}
+
+    def fts_integrity(self) -> str | None:
+        """FTS5's own deep check on the writing connection: None when it passes, else the error text."""
+        with self.write_mutex:
+            try:
+                self._writer.execute("INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)")
+            except sqlite3.DatabaseError as exc:
+                return str(exc)
+        return None
+
+    def backup(self, dest: str) -> None:
+        """`VACUUM INTO` a new file: a consistent copy while the store stays live."""
+        with self.reading() as session:
+            session.conn.execute("VACUUM INTO ?", (dest,))
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+        if self._writer is not None:
+            with self.write_mutex:
+                if not self.memory:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                self._writer.close()
+
+    # ---- schema --------------------------------------------------------------------------------------------
+    def _ensure_schema(self) -> None:
+        db = sqlite_utils.Database(self._writer)
+        with self.transaction() as session:
+            names = set(db.table_names())
+            if "meta" not in names:
+                if names - {"sqlite_sequence"}:
+                    raise EvermindError(f"{self.path} is an SQLite file but not an evermind store (tables: {sorted(names)[:5]}).")
+                self._create_schema(db, session.conn)
+            version = int(session.meta("schema_version") or 0)
+            if version > SCHEMA_VERSION:
+                raise EvermindError(
+                    f"{self.path} has schema version {version}; this evermind_memory knows up to {SCHEMA_VERSION}. "
+                    "Upgrade evermind_memory to open it."
+                )
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](session.conn)
+                version += 1
+                session.set_meta("schema_version", str(version))
+
+    def _check_readable_schema(self, session: SQLiteSession) -> None:
+        names = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in names:
+            raise EvermindError(f"{self.path} is not an evermind store.")
+        version = int(session.meta("schema_version") or 0)
+        if version != SCHEMA_VERSION:
+            raise EvermindError(
+                f"{self.path} has schema version {version}, expected {SCHEMA_VERSION}; open it once as a writer "
+                "(read_only=False) with this version to migrate it."
+            )
+
+    @staticmethod
+    def _create_schema(db: sqlite_utils.Database, conn: sqlite3.Connection) -> None:
+        db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"})
+        db["facts"].create(
+            {"rid": int, "id": str, "text": str, "tags": str, "source": str, "created_at": str, "updated_at": str,
+             "vector": bytes, "fingerprint": str, "label": int, "seq": int},
+            pk="rid", not_null={"id", "text", "tags", "created_at", "updated_at", "seq"},
+        )
+        db["facts"].create_index(["id"], index_name="facts_id", unique=True)
+        db["facts"].create_index(["label"], index_name="facts_label", unique=True)
+        db["facts"].create_index(["fingerprint", "label"], index_name="facts_fingerprint")
+        db["fact_tags"].create(
+            {"fact_id": str, "key": str, "value": str}, pk=("fact_id", "key"),
+            not_null={"value"}, foreign_keys=[("fact_id", "facts", "id")],
+        )
+        db["fact_tags"].create_index(["key", "value"], index_name="fact_tags_kv")
+        conn.execute(
+            "CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, fact_id TEXT NOT NULL, "
+            "op TEXT NOT NULL CHECK (op IN ('remember', 'update', 'forget', 'reembed')), at TEXT NOT NULL, "
+            "text TEXT, tags TEXT, source TEXT, vector_added INTEGER NOT NULL DEFAULT 0, label_removed INTEGER)"
+        )
+        conn.execute("CREATE INDEX changes_fact ON changes (fact_id, seq)")
+        conn.execute(
+            "CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
+            "tokenize='porter unicode61')"
+        )
+        _create_feedback(conn)
+        now = utc_now()
+        conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)",
+            [("schema_version", str(SCHEMA_VERSION)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
+        )

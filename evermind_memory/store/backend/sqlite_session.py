@@ -1,0 +1,432 @@
+"""The SQLite queries of a store: one `SQLiteSession` per connection answers backend.Reads and backend.Writes.
+
+Plain parameterised SQL (R9: never a value in the text); long IN lists go in chunks of _IN_CHUNK. Rows come
+back as the named tuples of backend/__init__.py. Full-text matching is planned by store/lexical.py (which
+FTS5 terms to match, from the vocabulary's document frequencies) and run here.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..lexical import plan
+from ..records import Change
+from . import ChangeRow, FactRow, GenerationRows, Integrity, NewFact, StaleRow, WaitingRow
+
+FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq"
+_F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
+GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
+_IN_CHUNK = 500
+_INSERT_FACT = (
+    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_CHANGE = (
+    "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
+             f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")
+
+
+def tags_json(tags: dict[str, str]) -> str:
+    """Canonical JSON for a tag dict."""
+    return json.dumps(tags, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def tag_filter_sql(tags: dict[str, str], column: str = "f.id") -> tuple[str, list[str]]:
+    """SQL conditions (AND-joined, leading ' AND ') selecting facts that carry every tag exactly."""
+    sql = "".join(f" AND {column} IN (SELECT fact_id FROM fact_tags WHERE key = ? AND value = ?)" for _ in tags)
+    params = [p for kv in sorted(tags.items()) for p in kv]
+    return sql, params
+
+
+def tagged_from_sql(tags: dict[str, str]) -> tuple[str, list[str]]:
+    """A FROM clause over `facts f` restricted to facts carrying every tag, driven by the tag index.
+
+    (`f.id IN (subquery)` makes SQLite scan every fact and probe; starting from fact_tags visits only matches.)
+    """
+    if not tags:
+        return "facts f", []
+    items = sorted(tags.items())
+    sql = "fact_tags t0 CROSS JOIN facts f ON f.id = t0.fact_id AND t0.key = ? AND t0.value = ?"
+    sql += "".join(f" JOIN fact_tags t{i} ON t{i}.fact_id = f.id AND t{i}.key = ? AND t{i}.value = ?" for i in range(1, len(items)))
+    return sql, [p for kv in items for p in kv]
+
+
+def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
+    """Concatenate float32 blobs into a (N, dim) matrix."""
+    if not blobs:
+        return np.zeros((0, dim), dtype=np.float32)  # (0, D)
+    return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dim).astype(np.float32)  # (N, D)
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    return vector.astype("<f4").tobytes()
+
+
+def _stale_sql(include_waiting: bool) -> str:
+    """The WHERE condition (one `?`: the current fingerprint) for stale vectors, with or without missing ones."""
+    if include_waiting:
+        return "(fingerprint IS NOT ? OR vector IS NULL)"
+    return "(vector IS NOT NULL AND fingerprint IS NOT ?)"
+
+
+def _chunks(items: Sequence, size: int = _IN_CHUNK) -> Iterator[Sequence]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _fact_rows(rows: Iterable[tuple]) -> list[tuple[FactRow, float]]:
+    """(FACT_COLS..., rank) rows -> (FactRow, -rank): FTS5's rank is lower-is-better."""
+    return [(FactRow._make(row[:-1]), -float(row[-1])) for row in rows]
+
+
+class SQLiteSession:
+    """Queries over one connection (backend.Reads and backend.Writes); see SQLiteBackend for the transactions."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    # ---- meta ----------------------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                          (key, value))
+
+    def delete_meta(self, *keys: str) -> None:
+        self.conn.execute(f"DELETE FROM meta WHERE key IN ({','.join('?' * len(keys))})", keys)
+
+    # ---- the change feed -----------------------------------------------------------------------------------
+    def max_seq(self) -> int:
+        return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+
+    def changes_after(self, seq: int, upto: int) -> list[ChangeRow]:
+        return [ChangeRow(s, bool(added), removed) for s, added, removed in self.conn.execute(
+            "SELECT seq, vector_added, label_removed FROM changes WHERE seq > ? AND seq <= ? ORDER BY seq", (seq, upto))]
+
+    def remembered_since(self, seq: int) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM changes WHERE seq > ? AND op = 'remember'", (seq,)).fetchone()[0])
+
+    def history(self, fact_id: str) -> list[Change]:
+        # The arrival of a first vector (a 'reembed' that removed no label: background embedding of a remembered
+        # fact) is part of remembering it, so a history reads the same whether it was embedded before or after.
+        rows = self.conn.execute(
+            "SELECT seq, op, at, text, tags, source FROM changes WHERE fact_id = ? "
+            "AND NOT (op = 'reembed' AND label_removed IS NULL) ORDER BY seq", (fact_id,)
+        ).fetchall()
+        return [Change(seq=r[0], op=r[1], at=datetime.fromisoformat(r[2]), text=r[3], tags=None if r[4] is None else json.loads(r[4]),
+                       source=r[5]) for r in rows]
+
+    # ---- facts ---------------------------------------------------------------------------------------------
+    def count(self, fingerprint: str | None = None) -> int:
+        if fingerprint is None:
+            return int(self.conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
+        return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE fingerprint = ?", (fingerprint,)).fetchone()[0])
+
+    def fetch(self, fact_id: str) -> FactRow | None:
+        row = self.conn.execute(f"SELECT {FACT_COLS} FROM facts WHERE id = ?", (fact_id,)).fetchone()
+        return None if row is None else FactRow._make(row)
+
+    def fetch_where(self, column: str, values: Sequence) -> dict:
+        if column not in ("rid", "id", "label"):
+            raise ValueError(f"fetch_where() expected rid, id or label, got {column!r}")
+        out: dict = {}
+        for chunk in _chunks(list(values)):
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(f"SELECT {FACT_COLS} FROM facts WHERE {column} IN ({marks})", list(chunk)):
+                fact = FactRow._make(row)
+                out[getattr(fact, column)] = fact
+        return out
+
+    def list_rows(self, limit: int, offset: int, tags: dict[str, str], source: str | None) -> list[FactRow]:
+        source_sql, params = tagged_from_sql(tags)
+        where = ""
+        if source is not None:
+            where += " AND f.source = ?"
+            params.append(source)
+        sql = f"SELECT {_F_COLS} FROM {source_sql} WHERE 1 = 1{where} ORDER BY f.rid LIMIT ? OFFSET ?"
+        return [FactRow._make(r) for r in self.conn.execute(sql, [*params, limit, offset])]
+
+    def export_rows(self) -> Iterator[FactRow]:
+        for row in self.conn.execute(f"SELECT {FACT_COLS} FROM facts ORDER BY rid"):
+            yield FactRow._make(row)
+
+    # ---- vectors -------------------------------------------------------------------------------------------
+    def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
+                tags: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        out_labels: list[int] = []
+        blobs: list[bytes] = []
+        if labels is not None:
+            for chunk in _chunks(list(labels)):
+                marks = ",".join("?" * len(chunk))
+                for label, blob in self.conn.execute(
+                    f"SELECT label, vector FROM facts WHERE fingerprint = ? AND label IN ({marks})", [fingerprint, *chunk]
+                ):
+                    out_labels.append(label)
+                    blobs.append(blob)
+        else:
+            source_sql, params = tagged_from_sql(tags or {})
+            for label, blob in self.conn.execute(
+                f"SELECT f.label, f.vector FROM {source_sql} WHERE f.fingerprint = ? ORDER BY f.label", [*params, fingerprint]
+            ):
+                out_labels.append(label)
+                blobs.append(blob)
+        good = [i for i, b in enumerate(blobs) if b is not None and len(b) == 4 * dim]
+        if len(good) != len(blobs):
+            out_labels = [out_labels[i] for i in good]
+            blobs = [blobs[i] for i in good]
+        return np.array(out_labels, dtype=np.int64), vectors_from_blobs(blobs, dim)  # (N,), (N, D)
+
+    def labels(self, fingerprint: str | None) -> set[int]:
+        if fingerprint is None:
+            return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE label IS NOT NULL")}
+        return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE fingerprint = ?", (fingerprint,))}
+
+    def count_tagged(self, tags: dict[str, str], fingerprint: str) -> int:
+        source_sql, params = tagged_from_sql(tags)
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM {source_sql} WHERE f.fingerprint = ?",
+                                     [*params, fingerprint]).fetchone()[0])
+
+    def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
+        rows = self.conn.execute(
+            "SELECT label, text FROM facts WHERE fingerprint = ? AND label IS NOT NULL AND vector IS NOT NULL "
+            "AND length(vector) = ? ORDER BY label", (fingerprint, 4 * dim),
+        ).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]  # (N,), N texts
+
+    def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
+              include_waiting: bool = True) -> list[StaleRow]:
+        if fingerprint is None:
+            rows = self.conn.execute("SELECT rid, id, text, label FROM facts WHERE rid > ? ORDER BY rid LIMIT ?",
+                                     (after_rid, limit))
+        else:
+            rows = self.conn.execute(
+                f"SELECT rid, id, text, label FROM facts WHERE {_stale_sql(include_waiting)} AND rid > ? "
+                "ORDER BY rid LIMIT ?", (fingerprint, after_rid, limit),
+            )
+        return [StaleRow._make(r) for r in rows]
+
+    def count_stale(self, fingerprint: str, include_waiting: bool = True) -> int:
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM facts WHERE {_stale_sql(include_waiting)}",
+                                     (fingerprint,)).fetchone()[0])
+
+    def count_foreign(self, fingerprint: str) -> int:
+        return int(self.conn.execute(
+            "SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND fingerprint IS NOT ?", (fingerprint,)
+        ).fetchone()[0])
+
+    def waiting(self) -> list[WaitingRow]:
+        return [WaitingRow._make(r) for r in
+                self.conn.execute("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
+
+    def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for chunk in _chunks(list(rids)):
+            marks = ",".join("?" * len(chunk))
+            out.update(self.conn.execute(f"SELECT rid, text FROM facts WHERE vector IS NULL AND rid IN ({marks})", chunk))
+        return out
+
+    def count_waiting(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NULL").fetchone()[0])
+
+    # ---- full-text search ----------------------------------------------------------------------------------
+    def lexical(self, words: list[str], limit: int, tags: dict[str, str]) -> list[tuple[FactRow, float]]:
+        if not words:
+            return []
+        chosen = plan(self.conn, words, self.count())
+        if chosen.all_words is not None:  # many postings: the rows holding every word, when there are enough
+            hits = self._match(chosen.all_words, limit, tags)
+            if len(hits) >= limit:
+                return hits
+        return [] if chosen.any_word is None else self._match(chosen.any_word, limit, tags)
+
+    def _match(self, match: str, limit: int, tags: dict[str, str]) -> list[tuple[FactRow, float]]:
+        """FTS5 BM25 search: [(row, score)] with score = -bm25 (higher is better), best first."""
+        if not tags:  # let FTS5 sort by rank (bm25) itself and join only the top rows
+            sql = (
+                f"SELECT {_F_COLS}, r.rank FROM (SELECT rowid, rank FROM facts_fts WHERE facts_fts MATCH ? "
+                "ORDER BY rank LIMIT ?) r JOIN facts f ON f.rid = r.rowid ORDER BY r.rank, f.rid"
+            )
+            return _fact_rows(self.conn.execute(sql, [match, limit]))
+        where, params = tag_filter_sql(tags)
+        sql = (
+            f"SELECT {_F_COLS}, bm25(facts_fts) AS b FROM facts_fts "
+            f"JOIN facts f ON f.rid = facts_fts.rowid WHERE facts_fts MATCH ?{where} ORDER BY b, f.rid LIMIT ?"
+        )
+        return _fact_rows(self.conn.execute(sql, [match, *params, limit]))
+
+    # ---- feedback ------------------------------------------------------------------------------------------
+    def add_feedback(self, at: str, query: str, fact_id: str, useful: bool, limit: int) -> None:
+        cur = self.conn.execute("INSERT INTO feedback (at, query, fact_id, useful) VALUES (?, ?, ?, ?)",
+                                (at, query, fact_id, int(useful)))
+        self.conn.execute("DELETE FROM feedback WHERE id <= ?", (cur.lastrowid - limit,))
+
+    def feedback_pairs(self, fingerprint: str) -> list[tuple[str, int]]:
+        return self.conn.execute(
+            "SELECT f.query, facts.label FROM feedback f JOIN facts ON facts.id = f.fact_id "
+            "WHERE facts.fingerprint = ? AND facts.label IS NOT NULL AND f.id = "
+            "(SELECT MAX(g.id) FROM feedback g WHERE g.query = f.query AND g.fact_id = f.fact_id) AND f.useful = 1 "
+            "ORDER BY f.id",
+            (fingerprint,),
+        ).fetchall()
+
+    def count_feedback(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
+
+    # ---- checks --------------------------------------------------------------------------------------------
+    def integrity(self, dim: int) -> Integrity:
+        conn = self.conn
+        return Integrity(
+            messages=[r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()],
+            foreign_key_violations=len(conn.execute("PRAGMA foreign_key_check").fetchall()),
+            bad_vectors=conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND length(vector) != ?",
+                                     (4 * dim,)).fetchone()[0],
+            fts_rows=conn.execute("SELECT COUNT(*) FROM facts_fts_docsize").fetchone()[0],
+            tags_out_of_sync=conn.execute(
+                "SELECT COUNT(*) FROM facts f WHERE (SELECT COUNT(*) FROM fact_tags t WHERE t.fact_id = f.id) "
+                "!= (SELECT COUNT(*) FROM json_each(f.tags))"
+            ).fetchone()[0],
+        )
+
+    # ---- writes (inside a transaction) ---------------------------------------------------------------------
+    def _log(self, seq: int, fact_id: str, op: str, at: str, text: str | None, tags: str | None, source: str | None,
+             vector_added: bool, label_removed: int | None) -> None:
+        self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed))
+
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+        conn = self.conn
+        base = self.max_seq()
+        seqs = list(range(base + 1, base + 1 + len(items)))
+        fact_rows, change_rows, tag_rows = [], [], []
+        tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
+        has_vec = vectors is not None
+        for i, (seq, (fid, text, tags, source, created, updated)) in enumerate(zip(seqs, items)):
+            tj = tag_texts.get(id(tags))
+            if tj is None:
+                tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
+            blob = _blob(vectors[i]) if has_vec else None
+            fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq))
+            change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None))
+            tag_rows.extend((fid, k, v) for k, v in tags.items())
+        if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
+            first = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
+            conn.execute(_INSERT_CHANGE, change_rows[0])
+            conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (first, fact_rows[0][1]))
+        else:
+            first = int(conn.execute("SELECT COALESCE(MAX(rid), 0) FROM facts").fetchone()[0]) + 1
+            conn.executemany(_INSERT_FACT, fact_rows)
+            conn.executemany(_INSERT_CHANGE, change_rows)
+            conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE rid >= ?", (first,))
+        if tag_rows:
+            conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)", tag_rows)
+        return seqs, first
+
+    def update(self, row: FactRow, *, text: str, tags: dict[str, str], source: str | None,
+               vector: np.ndarray | None, fingerprint: str | None, now: str) -> tuple[int, int | None]:
+        conn = self.conn
+        seq = self.max_seq() + 1
+        tj = tags_json(tags)
+        if vector is not None:
+            conn.execute(
+                "UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint = ?, "
+                "label = ?, seq = ? WHERE rid = ?",
+                (text, tj, source, now, _blob(vector), fingerprint, seq, seq, row.rid),
+            )
+        else:
+            conn.execute("UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, seq = ? WHERE rid = ?",
+                         (text, tj, source, now, seq, row.rid))
+        if text != row.text:
+            conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
+            conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (row.rid, text))
+        conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (row.id,))
+        conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)",
+                         [(row.id, k, v) for k, v in tags.items()])
+        removed = row.label if vector is not None else None
+        self._log(seq, row.id, "update", now, text, tj, source, vector is not None, removed)
+        return seq, removed
+
+    def delete(self, rows: Sequence[FactRow], now: str) -> list[int]:
+        conn = self.conn
+        removed: list[int] = []
+        seq = self.max_seq()
+        for row in rows:
+            seq += 1
+            conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (row.id,))
+            conn.execute("DELETE FROM feedback WHERE fact_id = ?", (row.id,))  # a forgotten fact leaves no trace there
+            conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
+            conn.execute("DELETE FROM facts WHERE rid = ?", (row.rid,))
+            self._log(seq, row.id, "forget", now, None, None, None, False, row.label)
+            if row.label is not None:
+                removed.append(row.label)
+        return removed
+
+    def set_vectors(self, rows: Sequence[tuple[int, str, int | None]], vectors: np.ndarray, fingerprint: str,
+                    now: str) -> list[tuple[int, int | None]]:
+        seq = self.max_seq()
+        out = []
+        for (rid, fid, old_label), vec in zip(rows, vectors):
+            seq += 1
+            self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ? WHERE rid = ?",
+                              (_blob(vec), fingerprint, seq, seq, rid))
+            self._log(seq, fid, "reembed", now, None, None, None, True, old_label)
+            out.append((seq, old_label))
+        return out
+
+    # ---- the generation being built (adaptation, rollback) -------------------------------------------------
+    def generation_begin(self, fingerprint: str, labels: np.ndarray | None, vectors: np.ndarray | None) -> None:
+        self.conn.execute(f"CREATE TABLE IF NOT EXISTS {GEN_TABLE} (label INTEGER PRIMARY KEY, "
+                          "fingerprint TEXT NOT NULL, vector BLOB NOT NULL)")
+        self.conn.execute(f"DELETE FROM {GEN_TABLE} WHERE fingerprint != ?", (fingerprint,))
+        if labels is not None:
+            self.generation_store(fingerprint, labels.tolist(), vectors)
+
+    def generation_store(self, fingerprint: str, labels: Sequence[int], vectors: np.ndarray) -> None:
+        self.conn.executemany(f"INSERT OR REPLACE INTO {GEN_TABLE} (label, fingerprint, vector) VALUES (?, ?, ?)",
+                              [(int(lab), fingerprint, _blob(v)) for lab, v in zip(labels, vectors)])
+
+    def generation_missing(self, fingerprint: str, after: int, limit: int) -> list[tuple[int, str]]:
+        return self.conn.execute(
+            f"SELECT f.label, f.text FROM facts f WHERE f.label > ? AND NOT EXISTS (SELECT 1 FROM "
+            f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?) ORDER BY f.label LIMIT ?",
+            (after, fingerprint, limit),
+        ).fetchall()
+
+    def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
+        if labels is None:
+            rows = self.conn.execute(_GEN_JOIN + "f.label IS NOT NULL ORDER BY f.label", (fingerprint,)).fetchall()
+        else:
+            rows = []
+            for chunk in _chunks(list(labels)):
+                rows += self.conn.execute(_GEN_JOIN + f"f.label IN ({','.join('?' * len(chunk))})",
+                                          [fingerprint, *chunk]).fetchall()
+        out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
+        vectors = np.zeros((len(rows), dim), dtype=np.float32)  # (N, D)
+        have = [i for i, r in enumerate(rows) if r[2] is not None and len(r[2]) == 4 * dim]
+        if have:
+            vectors[have] = vectors_from_blobs([rows[i][2] for i in have], dim)
+        have_set = set(have)
+        return GenerationRows(out, vectors, [(i, rows[i][1]) for i in range(len(rows)) if i not in have_set])
+
+    def generation_count_missing(self, fingerprint: str) -> int:
+        return int(self.conn.execute(
+            f"SELECT COUNT(*) FROM facts f WHERE f.label IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "
+            f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?)", (fingerprint,),
+        ).fetchone()[0])
+
+    def generation_adopt(self, fingerprint: str) -> None:
+        self.conn.execute(
+            f"UPDATE facts SET vector = (SELECT g.vector FROM {GEN_TABLE} g WHERE g.label = facts.label "
+            "AND g.fingerprint = ?1), fingerprint = ?1", (fingerprint,),
+        )
+
+    def generation_drop(self) -> None:
+        self.conn.execute(f"DROP TABLE IF EXISTS {GEN_TABLE}")

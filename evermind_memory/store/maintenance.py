@@ -1,0 +1,173 @@
+"""Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), backup, and JSONL
+export/import. Repair (a later issue) belongs here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._atomic import atomic_write
+from ..errors import InvalidInput
+from .access import Access
+from .backend import Backend, NewFact, new_id, utc_now
+from .embedding import VectorWorker, embed_serving
+from .records import CheckReport
+from .validate import check_id, check_source, check_tags, check_text
+from .vectors import VectorCache
+
+MAX_IMPORT_LINE = 1 << 20
+_ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
+
+
+def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access) -> CheckReport:
+    """What is wrong with the store, as a CheckReport (the caller has caught up and drained its vectors)."""
+    problems: list[str] = []
+    with db.write_mutex:  # a consistent view: no write of ours in between
+        gen = cache.current
+        with db.snapshot() as r:
+            found = r.integrity(cache.dim)
+            facts = r.count()
+            stale = r.count_foreign(gen.fingerprint)
+            waiting = r.count_waiting()
+            top = r.max_seq()
+            truth = r.labels(gen.fingerprint)
+        if found.messages != ["ok"]:
+            problems.append("sqlite integrity_check: " + "; ".join(found.messages[:5]))
+        if found.foreign_key_violations:
+            problems.append(f"{found.foreign_key_violations} foreign key violations")
+        if found.bad_vectors and not stale:
+            problems.append(f"{found.bad_vectors} vectors have the wrong length")
+        if found.fts_rows != facts:
+            problems.append(f"FTS index has {found.fts_rows} rows for {facts} facts")
+        if found.tags_out_of_sync:
+            problems.append(f"{found.tags_out_of_sync} facts have tags out of sync")
+        if access.writes:
+            fts_error = db.fts_integrity()
+            if fts_error is not None:
+                problems.append(f"FTS integrity-check: {fts_error}")
+        if stale and access.writes:
+            problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
+        if waiting and access.writes:  # (a reader sees the writer's facts before their vectors)
+            why = f" ({worker.vector_error})" if worker.vector_error else ""
+            count = f"{waiting} facts have" if waiting != 1 else "1 fact has"
+            problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
+                            "reembed() succeeds")
+        gen = cache.current
+        live = gen.index.live_labels()
+        if gen.watermark >= top and live != truth:
+            problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
+    return CheckReport(
+        ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
+        waiting_vectors=waiting, max_seq=top, fingerprint=gen.fingerprint,
+    )
+
+
+def backup(db: Backend, dest: str | os.PathLike) -> Path:
+    """`dest` (a new file) becomes a consistent copy of the database; returns its resolved path.
+
+    Raises:
+        InvalidInput: dest exists or its directory is missing.
+    """
+    dest_path = Path(os.fspath(dest)).resolve()
+    if dest_path.exists():
+        raise InvalidInput(f"backup() expected a new file, but {dest_path} exists; choose another name.")
+    if not dest_path.parent.is_dir():
+        raise InvalidInput(f"backup() expected the directory {dest_path.parent} to exist.")
+    db.backup(str(dest_path))
+    return dest_path
+
+
+def export(db: Backend, path: str | os.PathLike) -> int:
+    """Write every fact as a JSON line to `path`, atomically; returns how many.
+
+    Raises:
+        InvalidInput: the directory is missing.
+    """
+    out = Path(os.fspath(path))
+    if not out.resolve().parent.is_dir():
+        raise InvalidInput(f"export() expected the directory {out.resolve().parent} to exist.")
+    count = 0
+    with db.snapshot() as r, atomic_write(out, text=True) as fh:
+        for row in r.export_rows():
+            record = {"id": row.id, "text": row.text, "tags": row.tags, "source": row.source,
+                      "created_at": row.created_at, "updated_at": row.updated_at}
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def read_export(path: str | os.PathLike) -> list[NewFact]:
+    """The facts of a JSONL export, validated, each id once.
+
+    Raises:
+        InvalidInput: a line is not a valid fact (the line number is named).
+    """
+    records = []
+    with open(os.fspath(path), "r", encoding="utf-8", errors="strict") as fh:
+        for number, line in enumerate(fh, start=1):
+            if len(line) > MAX_IMPORT_LINE:
+                raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise InvalidInput(f"import_() line {number} is not JSON ({exc}).") from None
+            if not isinstance(rec, dict):
+                raise InvalidInput(f"import_() line {number} expected a JSON object.")
+            try:
+                fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
+                text = check_text(rec.get("text"))
+                tags = check_tags(rec.get("tags"))
+                source = check_source(rec.get("source"))
+                created = check_time(rec.get("created_at"))
+                updated = check_time(rec.get("updated_at"), default=created)
+            except InvalidInput as exc:
+                raise InvalidInput(f"import_() line {number}: {exc}") from None
+            records.append(NewFact(fid, text, tags, source, created, updated))
+    seen: set[str] = set()
+    return [r for r in records if not (r.id in seen or seen.add(r.id))]
+
+
+def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> int:
+    """Add the records whose ids are not in the store yet, embedded, in one transaction; returns how many."""
+    with db.reading() as r:
+        present = set(r.fetch_where("id", [rec.id for rec in records]))
+    records = [rec for rec in records if rec.id not in present]
+    if not records:
+        return 0
+    texts = [rec.text for rec in records]
+    made = embed_serving(cache, texts)
+    with db.write_mutex:
+        gen, vectors = embed_serving(cache, texts, made)  # (N, D), again only if the model changed meanwhile
+        with db.transaction() as tx:
+            present = set(tx.fetch_where("id", [rec.id for rec in records]))
+            keep = [i for i, rec in enumerate(records) if rec.id not in present]
+            labels, _ = tx.insert([records[i] for i in keep], vectors[keep], gen.fingerprint)
+            top = tx.max_seq()
+        cache.apply(np.array(labels, dtype=np.int64), vectors[keep], [], top)
+    return len(keep)
+
+
+def check_time(value: Any, default: str | None = None) -> str:
+    """An ISO 8601 UTC timestamp, normalised (None: `default`, else now).
+
+    Raises:
+        InvalidInput: not such a timestamp.
+    """
+    if value is None:
+        return default or utc_now()
+    if not isinstance(value, str) or not _ISO_RE.fullmatch(value):
+        raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40}.")
+    from datetime import datetime, timezone
+
+    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
