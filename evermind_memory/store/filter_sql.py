@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
-from .filters import (
-    And, Compare, Exists, Field, Filter, MatchAll, Member, Or, check_typed_tags, value_type,
-)
+from .filters import And, Exists, Filter, MatchAll, Member, Or
 from .timing import time_text
+from .validate import check_typed_tags, value_type
 
 SCHEMA_FROM, SCHEMA_TO = 2, 3
 INSERT_TAG_SQL = "INSERT INTO fact_tags (fact_id, key, value, vtype, num) VALUES (?, ?, ?, ?, ?)"

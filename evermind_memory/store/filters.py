@@ -29,20 +29,18 @@ and MAX_CLAUSES clauses in all, $and / $or nested at most MAX_DEPTH deep.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterator, Mapping
 
 from ..errors import InvalidInput
 from .timing import check_window, parse_time, time_text
-from .validate import MAX_SOURCE_CHARS, MAX_TAG_VALUE_CHARS, MAX_TAGS, TAG_KEY_RE, _plain_string
+from .validate import MAX_SOURCE_CHARS, TAG_KEY_RE, _plain_string, _show, check_tag_value, value_type
 
 MAX_IN = 100
 MAX_VALUES = 256
 MAX_CLAUSES = 64
 MAX_DEPTH = 8
-MAX_SAFE_INT = 2**53 - 1
 FACT_FIELDS = ("source", "created_at", "updated_at")
 TIME_FIELDS = ("created_at", "updated_at")
 EQUALITY = ("$eq", "$ne")
@@ -51,79 +49,6 @@ MEMBERSHIP = ("$in", "$nin")
 FIELD_OPS = (*EQUALITY, *ORDER, *MEMBERSHIP, "$exists")
 LOGICAL = ("$and", "$or")
 _OPS_TEXT = ", ".join(FIELD_OPS)
-
-
-# ---- typed scalars ---------------------------------------------------------------------------------------------
-def value_type(value: Any) -> str:
-    """The filter type of a stored or filter value: "bool", "number", "str" or "time" ("" for anything else)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, datetime):
-        return "time"
-    return ""
-
-
-def _show(value: Any) -> str:
-    """A value as an error message shows it: its repr (cut short) and its type."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"
-
-
-def check_tag_value(value: Any, what: str) -> str | int | float | bool:
-    """One tag value: a str (<= MAX_TAG_VALUE_CHARS, no NUL), an int within +-MAX_SAFE_INT, a finite float, a bool.
-
-    Raises:
-        InvalidInput: another type, a NaN or infinite float, an int too large to compare exactly, a bad string.
-    """
-    kind = value_type(value)
-    if kind == "str":
-        if len(value) > MAX_TAG_VALUE_CHARS:
-            raise InvalidInput(f"{what} expects a string of at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
-        _plain_string(value, what)
-        return value
-    if kind == "bool":
-        return value
-    if kind == "number":
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInput(f"{what} expects a finite number, got {value!r}; NaN and infinities cannot be compared.")
-        if isinstance(value, int) and abs(value) > MAX_SAFE_INT:
-            raise InvalidInput(
-                f"{what} expects an int within +-(2**53 - 1) (exact as a double in every database), got {value}; "
-                "store larger numbers as strings."
-            )
-        return value if type(value) in (int, float) else (int(value) if isinstance(value, int) else float(value))
-    hint = " Store times in tags as ISO 8601 strings (they order as strings)." if kind == "time" else ""
-    raise InvalidInput(f"{what} expects a str, int, float or bool, got {_show(value)}.{hint}")
-
-
-def check_typed_tags(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool]:
-    """Tags with typed values (str, int, float, bool): what `remember(tags=...)` accepts once typed tags land.
-
-    Returns:
-        a plain dict (a copy), {} for None.
-    Raises:
-        InvalidInput: not a mapping, too many, a bad key, a bad value (see `check_tag_value`).
-    """
-    if tags is None:
-        return {}
-    if not isinstance(tags, Mapping):
-        raise InvalidInput(f"{what} expected a dict of str -> str, int, float or bool, got {type(tags).__name__}.")
-    if len(tags) > MAX_TAGS:
-        raise InvalidInput(f"{what} expected at most {MAX_TAGS} tags, got {len(tags)}.")
-    out: dict[str, str | int | float | bool] = {}
-    for key, value in tags.items():
-        if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
-            raise InvalidInput(
-                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'user', 'topic.sub'), got {key!r:.80}."
-            )
-        out[key] = check_tag_value(value, f"{what}[{key!r}]")
-    return out
 
 
 # ---- the tree --------------------------------------------------------------------------------------------------
@@ -249,10 +174,20 @@ class Exists(Filter):
 
 
 @dataclass(frozen=True)
-class And(Filter):
-    """Every part matches (two or more parts)."""
+class _Group(Filter):
+    """A node over two or more parts."""
 
     parts: tuple[Filter, ...]
+
+    def walk(self) -> Iterator[Filter]:
+        yield self
+        for p in self.parts:
+            yield from p.walk()
+
+
+@dataclass(frozen=True)
+class And(_Group):
+    """Every part matches (two or more parts)."""
 
     def matches(self, fact: Any) -> bool:
         return all(p.matches(fact) for p in self.parts)
@@ -271,28 +206,16 @@ class And(Filter):
             last = key
         return merged
 
-    def walk(self) -> Iterator[Filter]:
-        yield self
-        for p in self.parts:
-            yield from p.walk()
-
 
 @dataclass(frozen=True)
-class Or(Filter):
+class Or(_Group):
     """At least one part matches (two or more parts)."""
-
-    parts: tuple[Filter, ...]
 
     def matches(self, fact: Any) -> bool:
         return any(p.matches(fact) for p in self.parts)
 
     def to_where(self) -> dict:
         return {"$or": [p.to_where() for p in self.parts]}
-
-    def walk(self) -> Iterator[Filter]:
-        yield self
-        for p in self.parts:
-            yield from p.walk()
 
 
 MATCH_ALL = MatchAll()

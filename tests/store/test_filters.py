@@ -18,10 +18,10 @@ from evermind_memory.store.filter_sql import (
     INSERT_TAG_SQL, MIGRATION_2_TO_3, migrate_typed_tags, tag_from_row, tag_rows, to_postgres, to_sqlite,
 )
 from evermind_memory.store.filters import (
-    MATCH_ALL, MAX_CLAUSES, MAX_DEPTH, MAX_IN, MAX_SAFE_INT, MAX_VALUES, all_of, check_typed_tags, parse_where,
-    tags_filter, time_window,
+    MATCH_ALL, MAX_CLAUSES, MAX_DEPTH, MAX_IN, MAX_VALUES, all_of, parse_where, tags_filter, time_window,
 )
 from evermind_memory.store.timing import time_text
+from evermind_memory.store.validate import MAX_SAFE_INT, check_typed_tags
 
 UTC = timezone.utc
 T0 = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
