@@ -97,7 +97,12 @@ def to_sqlite(where: Filter, *, fact: str = "f") -> tuple[str, list]:
     """Compile a Filter to an SQLite condition on the facts row aliased `fact` (schema 3), with `?` parameters.
 
         sql, params = to_sqlite(parse_where({"n": {"$gt": 2}}))
-        conn.execute(f"SELECT f.id FROM facts f WHERE f.fingerprint = ? AND {sql}", [fp, *params])
+        conn.execute(f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {sql}", [fp, *params])
+
+    Write other indexed equalities next to it with a unary plus (`+f.fingerprint = ?`): a store has no ANALYZE
+    statistics, so SQLite would drive from that index and probe every fact; with the plus it drives from the
+    filter's own index (tag subquery -> facts_id, or facts_created). 50k facts, a 0.1% tag: 94 ms -> 0.09 ms
+    (benchmarks/filter_speed.py).
 
     Returns:
         (sql, params); MATCH_ALL compiles to "1 = 1".
