@@ -73,8 +73,8 @@ class Field:
         value = _attr(fact, self.name)
         if value is None:
             return False, None
-        if self.name in TIME_FIELDS and isinstance(value, str):
-            value = datetime.fromisoformat(value)
+        if self.name in TIME_FIELDS and not (isinstance(value, datetime) and value.tzinfo is not None):
+            value = parse_time(value, f"the fact's {self.name}")  # text, or a naive time refused with a message
         return True, value
 
 
@@ -86,7 +86,11 @@ class Filter:
     """A parsed where-filter (immutable). Build one with `parse_where`; combine with `all_of`."""
 
     def matches(self, fact: Any) -> bool:
-        """Whether a fact (Fact, Recall, or a mapping with tags, source, created_at, updated_at) passes."""
+        """Whether a fact (Fact, Recall, or a mapping with tags, source, created_at, updated_at) passes.
+
+        Raises:
+            InvalidInput: the fact's created_at / updated_at is naive or not a time (only when the filter reads it).
+        """
         raise NotImplementedError
 
     def to_where(self) -> dict:

@@ -103,6 +103,16 @@ def test_any_text_gives_a_decision_and_a_text_duplicates_itself(a, b):
     assert is_duplicate(a, va, a, va).dup
 
 
+def test_long_texts_are_decided_in_one_pass():
+    rng = np.random.default_rng(0)
+    words = [f"w{i}x" for i in range(20_000)]  # distinct words, none a blocker
+    a = " ".join("abcdefghij"[i % 10] + w[1:] for i, w in enumerate(words))
+    b = " ".join(rng.permutation(a.split()).tolist())  # the same words, shuffled
+    v = rng.standard_normal(8).astype(np.float32)
+    d = is_duplicate(a, v, b, v)
+    assert not d.dup and d.overlap == 1.0 and "order" in d.reason
+
+
 def test_no_false_duplicate_on_the_labelled_set(shipped):
     rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()]
     assert len(rows) >= 200 and abs(sum(r["dup"] for r in rows) - len(rows) / 2) < len(rows) / 10

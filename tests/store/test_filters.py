@@ -67,6 +67,13 @@ def test_times_compare_as_instants_whatever_the_offset():
     assert parse_where({"updated_at": {"$lt": "2025-05-01T12:00:00Z"}}).matches(fact(updated=T0 - timedelta(days=1)))
 
 
+def test_in_memory_facts_may_hold_times_as_text_but_not_naive():
+    f = parse_where({"created_at": {"$lt": "2025-05-02T00:00:00Z"}})
+    assert f.matches(fact(created="2025-05-01T12:00:00+00:00"))
+    with pytest.raises(InvalidInput, match="the fact's created_at expects a time with a timezone"):
+        f.matches(fact(created=datetime(2025, 5, 1)))
+
+
 def test_source_and_a_tag_called_source_are_different_fields():
     x = fact({"source": "mail"}, source="chat")
     assert parse_where({"source": "chat"}).matches(x)
