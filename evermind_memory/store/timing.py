@@ -78,6 +78,23 @@ def _seconds(value: Any, what: str) -> float:
     return seconds
 
 
+def check_retention(value: Any, what: str) -> timedelta:
+    """A retention period: seconds >= 0 (int or float) or a timedelta >= 0, at most MAX_TTL.
+
+    Raises:
+        InvalidInput: a bool, a non-number, NaN, infinite, negative or longer than MAX_TTL.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidInput(f"{what} expects seconds (int or float) or a timedelta, got {type(value).__name__} {value!r:.40}.")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_TTL.total_seconds():
+        raise InvalidInput(f"{what} expects 0 to {MAX_TTL.days:,} days, got {value!r:.40}.")
+    return timedelta(seconds=seconds)
+
+
 def check_ttl(ttl: Any) -> timedelta | None:
     """remember's `ttl`: None (keep until forgotten), seconds > 0 or a timedelta > 0, at most MAX_TTL.
 

@@ -20,9 +20,12 @@ import sqlite_utils
 
 from ...errors import EvermindError, InvalidInput
 from . import utc_now
+from .filter_sql import migrate_typed_tags
 from .sqlite_session import SQLiteSession
 
-SCHEMA_VERSION = 2  # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation)
+# 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: reserved for the
+# many-writers leases (issue 17 phase B); 4: typed tags, expires_at, pinned, scopes, history links (issue 20)
+SCHEMA_VERSION = 4
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 
 
@@ -34,8 +37,17 @@ def _create_feedback(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX feedback_fact ON feedback (fact_id, query)")
 
 
-# Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback}
+def _reserved_for_leases(conn: sqlite3.Connection) -> None:
+    """Schema 2 -> 3 belongs to the many-writers branch (issue 17 phase B: a `leases` table); until it is merged
+    the step changes nothing, so stores made meanwhile number their versions as merged stores will."""
+
+
+# Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction. A new store is created
+# at schema 2 and runs the later steps, so new and migrated stores have one schema.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _create_feedback, 2: _reserved_for_leases, 3: migrate_typed_tags,
+}
+CREATED_AT = 2  # the schema version _create_schema writes before the migrations after it run
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
@@ -180,6 +192,27 @@ class SQLiteBackend:
         with self.reading() as session:
             session.conn.execute("VACUUM INTO ?", (dest,))
 
+    def vacuum(self) -> None:
+        """VACUUM on the writing connection (free pages go back to the file system), then truncate the WAL."""
+        if self._writer is None:
+            raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to compact it.")
+        with self.write_mutex:
+            try:
+                self._writer.execute("INSERT INTO facts_fts (facts_fts) VALUES ('optimize')")  # merge FTS5 segments
+                self._writer.execute("VACUUM")
+                if not self.memory:
+                    self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.OperationalError as exc:
+                raise EvermindError(f"{self.path}: SQLite could not VACUUM ({exc}); nothing was lost. Retry when "
+                                    "no reader holds a long transaction, or with more free disk space.") from exc
+
+    def file_bytes(self) -> dict:
+        """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
+        if self.memory:
+            return {"db": 0, "wal": 0}
+        return {kind: (Path(self.path + suffix).stat().st_size if Path(self.path + suffix).exists() else 0)
+                for kind, suffix in (("db", ""), ("wal", "-wal"))}
+
     def close(self) -> None:
         """Close every connection (idempotent)."""
         if self._closed:
@@ -257,5 +290,5 @@ class SQLiteBackend:
         now = utc_now()
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
-            [("schema_version", str(SCHEMA_VERSION)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
+            [("schema_version", str(CREATED_AT)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
         )

@@ -1,21 +1,24 @@
-"""The SQL side of where-filters: typed tag rows, the schema 2 -> 3 migration, and compilers from a `Filter`
-(filters.py) to one parameterised boolean SQL expression, for SQLite and for PostgreSQL.
+"""The SQL side of where-filters and scopes: typed tag rows, the schema 3 -> 4 migration, and compilers from a
+`Selection` (which facts a call may see: its scope, alive now, its `Filter`) to one parameterised boolean SQL
+expression, for SQLite and for PostgreSQL.
 
-Typed tags (schema 3). `fact_tags` keeps one row per (fact, key), as today, and gains two columns:
-    vtype  's' str, 'i' int, 'f' float, 'b' bool           (every schema-2 row is a str: DEFAULT 's')
+Typed tags (schema 4). `fact_tags` keeps one row per (fact, key) and has two more columns:
+    vtype  's' str, 'i' int, 'f' float, 'b' bool           (every older row is a str: DEFAULT 's')
     num    the number as a double, for 'i' and 'f' only    (NULL otherwise; a CHECK keeps the two in step)
 `value` keeps the text: the string itself, or the JSON of an int / float / bool ("3", "2.5", "true"). So the
-exact-match index `fact_tags_kv (key, value)` serves string equality and string ranges as before, and a new
-`fact_tags_num (key, num)` serves numeric equality and ranges. `facts.tags` (JSON) already keeps the types.
-The same migration adds `facts.expires_at` (canonical UTC text, NULL: never) and indexes on the three times.
+exact-match index `fact_tags_kv (key, value)` serves string equality and string ranges, and
+`fact_tags_num (key, num)` serves numeric equality and ranges. `facts.tags` (JSON) keeps the types.
+The same migration adds to `facts`: `expires_at` (canonical UTC text, NULL: never), `pinned` (0/1) and `scope`
+(the scope key, '' for the whole store; see store/scope.py), with indexes on the times and the scope; and to
+`changes`: `scope` (so a scope reads only its own history) and `link` (the other fact of a supersede).
 
-Compilers. `to_sqlite(f)` and `to_postgres(f)` return (sql, params): a condition over the facts row aliased
-`f` (columns id, source, created_at, updated_at) and subqueries on `fact_tags`, for the caller to AND into its
-WHERE clause. Values travel only as parameters; keys of the filter are parameters too; column names come from
-a fixed list. Both are the same compiler over a `Dialect` (placeholder, null-safe inequality, string order,
-how a time travels), so another backend adds a Dialect, not a compiler. PostgreSQL's schema mirrors the one
-above with `num double precision` and `timestamptz` times; its strings compare under COLLATE "C" so that
-their order is the code-point order the Python evaluator uses.
+Compilers. `selection_sql(sel)` / `to_sqlite(f)` (and their PostgreSQL twins) return (sql, params): a condition
+over the facts row aliased `f` (columns id, source, created_at, updated_at, expires_at, scope) and subqueries
+on `fact_tags`, for the caller to AND into its WHERE clause. Values travel only as parameters; keys of the
+filter are parameters too; column names come from a fixed list. Both are the same compiler over a `Dialect`
+(placeholder, null-safe inequality, string order, how a time travels), so another backend adds a Dialect, not
+a compiler. PostgreSQL's schema mirrors the one above with `num double precision` and `timestamptz` times; its
+strings compare under COLLATE "C" so that their order is the code-point order the Python evaluator uses.
 """
 
 from __future__ import annotations
@@ -27,35 +30,52 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
-from .filters import And, Exists, Filter, MatchAll, Member, Or
-from .timing import time_text
-from .validate import check_typed_tags, value_type
+from ..filters import And, Exists, Filter, MatchAll, Member, Or
+from ..timing import time_text
+from ..validate import check_typed_tags, value_type
+from . import Selection
 
-SCHEMA_FROM, SCHEMA_TO = 2, 3
+SCHEMA_FROM, SCHEMA_TO = 3, 4
 INSERT_TAG_SQL = "INSERT INTO fact_tags (fact_id, key, value, vtype, num) VALUES (?, ?, ?, ?, ?)"
 _VTYPE = {str: "s", int: "i", float: "f", bool: "b"}
 _ALIAS_RE = re.compile(r"[a-z_][a-z0-9_]{0,30}")
 
-# The schema change, in order; each statement is safe on a schema-2 store (the columns are new).
-MIGRATION_2_TO_3 = (
-    "ALTER TABLE fact_tags ADD COLUMN vtype TEXT NOT NULL DEFAULT 's' CHECK (vtype IN ('s', 'i', 'f', 'b'))",
-    "ALTER TABLE fact_tags ADD COLUMN num REAL CHECK ((num IS NOT NULL) = (vtype IN ('i', 'f')))",
-    "CREATE INDEX fact_tags_num ON fact_tags (key, num) WHERE num IS NOT NULL",
-    "ALTER TABLE facts ADD COLUMN expires_at TEXT",
-    "CREATE INDEX facts_expires ON facts (expires_at) WHERE expires_at IS NOT NULL",
-    "CREATE INDEX facts_created ON facts (created_at)",
-    "CREATE INDEX facts_updated ON facts (updated_at)",
+# The schema change: (table, new column, its definition) and the new indexes. Additive only: no row is rewritten.
+NEW_COLUMNS = (
+    ("fact_tags", "vtype", "TEXT NOT NULL DEFAULT 's' CHECK (vtype IN ('s', 'i', 'f', 'b'))"),
+    ("fact_tags", "num", "REAL CHECK ((num IS NOT NULL) = (vtype IN ('i', 'f')))"),
+    ("facts", "expires_at", "TEXT"),
+    ("facts", "pinned", "INTEGER NOT NULL DEFAULT 0 CHECK (pinned IN (0, 1))"),
+    ("facts", "scope", "TEXT NOT NULL DEFAULT ''"),
+    ("changes", "scope", "TEXT NOT NULL DEFAULT ''"),
+    ("changes", "link", "TEXT"),
 )
+NEW_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS fact_tags_num ON fact_tags (key, num) WHERE num IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS facts_expires ON facts (expires_at) WHERE expires_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS facts_created ON facts (created_at)",
+    "CREATE INDEX IF NOT EXISTS facts_updated ON facts (updated_at)",
+    "CREATE INDEX IF NOT EXISTS facts_scope ON facts (scope)",
+)
+MIGRATION_3_TO_4 = tuple(f"ALTER TABLE {t} ADD COLUMN {c} {d}" for t, c, d in NEW_COLUMNS) + NEW_INDEXES
 
 
 def migrate_typed_tags(conn: sqlite3.Connection) -> None:
-    """Upgrade a schema-2 SQLite store to schema 3 (typed tags, expiry), inside the caller's transaction.
+    """Upgrade an SQLite store to schema 4 (typed tags, expiry, pinning, scopes), in the caller's transaction.
 
-    Meant for `MIGRATIONS[2]` in the SQLite backend, which also bumps meta.schema_version. Existing tag rows
-    are all strings (schema 2 allowed nothing else), which the defaults record; nothing is rewritten, so the
-    migration costs one index build over fact_tags and three over facts.
+    `MIGRATIONS[3]` of the SQLite backend (which bumps meta.schema_version) and the last step of creating a
+    store, so new and migrated stores have one schema. Idempotent: a column that exists is left alone, so the
+    step is safe whatever order it is merged in with other migrations. Existing tag rows are all strings
+    (nothing else could be stored before), which the defaults record; nothing is rewritten, so the migration
+    costs one index build over fact_tags and four over facts.
     """
-    for statement in MIGRATION_2_TO_3:
+    have: dict[str, set[str]] = {}
+    for table, column, definition in NEW_COLUMNS:
+        if table not in have:
+            have[table] = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have[table]:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+    for statement in NEW_INDEXES:
         conn.execute(statement)
 
 
@@ -91,6 +111,56 @@ class Dialect:
 SQLITE = Dialect("sqlite", "?", "IS NOT", "", time_text)
 POSTGRES = Dialect("postgres", "%s", "IS DISTINCT FROM", ' COLLATE "C"', lambda dt: dt)
 _SQL_OP = {"$eq": "=", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+def selection_sql(sel: Selection, *, fact: str = "f") -> tuple[str, list]:
+    """Compile a Selection to an SQLite condition on the facts row aliased `fact`: in the scope, alive at
+    `sel.now`, matching `sel.where`.
+
+        sql, params = selection_sql(sel)
+        conn.execute(f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {sql}", [fp, *params])
+
+    The scope and expiry conditions come first and are always there (the front builds them; no where-filter
+    can leave them out). Keep the unary plus on other indexed equalities (see to_sqlite).
+    """
+    return compile_selection(sel, SQLITE, fact)
+
+
+def selection_postgres(sel: Selection, *, fact: str = "f") -> tuple[str, list]:
+    """Compile a Selection to a PostgreSQL condition (psycopg `%s` parameters; times as datetimes)."""
+    return compile_selection(sel, POSTGRES, fact)
+
+
+def compile_selection(sel: Selection, dialect: Dialect, fact: str = "f") -> tuple[str, list]:
+    """Compile a Selection for `dialect` (see selection_sql)."""
+    if not _ALIAS_RE.fullmatch(fact):
+        raise ValueError(f"fact alias must be a plain identifier, got {fact!r}")  # our own code passes it
+    params: list = []
+    parts = []
+    scope = scope_condition(f"{fact}.scope", sel.scope, sel.below, dialect, params)
+    if scope:
+        parts.append(scope)
+    params.append(dialect.time_param(sel.now))
+    parts.append(f"({fact}.expires_at IS NULL OR {fact}.expires_at > {dialect.mark})")
+    if not isinstance(sel.where, MatchAll):
+        parts.append(_node(sel.where, dialect, fact, params))
+    return " AND ".join(parts), params
+
+
+def scope_condition(column: str, scope: str, below: bool, dialect: Dialect, params: list) -> str:
+    """The condition "`column` holds `scope` (or, with `below`, a scope under it)", or "" for the whole store.
+
+    A scope key's parts are joined by "/", which no part contains (store/scope.py), and "/" sorts just before
+    "0", so the keys under K are exactly those in [K + "/", K + "0"): one index range, in code-point order.
+    """
+    if not scope and below:
+        return ""
+    params.append(scope)
+    if not below:
+        return f"{column} = {dialect.mark}"
+    params.extend((scope + "/", scope + "0"))
+    order = dialect.text_order
+    return f"({column} = {dialect.mark} OR ({column}{order} >= {dialect.mark} AND {column}{order} < {dialect.mark}))"
 
 
 def to_sqlite(where: Filter, *, fact: str = "f") -> tuple[str, list]:

@@ -1,0 +1,242 @@
+"""The write paths of a store, behind MemoryStore's checked arguments: insert (queued for the background vector
+worker, or embedded first), upsert by a caller's id, update, forget, supersede, remember-unless-duplicate and
+sweep. Each commits one transaction under the backend's write mutex and mirrors it into the vector cache.
+
+A fact is reachable through a handle when its scope is the handle's or lies under it (store/scope.py) and it has
+not expired: `reachable()` is the one test, so update, forget, supersede and feedback answer FactNotFound alike
+for a fact that is gone, expired, or in another scope.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Sequence
+
+import numpy as np
+
+from .._crash import crash_point
+from ..errors import FactNotFound, InvalidInput
+from .backend import Backend, FactRow, NewFact, utc_now
+from .dedup import Decision, find_duplicate
+from .embedding import PENDING_MAX, VectorWorker, embed_serving, embed_texts
+from .scope import visible
+from .search import Search
+from .selection import same_kind
+from .timing import time_text
+from .vectors import VectorCache
+
+DEDUP_NEIGHBOURS = 8  # nearest facts of the same scope, tags and source that the duplicate rule looks at
+SWEEP_BATCH = 1000  # expired facts deleted per transaction
+
+
+def reachable(row: FactRow | None, scope: str, now: str) -> bool:
+    """Whether a handle scoped to `scope` may see or change `row` at `now` (ISO UTC)."""
+    return row is not None and visible(row.scope, scope) and (row.expires_at is None or row.expires_at > now)
+
+
+def not_found(method: str, fact_id: str) -> FactNotFound:
+    """The error of a fact this handle cannot reach."""
+    return FactNotFound(f"{method}() found no fact with id {fact_id!r} here; it may have been forgotten, have "
+                        "expired, or belong to another scope.")
+
+
+class Writer:
+    """Commits facts for one store (shared by the store and its scope views).
+
+    Args:
+        db: the backend.
+        cache: the vector cache (its serving generation embeds inline writes).
+        worker: the background vector worker (queued inserts).
+        search: recall's searches (duplicate candidates).
+    """
+
+    def __init__(self, db: Backend, cache: VectorCache, worker: VectorWorker, search: Search) -> None:
+        self._db = db
+        self._cache = cache
+        self._worker = worker
+        self._search = search
+
+    def _retire(self, removed: list[int], top: int) -> None:
+        self._cache.apply(np.zeros(0, dtype=np.int64), np.zeros((0, self._cache.dim), np.float32), removed, top)
+
+    # ---- inserts -------------------------------------------------------------------------------------------
+    def insert_queued(self, item: NewFact) -> str:
+        """Commit one fact without a vector and queue it for the background worker (remember's default path)."""
+        db = self._db
+        with db.write_mutex:
+            with db.transaction() as tx:
+                (seq,), rid = tx.insert([item], None, None)
+                crash_point("remember.before_commit")
+            crash_point("remember.after_commit")
+            self._cache.advance(seq)  # nothing to index yet; every earlier change was applied under this mutex
+            waiting = self._worker.add(rid, item.id, item.text)
+        if waiting >= PENDING_MAX:
+            self._worker.drain()  # back-pressure: the caller embeds when the thread falls behind
+        else:
+            self._worker.start()
+        return item.id
+
+    def insert_embedded(self, items: Sequence[NewFact]) -> list[str]:
+        """Embed the facts, then commit them with their vectors in one transaction (all or none)."""
+        texts = [item.text for item in items]
+        made = embed_serving(self._cache, texts)  # before the mutex: an adaptation swap may change the model
+        with self._db.write_mutex:
+            gen, vectors = embed_serving(self._cache, texts, made)  # (N, D) by the model that serves now
+            with self._db.transaction() as tx:
+                labels, _ = tx.insert(list(items), vectors, gen.fingerprint)
+                crash_point("remember.before_commit")
+            crash_point("remember.after_commit")
+            self._cache.apply(np.array(labels, dtype=np.int64), vectors, [], labels[-1])
+        return [item.id for item in items]
+
+    def upsert(self, item: NewFact, scope: str) -> str:
+        """remember(id=...): insert `item`, or replace the text, tags, source, expiry and pin of the fact with its id
+        (history kept: an "update"). The fact keeps its scope and created_at.
+
+        Raises:
+            InvalidInput: the id belongs to a fact outside `scope`.
+        """
+        made = embed_serving(self._cache, [item.text])
+        with self._db.write_mutex:
+            gen, vectors = embed_serving(self._cache, [item.text], made)
+            with self._db.transaction() as tx:
+                row = tx.fetch(item.id)
+                if row is None:
+                    labels, _ = tx.insert([item], vectors, gen.fingerprint)
+                    seq, vector, removed = labels[0], vectors[0], None
+                else:
+                    if not visible(row.scope, scope):
+                        raise InvalidInput(f"remember() got id={item.id!r}, which a fact outside this scope uses; "
+                                           "choose another id.")
+                    vector = None if item.text == row.text and row.fingerprint == gen.fingerprint else vectors[0]
+                    seq, removed = tx.update(row, text=item.text, tags=item.tags, source=item.source, vector=vector,
+                                             fingerprint=gen.fingerprint, now=item.updated_at,
+                                             expires_at=item.expires_at, pinned=item.pinned)
+                crash_point("remember.before_commit")
+            self._mirror(seq, vector, removed)
+        return item.id
+
+    def _mirror(self, seq: int, vector: np.ndarray | None, removed: int | None) -> None:
+        if vector is not None:
+            self._cache.apply(np.array([seq]), vector[None, :], [] if removed is None else [removed], seq)
+        else:
+            self._cache.advance(seq)
+
+    def insert_unique(self, item: NewFact) -> tuple[str, Decision | None]:
+        """remember(dedup=True): the id of a stored fact that `item` duplicates (store/dedup.py), else insert it.
+
+        The candidates are the DEDUP_NEIGHBOURS nearest facts of the same scope, tags and source, plus any such
+        fact still waiting for its vector; looking and inserting happen under the write mutex, so two threads
+        remembering the same fact store it once. Returns (id, the Decision when it was a duplicate, else None).
+        """
+        self._worker.wait()  # facts queued before this call get their vectors (outside the mutex: the worker takes it)
+        made = embed_serving(self._cache, [item.text])
+        with self._db.write_mutex:
+            gen, vectors = embed_serving(self._cache, [item.text], made)
+            vec = vectors[0]  # (D,)
+            found = find_duplicate(item.text, vec, self._candidates(gen, vec, item))
+            if found is not None:
+                return found[0], found[1]
+            with self._db.transaction() as tx:
+                labels, _ = tx.insert([item], vectors, gen.fingerprint)
+                crash_point("remember.before_commit")
+            self._cache.apply(np.array(labels, dtype=np.int64), vectors, [], labels[-1])
+        return item.id, None
+
+    def _candidates(self, gen, vec: np.ndarray, item: NewFact) -> list[tuple[str, str, np.ndarray]]:
+        """(id, text, vector) of the stored facts `item` could duplicate (the caller holds the write mutex)."""
+        sel = same_kind(item.scope, item.tags, item.source, datetime.now(timezone.utc))
+        rows = self._search.rows_for(self._search.vector(gen, vec, DEDUP_NEIGHBOURS, sel))
+        rows = [row for row, _ in rows if row.tags == item.tags]  # every tag equal, not only a superset
+        with self._db.reading() as r:
+            labels, vecs = r.vectors(gen.fingerprint, self._cache.dim, labels=[row.label for row in rows])
+            waiting = [row for row in r.waiting_selected(sel) if row.tags == item.tags]
+        by_label = dict(zip(labels.tolist(), vecs))
+        out = [(row.id, row.text, by_label[row.label]) for row in rows if row.label in by_label]
+        if waiting:  # queued by another thread since wait(): embed them here, so the check sees them too
+            more = embed_texts(gen.embedder, [row.text for row in waiting], self._cache.dim)  # (W, D)
+            out += [(row.id, row.text, v) for row, v in zip(waiting, more)]
+        return out
+
+    # ---- changes -------------------------------------------------------------------------------------------
+    def update(self, fact_id: str, scope: str, text: str | None, tags: dict | None, source: str | None):
+        """Change a reachable fact's text, tags or source (None keeps it); returns the new FactRow."""
+        made = None if text is None else embed_serving(self._cache, [text])
+        with self._db.write_mutex:
+            gen, vector = self._cache.current, None
+            if made is not None:
+                gen, vectors = embed_serving(self._cache, [text], made)  # again if the model changed meanwhile
+                vector = vectors[0]  # (D,)
+            with self._db.transaction() as tx:
+                row = tx.fetch(fact_id)
+                if not reachable(row, scope, utc_now()):
+                    raise not_found("update", fact_id)
+                if text is not None and text == row.text and row.fingerprint == gen.fingerprint:
+                    vector = None  # same text, same embedder: keep the vector and its label
+                seq, removed = tx.update(
+                    row, text=row.text if text is None else text, tags=row.tags if tags is None else tags,
+                    source=row.source if source is None else source, vector=vector, fingerprint=gen.fingerprint,
+                    now=utc_now(), expires_at=row.expires_at, pinned=bool(row.pinned),
+                )
+                fact = tx.fetch(fact_id)
+            self._mirror(seq, vector, removed)
+        return fact
+
+    def forget(self, fact_id: str, scope: str) -> None:
+        """Forget one reachable fact (a tombstone stays in its history)."""
+        with self._db.write_mutex:
+            with self._db.transaction() as tx:
+                row = tx.fetch(fact_id)
+                if not reachable(row, scope, utc_now()):
+                    raise not_found("forget", fact_id)
+                removed = tx.delete([row], utc_now())
+                top = tx.max_seq()
+            self._retire(removed, top)
+
+    def forget_selected(self, sel) -> int:
+        """Forget every fact `sel` selects, in one transaction; returns how many."""
+        with self._db.write_mutex:
+            with self._db.transaction() as tx:
+                rows = tx.list_rows(-1, 0, sel)
+                removed = tx.delete(rows, utc_now())
+                top = tx.max_seq()
+            self._retire(removed, top)
+        return len(rows)
+
+    def supersede(self, old_id: str, scope: str, text: str, tags: dict | None, source: str | None,
+                  new_id: str) -> str:
+        """Replace a reachable fact by a new one (same scope; tags, source, expiry and pin kept unless given), in
+        one transaction; the old fact's forget names the new id and the new fact's remember names the old."""
+        made = embed_serving(self._cache, [text])
+        with self._db.write_mutex:
+            gen, vectors = embed_serving(self._cache, [text], made)
+            now = utc_now()
+            with self._db.transaction() as tx:
+                old = tx.fetch(old_id)
+                if not reachable(old, scope, now):
+                    raise not_found("supersede", old_id)
+                item = NewFact(new_id, text, old.tags if tags is None else tags,
+                               old.source if source is None else source, now, now, old.expires_at, bool(old.pinned),
+                               old.scope, replaces=old_id)
+                labels, _ = tx.insert([item], vectors, gen.fingerprint)
+                removed = tx.delete([old], now, replaced_by=new_id)
+                top = tx.max_seq()
+            self._cache.apply(np.array(labels, dtype=np.int64), vectors, removed, top)
+        return new_id
+
+    def sweep(self, scope: str, now: datetime) -> int:
+        """Forget (with history) every fact in `scope` that expired at or before `now`, SWEEP_BATCH per
+        transaction; returns how many."""
+        total = 0
+        stamp = time_text(now)
+        while True:
+            with self._db.write_mutex:
+                with self._db.transaction() as tx:
+                    rows = tx.expired_rows(now, scope, SWEEP_BATCH)
+                    removed = tx.delete(rows, stamp) if rows else []
+                    top = tx.max_seq()
+                if rows:
+                    self._retire(removed, top)
+            total += len(rows)
+            if len(rows) < SWEEP_BATCH:
+                return total
