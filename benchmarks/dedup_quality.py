@@ -17,6 +17,11 @@ Systems, all evaluated on both halves:
   cosine only       cosine >= the lowest threshold with no false duplicate on dev (a vector-only rule, fitted)
   rule (fitted)     store/dedup.py with the thresholds fitted here
   rule (shipped)    store/dedup.py with its constants MIN_COSINE / MIN_OVERLAP (should equal the fitted ones)
+  store, own scope  through the store: MemoryStore.remember(a), then remember(b, dedup=True) in a scope of its own
+                    per pair; a duplicate when the second call returns the first id
+  store, shared     every a remembered in one scope first (the others are distractors among the candidates),
+                    then each b with dedup=True: right only when it returns an a with the pair's text; a b
+                    that is stored is forgotten again, so pairs do not see each other's b
 
     python benchmarks/dedup_quality.py [--data tests/data/duplicates.jsonl] [--json out.json] [--errors]
 """
@@ -84,6 +89,33 @@ def features(row: dict, vecs: dict[str, np.ndarray]) -> dict:
     return {"hard": d.dup, "same": d.reason.startswith("duplicate (the same words)"), "cosine": d.cosine, "overlap": d.overlap}
 
 
+def through_store(rows: list[dict], embedder) -> dict:
+    """The two store systems (see the module docstring), as {name: rule}; each rule looks its pair's answer up."""
+    from evermind_memory import MemoryStore
+
+    own, shared = {}, {}
+    with MemoryStore(":memory:", embedder) as store:
+        for i, r in enumerate(rows):
+            view = store.scope(run=f"pair-{i}")
+            own[id(r)] = view.remember(r["a"]) == view.remember(r["b"], dedup=True)
+        pool = store.scope(run="shared")
+        a_ids = {pool.remember(r["a"]): r["a"] for r in rows}
+        for r in rows:
+            got = pool.remember(r["b"], dedup=True)
+            if got in a_ids:
+                shared[id(r)] = "right" if a_ids[got] == r["a"] else "wrong"
+            else:
+                shared[id(r)] = "new"
+                pool.forget(got)
+    # a "wrong" answer (another pair's fact) is never right: a false duplicate when the pair is not a duplicate,
+    # a miss when it is; how many there were is printed, since either way a fact was merged into another
+    wrong = [r for r in rows if shared[id(r)] == "wrong"]
+    print(f"store, shared: {len(wrong)} of {len(rows)} b's matched another pair's a "
+          f"({sum(r['dup'] for r in wrong)} of them in duplicate pairs)")
+    return {"store, own scope": lambda r: own[id(r)],
+            "store, shared": lambda r: shared[id(r)] == "right" or (shared[id(r)] == "wrong" and not r["dup"])}
+
+
 def score(pred: list[bool], gold: list[bool]) -> dict:
     tp = sum(p and g for p, g in zip(pred, gold))
     fp = sum(p and not g for p, g in zip(pred, gold))
@@ -120,6 +152,7 @@ def main() -> None:
         "rule (fitted)": lambda r: dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]],
                                                       min_cosine=fitted["min_cosine"], min_overlap=fitted["min_overlap"]).dup,
         "rule (shipped)": lambda r: dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]]).dup,
+        **through_store(rows, embedder),
     }
     results: dict = {"data": str(args.data.relative_to(REPO) if args.data.is_relative_to(REPO) else args.data),
                      "model": embedder.fingerprint, "fitted": fitted, "cosine_only_threshold": cos_only,

@@ -130,7 +130,10 @@ class MaintenanceMethods:
         """
         self._check_writable("import_")
         records = maintenance.read_export(path, self._scope)
-        return maintenance.import_records(self._db, self._vectors, records)
+        added = maintenance.import_records(self._db, self._vectors, records)
+        if any(rec.expires_at is not None for rec in records):
+            self._start_sweeper(None)
+        return added
 
     def sweep(self) -> int:
         """Delete this scope's expired facts now, through forget (each keeps its history).

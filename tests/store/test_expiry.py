@@ -145,7 +145,7 @@ def test_compact_prunes_old_history_and_the_file_shrinks(tmp_path, embedder):
         assert after.facts == 1 and store.check().ok
         new = store.remember("remembered after compacting")  # seqs (and labels) keep growing
         assert store.recall("remembered after compacting", k=1, mode="vector")[0].id == new
-        with pytest.raises(InvalidInput, match="keep_history expects 0 to"):
+        with pytest.raises(InvalidInput, match="keep_history expects a duration >= 0"):
             store.compact(keep_history=-1)
         with pytest.raises(InvalidInput, match="scope view"):
             store.scope(user="ada").compact()

@@ -5,7 +5,7 @@ it, and that no view can change, upsert over, supersede, judge or clear another 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
@@ -215,3 +215,50 @@ def test_export_and_import_keep_scopes_and_refuse_foreign_ones(tmp_path, embedde
         assert got == {"Ada's own fact": ({"user": "ada"}, {"n": 1}, False),
                        "Ada's planner fact": ({"user": "ada", "agent": "planner"}, {}, True),
                        "Bob's fact": ({"user": "bob"}, {}, False)}
+
+
+KEY_PARTS = st.sampled_from(["ada", "ada-2", "adam", "ada.x", "Ada", "ad", "bob", "é", "a b", "ada=1", "~z", "!"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(view=st.lists(st.tuples(st.sampled_from(["user", "agent"]), KEY_PARTS), max_size=2),
+       facts=st.lists(st.lists(st.tuples(st.sampled_from(["user", "agent", "run"]), KEY_PARTS), max_size=3),
+                      min_size=1, max_size=12))
+def test_the_scope_sql_selects_exactly_the_visible_keys(view, facts):
+    """The index range [K, K + "0") minus siblings (backend/filter_sql.py) against store/scope.visible."""
+    import sqlite3
+
+    from evermind_memory.store.backend.filter_sql import SQLITE, scope_condition
+    from evermind_memory.store.scope import visible
+
+    def key(parts):
+        return "/".join(f"{level}={value}" for level, value in parts)
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE facts (scope TEXT NOT NULL)")
+    keys = sorted({key(p) for p in facts})
+    conn.executemany("INSERT INTO facts VALUES (?)", [(k,) for k in keys])
+    params: list = []
+    cond = scope_condition("scope", key(view), True, SQLITE, params) or "1 = 1"
+    got = {r[0] for r in conn.execute(f"SELECT scope FROM facts WHERE {cond}", params)}
+    assert got == {k for k in keys if visible(k, key(view))}
+    exact: list = []
+    assert {r[0] for r in conn.execute(
+        f"SELECT scope FROM facts WHERE {scope_condition('scope', key(view), False, SQLITE, exact)}", exact)} == (
+        {key(view)} & set(keys))
+
+
+def test_the_postgres_compiler_carries_the_scope_and_expiry_too():
+    from datetime import datetime, timezone
+
+    from evermind_memory.store.backend import Selection
+    from evermind_memory.store.backend.filter_sql import selection_postgres, selection_sql
+    from evermind_memory.store.filters import parse_where
+
+    now = datetime(2025, 5, 1, tzinfo=timezone.utc)
+    sel = Selection(parse_where({"n": {"$gt": 2}}), "user=ada", now)
+    pg, pg_params = selection_postgres(sel)
+    lite, lite_params = selection_sql(sel)
+    assert pg.count("%s") == len(pg_params) == len(lite_params) == lite.count("?")
+    assert 'f.scope COLLATE "C" >= %s' in pg and "f.expires_at > %s" in pg and now in pg_params
+    assert "user=ada" not in pg and lite_params[:4] == ["user=ada", "user=ada0", "user=ada", "user=ada/"]

@@ -133,38 +133,41 @@ def selection_postgres(sel: Selection, *, fact: str = "f") -> tuple[str, list]:
 
 def compile_selection(sel: Selection, dialect: Dialect, fact: str = "f") -> tuple[str, list]:
     """Compile a Selection for `dialect` (see selection_sql)."""
-    if not _ALIAS_RE.fullmatch(fact):
-        raise ValueError(f"fact alias must be a plain identifier, got {fact!r}")  # our own code passes it
     params: list = []
-    parts = []
-    scope = scope_condition(f"{fact}.scope", sel.scope, sel.below, dialect, params)
-    if scope:
-        parts.append(scope)
+    scope = scope_condition(f"{_alias(fact)}.scope", sel.scope, sel.below, dialect, params)
     params.append(dialect.time_param(sel.now))
+    parts = [scope] if scope else []
     parts.append(f"({fact}.expires_at IS NULL OR {fact}.expires_at > {dialect.mark})")
     if not isinstance(sel.where, MatchAll):
         parts.append(_node(sel.where, dialect, fact, params))
     return " AND ".join(parts), params
 
 
+def _alias(fact: str) -> str:
+    if not _ALIAS_RE.fullmatch(fact):
+        raise ValueError(f"fact alias must be a plain identifier, got {fact!r}")  # our own code passes it
+    return fact
+
+
 def scope_condition(column: str, scope: str, below: bool, dialect: Dialect, params: list) -> str:
     """The condition "`column` holds `scope` (or, with `below`, a scope under it)", or "" for the whole store.
 
     A scope key's parts are joined by "/", which no part contains (store/scope.py), and "/" sorts just before
-    "0", so the keys under K are exactly those in [K + "/", K + "0"): one index range, in code-point order.
+    "0", so K and the keys under it all lie in [K, K + "0"), one index range in code-point order; inside it,
+    the keys other than K that sort before K + "/" are siblings such as "user=ada-2", which the last test drops.
     """
     if not scope and below:
         return ""
-    params.append(scope)
     if not below:
+        params.append(scope)
         return f"{column} = {dialect.mark}"
-    params.extend((scope + "/", scope + "0"))
-    order = dialect.text_order
-    return f"({column} = {dialect.mark} OR ({column}{order} >= {dialect.mark} AND {column}{order} < {dialect.mark}))"
+    params.extend((scope, scope + "0", scope, scope + "/"))
+    m, c = dialect.mark, f"{column}{dialect.text_order}"
+    return f"({c} >= {m} AND {c} < {m} AND ({column} = {m} OR {c} >= {m}))"
 
 
 def to_sqlite(where: Filter, *, fact: str = "f") -> tuple[str, list]:
-    """Compile a Filter to an SQLite condition on the facts row aliased `fact` (schema 3), with `?` parameters.
+    """Compile a Filter to an SQLite condition on the facts row aliased `fact` (schema 4), with `?` parameters.
 
         sql, params = to_sqlite(parse_where({"n": {"$gt": 2}}))
         conn.execute(f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {sql}", [fp, *params])
@@ -187,10 +190,8 @@ def to_postgres(where: Filter, *, fact: str = "f") -> tuple[str, list]:
 
 def compile_filter(where: Filter, dialect: Dialect, fact: str = "f") -> tuple[str, list]:
     """Compile a Filter for `dialect` (see to_sqlite). `fact` is the alias of the facts table in the query."""
-    if not _ALIAS_RE.fullmatch(fact):
-        raise ValueError(f"fact alias must be a plain identifier, got {fact!r}")  # our own code passes it
     params: list = []
-    sql = _node(where, dialect, fact, params)
+    sql = _node(where, dialect, _alias(fact), params)
     return sql, params
 
 
