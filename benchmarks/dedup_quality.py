@@ -20,8 +20,10 @@ Systems, all evaluated on both halves:
   store, own scope  through the store: MemoryStore.remember(a), then remember(b, dedup=True) in a scope of its own
                     per pair; a duplicate when the second call returns the first id
   store, shared     every a remembered in one scope first (the others are distractors among the candidates),
-                    then each b with dedup=True: right only when it returns an a with the pair's text; a b
-                    that is stored is forgotten again, so pairs do not see each other's b
+                    then each b with dedup=True (a b that is stored is forgotten again, so pairs do not see each
+                    other's b). Returning the pair's a: a duplicate claimed. Returning another pair's fact that
+                    repeats b (the same text up to case and punctuation, or a labelled duplicate: the set reuses
+                    texts across pairs): right, scored by the pair's label; one that does not: a false duplicate
 
     python benchmarks/dedup_quality.py [--data tests/data/duplicates.jsonl] [--json out.json] [--errors]
 """
@@ -93,6 +95,11 @@ def through_store(rows: list[dict], embedder) -> dict:
     """The two store systems (see the module docstring), as {name: rule}; each rule looks its pair's answer up."""
     from evermind_memory import MemoryStore
 
+    same = {frozenset((r["a"], r["b"])) for r in rows if r["dup"]}  # the duplicates the labels vouch for
+
+    def repeats(x: str, y: str) -> bool:
+        return _normalised(x) == _normalised(y) or frozenset((x, y)) in same
+
     own, shared = {}, {}
     with MemoryStore(":memory:", embedder) as store:
         for i, r in enumerate(rows):
@@ -102,18 +109,29 @@ def through_store(rows: list[dict], embedder) -> dict:
         a_ids = {pool.remember(r["a"]): r["a"] for r in rows}
         for r in rows:
             got = pool.remember(r["b"], dedup=True)
-            if got in a_ids:
-                shared[id(r)] = "right" if a_ids[got] == r["a"] else "wrong"
-            else:
+            if got not in a_ids:
                 shared[id(r)] = "new"
                 pool.forget(got)
-    # a "wrong" answer (another pair's fact) is never right: a false duplicate when the pair is not a duplicate,
-    # a miss when it is; how many there were is printed, since either way a fact was merged into another
-    wrong = [r for r in rows if shared[id(r)] == "wrong"]
-    print(f"store, shared: {len(wrong)} of {len(rows)} b's matched another pair's a "
-          f"({sum(r['dup'] for r in wrong)} of them in duplicate pairs)")
-    return {"store, own scope": lambda r: own[id(r)],
-            "store, shared": lambda r: shared[id(r)] == "right" or (shared[id(r)] == "wrong" and not r["dup"])}
+            elif a_ids[got] == r["a"]:
+                shared[id(r)] = "a"
+            else:  # another pair's fact: right when it repeats b (the labelled set reuses texts across pairs)
+                other = a_ids[got]
+                shared[id(r)] = "other, right" if repeats(other, r["b"]) or (r["dup"] and repeats(other, r["a"])) else "other, wrong"
+    counts = {k: sum(v == k for v in shared.values()) for k in ("other, right", "other, wrong")}
+    print(f"store, shared: {counts['other, right'] + counts['other, wrong']} of {len(rows)} b's returned another "
+          f"pair's fact: {counts['other, right']} a repeat of b (the same text, or a labelled duplicate), "
+          f"{counts['other, wrong']} not (scored as errors)")
+
+    def shared_rule(r: dict) -> bool:
+        # a: a duplicate claimed. another pair's fact that repeats b: a right answer whatever the label (scored as
+        # agreeing with it). one that does not: always an error (a false duplicate, or a miss in a duplicate pair;
+        # the count above says how many there were either way)
+        kind = shared[id(r)]
+        if kind.startswith("other"):
+            return r["dup"] if kind == "other, right" else not r["dup"]
+        return kind == "a"
+
+    return {"store, own scope": lambda r: own[id(r)], "store, shared": shared_rule}
 
 
 def score(pred: list[bool], gold: list[bool]) -> dict:

@@ -8,12 +8,14 @@ own file, one after another in one process:
   compact only        compact(keep_history=0, vacuum=False) every --every ops: the history of forgotten facts
                       goes; SQLite reuses the free pages, so the file stops growing (it does not shrink)
   compact + vacuum    compact(keep_history=0) every --every ops: the same, and VACUUM gives the pages back
-  ttl + sweep         no forget calls: each fact is remembered with a ttl that lapses after --live steps, and
-                      sweep() runs every --every ops (as the background sweeper would), then compact as above
+  ttl + sweeper       no forget calls: each fact is remembered with --ttl seconds to live, the store's background
+                      sweeper (its interval set to 1 s here) deletes expired facts through forget, and compact
+                      runs as above; the live facts are however many were remembered in the last --ttl seconds
 Vectors come from an untrained EvermindLM with the shipped model's width (256 floats a vector: the bytes on
 disk are the same, the embedding is much faster); --model shipped uses the shipped model itself.
 
-    python benchmarks/store_churn.py [--ops 100000] [--live 1000] [--every 10000] [--model tiny|shipped] [--json out.json]
+    python benchmarks/store_churn.py [--ops 100000] [--live 1000] [--every 10000] [--ttl 2] [--model tiny|shipped]
+                                     [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ if __name__ == "__main__":
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evermind_memory import MemoryStore  # noqa: E402
+from evermind_memory.store import maintenance  # noqa: E402
 
-VARIANTS = ("no compact", "compact only", "compact + vacuum", "ttl + sweep")
+VARIANTS = ("no compact", "compact only", "compact + vacuum", "ttl + sweeper")
 
 
 def embedder(kind: str):
@@ -63,11 +66,11 @@ def sizes(path: Path) -> dict:
     return {"db": db, "wal": wal, "index": index, "total": db + wal + index}
 
 
-def churn(path: Path, emb, variant: str, ops: int, live: int, every: int) -> list[dict]:
+def churn(path: Path, emb, variant: str, ops: int, live: int, every: int, ttl_s: float) -> list[dict]:
     """Run one variant; returns a row per checkpoint."""
     rows = []
-    ttl = variant == "ttl + sweep"
-    step_s = 0.002  # the ttl variant: a fact lives `live` steps of about this long, then lapses
+    ttl = variant == "ttl + sweeper"
+    maintenance.SWEEP_INTERVAL = 1.0 if ttl else 60.0  # read when the sweeper thread starts
     with MemoryStore(path, emb) as store:
         queue: list[str] = []
         t0 = time.perf_counter()
@@ -75,9 +78,8 @@ def churn(path: Path, emb, variant: str, ops: int, live: int, every: int) -> lis
         checkpoint = every
         while done < ops:
             if ttl:
-                store.remember(text(i), tags={"kind": "note"}, ttl=max(live * step_s, 0.05))
-                done += 2  # a remember, and the forget the sweep does for it later
-                time.sleep(step_s)
+                store.remember(text(i), tags={"kind": "note"}, ttl=ttl_s)
+                done += 2  # a remember, and the forget the sweeper does for it later
             else:
                 queue.append(store.remember(text(i), tags={"kind": "note"}))
                 done += 1
@@ -88,8 +90,6 @@ def churn(path: Path, emb, variant: str, ops: int, live: int, every: int) -> lis
             if done >= checkpoint:
                 checkpoint += every
                 store.flush()
-                if ttl:
-                    store.sweep()
                 if variant != "no compact":
                     store.compact(keep_history=0, vacuum=variant != "compact only")
                 stats = store.stats()
@@ -105,16 +105,19 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--live", type=int, default=1000)
     ap.add_argument("--every", type=int, default=10_000)
+    ap.add_argument("--ttl", type=float, default=2.0, help="seconds a fact lives in the ttl variant")
     ap.add_argument("--model", choices=("tiny", "shipped"), default="tiny")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ", ".join(VARIANTS))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.ttl <= 0:
+        raise SystemExit("--ttl expects seconds > 0")
     emb = embedder(args.model)
     chosen = [v.strip() for v in args.variants.split(",")]
     results = {}
     with tempfile.TemporaryDirectory() as d:
         for n, variant in enumerate(chosen):
-            results[variant] = churn(Path(d) / f"churn{n}.db", emb, variant, args.ops, args.live, args.every)
+            results[variant] = churn(Path(d) / f"churn{n}.db", emb, variant, args.ops, args.live, args.every, args.ttl)
     checkpoints = sorted({r["ops"] for rows in results.values() for r in rows})
     print(f"\nMB on disk (db + WAL + index) under remember/forget churn, {args.live:,} live facts, model {args.model}")
     print(f"{'ops':>9s} " + " ".join(f"{v:>20s}" for v in chosen))
@@ -124,6 +127,7 @@ def main() -> None:
             row = next((r for r in results[v] if r["ops"] == ops), None)
             cells.append(f"{row['total'] / 1e6:17.2f} MB" if row else f"{'-':>20s}")
         print(f"{ops:>9,} " + " ".join(cells))
+    print(f"{'live':>9s} " + " ".join(f"{results[v][-1]['facts']:>14,} facts" for v in chosen))
     print(f"{'history':>9s} " + " ".join(f"{results[v][-1]['changes']:>15,} rows" for v in chosen))
     print(f"{'time':>9s} " + " ".join(f"{results[v][-1]['seconds']:>18.0f} s" for v in chosen))
     if args.json:

@@ -63,8 +63,8 @@ MIGRATION_3_TO_4 = tuple(f"ALTER TABLE {t} ADD COLUMN {c} {d}" for t, c, d in NE
 def migrate_typed_tags(conn: sqlite3.Connection) -> None:
     """Upgrade an SQLite store to schema 4 (typed tags, expiry, pinning, scopes), in the caller's transaction.
 
-    `MIGRATIONS[3]` of the SQLite backend (which bumps meta.schema_version) and the last step of creating a
-    store, so new and migrated stores have one schema. Idempotent: a column that exists is left alone, so the
+    `MIGRATIONS[3]` of the SQLite backend (which bumps meta.schema_version), and run by `_create_schema` too,
+    so new and migrated stores have one schema. Idempotent: a column that exists is left alone, so the
     step is safe whatever order it is merged in with other migrations. Existing tag rows are all strings
     (nothing else could be stored before), which the defaults record; nothing is rewritten, so the migration
     costs one index build over fact_tags and four over facts.

@@ -42,12 +42,10 @@ def _reserved_for_leases(conn: sqlite3.Connection) -> None:
     the step changes nothing, so stores made meanwhile number their versions as merged stores will."""
 
 
-# Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction. A new store is created
-# at schema 2 and runs the later steps, so new and migrated stores have one schema.
+# Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _create_feedback, 2: _reserved_for_leases, 3: migrate_typed_tags,
 }
-CREATED_AT = 2  # the schema version _create_schema writes before the migrations after it run
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
@@ -287,8 +285,9 @@ class SQLiteBackend:
             "tokenize='porter unicode61')"
         )
         _create_feedback(conn)
+        migrate_typed_tags(conn)  # schema 4's columns and indexes: the very statements a migrated store ran
         now = utc_now()
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
-            [("schema_version", str(CREATED_AT)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
+            [("schema_version", str(SCHEMA_VERSION)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
         )
