@@ -28,7 +28,7 @@ class EmbedderMismatch(EvermindError):
 
 
 class StoreLocked(EvermindError):
-    """Another process holds the store's writer lock."""
+    """Another process held the store's write lock for longer than the store's busy_timeout."""
 
 
 class CheckpointError(EvermindError):
