@@ -18,7 +18,7 @@ from .access import Access
 from .backend import Backend, NewFact, new_id, utc_now
 from .embedding import VectorWorker, embed_serving
 from .generations import Generations
-from .leases import Leases
+from .leases import Leases, owner_alive
 from .records import CheckReport
 from .validate import check_id, check_source, check_tags, check_text
 from .vectors import VectorCache
@@ -81,7 +81,8 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
             found = r.integrity(cache.dim)
             facts = r.count()
             stale = r.count_foreign(gen.fingerprint)
-            waiting = r.count_waiting()
+            owners = r.waiting_owners()
+            waiting = sum(owners.values())
             top = r.max_seq()
             truth = r.labels(gen.fingerprint)
         if found.messages != ["ok"]:
@@ -100,9 +101,12 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
                 problems.append(f"FTS integrity-check: {fts_error}")
         if stale and access.writes:
             problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
-        if waiting and access.writes:  # (a reader sees the writer's facts before their vectors)
+        # facts another live process is embedding right now are in flight, not a problem (a reader sees every
+        # writer's facts before their vectors); ours, after the drain, are facts the embedder failed on
+        failed = sum(n for o, n in owners.items() if o == worker.holder.token or owner_alive(o) is False)
+        if failed and access.writes:
             why = f" ({worker.vector_error})" if worker.vector_error else ""
-            count = f"{waiting} facts have" if waiting != 1 else "1 fact has"
+            count = f"{failed} facts have" if failed != 1 else "1 fact has"
             problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
                             "reembed() succeeds")
         gen = cache.current

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._crash import crash_point
-from ..errors import EvermindError, FactNotFound, InvalidInput, StoreLocked, StoreWarning
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StoreLocked, StoreWarning
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
@@ -503,7 +503,11 @@ class MemoryStore(AdaptationMethods):
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score = check_min_score(min_score)
-        self._sync()
+        try:
+            self._sync()
+        except EmbedderMismatch:
+            if mode != "lexical":  # text needs no model: a lexical recall still answers
+                raise
         if mode != "lexical" and self._access.writes:
             self._worker.wait()
             self._worker.raise_failures("recall")
@@ -643,9 +647,10 @@ class MemoryStore(AdaptationMethods):
             waiting = r.count_waiting()
             judged = r.count_feedback()
         engine = self._db.describe()
+        building = self._gens.build_progress()
         gen = self._vectors.current
         return {
-            "path": self._path, "read_only": self._access.read_only, "durability": self._durability, "facts": facts,
+            "path": self._access.path, "read_only": self._access.read_only, "durability": self._durability, "facts": facts,
             "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
             "index_status": self._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
             "fingerprint": gen.fingerprint, "dimensions": self._dim, "store_id": self._vectors.store_id,
@@ -654,7 +659,8 @@ class MemoryStore(AdaptationMethods):
             "hybrid_weight": self._hybrid_weight,
             "adapter": self._gens.active_adapter_id(), "adaptation_pending": self._gens.pending() is not None,
             "background_embedding": self._access.embeds_in_background, "waiting_vectors": waiting,
-            "vector_error": self._worker.vector_error, "feedback": judged,
+            "vector_error": self._worker.vector_error, "feedback": judged, "checkpoints": self._checkpoints.done,
+            "building": None if building is None else building[0],
         }
 
     # ---- closing -------------------------------------------------------------------------------------------

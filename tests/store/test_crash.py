@@ -121,14 +121,16 @@ print("closed", flush=True)
 @pytest.mark.parametrize(
     "point, committed_unacked, least_waiting",
     [
-        ("remember.before_commit:5", 0, 0),  # the 5th remember dies before COMMIT: never acknowledged, not stored
-        ("remember.after_commit:5", 1, 1),  # dies after COMMIT, before its vector: embedded at the next open
-        ("remember.vectors_committed:1", 0, 0),  # dies after a batch of vectors committed, before the index saw it
-        ("index.save.written:1", 0, 0),  # dies with a half-saved index temp file on close
-        ("index.save.before_manifest:1", 0, 0),  # new index renamed, manifest not yet: the old one stays valid
+        ("remember.before_commit:5", (0, 0), 0),  # the 5th remember dies before COMMIT: never acknowledged, not stored
+        ("remember.after_commit:5", (1, 1), 1),  # dies after COMMIT, before its vector: embedded at the next open
+        # the vector thread dies after a batch of vectors committed, before the index saw it; the main thread may
+        # have committed one more remember that it had not yet acknowledged
+        ("remember.vectors_committed:1", (0, 1), 0),
+        ("index.save.written:1", (0, 0), 0),  # dies with a half-saved index temp file on close
+        ("index.save.before_manifest:1", (0, 0), 0),  # new index renamed, manifest not yet: the old one stays valid
     ],
 )
-def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, committed_unacked: int,
+def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, committed_unacked: tuple[int, int],
                             least_waiting: int):
     db = tmp_path / "c.db"
     with MemoryStore(db, embedder) as store:  # an earlier generation of the index exists on disk
@@ -148,13 +150,14 @@ def test_named_crash_points(model_files, embedder, tmp_path: Path, point: str, c
     assert waiting_vectors(db) >= least_waiting
     assert_healthy(db, embedder, acked | before, set())
     with MemoryStore(db, embedder) as store:
-        assert len(store) == len(acked) + 2 + committed_unacked + cut_ack
+        low, high = committed_unacked
+        assert len(acked) + 2 + low + cut_ack <= len(store) <= len(acked) + 2 + high + cut_ack
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert not leftovers
 
 
 REEMBED_SCRIPT = CHILD_PRELUDE + """
-store = MemoryStore(db, emb)  # another embedder: re-embeds in batches of 256 and dies after the 2nd
+store = MemoryStore(db, emb)  # another embedder: builds its generation in batches of 256, dies after the 2nd
 print("never", flush=True)
 """
 
@@ -163,18 +166,19 @@ def test_kill_during_reembed_resumes(model_files, other_model_files, embedder, o
     db = tmp_path / "r.db"
     with MemoryStore(db, embedder) as store:
         ids = store.remember_many([f"fact {i} about tea" for i in range(600)])
-    env = {**child_env(), "EVERMIND_CRASH_AT": "reembed.batch:2"}
+    env = {**child_env(), "EVERMIND_CRASH_AT": "adapt.reembed.batch:2"}
     proc = subprocess.run(
         [PYTHON, "-c", REEMBED_SCRIPT, str(other_model_files[0]), str(other_model_files[1]), str(db)],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    with sqlite3.connect(db) as conn:
+    with sqlite3.connect(db) as conn:  # the serving generation is whole; two batches of the new one are built
         by_fp = dict(conn.execute("SELECT fingerprint, COUNT(*) FROM facts GROUP BY fingerprint").fetchall())
-    assert by_fp == {other_embedder.fingerprint: 512, embedder.fingerprint: 88}  # two batches committed
-    with MemoryStore(db, other_embedder) as store:
+        built = conn.execute("SELECT fingerprint, COUNT(*) FROM adapt_vectors GROUP BY fingerprint").fetchall()
+    assert by_fp == {embedder.fingerprint: 600}
+    assert built == [(other_embedder.fingerprint, 512)]
+    with MemoryStore(db, other_embedder) as store:  # resumes from the third batch and swaps
         assert all(f.fingerprint == other_embedder.fingerprint for f in store.list(limit=1000))
-        assert all([c.op for c in store.history(fid)] == ["remember", "reembed"] for fid in ids[::50])
         hit = store.recall("fact 7 about tea", k=1, mode="vector")[0]
         assert hit.score == pytest.approx(1.0, abs=1e-5)
     assert_healthy(db, other_embedder, set(ids), set())

@@ -198,8 +198,9 @@ class Reads(Protocol):
     def waiting(self) -> list[WaitingRow]:
         """Facts with no vector yet, oldest first."""
 
-    def waiting_owners(self) -> list[str | None]:
-        """The distinct owners of facts with no vector yet (None: a fact from before owners were recorded)."""
+    def waiting_owners(self) -> dict[str | None, int]:
+        """How many facts with no vector yet each owner has (None: facts from before owners were recorded, or
+        left to anyone)."""
 
     def lease(self, name: str) -> LeaseRow | None:
         """The current claim on lease `name` (possibly expired), or None."""

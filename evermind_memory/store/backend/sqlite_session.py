@@ -240,8 +240,8 @@ class SQLiteSession:
         return [WaitingRow._make(r) for r in
                 self.conn.execute("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
 
-    def waiting_owners(self) -> list[str | None]:
-        return [r[0] for r in self.conn.execute("SELECT DISTINCT owner FROM facts WHERE vector IS NULL")]
+    def waiting_owners(self) -> dict[str | None, int]:
+        return dict(self.conn.execute("SELECT owner, COUNT(*) FROM facts WHERE vector IS NULL GROUP BY owner").fetchall())
 
     def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
         rows = self.conn.execute(
