@@ -31,6 +31,11 @@ class StoreLocked(EvermindError):
     """Another process held the store's write lock for longer than the store's busy_timeout."""
 
 
+class StoreMoved(EvermindError):
+    """A store's database file cannot be used safely through this path: it has another name in use (hard links,
+    a rename while open), or it was deleted or replaced while open."""
+
+
 class CheckpointError(EvermindError):
     """A model checkpoint, adapter or tokenizer file is corrupt, truncated or of an unknown format."""
 
@@ -50,6 +55,7 @@ __all__ = [
     "FactNotFound",
     "EmbedderMismatch",
     "StoreLocked",
+    "StoreMoved",
     "CheckpointError",
     "TokenizerError",
     "GpuUnavailable",

@@ -21,11 +21,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EvermindError
-
-
-class StoreMoved(EvermindError):
-    """The database file cannot be opened safely through this path (another name of it is, or may be, in use)."""
+from ..errors import EvermindError, StoreMoved
 
 
 @dataclass(frozen=True)

@@ -23,20 +23,32 @@ from .backend import Backend
 
 LEASE_TTL = 30.0  # seconds a claim lasts without renewal; holders renew at half of it
 
-_HOST = socket.gethostname()
+def _host() -> str:
+    """This machine and pid namespace ("name/pid:[inode]"): pids are comparable only within one namespace, so
+    containers sharing a volume (and perhaps a host name) never judge each other's processes by pid."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return f"{socket.gethostname()}/{ns}".replace(":", "=")
+
+
+_HOST = _host()
 _open_tokens: "weakref.WeakValueDictionary[str, Owner]" = weakref.WeakValueDictionary()  # this process's stores
 _tokens_lock = threading.Lock()
 
 
 def _process_start(pid: int) -> str:
-    """The start time of process `pid` (clock ticks since boot, from /proc), or "" where unknown.
+    """The start time of process `pid` (clock ticks since boot, from /proc), "" where unknown, "zombie" for a
+    process that has exited but not been reaped yet (it runs nothing: its leases may be taken over).
 
     With the pid it names one process for good: a pid reused by another process has another start time.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return stat[stat.rindex(b")") + 2 :].split()[19].decode()  # field 22, counted after the command name
+        fields = stat[stat.rindex(b")") + 2 :].split()  # counted after the command name, which may hold spaces
+        return "zombie" if fields[0] in (b"Z", b"X") else fields[19].decode()  # state, starttime (field 22)
     except (OSError, ValueError, IndexError):
         return ""
 
@@ -46,7 +58,7 @@ class Owner:
     """Who holds a lease or a waiting fact: one open store in one process.
 
     Attributes:
-        token: "host:pid:start:random", stored in the database.
+        token: "host:pid:start:random" (host: machine and pid namespace), stored in the database.
     """
 
     token: str

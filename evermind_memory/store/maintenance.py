@@ -24,7 +24,7 @@ from .validate import check_id, check_source, check_tags, check_text
 from .vectors import VectorCache
 
 MAX_IMPORT_LINE = 1 << 20
-CHECKPOINT_EVERY = 500  # changes (any process's) between two checkpoints; ~1-4 MB of WAL with small facts
+CHECKPOINT_EVERY = 200  # changes (any process's) between two checkpoints: about 7 MB of WAL (benchmarks/wal_checkpoint.py)
 CHECKPOINT_LEASE = "checkpoint"
 CHECKPOINT_COOLDOWN_S = 1.0  # the lease is kept this long after a checkpoint: a burst of writers checkpoints once
 

@@ -533,7 +533,9 @@ class MemoryStore(AdaptationMethods):
     def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
         """Re-embed facts whose vector came from another embedder (every fact with force=True).
 
-        Resumable: each batch is one transaction, so an interrupted run continues where it stopped.
+        Resumable: each batch is one transaction, so an interrupted run continues where it stopped. Vectors of
+        the serving model replace others in place (every process follows batch by batch); to change the model,
+        open the store with the new embedder instead (a generation built beside the serving one).
         Thread-safe (writes are serialised; recalls continue).
 
         Args:
@@ -541,6 +543,8 @@ class MemoryStore(AdaptationMethods):
             batch_size: facts per transaction.
         Returns:
             how many facts were re-embedded.
+        Raises:
+            StoreLocked: another process is re-embedding or building a generation right now.
         """
         self._check_writable("reembed")
         if not isinstance(force, bool):

@@ -296,6 +296,7 @@ def test_two_writers_on_one_path_share_it(db_path: Path, embedder):
     with MemoryStore(db_path, embedder) as first, MemoryStore(db_path, embedder) as second:
         a = first.remember("from the first writer")
         b = second.remember("from the second writer")
+        second.flush()  # its vector: each writer embeds its own facts (in the background)
         for s in (first, second):
             s.flush()
             assert {f.id for f in s.list()} == {a, b}
