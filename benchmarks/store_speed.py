@@ -236,10 +236,13 @@ def bench_writers(embedder: LMEmbedder, args: argparse.Namespace, workdir: Path)
     for precomputed in (False, True):
         for w in args.writers:
             db = workdir / f"writers_{w}_{int(precomputed)}.db"
-            with MemoryStore(db, embedder) as seed:
-                seed.remember_many(texts(rng, args.seed_facts))
+            seed_texts = texts(rng, args.seed_facts)
+            # every process must embed with one model (fingerprint): the precomputed one is a model of its own
+            mine = PrecomputedEmbedder(embedder, seed_texts) if precomputed else embedder
+            with MemoryStore(db, mine) as seed:
+                seed.remember_many(seed_texts)
             corpora = [[f"{t} w{n}" for t in texts(rng, args.per_writer)] for n in range(w)]
-            with MemoryStore(db, embedder) as store:
+            with MemoryStore(db, mine) as store:
                 for q in queries[:10]:
                     store.recall(q, k=10, mode="vector")
                 idle = pct(timed(lambda q: store.recall(q, k=10, mode="vector"), queries))

@@ -677,7 +677,7 @@ class Generations:
                         tx.generation_drop()
                         crash_point("adapt.swap.before_commit")
                     crash_point("adapt.swap.after_commit")
-                    cache.install(Generation(embedder, fp, index, top), f"swapped in by adaptation ({report.kind})")
+                    cache.install(Generation(embedder, fp, index, top), f"swapped in a new generation ({report.kind})")
             except EmbedderOutputInvalid as exc:
                 self._abandon(report, "refused", f"the candidate gave an invalid vector while catching up ({exc})")
                 return
