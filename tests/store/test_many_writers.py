@@ -15,7 +15,7 @@ import pytest
 
 from evermind_memory import MemoryStore
 from evermind_memory.adaptation import AdaptationHooks
-from evermind_memory.errors import EmbedderMismatch, StoreMoved
+from evermind_memory.errors import EmbedderMismatch, StoreLocked, StoreMoved
 from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k
 from test_adaptation_store import FACTS, FAST, QUERIES, fingerprints
 
@@ -343,3 +343,24 @@ def test_wal_stays_bounded_with_checkpoints_by_lease(db_path: Path, embedder):
     assert wal < 16 << 20, wal
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_an_older_single_writer_version_and_this_one_never_share_a_store(db_path: Path, embedder):
+    """Before schema 3 a writer held an exclusive flock on `<db>.lock` and assumed it was alone; this version's
+    writers hold it shared, so the two never write one store at once (readers are unaffected)."""
+    import fcntl
+
+    MemoryStore(db_path, embedder).close()
+    fd = os.open(str(db_path) + ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the older version's writer held
+        with pytest.raises(StoreLocked, match="older evermind_memory"):
+            MemoryStore(db_path, embedder)
+        with MemoryStore(db_path, embedder, read_only=True) as reader:
+            assert len(reader) == 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        with MemoryStore(db_path, embedder), MemoryStore(db_path, embedder):
+            with pytest.raises(BlockingIOError):  # an older writer starting now would get StoreLocked
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)

@@ -71,6 +71,33 @@ def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
     return any(v[:2] == fixed[:2] and v >= fixed for fixed in SQLITE_FIXED[1:])
 
 
+def _share_legacy_lock(path: str) -> int | None:
+    """Hold a shared `flock` on `<db>.lock` for as long as the store is open, and return its descriptor.
+
+    Versions before schema 3 allowed one writer per store, which held an exclusive `flock` on that file and knew
+    nothing of other writers (it checkpoints beside their commits and its index skips their changes). While any
+    writer of this version holds the shared lock, an old one cannot start (StoreLocked); while an old one holds
+    it, this one refuses. None where flock does not exist (there was no such lock either).
+
+    Raises:
+        StoreLocked: an older evermind_memory writer has the store open.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return None
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(
+            f"{path} is open in an older evermind_memory (one writer per store, holding {path}.lock), which cannot "
+            "share it with other writers. Close that process, or upgrade it, then open the store again."
+        ) from None
+    return fd
+
+
 class SQLiteBackend:
     """SQLite access for one store file (or ":memory:"); implements backend.Backend.
 
@@ -105,10 +132,12 @@ class SQLiteBackend:
         self._writer: sqlite3.Connection | None = None
         self._writer_session: SQLiteSession | None = None
         self._checkpointer: sqlite3.Connection | None = None
+        self._legacy_fd: int | None = None
         if read_only:
             with self.reading() as session:
                 self._check_readable_schema(session)
         else:
+            self._legacy_fd = None if self.memory else _share_legacy_lock(self.path)
             self._writer = self._connect(write=True)
             self._writer_session = SQLiteSession(self._writer)
             self._ensure_schema()
@@ -261,6 +290,9 @@ class SQLiteBackend:
                 if self._checkpointer is not None:
                     self._checkpointer.close()
                 self._writer.close()
+        if self._legacy_fd is not None:
+            os.close(self._legacy_fd)  # (closing the descriptor releases its shared lock)
+            self._legacy_fd = None
 
     # ---- schema --------------------------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
