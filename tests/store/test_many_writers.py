@@ -149,6 +149,8 @@ def test_a_killed_rebuild_keeps_the_old_generation_and_is_taken_over(model_files
         report = follower.check()
         assert report.ok and report.building is not None
         assert "512 of 600 memories re-embedded" in report.building and "no live process" in report.building
+        with MemoryStore(db_path, embedder, read_only=True) as reader:  # a reader sees it too
+            assert reader.check().building == report.building
         assert [h.id for h in follower.recall("fact 7 about tea", k=5, mode="vector")] == before
         with MemoryStore(db_path, other_embedder) as taker:  # the lease is free: it resumes from batch 3
             assert taker.fingerprint == other_embedder.fingerprint
