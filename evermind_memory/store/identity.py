@@ -6,8 +6,8 @@ file renamed while a process has it open) would give two WALs over one file: uns
 commits, "database disk image is malformed". So every process opens a store through one canonical path:
 - symlinks and relative paths are resolved (`os.path.realpath`); SQLite itself follows symlinks the same way;
 - a file with one name (st_nlink == 1) is opened through that name;
-- a file with several names (hard links) is opened through the name recorded in the database (meta "path",
-  read without WAL or locks) when that name is the same file, and refused otherwise;
+- a file whose recorded name (meta "path", read without WAL or locks) is the same file is opened through that
+  name (a hard link, a bind mount); a file with several names (hard links) none of which is recorded is refused;
 - a store whose recorded name is gone but whose old `-wal`/`-shm` still exist is refused: it is open (or was
   left mid-write) under its old name, and opening it under a new one would fork its WAL;
 - while open, a write first checks that the path still names the file this process opened (a deleted and
@@ -87,9 +87,9 @@ def resolve(path: str) -> FileIdentity | None:
     except FileNotFoundError:
         return None
     recorded = recorded_path(real) if st.st_size > 0 else None
-    if st.st_nlink > 1:
-        if recorded and _same_file(recorded, st):
-            return FileIdentity(recorded, st.st_dev, st.st_ino)
+    if recorded and recorded != real and _same_file(recorded, st):
+        return FileIdentity(recorded, st.st_dev, st.st_ino)  # a hard link or a bind mount: use the one name
+    if st.st_nlink > 1 and recorded != real:
         raise StoreMoved(
             f"{path} has {st.st_nlink} names (hard links), and the name recorded in it ({recorded}) is not one of "
             "them, so processes could open it under different names with separate WAL files and corrupt it. "
