@@ -16,15 +16,15 @@ import numpy as np
 
 from ..lexical import plan
 from ..records import Change
-from . import ChangeRow, FactRow, GenerationRows, Integrity, NewFact, StaleRow, WaitingRow
+from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, StaleRow, WaitingRow
 
 FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq"
 _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
 _IN_CHUNK = 500
 _INSERT_FACT = (
-    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, owner) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_CHANGE = (
     "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed) "
@@ -104,6 +104,18 @@ class SQLiteSession:
 
     def delete_meta(self, *keys: str) -> None:
         self.conn.execute(f"DELETE FROM meta WHERE key IN ({','.join('?' * len(keys))})", keys)
+
+    # ---- leases --------------------------------------------------------------------------------------------
+    def lease(self, name: str) -> LeaseRow | None:
+        row = self.conn.execute("SELECT owner, expires FROM leases WHERE name = ?", (name,)).fetchone()
+        return None if row is None else LeaseRow(row[0], float(row[1]))
+
+    def set_lease(self, name: str, owner: str, expires: float) -> None:
+        self.conn.execute("INSERT INTO leases (name, owner, expires) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                          "SET owner = excluded.owner, expires = excluded.expires", (name, owner, expires))
+
+    def drop_lease(self, name: str, owner: str) -> None:
+        self.conn.execute("DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
 
     # ---- the change feed -----------------------------------------------------------------------------------
     def max_seq(self) -> int:
@@ -228,6 +240,15 @@ class SQLiteSession:
         return [WaitingRow._make(r) for r in
                 self.conn.execute("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
 
+    def waiting_owners(self) -> dict[str | None, int]:
+        return dict(self.conn.execute("SELECT owner, COUNT(*) FROM facts WHERE vector IS NULL GROUP BY owner").fetchall())
+
+    def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
+        rows = self.conn.execute(
+            "UPDATE facts SET owner = ? WHERE vector IS NULL AND owner IS ? RETURNING rid, id, text", (new_owner, old_owner)
+        ).fetchall()
+        return sorted(WaitingRow._make(r) for r in rows)
+
     def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
         out: dict[int, str] = {}
         for chunk in _chunks(list(rids)):
@@ -302,7 +323,8 @@ class SQLiteSession:
              vector_added: bool, label_removed: int | None) -> None:
         self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed))
 
-    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None,
+               owner: str | None = None) -> tuple[list[int], int]:
         conn = self.conn
         base = self.max_seq()
         seqs = list(range(base + 1, base + 1 + len(items)))
@@ -314,7 +336,8 @@ class SQLiteSession:
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             blob = _blob(vectors[i]) if has_vec else None
-            fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq))
+            fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq,
+                              None if has_vec else owner))
             change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None))
             tag_rows.extend((fid, k, v) for k, v in tags.items())
         if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
@@ -375,7 +398,7 @@ class SQLiteSession:
         out = []
         for (rid, fid, old_label), vec in zip(rows, vectors):
             seq += 1
-            self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ? WHERE rid = ?",
+            self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
                               (_blob(vec), fingerprint, seq, seq, rid))
             self._log(seq, fid, "reembed", now, None, None, None, True, old_label)
             out.append((seq, old_label))
