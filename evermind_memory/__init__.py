@@ -17,6 +17,7 @@ from .errors import (
     GpuUnavailable,
     InvalidInput,
     StoreLocked,
+    StoreMoved,
     StoreWarning,
     TokenizerError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "Recall",
     "default_embedder",
     "StoreLocked",
+    "StoreMoved",
     "StoreWarning",
     "TokenizerError",
     "__version__",

@@ -38,7 +38,8 @@ EXIT_CODES = {
     EXIT_FAILED: "failure: `check` found problems, or an error not listed below",
     EXIT_USAGE: "usage: a bad command line or argument value (InvalidInput), or no store at --db for a read",
     EXIT_NOT_FOUND: "not found: no fact with that id (FactNotFound)",
-    EXIT_LOCKED: "busy: another process holds the store's writer lock (StoreLocked); retry later",
+    EXIT_LOCKED: "busy: another process held the store's write lock past the busy timeout, or runs the same job "
+                 "(StoreLocked); retry later",
     EXIT_MODEL: "model: the embedder or a model file failed (EmbedderMismatch, EmbedderOutputInvalid, "
                 "CheckpointError, TokenizerError)",
     EXIT_OS: "system: the operating system refused a file operation (OSError: permissions, disk full, ...)",

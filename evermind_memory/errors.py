@@ -28,7 +28,12 @@ class EmbedderMismatch(EvermindError):
 
 
 class StoreLocked(EvermindError):
-    """Another process holds the store's writer lock."""
+    """Another process held the store's write lock for longer than the store's busy_timeout."""
+
+
+class StoreMoved(EvermindError):
+    """A store's database file cannot be used safely through this path: it has another name in use (hard links,
+    a rename while open), or it was deleted or replaced while open."""
 
 
 class CheckpointError(EvermindError):
@@ -50,6 +55,7 @@ __all__ = [
     "FactNotFound",
     "EmbedderMismatch",
     "StoreLocked",
+    "StoreMoved",
     "CheckpointError",
     "TokenizerError",
     "GpuUnavailable",

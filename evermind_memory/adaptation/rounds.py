@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._crash import crash_point
-from ..errors import EvermindError, InvalidInput
+from ..errors import EvermindError, InvalidInput, StoreLocked
 from ..lm.adapter import LoRAWeights
 from .fit import fit_adapter
 from .gate import gate_candidate, split_probe
@@ -57,7 +57,10 @@ def rollback(gens: Any, to: str) -> AdaptationReport:
         InvalidInput: an unknown id, an adapter made for another base model, or a store that cannot adapt.
         CheckpointError: the adapter file is missing, corrupt or not the one recorded.
     """
-    with gens.round_lock:
+    with gens.round_lock, gens.claimed() as mine:
+        if not mine:
+            raise StoreLocked("rollback_adapter(): another process is running an adaptation round or re-embed on "
+                              "this store; try again when it has finished.")
         base, _, _ = gens.adaptable_base()
         report = AdaptationReport(round=0, kind="rollback", fingerprint_before=gens.fingerprint,
                                   base_fingerprint=base.fingerprint)
@@ -98,10 +101,18 @@ def run_round(gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, ro
     Returns:
         the report.
     """
-    stop = should_stop or (lambda: False)
+    asked = should_stop or (lambda: False)
+
+    def stop() -> bool:  # asked to, or another process took the generation lease over (this one hung)
+        return asked() or not gens.keep_lease()
+
     t0 = time.perf_counter()
-    with gens.round_lock:
+    with gens.round_lock, gens.claimed() as mine:
         report = AdaptationReport(round=round_no, fingerprint_before=gens.fingerprint)
+        if not mine:
+            report.status, report.reason = "skipped", "another process is running an adaptation round or re-embed"
+            report.total_seconds = time.perf_counter() - t0
+            return report
         if gens.pending() is not None:
             report.kind = "resume"
             gens.resume(report, before_swap=hooks.before_swap, should_stop=stop, batch=policy.reembed_batch)

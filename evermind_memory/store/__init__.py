@@ -7,8 +7,9 @@ backend/ (every SQL statement: the interface in __init__.py, SQLite in sqlite.py
 filter compilers in filter_sql.py); vectors.py (the vector cache and its catch-up from the change feed);
 search.py (lexical, vector, hybrid) with lexical.py (which words FTS5 matches) and fusion.py (how the two
 scores combine); embedding.py (the background vector worker); generations.py (the serving model and how it is
-replaced); maintenance.py (check, backup, export/import, sweeper, compaction, stats); access.py (who may
-write); index.py (the hnswlib wrapper); lock.py, records.py, validate.py.
+replaced); maintenance.py (check, WAL checkpoints, backup, export/import, sweeper, compaction, stats);
+access.py (who may write); leases.py (which process runs a job now); identity.py (one file, one canonical
+name); index.py (the hnswlib wrapper); lock.py, records.py, validate.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """What this process may do with a store, decided once when it opens: the one place that answers "who may write".
 
-Today a store has one writer process (it holds `<db>.lock`) and any number of `read_only=True` readers; an
-in-memory store has one writer and no file. Everything else in the store asks an `Access` instead of testing
-`read_only` itself, so that letting many processes write (issue 17, phase B: SQLite serialises commits, leases
-pick who runs background jobs) changes this file and the lease calls, not every method.
+Any number of processes open a store read-write; the database serialises their commits, and the jobs that
+must run in one process at a time are claimed through leases (store/leases.py). `read_only=True` opens a
+reader: no writes, no snapshot saves, no background jobs. An in-memory store has one writer and no file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import EvermindError
-from .lock import WriterLock
 
 
 @dataclass(frozen=True)
@@ -20,7 +17,7 @@ class Access:
     """One process's rights on one store.
 
     Args:
-        path: the database path (or ":memory:").
+        path: the database path (canonical, see store/identity.py), or ":memory:".
         read_only: opened with read_only=True.
         background_embedding: the caller asked for background embedding.
     """
@@ -41,7 +38,7 @@ class Access:
 
     @property
     def saves_index(self) -> bool:
-        """May write the HNSW snapshot and its manifest beside the database."""
+        """May write the HNSW snapshot and its manifest beside the database (compare-and-swap on the watermark)."""
         return not self.read_only and not self.memory
 
     @property
@@ -51,7 +48,12 @@ class Access:
 
     @property
     def embeds_waiting(self) -> bool:
-        """Picks up the facts left without a vector (by a crash, or a failing embedder) when it opens."""
+        """Takes over the facts whose owner died before embedding them (at open, and from the vector thread)."""
+        return not self.read_only
+
+    @property
+    def runs_jobs(self) -> bool:
+        """May claim leases: WAL checkpoints, re-embeds into a new generation, adaptation rounds."""
         return not self.read_only
 
     def require_writer(self, method: str) -> None:
@@ -62,13 +64,3 @@ class Access:
         """
         if self.read_only:
             raise EvermindError(f"{method}() needs a writer; {self.path} was opened with read_only=True.")
-
-    def lock(self, timeout: float) -> WriterLock | None:
-        """Take the one-writer-per-store lock (`<db>.lock`) when this process writes a file; None otherwise.
-
-        Raises:
-            StoreLocked: another writer holds it after `timeout` seconds.
-        """
-        if self.memory or self.read_only:
-            return None
-        return WriterLock(Path(self.path + ".lock"), float(timeout))

@@ -65,7 +65,8 @@ class AdaptationMethods:
             hooks: as for start_adaptation.
             adapter: a LoRAWeights to gate and publish instead of training one.
         Returns:
-            the AdaptationReport (status "swapped", "refused", "vetoed", "skipped", "stopped" or "abandoned").
+            the AdaptationReport (status "swapped", "refused", "vetoed", "skipped" (too few memories, or another
+            process is running a round or a re-embed), "stopped" or "abandoned").
         Raises:
             InvalidInput: as for start_adaptation.
         """
@@ -89,6 +90,7 @@ class AdaptationMethods:
         Raises:
             InvalidInput: an unknown id, an adapter made for another base model, or a store that cannot adapt.
             CheckpointError: the adapter file is missing, corrupt or not the one recorded.
+            StoreLocked: another process is running an adaptation round or a re-embed on this store.
         """
         from ..adaptation import rollback
 

@@ -6,6 +6,11 @@ vector cache. A caller that needs the vectors (vector recall, flush, check, clos
 text the embedder fails on keeps no vector: the failure is reported once (flush or the next vector recall)
 and the fact is retried at the next open. When the queue reaches PENDING_MAX, remember() embeds in the caller
 (back-pressure).
+
+Each waiting fact names its owner (the open store that remembered it, store/leases.Owner). A fact whose
+owner died (kill -9, a closed store whose embedder failed on it) is adopted by any other writer: at open, at
+flush(), and whenever the vector thread wakes. Storing a vector is idempotent (only a fact still waiting with
+the same text gets it), so a fact is never embedded twice into the store, whoever embeds it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import numpy as np
 from .._crash import crash_point
 from ..errors import EmbedderOutputInvalid, EvermindError
 from .backend import Backend, WaitingRow, utc_now
+from .leases import Owner, owner_alive
 from .vectors import Generation, VectorCache
 
 EMBED_CHUNK = 256
 PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)
 PENDING_BATCH = 256  # facts per background embedding transaction
 PROBE_TEXT = "evermind probe"  # embedded once at open, so a broken embedder fails there (not in the vector thread)
+WAKE_S = 2.0  # an idle vector thread wakes this often to adopt facts a dead process left waiting
 
 
 def checked(vectors: Any, count: int, dim: int, *, what: str = "embed_many") -> np.ndarray:
@@ -96,12 +103,14 @@ class VectorWorker:
         db: the backend.
         cache: the vector cache the vectors are mirrored into (its current generation embeds them).
         owner: the object whose lifetime bounds the thread.
+        holder: the store's lease owner, named by the facts it must embed.
     """
 
-    def __init__(self, db: Backend, cache: VectorCache, owner: Any) -> None:
+    def __init__(self, db: Backend, cache: VectorCache, owner: Any, holder: Owner) -> None:
         self._db = db
         self._cache = cache
         self._owner = weakref.ref(owner)
+        self.holder = holder
         self._waiting: dict[int, tuple[str, str]] = {}  # rid -> (id, text), oldest first
         self._cv = threading.Condition()
         self._drain_lock = threading.Lock()  # one drainer at a time: the worker or a caller that waits
@@ -128,6 +137,23 @@ class VectorWorker:
         if self._waiting:
             self.drain()
 
+    def adopt_orphans(self) -> int:
+        """Take over the facts waiting for a vector whose owner is gone (killed, or closed with them waiting);
+        returns how many were queued here."""
+        with self._db.reading() as r:
+            owners = r.waiting_owners()
+            serving = r.meta("fingerprint")
+        if serving not in (None, self._cache.current.fingerprint):
+            return 0  # this process has not followed a model swap yet: leave them to one that has
+        dead = [o for o in owners if o != self.holder.token and owner_alive(o) is False]
+        adopted: list[WaitingRow] = []
+        for old in dead:
+            with self._db.transaction() as tx:  # one process wins each owner's facts: the update names the old owner
+                adopted += tx.adopt_waiting(old, self.holder.token)
+        if adopted:
+            self.extend(adopted)
+        return len(adopted)
+
     # ---- the thread ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the thread unless it runs."""
@@ -153,16 +179,19 @@ class VectorWorker:
         cv = worker._cv
         del worker
         while True:
+            sweep = False
             with cv:
                 while True:
                     owner, worker = owner_ref(), worker_ref()
                     if owner is None or worker is None or worker._stop:
                         return
-                    if worker._waiting:
+                    if worker._waiting or sweep:
                         break
                     del owner, worker
-                    cv.wait(timeout=5.0)
+                    sweep = not cv.wait(timeout=WAKE_S)  # woke by itself: look for facts a dead process left
             try:
+                if sweep:
+                    worker.adopt_orphans()
                 worker.drain()
             except Exception as exc:  # noqa: BLE001 (e.g. SQLite refused the write: retry later, keep the facts)
                 worker.vector_error = f"{type(exc).__name__}: {exc}"
@@ -204,14 +233,21 @@ class VectorWorker:
                     if gen.fingerprint != cache.current.fingerprint:
                         continue  # the model was swapped meanwhile: embed this batch again with the new one
                     with db.transaction() as tx:
-                        still = tx.still_waiting(rids)  # not forgotten or updated since
-                        current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
-                        keep = [i for i in current if i not in failed]
-                        pairs = tx.set_vectors([(rids[i], ids[i], None) for i in keep], vectors[keep],
-                                               gen.fingerprint, utc_now())
-                        top = tx.max_seq()
+                        before = tx.max_seq()
+                        if tx.meta("fingerprint") not in (None, gen.fingerprint):
+                            # another process swapped models and this one has not followed yet: leave the
+                            # facts waiting, for any writer that serves the new model
+                            tx.adopt_waiting(self.holder.token, None)
+                            current, keep, pairs, top = [], [], [], before
+                        else:
+                            still = tx.still_waiting(rids)  # not forgotten or updated since
+                            current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
+                            keep = [i for i in current if i not in failed]
+                            pairs = tx.set_vectors([(rids[i], ids[i], None) for i in keep], vectors[keep],
+                                                   gen.fingerprint, utc_now())
+                            top = tx.max_seq()
                     crash_point("remember.vectors_committed")
-                    cache.apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [], top)
+                    cache.apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [], before, top)
                 with self._cv:
                     for i in current:
                         if i in failed:  # reported once by flush() or a vector/hybrid recall

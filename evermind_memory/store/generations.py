@@ -7,18 +7,27 @@ serving, the new index is built and caught up with the writes made meanwhile, an
 new vectors while recalls wait on the exclusive lock (R12). The target is recorded in meta first, so a publish
 cut short by a crash or stop() resumes where it stopped. `Generations` is the public API adaptation
 (evermind_memory.adaptation) uses; it never reaches further into the store. Opening a store with another model
-re-embeds in place (`reembed`), as does `MemoryStore.reembed()`.
+builds its generation the same way (`settle`); `MemoryStore.reembed()` re-embeds stale facts in place.
+
+Many processes serve one store. Only one builds a generation at a time: it holds the "generation" lease
+(renewed as it works; taken over, and the build resumed from its committed batches, when its process dies).
+Every other process keeps serving the complete current generation until the swap commits, then follows it
+before its next answer (`follow`), or, when it cannot build the new model (it was opened with another base
+embedder), raises EmbedderMismatch rather than answer with vectors of two models. Its writes meanwhile keep
+their text; their vectors are left to a process that serves the new model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -27,6 +36,7 @@ from ..errors import CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, E
 from .access import Access
 from .backend import Backend, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
+from .leases import Heartbeat, Leases
 from .search import DEFAULT_HYBRID_WEIGHT
 from .vectors import Generation, VectorCache, build_index
 
@@ -37,6 +47,8 @@ META_BASE_FP = "base_fingerprint"
 META_PENDING = "adapt_pending"
 META_ADAPT_SEQ = "adapt_seq"  # the change seq up to which the serving adapter has seen memories
 REEMBED_BATCH = 256
+GENERATION_LEASE = "generation"  # held while building a new generation: a re-embed, an adaptation round, a rollback
+WAIT_POLL_S = 0.2
 _ADAPTER_NAME_RE = re.compile(r"^\d{4,9}\.lora$")
 
 
@@ -95,10 +107,30 @@ class PublishReport(Protocol):
     swapped_at: str | None
 
 
+@dataclass
+class RebuildReport:
+    """A PublishReport for a generation built at open because the store was opened with another model."""
+
+    kind: str = "reembed"
+    status: str = "running"
+    reason: str = ""
+    fingerprint_after: str = ""
+    base_fingerprint: str = ""
+    adapter_id: str | None = None
+    resumed: bool = False
+    reembedded: int = 0
+    replayed: int = 0
+    reembed_seconds: float = 0.0
+    index_seconds: float = 0.0
+    swap_seconds: float = 0.0
+    swapped_at: str | None = None
+
+
 class Generations:
     """The serving model of one store and the ways to replace it (the public generation API).
 
     What adaptation uses: current, embedder, fingerprint, base_embedder, adapters_dir, closed, round_lock;
+    claimed() and keep_lease() (the "generation" lease: one builder across processes);
     pending(), active_adapter(), active_adapter_id(), max_seq(), adapted_upto(), remembered_since();
     adaptable_base(), memories(), feedback_pairs(), load_adapter(), adapted_embedder(); publish(), resume().
     The store itself also calls settle() (open), follow() (before answering), reembed() and
@@ -112,12 +144,15 @@ class Generations:
         cache: the vector cache whose generation this replaces.
         access: what this process may do.
         base: the embedder the store was opened with (adapters sit on it).
+        leases: the store's leases ("generation" is held while a new generation is built).
     """
 
-    def __init__(self, db: Backend, cache: VectorCache, access: Access, base: Any) -> None:
+    def __init__(self, db: Backend, cache: VectorCache, access: Access, base: Any, leases: Leases) -> None:
         self._db = db
         self._cache = cache
         self._access = access
+        self._leases = leases
+        self._heartbeat: Heartbeat | None = None
         self.base_embedder = base
         self.round_lock = threading.Lock()  # one adaptation round, resume or rollback at a time
         self.note: str | None = None  # why the active adapter could not be applied (for error messages)
@@ -188,6 +223,65 @@ class Generations:
         """How many memories were remembered after change `seq`."""
         with self._db.reading() as r:
             return r.remembered_since(seq)
+
+    # ---- one builder at a time, across processes -----------------------------------------------------------
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[bool]:
+        """Hold the "generation" lease for the block; yields False (and holds nothing) when a live process
+        holds it. Inside, keep_lease() renews it; publish() renews it between batches."""
+        if not self._leases.claim(GENERATION_LEASE):
+            yield False
+            return
+        self._heartbeat = Heartbeat(self._leases, GENERATION_LEASE)
+        try:
+            yield True
+        finally:
+            self._heartbeat = None
+            with contextlib.suppress(EvermindError):
+                self._leases.release(GENERATION_LEASE)
+
+    def keep_lease(self) -> bool:
+        """Renew the generation lease when due; False once it was lost (expired and taken over): stop then."""
+        beat = self._heartbeat
+        return beat is None or beat.beat()
+
+    def builder(self) -> str | None:
+        """The owner token of the live process building a generation now, or None."""
+        held = self._leases.holder(GENERATION_LEASE)
+        return None if held is None else held[0]
+
+    def build_progress(self) -> tuple[str, bool] | None:
+        """(what is being built and how far, whether a live process builds it), or None when nothing is."""
+        pending = self.pending()
+        if pending is None:
+            return None
+        fp = pending.get("fingerprint")
+        with self._db.snapshot() as r:
+            labelled = len(r.labels(None))
+            missing = r.generation_count_missing(str(fp))
+            serving = r.meta("fingerprint")
+        holder = self.builder()
+        text = (f"a new generation ({pending.get('kind')}, {fp}) is part way built: {labelled - missing} of {labelled} "
+                f"memories re-embedded; {serving} serves until the swap")
+        if holder is not None:
+            return text + f" (process {holder.split(':')[1]} is building it)", True
+        return text + ("; no live process is building it: it resumes when a writer with that model opens the "
+                       "store, or at the next adaptation round"), False
+
+    @staticmethod
+    def require_serving(tx: Writes, fingerprint: str, method: str) -> None:
+        """Inside a write: refuse vectors of `fingerprint` when the store now serves another model.
+
+        Raises:
+            EmbedderMismatch: another process swapped the store to a model this one has not followed.
+        """
+        stored = tx.meta("fingerprint")
+        if stored is not None and stored != fingerprint:
+            raise EmbedderMismatch(
+                f"{method}(): the store now serves {stored} (another process swapped models); this MemoryStore "
+                f"embeds with {fingerprint}. Nothing was stored. Recall once to follow the swap, or reopen the "
+                "store with its embedder."
+            )
 
     # ---- what adaptation learns from -----------------------------------------------------------------------
     def adaptable_base(self) -> tuple[Any, Any, dict | None]:
@@ -286,33 +380,86 @@ class Generations:
     def settle(self, on_mismatch: str) -> None:
         """At open: serve the stored adapter if it sits on our embedder, then deal with vectors of another model.
 
-        A writer records its model in meta (another model's adapters and half-built generation lapse) and
-        re-embeds the foreign vectors, or raises with on_mismatch="raise"; a reader cannot re-embed and raises.
+        The first writer of a store records its model. A writer whose model differs from the one the store
+        serves builds a generation of its own beside the serving one (publish: other processes keep answering
+        with the complete old generation meanwhile) and swaps it in; when another process is already building
+        this same model it waits for that swap (or takes the build over if that process dies). Vectors of
+        another model under the serving fingerprint (a re-embed of an older version cut short) are re-embedded
+        in place.
 
         Raises:
-            EmbedderMismatch: stored vectors come from another embedder and this process may not (or was told
-                not to) re-embed them.
+            EmbedderMismatch: the store serves another model and this process may not (a reader), was told not
+                to (on_mismatch="raise"), or cannot now (another process is building a third model).
         """
         self.apply_active_adapter()
         db, access, dim = self._db, self._access, self._cache.dim
         fingerprint = self._cache.current.fingerprint
-        with db.reading() as r:
-            stored_fp = r.meta("fingerprint")
-            stored_dim = r.meta("dim")
-            foreign = r.count_foreign(fingerprint)
-        if foreign:  # vectors from another model (facts merely waiting for a vector are embedded later)
-            if not access.writes and stored_fp != fingerprint:
-                raise EmbedderMismatch(self._mismatch(stored_fp, stored_dim, foreign, reader=True))
-            if access.writes and on_mismatch == "raise":
-                raise EmbedderMismatch(self._mismatch(stored_fp, stored_dim, foreign, reader=False))
-        if access.writes and (stored_fp != fingerprint or stored_dim != str(dim)):
-            with db.transaction() as tx:
+        while True:
+            with db.reading() as r:
+                stored_fp = r.meta("fingerprint")
+                stored_dim = r.meta("dim")
+                vectors = r.count() - r.count_waiting()
+                foreign = r.count_foreign(fingerprint)
+            if stored_fp == fingerprint or not access.writes:
+                break
+            if stored_fp is not None and vectors:  # the store serves another model: build ours beside it
+                if on_mismatch == "raise":
+                    raise EmbedderMismatch(self._mismatch(stored_fp, stored_dim, foreign, reader=False))
+                if self._build_own_generation(stored_fp):
+                    return
+                continue  # another process swapped to our model meanwhile: look again
+            with db.transaction() as tx:  # a new (or vector-less) store: ours is the model from now on
+                if tx.meta("fingerprint") != stored_fp:
+                    continue  # another process recorded its model first
                 tx.set_meta("fingerprint", fingerprint)
                 tx.set_meta("dim", str(dim))
-                if stored_fp != fingerprint:
+                if stored_fp is not None:
                     self.clear_adaptation_state(tx)  # another model: its adapters and half-built generation lapse
+            break
+        if foreign and stored_fp != fingerprint and not access.writes:
+            raise EmbedderMismatch(self._mismatch(stored_fp, stored_dim, foreign, reader=True))
         if foreign and access.writes:
+            if on_mismatch == "raise":
+                raise EmbedderMismatch(self._mismatch(stored_fp, stored_dim, foreign, reader=False))
             self.reembed(force=False, with_index=False, include_waiting=False)
+
+    def _build_own_generation(self, stored_fp: str) -> bool:
+        """Re-embed the store into a generation of our model beside the serving one and swap it in, or wait
+        while another process builds this very model. Returns True once ours serves, False to look again.
+
+        Raises:
+            EmbedderMismatch: another process is building a different model right now.
+        """
+        ours = self._cache.current.fingerprint
+        while True:
+            with self.claimed() as mine:
+                if mine:
+                    pending = self.pending()
+                    report = RebuildReport(kind="reembed")
+                    resume = pending is not None and pending.get("fingerprint") == ours
+                    self.publish(self._cache.current.embedder, None, report, resume=resume)
+                    if report.status != "swapped":
+                        raise EmbedderMismatch(
+                            f"{self._access.path}: re-embedding it for {ours} did not finish ({report.status}: "
+                            f"{report.reason}); it still serves {stored_fp}."
+                        )
+                    return True
+            pending = self.pending() or {}
+            if pending.get("fingerprint") != ours:
+                if self.builder() is None:
+                    continue  # the builder just finished or died: claim again
+                with self._db.reading() as r:
+                    if r.meta("fingerprint") == ours:
+                        return False
+                raise EmbedderMismatch(
+                    f"{self._access.path} serves {stored_fp}, and another process is building a generation of "
+                    f"{pending.get('fingerprint')} right now; this one has {ours}. Wait for that swap and open it "
+                    "with that model, or try again later."
+                )
+            time.sleep(WAIT_POLL_S)  # another process builds our model: wait for its swap, or take over
+            with self._db.reading() as r:
+                if r.meta("fingerprint") == ours:
+                    return False
 
     def _mismatch(self, stored_fp: str | None, stored_dim: str | None, stale: int, *, reader: bool) -> str:
         what = f"{self._access.path} holds {stale} vectors made by embedder {stored_fp} (dim {stored_dim})"
@@ -388,12 +535,14 @@ class Generations:
                         break
                     vectors = embed_texts(gen.embedder, [row.text for row in rows], cache.dim)  # (b, D)
                     with db.transaction() as tx:
+                        before = tx.max_seq()
                         pairs = tx.set_vectors([(row.rid, row.id, row.label) for row in rows], vectors,
                                                gen.fingerprint, utc_now())
                         top = tx.max_seq()
                     crash_point("reembed.batch")
                     if with_index:
-                        cache.apply(np.array([p[0] for p in pairs]), vectors, [p[1] for p in pairs if p[1] is not None], top)
+                        cache.apply(np.array([p[0] for p in pairs]), vectors, [p[1] for p in pairs if p[1] is not None],
+                                    before, top)
                     after = rows[-1].rid
                     done += len(rows)
                     bar.update(len(rows))
@@ -469,6 +618,9 @@ class Generations:
                 if stop():
                     report.status, report.reason = "stopped", "stop() was called; the next round resumes this publish"
                     return
+                if not self.keep_lease():
+                    report.status, report.reason = "stopped", "another process took the generation lease over"
+                    return
                 with db.reading() as r:
                     rows = r.generation_missing(fp, after, batch)
                 if not rows:
@@ -496,39 +648,39 @@ class Generations:
         if before_swap is not None and before_swap(report) is False:
             self._abandon(report, "vetoed", "before_swap() vetoed the swap; the current model keeps serving")
             return
-        # 3. catch up under the write mutex (writers wait), swap under the exclusive generation lock
+        # 3. catch up under the write mutex (this process's writers wait), then again inside the swap's own
+        #    transaction (every process's writers wait: nothing can commit between the last replay and the swap)
         t0 = time.perf_counter()
         with db.write_mutex:
             try:
                 top, replayed = self._replay(index, embedder, fp, top)
+                report.replayed += replayed
+                with cache.swapping():
+                    with db.transaction() as tx:
+                        top, replayed = self._replay(index, embedder, fp, top, tx)
+                        report.replayed += replayed
+                        if index.live_labels() != tx.labels(None):  # never expected: rebuild rather than guess
+                            index = build_index(dim, cache.config,
+                                                *self._complete(embedder, fp, tx.generation_rows(fp, dim), tx))
+                        missing = tx.generation_count_missing(fp)
+                        if missing:
+                            raise EvermindError(f"{missing} memories have no vector in the new generation; nothing was swapped.")
+                        tx.generation_adopt(fp)
+                        tx.set_meta("fingerprint", fp)
+                        if meta_entry is None:
+                            tx.delete_meta(META_ADAPTER)
+                        else:
+                            tx.set_meta(META_ADAPTER, json.dumps(meta_entry, sort_keys=True))
+                        tx.set_meta(META_BASE_FP, base_fp)
+                        tx.set_meta(META_ADAPT_SEQ, str(top))
+                        tx.delete_meta(META_PENDING)
+                        tx.generation_drop()
+                        crash_point("adapt.swap.before_commit")
+                    crash_point("adapt.swap.after_commit")
+                    cache.install(Generation(embedder, fp, index, top), f"swapped in a new generation ({report.kind})")
             except EmbedderOutputInvalid as exc:
                 self._abandon(report, "refused", f"the candidate gave an invalid vector while catching up ({exc})")
                 return
-            report.replayed += replayed
-            with db.reading() as r:
-                truth = r.labels(None)
-            if index.live_labels() != truth:  # never expected; rebuild from the generation table rather than guess
-                with db.reading() as r:
-                    rows = r.generation_rows(fp, dim)
-                index = build_index(dim, cache.config, *self._complete(embedder, fp, rows))
-            with cache.swapping():
-                with db.transaction() as tx:
-                    missing = tx.generation_count_missing(fp)
-                    if missing:
-                        raise EvermindError(f"{missing} memories have no vector in the new generation; nothing was swapped.")
-                    tx.generation_adopt(fp)
-                    tx.set_meta("fingerprint", fp)
-                    if meta_entry is None:
-                        tx.delete_meta(META_ADAPTER)
-                    else:
-                        tx.set_meta(META_ADAPTER, json.dumps(meta_entry, sort_keys=True))
-                    tx.set_meta(META_BASE_FP, base_fp)
-                    tx.set_meta(META_ADAPT_SEQ, str(top))
-                    tx.delete_meta(META_PENDING)
-                    tx.generation_drop()
-                    crash_point("adapt.swap.before_commit")
-                crash_point("adapt.swap.after_commit")
-                cache.install(Generation(embedder, fp, index, top), f"swapped in by adaptation ({report.kind})")
             try:
                 cache.save()
             except OSError:
@@ -536,27 +688,31 @@ class Generations:
         report.swap_seconds += time.perf_counter() - t0
         report.status, report.swapped_at = "swapped", utc_now()
 
-    def _complete(self, embedder: Any, fingerprint: str, rows: GenerationRows) -> tuple[np.ndarray, np.ndarray]:
-        """(labels (N,), vectors (N, D)) of rows, embedding (and storing) the ones the generation still lacks."""
+    def _complete(self, embedder: Any, fingerprint: str, rows: GenerationRows,
+                  tx: Writes | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(labels (N,), vectors (N, D)) of rows, embedding (and storing, in `tx` or a transaction of its own)
+        the ones the generation still lacks."""
         labels, vectors = rows.labels, rows.vectors
         if rows.missing:
             pos = [i for i, _ in rows.missing]
             new = embed_texts(embedder, [text for _, text in rows.missing], self._cache.dim)  # (m, D)
-            with self._db.transaction() as tx:
-                tx.generation_store(fingerprint, labels[pos].tolist(), new)
+            with contextlib.nullcontext(tx) if tx is not None else self._db.transaction() as w:
+                w.generation_store(fingerprint, labels[pos].tolist(), new)
             vectors[pos] = new
         return labels, vectors
 
-    def _replay(self, index: Any, embedder: Any, fingerprint: str, since: int) -> tuple[int, int]:
-        """Apply changes after `since` to the new generation's index (R3). Returns (new watermark, changes)."""
-        with self._db.snapshot() as r:
+    def _replay(self, index: Any, embedder: Any, fingerprint: str, since: int,
+                tx: Writes | None = None) -> tuple[int, int]:
+        """Apply changes after `since` to the new generation's index (R3), reading a snapshot (or inside `tx`,
+        the swap's transaction). Returns (new watermark, changes)."""
+        with contextlib.nullcontext(tx) if tx is not None else self._db.snapshot() as r:
             top = r.max_seq()
             changes = r.changes_after(since, top)
             added = [c.seq for c in changes if c.vector_added and c.seq not in index]
             removed = [c.label_removed for c in changes if c.label_removed is not None]
             rows = r.generation_rows(fingerprint, self._cache.dim, labels=added)
         index.mark_deleted(removed)
-        index.add(*self._complete(embedder, fingerprint, rows))
+        index.add(*self._complete(embedder, fingerprint, rows, tx))
         return max(top, since), len(changes)
 
     def _abandon(self, report: PublishReport, status: str, reason: str) -> None:

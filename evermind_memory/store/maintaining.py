@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, StoreLocked
 from . import maintenance
 from .generations import REEMBED_BATCH
 from .records import CheckReport, DuplicatePair, StoreStats
@@ -34,6 +34,8 @@ class MaintenanceMethods:
     _access: Any
     _search: Any
     _writer: Any
+    _checkpoints: Any
+    _leases: Any
 
     def rebuild_index(self) -> int:
         """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
@@ -51,7 +53,9 @@ class MaintenanceMethods:
     def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
         """Re-embed facts whose vector came from another embedder (every fact with force=True).
 
-        Resumable: each batch is one transaction, so an interrupted run continues where it stopped.
+        Resumable: each batch is one transaction, so an interrupted run continues where it stopped. Vectors of
+        the serving model replace others in place (every process follows batch by batch); to change the model,
+        open the store with the new embedder instead (a generation built beside the serving one).
         Thread-safe (writes are serialised; recalls continue).
 
         Args:
@@ -59,12 +63,18 @@ class MaintenanceMethods:
             batch_size: facts per transaction.
         Returns:
             how many facts were re-embedded.
+        Raises:
+            StoreLocked: another process is re-embedding or building a generation right now.
         """
         self._check_writable("reembed")
         self._check_owner("reembed")
         force = check_flag(force, "force", "reembed")
         batch_size = check_int(batch_size, "batch_size", 1, 100_000, "reembed")
-        return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
+        with self._gens.claimed() as mine:
+            if not mine:
+                raise StoreLocked("reembed(): another process is re-embedding this store or building a new "
+                                  "generation; try again when it has finished.")
+            return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
 
     def check(self) -> CheckReport:
         """Check SQLite integrity, FTS, vectors and the index against SQLite; report, never raise.
@@ -79,7 +89,7 @@ class MaintenanceMethods:
         if self._access.writes:
             self._worker.wait()
         self._vectors.catch_up()
-        return maintenance.check(self._db, self._vectors, self._worker, self._access)
+        return maintenance.check(self._db, self._vectors, self._worker, self._access, self._gens.build_progress())
 
     def backup(self, dest: str | os.PathLike) -> Path:
         """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).
@@ -148,7 +158,10 @@ class MaintenanceMethods:
         return self._writer.sweep(self._scope, datetime.now(timezone.utc))
 
     def _sweep_expired(self) -> int:
-        """The background sweeper's pass: every expired fact of the store."""
+        """The background sweeper's pass: every expired fact of the store, by one writer process per interval
+        (the "sweep" lease is left to expire, so the other processes' sweepers skip that round)."""
+        if not self._leases.claim(maintenance.SWEEP_LEASE, maintenance.SWEEP_INTERVAL):
+            return 0
         return self._writer.sweep("", datetime.now(timezone.utc))
 
     def compact(self, *, keep_history: Any = maintenance.KEEP_HISTORY, vacuum: bool = True) -> StoreStats:
@@ -179,6 +192,7 @@ class MaintenanceMethods:
         maintenance.prune_history(self._db, keep)
         if vacuum:
             self._db.vacuum()
+            self._checkpoints.now()  # the file shrinks once the WAL holding the rewritten pages is copied back
         index = self._vectors.current.index
         if index.element_count > index.live_count:
             self._vectors.rebuild("compact() was called")

@@ -1,6 +1,6 @@
-"""Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), backup, JSONL
-export/import, and keeping the disk bounded: the sweeper thread that deletes expired facts, compact() and
-stats(). Repair (a later issue) belongs here too.
+"""Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), WAL checkpoints (one
+process at a time, by lease), backup, JSONL export/import, and keeping the disk bounded: the sweeper thread
+that deletes expired facts, compact() and stats(). Repair (a later issue) belongs here too.
 
 Disk. A forget deletes the fact's row, its tags, FTS entry and vector, but keeps its history (every
 remember/update row holds the text), so a remember/forget churn grows the changes table without bound.
@@ -27,24 +27,76 @@ from ..errors import EvermindError, InvalidInput
 from .access import Access
 from .backend import Backend, NewFact, Selection, new_id, utc_now
 from .embedding import VectorWorker, embed_serving
-from .dedup import find_duplicate
+from .dedup import NEIGHBOURS, find_duplicate
+from .generations import Generations
+from .index import SearchFailed
+from .leases import Leases, owner_alive
 from .records import CheckReport, DuplicatePair, StoreStats
 from .scope import check_record_scope, scope_parts
-from .index import SearchFailed
 from .search import EXACT_FILTER_MAX
 from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags
 from .vectors import VectorCache
-from .writer import DEDUP_NEIGHBOURS
 
 MAX_IMPORT_LINE = 1 << 20
 SWEEP_INTERVAL = 60.0  # seconds between the sweeper thread's passes
+SWEEP_LEASE = "sweep"
 KEEP_HISTORY = timedelta(days=30)  # compact()'s default: the history of facts forgotten longer ago goes
+CHECKPOINT_EVERY = 200  # changes (any process's) between two checkpoints: about 7 MB of WAL (benchmarks/wal_checkpoint.py)
+CHECKPOINT_LEASE = "checkpoint"
+CHECKPOINT_COOLDOWN_S = 1.0  # the lease is kept this long after a checkpoint: a burst of writers checkpoints once
+
+
+class Checkpoints:
+    """Keeps the WAL bounded with many writer processes: after a commit that took the change feed
+    CHECKPOINT_EVERY changes past this process's last attempt, claim the "checkpoint" lease and checkpoint
+    (backend.checkpoint: under the writer lock, so never beside a commit: the WAL-reset bug). The lease is
+    left to expire after CHECKPOINT_COOLDOWN_S, so the other writers crossing the same mark skip it; one
+    killed mid-checkpoint is taken over at once (its process is gone). Thread-safe.
+
+    Args:
+        db: the backend.
+        leases: this store's leases.
+        access: what this process may do (readers never checkpoint).
+    """
+
+    def __init__(self, db: Backend, leases: Leases, access: Access) -> None:
+        self._db, self._leases = db, leases
+        self._enabled = access.runs_jobs and not access.memory
+        self._next_at = CHECKPOINT_EVERY
+        self.done = 0  # checkpoints this process ran (for tests and info)
+
+    def after_commit(self, top: int) -> None:
+        """Checkpoint when the change feed head `top` passed the next mark and no one else just did."""
+        if not self._enabled or top < self._next_at:
+            return
+        self._next_at = top + CHECKPOINT_EVERY
+        self._run()
+
+    def at_close(self) -> None:
+        """A last checkpoint as the store closes (skipped while another process holds the lease)."""
+        if self._enabled:
+            self._run()
+
+    def now(self) -> None:
+        """A checkpoint now, e.g. after compact()'s VACUUM (skipped while another process holds the lease)."""
+        if self._enabled:
+            self._run()
+
+    def _run(self) -> None:
+        if self._leases.claim(CHECKPOINT_LEASE, CHECKPOINT_COOLDOWN_S):
+            self._db.checkpoint()
+            self.done += 1
 _ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
 
 
-def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access) -> CheckReport:
-    """What is wrong with the store, as a CheckReport (the caller has caught up and drained its vectors)."""
+def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
+          building: tuple[str, bool] | None = None) -> CheckReport:
+    """What is wrong with the store, as a CheckReport (the caller has caught up and drained its vectors).
+
+    `building` is Generations.build_progress(): a generation part way built, and whether a live process builds
+    it. It is reported, not a problem: the complete current generation serves until the swap.
+    """
     problems: list[str] = []
     with db.write_mutex:  # a consistent view: no write of ours in between
         gen = cache.current
@@ -52,7 +104,8 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access)
             found = r.integrity(cache.dim)
             facts = r.count()
             stale = r.count_foreign(gen.fingerprint)
-            waiting = r.count_waiting()
+            owners = r.waiting_owners()
+            waiting = sum(owners.values())
             top = r.max_seq()
             truth = r.labels(gen.fingerprint)
         if found.messages != ["ok"]:
@@ -71,9 +124,12 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access)
                 problems.append(f"FTS integrity-check: {fts_error}")
         if stale and access.writes:
             problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
-        if waiting and access.writes:  # (a reader sees the writer's facts before their vectors)
+        # facts another live process is embedding right now are in flight, not a problem (a reader sees every
+        # writer's facts before their vectors); ours, after the drain, are facts the embedder failed on
+        failed = sum(n for o, n in owners.items() if o == worker.holder.token or owner_alive(o) is False)
+        if failed and access.writes:
             why = f" ({worker.vector_error})" if worker.vector_error else ""
-            count = f"{waiting} facts have" if waiting != 1 else "1 fact has"
+            count = f"{failed} facts have" if failed != 1 else "1 fact has"
             problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
                             "reembed() succeeds")
         gen = cache.current
@@ -83,6 +139,7 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access)
     return CheckReport(
         ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
         waiting_vectors=waiting, max_seq=top, fingerprint=gen.fingerprint,
+        building=None if building is None else building[0],
     )
 
 
@@ -174,11 +231,13 @@ def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> i
     with db.write_mutex:
         gen, vectors = embed_serving(cache, texts, made)  # (N, D), again only if the model changed meanwhile
         with db.transaction() as tx:
+            Generations.require_serving(tx, gen.fingerprint, "import_")
             present = set(tx.fetch_where("id", [rec.id for rec in records]))
             keep = [i for i, rec in enumerate(records) if rec.id not in present]
+            before = tx.max_seq()
             labels, _ = tx.insert([records[i] for i in keep], vectors[keep], gen.fingerprint)
             top = tx.max_seq()
-        cache.apply(np.array(labels, dtype=np.int64), vectors[keep], [], top)
+        cache.apply(np.array(labels, dtype=np.int64), vectors[keep], [], before, top)
     return len(keep)
 
 
@@ -296,7 +355,7 @@ def duplicate_pairs(db: Backend, search: Any, gen: Any, sel: Selection, limit: i
     rule), each newer fact once with its best match, in the order the newer facts were remembered.
 
     Facts are compared within groups of one scope, tags and source (what remember(dedup=True) compares), each
-    with its DEDUP_NEIGHBOURS nearest older facts: exactly for groups up to EXACT_FILTER_MAX facts, through
+    with its NEIGHBOURS nearest older facts: exactly for groups up to EXACT_FILTER_MAX facts, through
     the index's filtered search above that.
     """
     with db.snapshot() as r:
@@ -316,10 +375,10 @@ def duplicate_pairs(db: Backend, search: Any, gen: Any, sel: Selection, limit: i
         for i in range(1, len(members)):
             if len(members) <= EXACT_FILTER_MAX:
                 sims = v[:i] @ v[i]  # (i,) cosine with every older member
-                older = np.argsort(-sims, kind="stable")[:DEDUP_NEIGHBOURS].tolist()
+                older = np.argsort(-sims, kind="stable")[:NEIGHBOURS].tolist()
             else:
                 try:
-                    near, _ = gen.index.query(v[i], DEDUP_NEIGHBOURS + 1, position.__contains__)
+                    near, _ = gen.index.query(v[i], NEIGHBOURS + 1, position.__contains__)
                 except SearchFailed:
                     near = np.zeros(0, dtype=np.int64)
                 older = [position[label] for label in near.tolist() if position[label] < i]

@@ -5,22 +5,27 @@ vector, hybrid), embedding.py (the background vector worker), generations.py (mo
 imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
-index on disk is a validated, replayable cache (RELIABILITY R1-R14). One writer process per store holds
-`<db>.lock`; any number of `read_only=True` readers follow the writer's commits through the change log.
+index on disk is a validated, replayable cache (RELIABILITY R1-R14). Any number of processes open a store
+read-write (and any number read-only): SQLite orders their commits, each process's index follows all of them
+through the change feed before it answers, and leases (leases.py) pick the one process that runs each
+background job. A store is its database file, whatever path names it (identity.py).
 The write paths are in writer.py, the read arguments become one Selection in selection.py, scopes are scope.py.
 `store.scope(user=...)` returns a view: a MemoryStore sharing this one's connections, confined to a scope.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
+import sys
 import warnings
+import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EvermindError, FactNotFound, InvalidInput, StoreWarning
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StoreWarning
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
@@ -30,7 +35,9 @@ from .embedding import VectorWorker, embed_query, probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig
+from .leases import Leases, Owner
 from .lock import filesystem_type, is_remote_filesystem
+from .maintenance import Checkpoints
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
 from .search import Search, candidate_pool, hybrid_weight, rerank_by_recency
@@ -56,14 +63,14 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     Args:
         path: SQLite file (created if missing; its directory must exist), or ":memory:".
         embedder: any object with embed, embed_many, dimensions and fingerprint; None for the shipped model.
-        read_only: open as a reader that follows another process's writes (no lock, no writes).
+        read_only: open as a reader that follows the writers' commits (no writes, no background jobs).
         durability: "normal" (WAL, synchronous=NORMAL: survives application crashes; the last commits may be
             lost on power loss or an OS crash) or "full" (synchronous=FULL: survives power loss, slower).
         on_mismatch: when stored vectors come from another embedder: "reembed" them before serving (with a
             progress bar on a terminal) or "raise" EmbedderMismatch.
-        lock_timeout: seconds to wait for another writer's lock before StoreLocked.
+        lock_timeout: kept for compatibility; unused (any number of processes may write a store).
         index_config: HNSW parameters.
-        busy_timeout: seconds SQLite waits on a locked database.
+        busy_timeout: seconds a write waits for another process's transaction before StoreLocked.
         background_embedding: True (the default): `remember()` commits the fact and returns; a background
             thread embeds it, in batches with the facts remembered meanwhile, and indexes it. Vector and hybrid
             recalls (and flush, check, rebuild_index, close) first wait for every waiting vector, so a recall
@@ -79,7 +86,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     Raises:
         InvalidInput: a bad argument or embedder, a missing directory, read_only on a missing file.
         EmbedderOutputInvalid: the embedder's output for a probe text at open is not a usable vector.
-        StoreLocked: another writer holds the store.
+        StoreLocked: another process held the write lock past busy_timeout (while creating or migrating).
+        StoreMoved: the file has several names (hard links) or was renamed while open under its old name, so
+            opening it through this path could fork its WAL (see store/identity.py).
         EmbedderMismatch: on_mismatch="raise" (or a reader) and stored vectors are from another embedder.
         EvermindError: not an evermind store, no default model is available, or the embedder raised on the
             probe text at open (its exception is the __cause__).
@@ -146,32 +155,35 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._sweeper = maintenance.Sweeper(self)
         self._adaptation: Any = None
         self._adapt_rounds = 0
-        self._lock = None
         self._db = None
         self._worker: VectorWorker | None = None
+        self._holder = Owner.new()
         try:
-            self._lock = access.lock(lock_timeout)
             self._db = open_backend(path, read_only=read_only, durability=durability, busy_timeout=float(busy_timeout))
+            self._access = access = Access(self._db.path, read_only, background_embedding)  # the canonical path
+            self._leases = Leases(self._db, self._holder)
+            self._checkpoints = Checkpoints(self._db, self._leases, access)
             self._vectors = VectorCache(self._db, access, dim=self._dim, config=self._index_config, embedder=embedder,
-                                        fingerprint=fingerprint)
-            self._gens = Generations(self._db, self._vectors, access, embedder)
-            self._worker = VectorWorker(self._db, self._vectors, owner=self)
+                                        fingerprint=fingerprint, leases=self._leases)
+            self._gens = Generations(self._db, self._vectors, access, embedder, self._leases)
+            self._worker = VectorWorker(self._db, self._vectors, owner=self, holder=self._holder)
             self._search = Search(self._db, self._dim)
-            self._writer = Writer(self._db, self._vectors, self._worker, self._search)
+            self._writer = Writer(self._db, self._vectors, self._worker, self._search, self._checkpoints,
+                                  self._holder.token)
             self._open()
         except BaseException:
             self._release()
             raise
+        _open_stores.add(self)
 
     # ---- opening -------------------------------------------------------------------------------------------
     def _open(self) -> None:
         with self._db.reading() as r:
             self._vectors.store_id = r.meta("store_id")
-            waiting = r.waiting() if self._access.embeds_waiting else []
-        self._gens.settle(self._on_mismatch)  # which model serves; re-embed vectors of another one
+        self._gens.settle(self._on_mismatch)  # which model serves; build the generation of ours if it differs
         self._vectors.load()
-        if waiting:  # remembered without a vector before a crash (or the embedder failed on them): retry now
-            self._worker.extend(waiting)
+        if self._access.embeds_waiting and self._worker.adopt_orphans():
+            # remembered without a vector by a process that died (or whose embedder failed on them): retry now
             if self._access.embeds_in_background:
                 self._worker.start()
             else:
@@ -291,6 +303,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         """
         self._check_usable()
         if self._access.writes:
+            self._worker.adopt_orphans()  # facts a dead process left waiting: embedded here too
             self._worker.wait()
             self._worker.raise_failures("flush")
         self._sync()
@@ -550,7 +563,11 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score = check_min_score(min_score)
-        self._sync()
+        try:
+            self._sync()
+        except EmbedderMismatch:
+            if mode != "lexical":  # text needs no model: a lexical recall still answers
+                raise
         if mode != "lexical" and self._access.writes:
             self._worker.wait()
             self._worker.raise_failures("recall")
@@ -633,9 +650,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             waiting = r.count_waiting()
             judged = r.count_feedback()
         engine = self._db.describe()
+        building = self._gens.build_progress()
         gen = self._vectors.current
         return {
-            "path": self._path, "read_only": self._access.read_only, "durability": self._durability, "facts": facts,
+            "path": self._access.path, "read_only": self._access.read_only, "durability": self._durability, "facts": facts,
             "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
             "index_status": self._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
             "fingerprint": gen.fingerprint, "dimensions": self._dim, "store_id": self._vectors.store_id,
@@ -644,37 +662,47 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             "hybrid_weight": self._hybrid_weight,
             "adapter": self._gens.active_adapter_id(), "adaptation_pending": self._gens.pending() is not None,
             "background_embedding": self._access.embeds_in_background, "waiting_vectors": waiting,
-            "vector_error": self._worker.vector_error, "feedback": judged, "scope": self.scoped_to,
+            "vector_error": self._worker.vector_error, "feedback": judged, "checkpoints": self._checkpoints.done,
+            "building": None if building is None else building[0], "scope": self.scoped_to,
             "sweep_error": self._root._sweeper.error,
         }
 
     # ---- closing -------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Embed and index the waiting vectors, save the index if it changed, close SQLite, release the lock.
+        """Embed and index the waiting vectors, save the index if it changed, checkpoint, close SQLite.
 
         Idempotent. It does not raise for facts the embedder failed on (they stay lexical-only, check()
-        reports them and the next open retries them): call flush() first to hear about them.
+        reports them and any writer that opens the store next retries them): call flush() first to hear about
+        them. A store still open when the interpreter exits is closed by an atexit hook, so a script that never
+        calls close() exits normally and loses nothing.
         """
         if self._closed or not self._owner:
             self._closed = True  # a view: the store it shares stays open
             return
+        _open_stores.discard(self)
+        ours = os.getpid() == self._pid
         self._sweeper.stop()
         adaptation = self._adaptation
-        if adaptation is not None and os.getpid() == self._pid:
+        if adaptation is not None and ours:
             adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
         try:
-            if self._worker.started and os.getpid() == self._pid:
+            if self._worker.started and ours:
                 try:
                     self._worker.wait()
                 except EvermindError:
-                    pass  # SQLite refused the writes (disk full): the facts wait in SQLite for the next open
+                    pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
                 finally:
                     self._worker.stop()
-            if os.getpid() == self._pid and self._access.saves_index and self._vectors.unsaved:
+            if ours and self._access.saves_index and self._vectors.unsaved:
                 try:
                     self._vectors.save()
-                except OSError:
+                except (OSError, EvermindError):
                     pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
+            if ours:
+                try:
+                    self._checkpoints.at_close()
+                except EvermindError:
+                    pass  # another process checkpoints later (or the last one to close)
         finally:
             self._closed = True
             self._release()
@@ -682,20 +710,23 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     def _release(self) -> None:
         if self._db is not None:
             self._db.close()
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        self._holder.retire()  # what it still owns (facts waiting, leases) may now be taken over at once
 
     def __del__(self) -> None:
-        # A store dropped without close(): free the connections and the writer lock (no index save here;
-        # the next open replays from SQLite). Never raise from a finaliser.
+        # A store dropped without close() (a notebook cell run again, a script's last line): free it without
+        # waiting on anything. At interpreter exit the atexit hook has already closed it; if it runs during
+        # finalisation anyway, touch no lock: a daemon thread frozen by the finalising interpreter may hold one
+        # (waiting on it is what hung scripts that never called close()). Never raise from a finaliser.
         try:
-            if getattr(self, "_owner", False) and not getattr(self, "_closed", True) and os.getpid() == self._pid:
-                self._closed = True
-                self._sweeper.signal_stop()
-                if self._worker is not None:
-                    self._worker.signal_stop()
-                self._release()
+            if not getattr(self, "_owner", False) or getattr(self, "_closed", True) or os.getpid() != self._pid:
+                return
+            self._closed = True
+            if sys.is_finalizing():
+                return  # committed data is in the WAL; the OS closes the files
+            self._sweeper.signal_stop()
+            if self._worker is not None:
+                self._worker.signal_stop()
+            self._release()
         except Exception:  # noqa: BLE001
             pass
 
@@ -709,3 +740,17 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         state = "closed" if self._closed else ("read-only" if self._access.read_only else "writer")
         scope = f", scope={self._scope!r}" if self._scope else ""
         return f"MemoryStore({self._path!r}, {state}{scope}, fingerprint={self.fingerprint!r})"
+
+
+_open_stores: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()  # closed by _close_all at interpreter exit
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit (before daemon threads are frozen): close every store still open, so its waiting vectors are
+    embedded, its index saved and its WAL checkpointed (nothing acknowledged is lost either way)."""
+    for store in list(_open_stores):
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 (exit must go on)
+            pass

@@ -92,6 +92,10 @@ class CheckReport:
             so there these are facts the embedder failed on).
         max_seq: the highest change sequence.
         fingerprint: the store's current embedder fingerprint.
+        building: a new generation part way built (a re-embed into another model, an adaptation publish, a
+            rollback), how far, and by whom; None when there is none. Not a problem: the complete current
+            generation serves until the swap, and a build whose process died resumes when a writer with that
+            model opens the store (or at the next adaptation round).
     """
 
     ok: bool
@@ -102,6 +106,7 @@ class CheckReport:
     waiting_vectors: int = 0
     max_seq: int = 0
     fingerprint: str | None = None
+    building: str | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ of it. The serving `Generation` is one value (model, fingerprint, index, waterma
 rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
 up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
 (R6) and checked against SQLite, else rebuilt. A snapshot is saved with compare-and-swap on the watermark, so
-a stale process never overwrites a newer index (R13). Model changes themselves are in generations.py.
+a stale process never overwrites a newer index (R13). Any number of processes write the store: each one's
+index follows every process's commits through the same feed. Model changes themselves are in generations.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from ..errors import InvalidInput
 from .access import Access
 from .backend import Backend
 from .index import IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .leases import Leases
 from .lock import RWLock
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
+SNAPSHOT_LEASE = "snapshot"
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,13 @@ class VectorCache:
         config: HNSW parameters.
         embedder: the model that serves at first.
         fingerprint: its fingerprint.
+        leases: the store's leases (a snapshot save holds "snapshot", so two processes never save at once).
     """
 
     def __init__(self, db: Backend, access: Access, *, dim: int, config: IndexConfig, embedder: Any,
-                 fingerprint: str) -> None:
+                 fingerprint: str, leases: Leases | None = None) -> None:
         self._db = db
+        self._leases = leases
         self._access = access
         self.dim = dim
         self.config = config
@@ -101,8 +106,12 @@ class VectorCache:
         self._gen = generation
         self.status = status
 
-    def advance(self, top: int) -> None:
-        """A committed change left nothing to index: move the watermark to `top` (under the write mutex)."""
+    def advance(self, before: int, top: int) -> None:
+        """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top`, or
+        catch up through the change feed when another process committed since our watermark (write mutex held)."""
+        if self._gen.watermark != before:
+            self.catch_up()
+            return
         self._gen = replace(self._gen, watermark=top)
 
     # ---- keeping up with the database ----------------------------------------------------------------------
@@ -170,16 +179,21 @@ class VectorCache:
             if reason is not None:
                 self.rebuild(reason)
                 return None
+            if changes:
+                self._rebuild_if_sparse()
         return len(changes)
 
-    def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], top: int) -> None:
+    def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], before: int, top: int) -> None:
         """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
         (N,), retire `removed`, advance to `top`; rebuild if the index refuses or holds too many deleted.
 
-        This assumes the watermark was just below this change's first seq, true while one process writes.
-        With many writers (issue 17, phase B) another process may have committed in between: apply() must then
-        catch up through the change feed instead of moving the watermark past changes it never saw."""
+        `before` is the head of the change feed when the change's transaction began. When the watermark is
+        behind it, another process committed in between: replay the feed instead (our change is in it), so the
+        watermark never moves past a change this index has not seen."""
         gen = self._gen
+        if gen.watermark != before:
+            self.catch_up()
+            return
         try:
             if removed:  # (the index calls take a lock and validate even when there is nothing to do)
                 gen.index.mark_deleted(removed)
@@ -189,7 +203,11 @@ class VectorCache:
         except (InvalidInput, RuntimeError, MemoryError) as exc:
             self.rebuild(f"index update failed ({exc})")
             return
-        if gen.index.element_count >= 64 and gen.index.deleted_ratio() > self.config.rebuild_deleted_ratio:
+        self._rebuild_if_sparse()
+
+    def _rebuild_if_sparse(self) -> None:
+        index = self._gen.index
+        if index.element_count >= 64 and index.deleted_ratio() > self.config.rebuild_deleted_ratio:
             self.rebuild("too many deleted elements")
 
     def rebuild(self, reason: str, *, model: tuple[Any, str] | None = None) -> int:
@@ -223,9 +241,23 @@ class VectorCache:
         return path.resolve().parent, path.name
 
     def save(self) -> None:
-        """Persist the index unless the snapshot on disk is already newer (compare-and-swap, R13)."""
+        """Persist the index unless the snapshot on disk is already newer (compare-and-swap, R13).
+
+        The compare and the swap run under the "snapshot" lease, so two processes never interleave them; when
+        another process is saving right now, this save is skipped (the index is a cache: the next open replays).
+        """
         if not self._access.saves_index:
             return
+        leases = self._leases
+        if leases is not None and not leases.claim(SNAPSHOT_LEASE):
+            return
+        try:
+            self._save()
+        finally:
+            if leases is not None:
+                leases.release(SNAPSHOT_LEASE)
+
+    def _save(self) -> None:
         directory, stem = self._files()
         with self._db.write_mutex:
             gen = self._gen
@@ -236,7 +268,7 @@ class VectorCache:
                 newer = on_disk.get("watermark")
                 if (on_disk.get("store_id") == self.store_id and on_disk.get("fingerprint") == gen.fingerprint
                         and isinstance(newer, int) and gen.watermark < newer <= top):
-                    return  # a newer writer saved after us: never regress the index (R13)
+                    return  # a newer snapshot is already saved: never regress the index (R13)
             except IndexRejected:
                 pass
             gen.index.save(directory, stem, {**self.expect(), "watermark": gen.watermark})

@@ -1,7 +1,7 @@
 """Acceptance of issue 19: several stdio server processes on one store, and kill -9 of one mid-run.
 
-`test_four_servers_share_one_store` needs several writer processes per store (issue 17). Until then it
-xfails at a probe that opens two writers on one store; once they can share it, it runs for real with no edit.
+`test_four_servers_share_one_store` needs several writer processes per store (issue 17, now built); it
+xfails only if a probe that opens two writers on one store finds them refused.
 `test_one_server_killed_mid_run_loses_nothing_acknowledged` runs the same harness with one server today.
 Both are slow (real processes, each loading the shipped model): `pytest -m slow tests/mcp`.
 """

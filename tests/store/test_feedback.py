@@ -83,11 +83,14 @@ def test_only_the_newest_judgements_are_kept(db_path: Path, embedder, monkeypatc
         assert [q for q, _, _ in judged(db_path)] == ["query 2", "query 3", "query 4"]
 
 
-def test_a_first_release_store_migrates_to_schema_2(db_path: Path, embedder) -> None:
+def test_a_first_release_store_migrates_to_the_current_schema(db_path: Path, embedder) -> None:
     with MemoryStore(db_path, embedder) as store:
         fid = store.remember("Ada drinks green tea")
-    with sqlite3.connect(db_path) as conn:  # what schema 1 looked like: no feedback table
+    with sqlite3.connect(db_path) as conn:  # what schema 1 looked like: no feedback (2), leases or owners (3)
         conn.execute("DROP TABLE feedback")
+        conn.execute("DROP TABLE leases")
+        conn.execute("DROP INDEX facts_waiting")
+        conn.execute("ALTER TABLE facts DROP COLUMN owner")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with pytest.raises(EvermindError, match="schema version 1"):
         MemoryStore(db_path, embedder, read_only=True)  # a reader never migrates

@@ -361,15 +361,20 @@ def test_fuzzed_filters_raise_only_invalid_input_and_what_parses_runs(schema_sql
 
 
 # ---- the schema 3 -> 4 migration on a store made through the public API --------------------------------------------
-def downgrade_to_schema_2(path: Path) -> None:
-    """Turn a store file back into what schema 2 looked like (no typed tags, expiry, pin, scope or links)."""
+def downgrade(path: Path, version: int) -> None:
+    """Turn a store file back into what schema 3 (no typed tags, expiry, pin, scope or links) or schema 2 (nor
+    the many-writers leases and owners) looked like."""
     conn = sqlite3.connect(path, isolation_level=None)
     for name in ("fact_tags_num", "facts_expires", "facts_created", "facts_updated", "facts_scope"):
         conn.execute(f"DROP INDEX {name}")
     for table, column in (("fact_tags", "num"), ("fact_tags", "vtype"), ("facts", "expires_at"), ("facts", "pinned"),
                           ("facts", "scope"), ("changes", "scope"), ("changes", "link")):
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    if version == 2:
+        conn.execute("DROP INDEX facts_waiting")
+        conn.execute("ALTER TABLE facts DROP COLUMN owner")
+        conn.execute("DROP TABLE leases")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
     conn.close()
 
 
@@ -381,7 +386,7 @@ def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_pa
         s.remember("untagged")
         before = {json.dumps(t): {f.id for f in s.list(tags=t)} for t in ({"user": "ada"}, {"n": "3"}, {"user": "bob", "n": "3"})}
         pre_rows = s.list(limit=100)
-    downgrade_to_schema_2(path)
+    downgrade(path, 3)
     conn = sqlite3.connect(path, isolation_level=None)
     assert "vtype" not in {r[1] for r in conn.execute("PRAGMA table_info(fact_tags)")}
     conn.execute("BEGIN IMMEDIATE")
@@ -425,7 +430,7 @@ def test_a_schema_2_store_opens_migrated_with_its_facts_and_history(tmp_path: Pa
         fid = s.remember("Ada's flight is on Tuesday", tags={"user": "ada"}, source="chat")
         gone = s.remember("an old note")
         s.forget(gone)
-    downgrade_to_schema_2(path)
+    downgrade(path, 2)
     with pytest.raises(EvermindError, match="schema version 2"):
         MemoryStore(path, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(path, embedder) as s:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 
 import pytest
 
 from evermind_memory import FactNotFound, InvalidInput, MemoryStore
+from store_helpers import CHILD_PRELUDE, PYTHON, child_env
 
 
 def test_remember_with_an_id_inserts_then_replaces_keeping_history(store):
@@ -115,3 +117,34 @@ def test_duplicates_lists_pairs_with_reasons(store):
     assert store.scope(user="ada").duplicates() == [] and store.duplicates(where={"env": "x"}) == []
     with pytest.raises(InvalidInput, match="limit"):
         store.duplicates(limit=0)
+
+
+DEDUP_WRITER = CHILD_PRELUDE + """
+store = MemoryStore(db, emb)
+print("open", flush=True)
+sys.stdin.readline()  # everyone starts together
+for i in range(int(sys.argv[4])):
+    print(store.remember(f"The backup of server {i} runs at night", dedup=True), flush=True)
+store.close()
+"""
+
+
+def test_dedup_holds_across_writer_processes(model_files, tmp_path, embedder):
+    db = tmp_path / "m.db"
+    MemoryStore(db, embedder).close()
+    procs = [subprocess.Popen([PYTHON, "-c", DEDUP_WRITER, str(model_files[0]), str(model_files[1]), str(db), "12"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=child_env()) for _ in range(3)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "open", p.stderr.read()[-2000:]
+    for p in procs:
+        p.stdin.write("\n")
+        p.stdin.flush()
+    answers = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        answers.append(out.split())
+    with MemoryStore(db, embedder) as store:
+        assert len(store) == 12  # each fact stored once, whichever process got there first
+        assert answers[0] == answers[1] == answers[2]  # and every process got its id back

@@ -16,10 +16,17 @@ The change log is the change feed: every change of a fact gets the next `seq` (m
 Reads of facts take a `Selection` (scope, now, where-filter) and compile it with backend/filter_sql.py, so
 every query carries the scope and expiry conditions the same way.
 
-Room for many writer processes (issue 17, phase B), not built yet: `Writes` gains leases
-(`claim_lease(name, holder, ttl_s) -> bool`, `renew_lease`, `release_lease`) so that background embedding,
-re-embedding, adaptation rounds and WAL checkpoints are each run by one process at a time, and the in-process
-`write_mutex` stops being the only thing that orders commits (the database does, with `BEGIN IMMEDIATE`).
+Many processes write one store. The database orders their commits (`transaction()` is serialised with every
+other process's, and the change feed's seq with it); `write_mutex` only orders, inside one process, a commit
+and its mirroring into that process's vector cache. Jobs that must run in one process at a time are claimed
+through leases (`lease`, `set_lease`, `drop_lease`; the claim rules are in store/leases.py, run inside one
+transaction), and a fact waiting for its vector names its owner (`adopt_waiting` takes over a dead one's).
+`checkpoint()` folds the log back into the database where the engine has one (a no-op elsewhere).
+
+For a PostgreSQL backend: `transaction()` is a SERIALIZABLE (or row-locked) transaction; `lease()` reads with
+`SELECT ... FOR UPDATE` so a claim is atomic (or use advisory locks); the seq is one sequence taken under a
+table lock, or a commit-ordered log, so a cache never skips a seq committed late; LISTEN/NOTIFY can wake
+followers instead of their polling `max_seq()` before each answer; `checkpoint()` does nothing.
 """
 
 from __future__ import annotations
@@ -139,6 +146,13 @@ class StaleRow(NamedTuple):
     label: int | None  # its current label (retired when the new vector lands)
 
 
+class LeaseRow(NamedTuple):
+    """Who holds a lease, and until when."""
+
+    owner: str  # store/leases.Owner token
+    expires: float  # Unix time
+
+
 class WaitingRow(NamedTuple):
     """A fact with no vector yet (background embedding's queue)."""
 
@@ -217,8 +231,9 @@ class Reads(Protocol):
         """Full-text search for `words` (store/lexical.query_words) among the facts `sel` selects: (row, score)
         best first, higher is better."""
 
-    def waiting_selected(self, sel: Selection) -> list[FactRow]:
-        """Facts with no vector yet that `sel` selects (duplicate candidates the index cannot see yet)."""
+    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
+        """Facts `sel` selects that changed after change `seq` or have no vector yet: what an index at watermark
+        `seq` may not hold (duplicate candidates)."""
 
     def sizes(self) -> dict:
         """Counts and bytes for stats(): facts, expired, pinned, changes, forgotten, page bytes, free bytes."""
@@ -236,6 +251,13 @@ class Reads(Protocol):
 
     def waiting(self) -> list[WaitingRow]:
         """Facts with no vector yet, oldest first."""
+
+    def waiting_owners(self) -> dict[str | None, int]:
+        """How many facts with no vector yet each owner has (None: facts from before owners were recorded, or
+        left to anyone)."""
+
+    def lease(self, name: str) -> LeaseRow | None:
+        """The current claim on lease `name` (possibly expired), or None."""
 
     def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
         """rid -> text of those of `rids` that still have no vector (not forgotten, not updated since)."""
@@ -268,6 +290,9 @@ class Reads(Protocol):
     def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
         """Every labelled fact (or only `labels`) with its vector in the generation `fingerprint`, if it has one."""
 
+    def generation_count_missing(self, fingerprint: str) -> int:
+        """Labelled facts with no vector in the generation `fingerprint` (all of them while none is being built)."""
+
 
 class Writes(Reads, Protocol):
     """Changes; only inside `Backend.transaction()`, so each call commits with the others or not at all."""
@@ -278,9 +303,19 @@ class Writes(Reads, Protocol):
     def delete_meta(self, *keys: str) -> None:
         """Remove store-level settings (absent keys are ignored)."""
 
-    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None,
+               owner: str | None = None) -> tuple[list[int], int]:
         """Add facts. Each gets the next seq, which is also its label when `vectors` (N, D) are given; with
-        None they wait for one. Returns (seqs, first new rid)."""
+        None they wait for one, owned by `owner` (the store that will embed them). Returns (seqs, first new rid)."""
+
+    def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
+        """Make `new_owner` the owner of every fact waiting for a vector under `old_owner`; returns them."""
+
+    def set_lease(self, name: str, owner: str, expires: float) -> None:
+        """Record `owner`'s claim on lease `name` until `expires` (Unix time)."""
+
+    def drop_lease(self, name: str, owner: str) -> None:
+        """Remove `owner`'s claim on lease `name` (nothing when another owner holds it)."""
 
     def update(self, row: FactRow, *, text: str, tags: dict, source: str | None, vector: np.ndarray | None,
                fingerprint: str | None, now: str, expires_at: str | None, pinned: bool) -> tuple[int, int | None]:
@@ -308,8 +343,6 @@ class Writes(Reads, Protocol):
     def generation_store(self, fingerprint: str, labels: Sequence[int], vectors: np.ndarray) -> None:
         """Store vectors of the generation `fingerprint` (replacing any for the same labels)."""
 
-    def generation_count_missing(self, fingerprint: str) -> int:
-        """Labelled facts with no vector in the generation `fingerprint`."""
 
     def generation_adopt(self, fingerprint: str) -> None:
         """Make the generation's vectors the facts' vectors (every fact then carries `fingerprint`)."""
@@ -337,7 +370,12 @@ class Backend(Protocol):
         """A session whose reads all see one consistent state."""
 
     def transaction(self) -> ContextManager[Writes]:
-        """A write transaction (serialised with every other writer), committed when the block ends."""
+        """A write transaction (serialised with every other writer, in every process), committed when the block
+        ends. Raises StoreMoved (store/identity.py) when the file was replaced since it was opened."""
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Fold the write-ahead log back into the database while no one commits; (log frames, frames copied).
+        Callers hold the "checkpoint" lease. A backend without such a log returns (0, 0)."""
 
     def describe(self) -> dict:
         """Engine facts for info(): schema_version, and the engine's name, version and known-bug status."""
@@ -349,7 +387,8 @@ class Backend(Protocol):
         """Write a consistent copy of the database to the new file `dest` while the store stays live."""
 
     def vacuum(self) -> None:
-        """Give the free pages back to the file system (VACUUM) and empty the WAL (a writer only)."""
+        """Rewrite the database without its free pages (VACUUM; a writer only). Where the engine has a log, the
+        file shrinks at the next checkpoint()."""
 
     def file_bytes(self) -> dict:
         """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
@@ -371,7 +410,8 @@ def open_backend(path: str, *, read_only: bool, durability: str, busy_timeout: f
 
 
 __all__ = [
-    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "NewFact", "Reads", "Selection", "StaleRow",
+    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "LeaseRow", "NewFact", "Reads", "Selection",
+    "StaleRow",
     "WaitingRow",
     "Writes",
     "new_id", "open_backend", "utc_now",

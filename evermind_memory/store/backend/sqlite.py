@@ -1,15 +1,25 @@
 """The SQLite backend, the only source of truth (R1): connections, schema and migrations, and the sessions.
 
-Connections are ours (R14): one writing connection guarded by a mutex, read-only connections per thread,
-WAL, a chosen `synchronous`, `busy_timeout`, `foreign_keys=ON`, `trusted_schema=OFF`, `mmap_size=0`.
-sqlite-utils creates and inspects the schema; the queries (backend/sqlite_session.py) are plain parameterised
-SQL in explicit `BEGIN IMMEDIATE` transactions, so the FTS rows, tags and change log commit with the fact or
-not at all.
+Connections are ours (R14): per process one writing connection guarded by a mutex, read-only connections per
+thread, WAL, a chosen `synchronous`, `busy_timeout`, `foreign_keys=ON`, `trusted_schema=OFF`, `mmap_size=0`.
+Any number of processes write one file: SQLite serialises their `BEGIN IMMEDIATE` transactions. sqlite-utils
+creates and inspects the schema; the queries (backend/sqlite_session.py) are plain parameterised SQL in
+explicit transactions, so the FTS rows, tags and change log commit with the fact or not at all.
+
+The WAL-reset bug (SQLite 3.7.0-3.51.2, fixed in 3.51.3; this Python links 3.40.1): a checkpoint that runs
+while another connection commits the transaction that resets the WAL can record a wrong backfill count and
+corrupt the database. So no checkpoint ever runs beside a commit here: every connection sets
+`wal_autocheckpoint=0`, and `checkpoint()` runs a PASSIVE checkpoint on a second connection *while the
+writing connection holds the writer lock* (`BEGIN IMMEDIATE`), so no other connection, in any process, can
+commit or reset the WAL until it ends. FULL/RESTART/TRUNCATE are not enough on their own: when they cannot get
+the writer lock in time, SQLite silently downgrades them to PASSIVE (wal.c, sqlite3WalCheckpoint). The last
+connection to close a file checkpoints only under an exclusive lock on it (no one else is there).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import uuid
@@ -18,14 +28,17 @@ from typing import Callable, Iterator
 
 import sqlite_utils
 
-from ...errors import EvermindError, InvalidInput
+from ...errors import EvermindError, InvalidInput, StoreLocked
+from ..identity import FileIdentity, identify, resolve
 from . import utc_now
 from .filter_sql import migrate_typed_tags
 from .sqlite_session import SQLiteSession
 
-# 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: reserved for the
-# many-writers leases (issue 17 phase B); 4: typed tags, expires_at, pinned, scopes, history links (issue 20)
+# 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: many writer
+# processes: + leases, + facts.owner (who embeds a waiting fact); 4: typed tags, expires_at, pinned, scopes,
+# history links (issue 20)
 SCHEMA_VERSION = 4
+WAL_SIZE_LIMIT = 64 << 20  # bytes a reset WAL file is truncated back to
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 
 
@@ -37,15 +50,19 @@ def _create_feedback(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX feedback_fact ON feedback (fact_id, query)")
 
 
-def _reserved_for_leases(conn: sqlite3.Connection) -> None:
-    """Schema 2 -> 3 belongs to the many-writers branch (issue 17 phase B: a `leases` table); until it is merged
-    the step changes nothing, so stores made meanwhile number their versions as merged stores will."""
+def _create_leases(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires REAL NOT NULL)")
+
+
+def _add_owners(conn: sqlite3.Connection) -> None:
+    """Schema 3: leases, and the owner of each fact still waiting for its vector (the process embedding it)."""
+    _create_leases(conn)
+    conn.execute("ALTER TABLE facts ADD COLUMN owner TEXT")
+    conn.execute("CREATE INDEX facts_waiting ON facts (owner) WHERE vector IS NULL")
 
 
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _create_feedback, 2: _reserved_for_leases, 3: migrate_typed_tags,
-}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners, 3: migrate_typed_tags}
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
@@ -56,22 +73,56 @@ def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
     return any(v[:2] == fixed[:2] and v >= fixed for fixed in SQLITE_FIXED[1:])
 
 
+def _share_legacy_lock(path: str) -> int | None:
+    """Hold a shared `flock` on `<db>.lock` for as long as the store is open, and return its descriptor.
+
+    Versions before schema 3 allowed one writer per store, which held an exclusive `flock` on that file and knew
+    nothing of other writers (it checkpoints beside their commits and its index skips their changes). While any
+    writer of this version holds the shared lock, an old one cannot start (StoreLocked); while an old one holds
+    it, this one refuses. None where flock does not exist (there was no such lock either).
+
+    Raises:
+        StoreLocked: an older evermind_memory writer has the store open.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return None
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(
+            f"{path} is open in an older evermind_memory (one writer per store, holding {path}.lock), which cannot "
+            "share it with other writers. Close that process, or upgrade it, then open the store again."
+        ) from None
+    return fd
+
+
 class SQLiteBackend:
     """SQLite access for one store file (or ":memory:"); implements backend.Backend.
 
     Args:
-        path: database file, or ":memory:".
+        path: database file (canonical: see store/identity.py), or ":memory:".
         read_only: open only read-only connections; the store must exist.
         durability: "normal" (synchronous=NORMAL) or "full" (synchronous=FULL).
         busy_timeout: seconds SQLite waits on a locked database.
     Raises:
         InvalidInput: read_only on a missing file.
+        StoreMoved: the file cannot be opened safely through this path (see identity.resolve).
         EvermindError: not an evermind store, or made by a newer version.
     """
 
     def __init__(self, path: str, *, read_only: bool, durability: str, busy_timeout: float) -> None:
-        self.path = path
         self.memory = path == ":memory:"
+        self.identity: FileIdentity | None = None
+        if not self.memory:
+            found = resolve(path)
+            if found is None and read_only:
+                raise InvalidInput(f"{path} does not exist; open it once without read_only=True to create it.")
+            path = found.path if found is not None else os.path.realpath(path)
+        self.path = path
         self.read_only = read_only
         self.synchronous = "FULL" if durability == "full" else "NORMAL"
         self.busy_ms = int(busy_timeout * 1000)
@@ -82,15 +133,18 @@ class SQLiteBackend:
         self._closed = False
         self._writer: sqlite3.Connection | None = None
         self._writer_session: SQLiteSession | None = None
+        self._checkpointer: sqlite3.Connection | None = None
+        self._legacy_fd: int | None = None
         if read_only:
-            if not Path(path).is_file():
-                raise InvalidInput(f"{path} does not exist; open it once without read_only=True to create it.")
             with self.reading() as session:
                 self._check_readable_schema(session)
         else:
+            self._legacy_fd = None if self.memory else _share_legacy_lock(self.path)
             self._writer = self._connect(write=True)
             self._writer_session = SQLiteSession(self._writer)
             self._ensure_schema()
+        if not self.memory:
+            self.identity = identify(self.path)
 
     @property
     def closed(self) -> bool:
@@ -104,17 +158,19 @@ class SQLiteBackend:
         elif write:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
         else:
-            uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+            uri = Path(self.path).as_uri() + "?mode=ro"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
         conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA trusted_schema = OFF")
         conn.execute("PRAGMA mmap_size = 0")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints only through checkpoint() (the WAL-reset bug)
         if write and not self.memory:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 conn.close()
                 raise EvermindError(f"{self.path}: could not switch to WAL journal mode (got {mode}); is it on a local disk?")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")  # a reset WAL shrinks back to this
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         return conn
 
@@ -147,12 +203,19 @@ class SQLiteBackend:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SQLiteSession]:
-        """`BEGIN IMMEDIATE` ... `COMMIT` on the writing connection, under the write mutex (R2)."""
+        """`BEGIN IMMEDIATE` ... `COMMIT` on the writing connection, under the write mutex (R2).
+
+        Raises:
+            StoreMoved: the file was deleted or replaced since it was opened (nothing is written).
+            EvermindError: SQLite refused the write (disk full, I/O error, locked past busy_timeout).
+        """
         if self._closed:
             raise EvermindError("this MemoryStore is closed.")
         if self._writer is None:
             raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
         with self.write_mutex:
+            if self.identity is not None:
+                self.identity.require_here()
             conn = self._writer
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -164,10 +227,35 @@ class SQLiteBackend:
                         conn.execute("ROLLBACK")
                     raise
             except sqlite3.OperationalError as exc:  # disk full, I/O error, locked past busy_timeout
+                if "locked" in str(exc) or "busy" in str(exc):
+                    raise StoreLocked(
+                        f"{self.path}: another process held the write lock for longer than busy_timeout "
+                        f"({self.busy_ms / 1000:g} s); nothing from this call was stored. Retry, or open the store with "
+                        "a larger busy_timeout."
+                    ) from exc
                 raise EvermindError(
                     f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
                     "Free disk space or check the file's permissions, then retry."
                 ) from exc
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Copy the WAL back into the database while no one can commit (see the module docstring).
+
+        Holds the writer lock (waiting up to busy_timeout for the current writer) for the copy: writers in
+        every process wait meanwhile, readers do not. Returns (frames in the WAL, frames copied); they are equal
+        when the next writer may restart the WAL from its beginning.
+        """
+        if self.memory or self._writer is None or self._closed:
+            return 0, 0
+        with self.write_mutex:
+            if self._checkpointer is None:
+                self._checkpointer = self._connect(write=True)
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                _, log, done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                self._writer.execute("ROLLBACK")
+        return int(log), int(done)
 
     def describe(self) -> dict:
         """schema_version, sqlite_version and whether that SQLite has the WAL-reset fix."""
@@ -191,15 +279,14 @@ class SQLiteBackend:
             session.conn.execute("VACUUM INTO ?", (dest,))
 
     def vacuum(self) -> None:
-        """VACUUM on the writing connection (free pages go back to the file system), then truncate the WAL."""
+        """VACUUM on the writing connection: free pages go back to the file system once the WAL holding the new
+        copy is checkpointed (the caller does that, under the checkpoint lease, as any checkpoint here)."""
         if self._writer is None:
             raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to compact it.")
         with self.write_mutex:
             try:
                 self._writer.execute("INSERT INTO facts_fts (facts_fts) VALUES ('optimize')")  # merge FTS5 segments
                 self._writer.execute("VACUUM")
-                if not self.memory:
-                    self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.OperationalError as exc:
                 raise EvermindError(f"{self.path}: SQLite could not VACUUM ({exc}); nothing was lost. Retry when "
                                     "no reader holds a long transaction, or with more free disk space.") from exc
@@ -212,7 +299,7 @@ class SQLiteBackend:
                 for kind, suffix in (("db", ""), ("wal", "-wal"))}
 
     def close(self) -> None:
-        """Close every connection (idempotent)."""
+        """Close every connection (idempotent). The store checkpoints first (under its lease), not this."""
         if self._closed:
             return
         self._closed = True
@@ -222,10 +309,12 @@ class SQLiteBackend:
             self._readers.clear()
         if self._writer is not None:
             with self.write_mutex:
-                if not self.memory:
-                    with contextlib.suppress(sqlite3.Error):
-                        self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                if self._checkpointer is not None:
+                    self._checkpointer.close()
                 self._writer.close()
+        if self._legacy_fd is not None:
+            os.close(self._legacy_fd)  # (closing the descriptor releases its shared lock)
+            self._legacy_fd = None
 
     # ---- schema --------------------------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
@@ -246,6 +335,11 @@ class SQLiteBackend:
                 MIGRATIONS[version](session.conn)
                 version += 1
                 session.set_meta("schema_version", str(version))
+            moved = not self.memory and session.meta("path") != self.path
+            if moved:
+                session.set_meta("path", self.path)  # the name every process opens it by (store/identity.py)
+        if moved:
+            self.checkpoint()  # into the main file, where identity.recorded_path() reads it without the WAL
 
     def _check_readable_schema(self, session: SQLiteSession) -> None:
         names = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -263,12 +357,13 @@ class SQLiteBackend:
         db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"})
         db["facts"].create(
             {"rid": int, "id": str, "text": str, "tags": str, "source": str, "created_at": str, "updated_at": str,
-             "vector": bytes, "fingerprint": str, "label": int, "seq": int},
+             "vector": bytes, "fingerprint": str, "label": int, "seq": int, "owner": str},
             pk="rid", not_null={"id", "text", "tags", "created_at", "updated_at", "seq"},
         )
         db["facts"].create_index(["id"], index_name="facts_id", unique=True)
         db["facts"].create_index(["label"], index_name="facts_label", unique=True)
         db["facts"].create_index(["fingerprint", "label"], index_name="facts_fingerprint")
+        conn.execute("CREATE INDEX facts_waiting ON facts (owner) WHERE vector IS NULL")
         db["fact_tags"].create(
             {"fact_id": str, "key": str, "value": str}, pk=("fact_id", "key"),
             not_null={"value"}, foreign_keys=[("fact_id", "facts", "id")],
@@ -285,6 +380,7 @@ class SQLiteBackend:
             "tokenize='porter unicode61')"
         )
         _create_feedback(conn)
+        _create_leases(conn)
         migrate_typed_tags(conn)  # schema 4's columns and indexes: the very statements a migrated store ran
         now = utc_now()
         conn.executemany(

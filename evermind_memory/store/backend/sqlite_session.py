@@ -21,7 +21,7 @@ import numpy as np
 from ..lexical import plan
 from ..records import Change
 from ..timing import time_text
-from . import ChangeRow, FactRow, GenerationRows, Integrity, NewFact, Selection, StaleRow, WaitingRow
+from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
 
 FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq, expires_at, pinned, scope"
@@ -30,7 +30,7 @@ GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed 
 _IN_CHUNK = 500
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
-    "pinned, scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_CHANGE = (
     "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
@@ -90,6 +90,18 @@ class SQLiteSession:
 
     def delete_meta(self, *keys: str) -> None:
         self.conn.execute(f"DELETE FROM meta WHERE key IN ({','.join('?' * len(keys))})", keys)
+
+    # ---- leases --------------------------------------------------------------------------------------------
+    def lease(self, name: str) -> LeaseRow | None:
+        row = self.conn.execute("SELECT owner, expires FROM leases WHERE name = ?", (name,)).fetchone()
+        return None if row is None else LeaseRow(row[0], float(row[1]))
+
+    def set_lease(self, name: str, owner: str, expires: float) -> None:
+        self.conn.execute("INSERT INTO leases (name, owner, expires) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                          "SET owner = excluded.owner, expires = excluded.expires", (name, owner, expires))
+
+    def drop_lease(self, name: str, owner: str) -> None:
+        self.conn.execute("DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
 
     # ---- the change feed -----------------------------------------------------------------------------------
     def max_seq(self) -> int:
@@ -156,10 +168,14 @@ class SQLiteSession:
                "ORDER BY f.expires_at, f.rid LIMIT ?")
         return [FactRow._make(r) for r in self.conn.execute(sql, [*params, limit])]
 
-    def waiting_selected(self, sel: Selection) -> list[FactRow]:
+    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
+        # Driven from the few recent changes and waiting facts (the change feed's key, the waiting index), then
+        # filtered: never a scan of the scope's facts.
         where, params = selection_sql(sel)
         return [FactRow._make(r) for r in self.conn.execute(
-            f"SELECT {_F_COLS} FROM facts f WHERE f.vector IS NULL AND {where} ORDER BY f.rid", params)]
+            f"SELECT {_F_COLS} FROM (SELECT fact_id AS id FROM changes WHERE seq > ? UNION "
+            f"SELECT id FROM facts WHERE vector IS NULL) r CROSS JOIN facts f ON f.id = r.id WHERE {where} ORDER BY f.rid",
+            [seq, *params])]
 
     def _count_expired(self, now: datetime) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE expires_at <= ?", (time_text(now),)).fetchone()[0])
@@ -258,6 +274,15 @@ class SQLiteSession:
         return [WaitingRow._make(r) for r in
                 self.conn.execute("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
 
+    def waiting_owners(self) -> dict[str | None, int]:
+        return dict(self.conn.execute("SELECT owner, COUNT(*) FROM facts WHERE vector IS NULL GROUP BY owner").fetchall())
+
+    def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
+        rows = self.conn.execute(
+            "UPDATE facts SET owner = ? WHERE vector IS NULL AND owner IS ? RETURNING rid, id, text", (new_owner, old_owner)
+        ).fetchall()
+        return sorted(WaitingRow._make(r) for r in rows)
+
     def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
         out: dict[int, str] = {}
         for chunk in _chunks(list(rids)):
@@ -335,7 +360,8 @@ class SQLiteSession:
         self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed,
                                            scope, link))
 
-    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None) -> tuple[list[int], int]:
+    def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None,
+               owner: str | None = None) -> tuple[list[int], int]:
         conn = self.conn
         base = self.max_seq()
         seqs = list(range(base + 1, base + 1 + len(items)))
@@ -349,7 +375,7 @@ class SQLiteSession:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             blob = _blob(vectors[i]) if has_vec else None
             fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq,
-                              expires, int(pinned), scope))
+                              expires, int(pinned), scope, None if has_vec else owner))
             change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None, scope, replaces))
             tag_rows.extend(tag_row(fid, k, v) for k, v in tags.items())
         if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
@@ -413,7 +439,7 @@ class SQLiteSession:
         out = []
         for (rid, fid, old_label), vec in zip(rows, vectors):
             seq += 1
-            self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ? WHERE rid = ?",
+            self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
                               (_blob(vec), fingerprint, seq, seq, rid))
             self._log(seq, fid, "reembed", now, None, None, None, True, old_label, scopes.get(rid, ""))
             out.append((seq, old_label))
