@@ -71,52 +71,74 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
           building: tuple[str, bool] | None = None) -> CheckReport:
     """What is wrong with the store, as a CheckReport (the caller has caught up and drained its vectors).
 
+    Never raises: a part that cannot be checked (a damaged page fails the query) is itself a problem.
     `building` is Generations.build_progress(): a generation part way built, and whether a live process builds
     it. It is reported, not a problem: the complete current generation serves until the swap.
     """
     problems: list[str] = []
+    facts = stale = waiting = top = damaged = 0
+    live: set[int] = set()
+    gen = cache.current
+
+    def attempt(what: str, step: Any) -> Any:
+        try:
+            return step()
+        except Exception as exc:  # noqa: BLE001 (check reports, never raises)
+            problems.append(f"{what} failed: {exc}")
+            return None
+
     with db.write_mutex:  # a consistent view: no write of ours in between
         gen = cache.current
-        with db.snapshot() as r:
-            found = r.integrity(cache.dim)
-            facts = r.count()
-            stale = r.count_foreign(gen.fingerprint)
-            owners = r.waiting_owners()
+
+        def read() -> tuple:
+            with db.snapshot() as r:
+                found = r.integrity(cache.dim)
+                return (found, r.count(), r.count_foreign(gen.fingerprint), r.waiting_owners(), r.max_seq(),
+                        set(r.vectors(gen.fingerprint, cache.dim)[0].tolist()))
+
+        got = attempt("reading the database", read)
+        if got is not None:
+            found, facts, stale, owners, top, truth = got
             waiting = sum(owners.values())
-            top = r.max_seq()
-            truth = r.labels(gen.fingerprint)
-        if found.messages != ["ok"]:
-            problems.append("sqlite integrity_check: " + "; ".join(found.messages[:5]))
-        if found.foreign_key_violations:
-            problems.append(f"{found.foreign_key_violations} foreign key violations")
-        if found.bad_vectors and not stale:
-            problems.append(f"{found.bad_vectors} vectors have the wrong length")
-        if found.fts_rows != facts:
-            problems.append(f"FTS index has {found.fts_rows} rows for {facts} facts")
-        if found.tags_out_of_sync:
-            problems.append(f"{found.tags_out_of_sync} facts have tags out of sync")
+            if found.messages != ["ok"]:
+                problems.append("sqlite integrity_check: " + "; ".join(found.messages[:5]))
+            if found.foreign_key_violations:
+                problems.append(f"{found.foreign_key_violations} foreign key violations")
+            if found.fts_rows != facts:
+                problems.append(f"FTS index has {found.fts_rows} rows for {facts} facts")
+            if found.tags_out_of_sync:
+                problems.append(f"{found.tags_out_of_sync} facts have tags out of sync")
+            if stale and access.writes:
+                problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
+            # facts another live process is embedding right now are in flight, not a problem (a reader sees every
+            # writer's facts before their vectors); ours, after the drain, are facts the embedder failed on
+            failed = sum(n for o, n in owners.items() if o == worker.holder.token or owner_alive(o) is False)
+            if failed and access.writes:
+                why = f" ({worker.vector_error})" if worker.vector_error else ""
+                count = f"{failed} facts have" if failed != 1 else "1 fact has"
+                problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
+                                "reembed() succeeds")
+            gen = cache.current
+            live = gen.index.live_labels()
+            if gen.watermark >= top and live != truth:
+                problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
+        rows = attempt("auditing the fact rows", lambda: db.count_damaged(cache.dim))
+        if rows is not None:
+            damaged, bad_vectors, first = rows
+            if damaged:
+                problems.append(f"{damaged} fact row{'s are' if damaged > 1 else ' is'} damaged ({first}): reads skip "
+                                "them; repair() fixes or quarantines them")
+            if bad_vectors and not stale:
+                problems.append(f"{bad_vectors} vector{'s are' if bad_vectors > 1 else ' is'} damaged (wrong length, "
+                                "not finite or not unit): left out of vector recall; repair() embeds them again")
         if access.writes:
-            fts_error = db.fts_integrity()
+            fts_error = attempt("the full-text integrity check", db.fts_integrity)
             if fts_error is not None:
                 problems.append(f"FTS integrity-check: {fts_error}")
-        if stale and access.writes:
-            problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
-        # facts another live process is embedding right now are in flight, not a problem (a reader sees every
-        # writer's facts before their vectors); ours, after the drain, are facts the embedder failed on
-        failed = sum(n for o, n in owners.items() if o == worker.holder.token or owner_alive(o) is False)
-        if failed and access.writes:
-            why = f" ({worker.vector_error})" if worker.vector_error else ""
-            count = f"{failed} facts have" if failed != 1 else "1 fact has"
-            problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
-                            "reembed() succeeds")
-        gen = cache.current
-        live = gen.index.live_labels()
-        if gen.watermark >= top and live != truth:
-            problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
     return CheckReport(
         ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
         waiting_vectors=waiting, max_seq=top, fingerprint=gen.fingerprint,
-        building=None if building is None else building[0],
+        building=None if building is None else building[0], damaged_rows=damaged,
     )
 
 
