@@ -308,7 +308,11 @@ class VectorIndex:
         final = directory / name
         tmp = directory / (name + ".tmp")
         with self._lock.write():
-            self._hnsw.save_index(str(tmp))
+            try:
+                self._hnsw.save_index(str(tmp))
+            except RuntimeError as exc:  # hnswlib could not open or write the file
+                tmp.unlink(missing_ok=True)
+                raise OSError(f"hnswlib could not write {tmp.name} ({exc})") from None
             count, live, cap = self._elements, len(self._live), int(self._hnsw.get_max_elements())
         try:
             crash_point("index.save.written")
@@ -320,7 +324,10 @@ class VectorIndex:
                 "ef_construction": self.config.ef_construction, "max_elements": cap, "count": count,
                 "live": live, "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
             }
-            info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
+            try:
+                info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
+            except IndexRejected as exc:
+                raise OSError(f"index file {tmp.name} was not written whole ({exc}); disk full?") from None
             if info.count != count or int((~info.deleted).sum()) != live:
                 raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
             os.replace(tmp, final)

@@ -1,5 +1,5 @@
 """Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), WAL checkpoints (one
-process at a time, by lease), backup, and JSONL export/import. Repair (a later issue) belongs here too.
+process at a time, by lease), backup, and JSONL export/import. Repair is in repair.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from .._atomic import atomic_write
-from ..errors import InvalidInput
+from ..errors import EvermindError, InvalidInput, StorageError
 from .access import Access
-from .backend import Backend, NewFact, new_id, utc_now
+from .backend import Backend, FactRow, NewFact, new_id, utc_now
+from .damage import readable
 from .embedding import VectorWorker, embed_serving
 from .generations import Generations
 from .leases import Leases, owner_alive
@@ -167,12 +168,20 @@ def export(db: Backend, path: str | os.PathLike) -> int:
     if not out.resolve().parent.is_dir():
         raise InvalidInput(f"export() expected the directory {out.resolve().parent} to exist.")
     count = 0
-    with db.snapshot() as r, atomic_write(out, text=True) as fh:
-        for row in r.export_rows():
-            record = {"id": row.id, "text": row.text, "tags": row.tags, "source": row.source,
-                      "created_at": row.created_at, "updated_at": row.updated_at}
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
+    try:
+        with db.snapshot() as r, atomic_write(out, text=True) as fh:
+            for fact in readable(r.export_rows(), FactRow.to_fact, "export"):  # a damaged row: skipped, warned
+                record = {"id": fact.id, "text": fact.text, "tags": fact.tags, "source": fact.source,
+                          "created_at": fact.created_at.isoformat(timespec="microseconds"),
+                          "updated_at": fact.updated_at.isoformat(timespec="microseconds")}
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+                count += 1
+    except OSError as exc:
+        if isinstance(exc, EvermindError):
+            raise
+        err = StorageError(f"export() could not write {out} ({exc.strerror or exc}); nothing was written.")
+        err.errno = exc.errno
+        raise err from None
     return count
 
 
@@ -180,33 +189,62 @@ def read_export(path: str | os.PathLike) -> list[NewFact]:
     """The facts of a JSONL export, validated, each id once.
 
     Raises:
-        InvalidInput: a line is not a valid fact (the line number is named).
+        InvalidInput: a line is not a valid fact (the line number is named): not UTF-8, not JSON, nested too
+            deeply, a bad field or timestamp; or `path` is not a readable file.
+        StorageError: the operating system refused reading it.
     """
     records = []
-    with open(os.fspath(path), "r", encoding="utf-8", errors="strict") as fh:
-        for number, line in enumerate(fh, start=1):
-            if len(line) > MAX_IMPORT_LINE:
-                raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise InvalidInput(f"import_() line {number} is not JSON ({exc}).") from None
-            if not isinstance(rec, dict):
-                raise InvalidInput(f"import_() line {number} expected a JSON object.")
-            try:
-                fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
-                text = check_text(rec.get("text"))
-                tags = check_tags(rec.get("tags"))
-                source = check_source(rec.get("source"))
-                created = check_time(rec.get("created_at"))
-                updated = check_time(rec.get("updated_at"), default=created)
-            except InvalidInput as exc:
-                raise InvalidInput(f"import_() line {number}: {exc}") from None
-            records.append(NewFact(fid, text, tags, source, created, updated))
+    try:
+        with open(os.fspath(path), "rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                records.extend(_import_line(raw, number))
+    except FileNotFoundError:
+        raise InvalidInput(f"import_() found no file at {os.fspath(path)!r:.200}.") from None
+    except IsADirectoryError:
+        raise InvalidInput(f"import_() expected a file, got the directory {os.fspath(path)!r:.200}.") from None
+    except OSError as exc:
+        err = StorageError(f"import_() could not read {os.fspath(path)!r:.200} ({exc.strerror or exc}).")
+        err.errno = exc.errno
+        raise err from None
     seen: set[str] = set()
     return [r for r in records if not (r.id in seen or seen.add(r.id))]
+
+
+def _import_line(raw: bytes, number: int) -> list[NewFact]:
+    """The fact of one export line ([] for a blank one).
+
+    Raises:
+        InvalidInput: naming the line.
+    """
+    if len(raw) > MAX_IMPORT_LINE * 4:
+        raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"import_() line {number} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+                           "an export is written as UTF-8 JSON lines.") from None
+    if len(line) > MAX_IMPORT_LINE:
+        raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
+    if not line.strip():
+        return []
+    try:
+        rec = json.loads(line)
+    except RecursionError:
+        raise InvalidInput(f"import_() line {number} nests JSON too deeply to be a fact.") from None
+    except ValueError as exc:
+        raise InvalidInput(f"import_() line {number} is not JSON ({exc}).") from None
+    if not isinstance(rec, dict):
+        raise InvalidInput(f"import_() line {number} expected a JSON object.")
+    try:
+        fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
+        text = check_text(rec.get("text"))
+        tags = check_tags(rec.get("tags"))
+        source = check_source(rec.get("source"))
+        created = check_time(rec.get("created_at"))
+        updated = check_time(rec.get("updated_at"), default=created)
+    except InvalidInput as exc:
+        raise InvalidInput(f"import_() line {number}: {exc}") from None
+    return [NewFact(fid, text, tags, source, created, updated)]
 
 
 def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> int:
@@ -243,7 +281,10 @@ def check_time(value: Any, default: str | None = None) -> str:
         raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40}.")
     from datetime import datetime, timezone
 
-    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40} ({exc}).") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")

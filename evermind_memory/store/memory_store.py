@@ -758,22 +758,24 @@ class MemoryStore(AdaptationMethods):
         if adaptation is not None and ours:
             adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
         try:
+            # Each step is best effort and never raises: what was acknowledged is committed already (a full disk,
+            # a read-only directory or a damaged page met here loses nothing; the next open recovers).
             if self._worker.started and ours:
                 try:
                     self._worker.wait()
-                except EvermindError:
+                except Exception:  # noqa: BLE001
                     pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
                 finally:
                     self._worker.stop()
             if ours and self._access.saves_index and self._vectors.unsaved:
                 try:
                     self._vectors.save()
-                except (OSError, EvermindError):
+                except Exception:  # noqa: BLE001
                     pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
             if ours:
                 try:
                     self._checkpoints.at_close()
-                except EvermindError:
+                except Exception:  # noqa: BLE001
                     pass  # another process checkpoints later (or the last one to close)
         finally:
             self._closed = True
