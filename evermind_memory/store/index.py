@@ -94,6 +94,23 @@ _INT_WHY = {"M": " (hnswlib's graph degree; 2 to 100 is its documented range)",
 _REAL_BOUNDS = {"ef_growth": (1.0, 10.0), "rebuild_deleted_ratio": (0.0, 1.0)}
 
 
+MAX_INITIAL_BYTES = 1 << 30  # what an index may allocate before its first add (hnswlib allocates capacity up front)
+
+
+def check_index_memory(config: IndexConfig, dim: int) -> None:
+    """Refuse a configuration whose first allocation is absurd for vectors of `dim` (RELIABILITY B).
+
+    Raises:
+        InvalidInput: initial_capacity x bytes per element exceeds MAX_INITIAL_BYTES.
+    """
+    per = (2 * config.M * 4 + 4) + dim * 4 + 8 + config.M * 4  # level 0 links, vector, label; upper links, roughly
+    if config.initial_capacity * per > MAX_INITIAL_BYTES:
+        raise InvalidInput(
+            f"IndexConfig(initial_capacity={config.initial_capacity}, M={config.M}) would allocate "
+            f"{config.initial_capacity * per / 2**30:.1f} GiB for {dim}-dimensional vectors before the first fact; "
+            f"expected at most {MAX_INITIAL_BYTES / 2**30:.0f} GiB. Lower initial_capacity (the index doubles on demand).")
+
+
 def search_ef(config: IndexConfig, elements: int) -> int:
     """The beam width for a graph of `elements` vectors (deleted ones too: search walks through them).
 

@@ -35,7 +35,7 @@ from .backend import FactRow, NewFact, new_id, open_backend, utc_now
 from .damage import readable
 from .embedding import PENDING_MAX, VectorWorker, embed_query, embed_serving, probe_embedder
 from .generations import REEMBED_BATCH, Generations, resolve_embedder
-from .index import IndexConfig
+from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
 from .lock import filesystem_type, is_remote_filesystem
 from .maintenance import Checkpoints
@@ -139,6 +139,7 @@ class MemoryStore(AdaptationMethods):
 
         embedder = resolve_embedder(embedder)
         self._dim, fingerprint = check_embedder(embedder)
+        check_index_memory(index_config or IndexConfig(), self._dim)
         probe_embedder(embedder, self._dim)
         self._hybrid_weight = hybrid_weight(embedder)
         self._path = path

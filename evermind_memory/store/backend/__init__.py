@@ -74,11 +74,11 @@ class FactRow(NamedTuple):
         """The fields Fact and Recall share, checked: a damaged row raises RowDamaged (store/damage.py)."""
         try:
             out = dict(id=self.id, text=self.text, tags=self.tags, source=self.source,
-                       created_at=datetime.fromisoformat(self.created_at),
-                       updated_at=datetime.fromisoformat(self.updated_at))
+                       created_at=_when("created_at", self.created_at),
+                       updated_at=_when("updated_at", self.updated_at))
             reason = row_problem(out)
         except (ValueError, TypeError, AttributeError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = str(exc) if str(exc).startswith("its ") else f"{type(exc).__name__}: {exc}"
         if reason is not None:
             raise RowDamaged(f"fact {self.id!r:.80} (row {self.rid}) is damaged: {reason}. Run store.repair() (or "
                              "`evermind repair`): it fixes what it can and quarantines the rest.", part="fact row")
@@ -99,6 +99,14 @@ class FactRow(NamedTuple):
             RowDamaged: the row is unreadable.
         """
         return Recall(score=float(score), **self._common())
+
+
+def _when(name: str, text: str) -> datetime:
+    """A stored timestamp, parsed; a ValueError names the field."""
+    try:
+        return datetime.fromisoformat(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"its {name} {text!r:.40} is not a timestamp ({exc})") from None
 
 
 def _utf8(text: str) -> bool:
