@@ -260,10 +260,12 @@ class SQLiteBackend:
                         f"({self.busy_ms / 1000:g} s); nothing from this call was stored. Retry, or open the store with "
                         "a larger busy_timeout."
                     ) from exc
-                raise type(translate(exc, self.path, "writing"))(
-                    f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
-                    "Free disk space or check the file's permissions, then retry."
-                ) from exc
+                kind = translate(exc, self.path, "writing")
+                err = type(kind)(f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
+                                 "Free disk space or check the file's permissions, then retry.")
+                if isinstance(kind, OSError):
+                    err.errno = kind.errno
+                raise err from exc
             except (sqlite3.Error, OSError) as exc:  # a damaged page, table or row met by the write
                 raise translate(exc, self.path, "writing (nothing from this call was stored)") from exc
 
