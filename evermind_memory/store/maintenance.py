@@ -119,6 +119,9 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
                 count = f"{failed} facts have" if failed != 1 else "1 fact has"
                 problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
                                 "reembed() succeeds")
+            if truth and max(truth) > top:
+                problems.append(f"the change feed (head {top}) is behind the vectors' labels (up to {max(truth)}): "
+                                "a new fact would collide with an old one; repair() moves the head")
             gen = cache.current
             live = gen.index.live_labels()
             if gen.watermark >= top and live != truth:
