@@ -28,7 +28,6 @@ from typing import Any
 
 from .._atomic import fsync_dir
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
-from .backend.sqlite import salvage_into
 from .backend.sqlite_repair import RepairCounts
 
 
@@ -121,6 +120,7 @@ def salvage_store(real: str, embedder: Any, before: tuple[str, ...], **options: 
         StoreLocked: another process has the store open.
         StoreCorrupt: the rebuilt file failed its integrity check (the original is left as it was).
     """
+    from .backend.sqlite import salvage_into  # (here: sqlite-utils loads only when a store is opened or salvaged)
     from .memory_store import MemoryStore
 
     p = Path(real)
