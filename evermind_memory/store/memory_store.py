@@ -18,24 +18,29 @@ import os
 import sys
 import warnings
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._crash import crash_point
-from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StoreLocked, StoreWarning
+from ..errors import (
+    EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreCorrupt, StoreLocked, StoreWarning,
+)
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
-from .backend import NewFact, new_id, open_backend, utc_now
+from .backend import FactRow, NewFact, new_id, open_backend, utc_now
+from .damage import readable
 from .embedding import PENDING_MAX, VectorWorker, embed_query, embed_serving, probe_embedder
 from .generations import REEMBED_BATCH, Generations, resolve_embedder
-from .index import IndexConfig
+from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
 from .lock import filesystem_type, is_remote_filesystem
 from .maintenance import Checkpoints
 from .records import Change, CheckReport, Fact, Recall
+from .repair import RepairReport
 from .search import Search, hybrid_weight
 from .vectors import VectorCache
 from .validate import (
@@ -109,6 +114,11 @@ class MemoryStore(AdaptationMethods):
         for name, flag in (("read_only", read_only), ("background_embedding", background_embedding)):
             if not isinstance(flag, bool):
                 raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
+        if index_config is not None and not isinstance(index_config, IndexConfig):
+            raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
+        self._reopen_args = (path, embedder, dict(read_only=read_only, durability=durability, on_mismatch=on_mismatch,
+                                                  lock_timeout=lock_timeout, index_config=index_config,
+                                                  busy_timeout=busy_timeout, background_embedding=background_embedding))
         access = Access(path, read_only, background_embedding)
         if access.memory and read_only:
             raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
@@ -129,6 +139,7 @@ class MemoryStore(AdaptationMethods):
 
         embedder = resolve_embedder(embedder)
         self._dim, fingerprint = check_embedder(embedder)
+        check_index_memory(index_config or IndexConfig(), self._dim)
         probe_embedder(embedder, self._dim)
         self._hybrid_weight = hybrid_weight(embedder)
         self._path = path
@@ -154,8 +165,13 @@ class MemoryStore(AdaptationMethods):
             self._worker = VectorWorker(self._db, self._vectors, owner=self, holder=self._holder)
             self._search = Search(self._db, self._dim)
             self._open()
-        except BaseException:
+        except BaseException as exc:
             self._release()
+            if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
+                err = StorageError(f"{path}: the operating system refused opening the store ({exc}). Check the "
+                                   "permissions and free space of its directory, then retry.")
+                err.errno = exc.errno
+                raise err from exc
             raise
         _open_stores.add(self)
 
@@ -454,7 +470,7 @@ class MemoryStore(AdaptationMethods):
         source = check_source(source)
         with self._db.reading() as r:
             rows = r.list_rows(limit, offset, tags, source)
-        return [row.to_fact() for row in rows]
+        return readable(rows, FactRow.to_fact, "list")
 
     def history(self, fact_id: str) -> list[Change]:
         """Every change of a fact (remember, update, reembed, forget), oldest first. Thread-safe.
@@ -514,8 +530,8 @@ class MemoryStore(AdaptationMethods):
         with self._vectors.serving() as gen:  # one generation (model, fingerprint, index) for the whole recall
             qv = None if mode == "lexical" else embed_query(gen.embedder, query, self._dim)  # (D,)
             scored = self._search.run(gen, query, qv, k, tags, mode, fusion, self._hybrid_weight)
-        hits = [row.to_recall(score) for row, score in scored if min_score is None or score >= min_score]
-        return hits[:k]
+        kept = [(row, score) for row, score in scored if min_score is None or score >= min_score]
+        return readable(kept, lambda hit: hit[0].to_recall(hit[1]), "recall")[:k]
 
     # ---- maintenance ---------------------------------------------------------------------------------------
     def rebuild_index(self) -> int:
@@ -557,18 +573,77 @@ class MemoryStore(AdaptationMethods):
             return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
 
     def check(self) -> CheckReport:
-        """Check SQLite integrity, FTS, vectors and the index against SQLite; report, never raise.
+        """Check SQLite integrity, FTS, fact rows, vectors and the index against SQLite; report, never raise.
 
+        A part that cannot be checked (a damaged page, a closed store) is itself reported as a problem.
         Thread-safe.
 
         Returns:
             CheckReport (ok is True when nothing is wrong).
         """
-        self._check_usable()
-        if self._access.writes:
-            self._worker.wait()
-        self._vectors.catch_up()
-        return maintenance.check(self._db, self._vectors, self._worker, self._access, self._gens.build_progress())
+        try:
+            self._check_usable()
+        except EvermindError as exc:
+            return CheckReport(ok=False, problems=(str(exc),))
+        early = []
+        for step in ((self._worker.wait,) if self._access.writes else ()) + (self._vectors.catch_up,):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 (reported, never raised)
+                early.append(f"{type(exc).__name__}: {exc}")
+        try:
+            building = self._gens.build_progress()
+        except Exception:  # noqa: BLE001
+            building = None
+        report = maintenance.check(self._db, self._vectors, self._worker, self._access, building)
+        if early:
+            report = replace(report, ok=False, problems=tuple(early) + report.problems)
+        return report
+
+    def repair(self) -> RepairReport:
+        """Repair this store: keep every readable fact, fix or quarantine damaged rows, rebuild what is derived.
+
+        In place when SQLite's own structure is sound (one transaction; other processes may stay open): damaged
+        fact rows get their fields back from the change log (or U+FFFD for undecodable bytes) or go to the
+        `quarantine` table with the reason; damaged vectors are cleared and embedded again; tag rows, the
+        full-text index and the HNSW index are rebuilt. When the file itself is damaged, the store is closed, its
+        files copied into `<db>.damaged-<time>/`, the readable rows salvaged into a new file (facts whose rows
+        are lost come back from the change log) and the store reopened: that needs every other process closed.
+        See store/repair.py.
+
+        Returns:
+            RepairReport (its ok is True when check() passes afterwards).
+        Raises:
+            StoreLocked: salvage is needed and another process has the store open (this store stays open).
+            StoreCorrupt: salvage could not build a sound file (the original is left as it was).
+        """
+        from .repair import report_of, salvage_store
+
+        self._check_writable("repair")
+        before = self.check().problems
+        if not before:
+            return RepairReport(path=self._access.path, mode="nothing to repair", facts=len(self),
+                                indexed=self._vectors.current.index.live_count)
+        if self._access.memory:
+            raise EvermindError("repair() needs a store file; an in-memory store has nothing to salvage.")
+        try:
+            counts, found = self._db.repair_rows(self._dim)
+        except StoreCorrupt as exc:
+            counts, found = None, [str(exc)]
+        if counts is not None and found == ["ok"]:
+            self._vectors.rebuild("repair()")
+            try:
+                self.flush()  # adopts the facts whose vectors were cleared, embeds them
+            except EvermindError:
+                pass  # the embedder failed on some: the report's check says which
+            return report_of(self._access.path, "in place", counts, self, before)
+        path, embedder, options = self._reopen_args
+        self.close()
+        try:
+            return salvage_store(self._access.path, embedder, before, **{k: v for k, v in options.items()
+                                                                          if k != "read_only"})
+        finally:
+            self.__init__(path, embedder, **options)
 
     def backup(self, dest: str | os.PathLike) -> Path:
         """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).
@@ -684,22 +759,24 @@ class MemoryStore(AdaptationMethods):
         if adaptation is not None and ours:
             adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
         try:
+            # Each step is best effort and never raises: what was acknowledged is committed already (a full disk,
+            # a read-only directory or a damaged page met here loses nothing; the next open recovers).
             if self._worker.started and ours:
                 try:
                     self._worker.wait()
-                except EvermindError:
+                except Exception:  # noqa: BLE001
                     pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
                 finally:
                     self._worker.stop()
             if ours and self._access.saves_index and self._vectors.unsaved:
                 try:
                     self._vectors.save()
-                except (OSError, EvermindError):
+                except Exception:  # noqa: BLE001
                     pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
             if ours:
                 try:
                     self._checkpoints.at_close()
-                except EvermindError:
+                except Exception:  # noqa: BLE001
                     pass  # another process checkpoints later (or the last one to close)
         finally:
             self._closed = True
