@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 from . import __version__
 from .errors import (
-    CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput, StoreLocked,
-    TokenizerError,
+    CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput, StoreCorrupt,
+    StoreLocked, TokenizerError,
 )
 
 DB_ENV = "EVERMIND_DB"
@@ -32,6 +32,7 @@ MODEL_FREE_COMMANDS = {"get", "list", "history", "forget", "feedback", "check", 
 SCOPE_LEVELS = ("namespace", "user", "agent", "run")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_LOCKED, EXIT_MODEL, EXIT_OS = 0, 1, 2, 3, 4, 5, 6
+EXIT_DAMAGED = 7
 EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "success",
@@ -42,7 +43,9 @@ EXIT_CODES = {
                  "(StoreLocked); retry later",
     EXIT_MODEL: "model: the embedder or a model file failed (EmbedderMismatch, EmbedderOutputInvalid, "
                 "CheckpointError, TokenizerError)",
-    EXIT_OS: "system: the operating system refused a file operation (OSError: permissions, disk full, ...)",
+    EXIT_OS: "system: the operating system refused a file operation (StorageError, OSError: permissions, disk "
+             "full, ...)",
+    EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair` keeps every readable fact",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -51,6 +54,8 @@ def exit_code(exc: BaseException) -> int:
     """The exit status for an error (see EXIT_CODES)."""
     if isinstance(exc, FactNotFound):
         return EXIT_NOT_FOUND
+    if isinstance(exc, StoreCorrupt):
+        return EXIT_DAMAGED
     if isinstance(exc, StoreLocked):
         return EXIT_LOCKED
     if isinstance(exc, (EmbedderMismatch, EmbedderOutputInvalid, CheckpointError, TokenizerError)):
@@ -221,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", help="the fact's id")
 
     add("check", "check the store's integrity (exit status 1 when something is wrong)")
+    add("repair", "repair a damaged store: keep every readable fact, quarantine the rest, rebuild the indexes "
+                  "(the damaged files are kept aside)")
     p = add("reembed", "re-embed facts made by another embedder")
     p.add_argument("--force", action="store_true", help="re-embed every fact")
     add("rebuild", "rebuild the vector index from the vectors in SQLite")
@@ -402,6 +409,15 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         emit(report, [("ok" if report.ok else "PROBLEMS") + f": {report.facts} facts, {report.indexed} indexed"]
              + [f"  - {p}" for p in report.problems])
         return EXIT_OK if report.ok else EXIT_FAILED
+    elif cmd == "repair":
+        report = store
+        emit(report, [f"{report.mode}: {report.facts} facts, {report.indexed} indexed; {report.fixed} fixed, "
+                      f"{report.quarantined} quarantined, {report.restored} restored from the change log, "
+                      f"{report.vectors_cleared} vectors embedded again"]
+             + ([f"  damaged files kept in {report.kept_aside}"] if report.kept_aside else [])
+             + [f"  - {note}" for note in report.notes[:10]]
+             + [f"  still wrong: {p}" for p in report.problems_after])
+        return EXIT_OK if report.ok else EXIT_FAILED
     elif cmd == "reembed":
         count = store.reembed(force=args.force)
         emit({"reembedded": count}, [f"re-embedded {count} facts"])
@@ -532,10 +548,20 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
         emb = _embedder(args, embedder)
         if args.command == "mcp":
             return _mcp(args, emb)
+        if args.command == "repair":  # a damaged store may not open: repair works on its files
+            from .store import repair_store
+
+            path = args.db if args.db is not None else default_db_path()
+            return _run(args, repair_store(path, emb, durability=args.durability), out)
         with _open(args, emb) as store:
             return _run(args, _scoped(args, store), out)
     except (EvermindError, UsageError, OSError, KeyboardInterrupt) as exc:
         return _report(exc, as_json)
+    except Exception as exc:  # noqa: BLE001 (a bug of ours: one line, not a traceback; EVERMIND_DEBUG=1 shows it)
+        if os.environ.get("EVERMIND_DEBUG"):
+            raise
+        return _report(EvermindError(f"internal error ({type(exc).__name__}: {exc}); please report it (run with "
+                                     "EVERMIND_DEBUG=1 for the traceback)."), as_json)
 
 
 if __name__ == "__main__":

@@ -177,12 +177,14 @@ def test_json_errors_are_one_object_on_stderr(embedder, tmp_path: Path, capsys):
 
 def test_exit_code_per_error_class():
     from evermind_memory.errors import (CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError,
-                                        FactNotFound, InvalidInput, StoreLocked)
+                                        FactNotFound, InvalidInput, RowDamaged, StorageError, StoreCorrupt,
+                                        StoreLocked)
 
     assert [cli.exit_code(e) for e in (EvermindError("x"), InvalidInput("x"), FactNotFound("x"), StoreLocked("x"),
                                        EmbedderMismatch("x"), EmbedderOutputInvalid("x"), CheckpointError("x"),
-                                       PermissionError("x"), KeyboardInterrupt())] == [1, 2, 3, 4, 5, 5, 5, 6, 130]
-    assert set(cli.EXIT_CODES) == {0, 1, 2, 3, 4, 5, 6, 130}
+                                       PermissionError("x"), StorageError("x"), StoreCorrupt("x"), RowDamaged("x"),
+                                       KeyboardInterrupt())] == [1, 2, 3, 4, 5, 5, 5, 6, 6, 7, 7, 130]
+    assert set(cli.EXIT_CODES) == {0, 1, 2, 3, 4, 5, 6, 7, 130}
     assert all(f"{code:>3}  " in cli.build_parser().format_help() for code in cli.EXIT_CODES)  # documented in --help
 
 

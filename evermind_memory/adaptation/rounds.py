@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._blas import single_blas
 from .._crash import crash_point
 from ..errors import EvermindError, InvalidInput, StoreLocked
 from ..lm.adapter import LoRAWeights
@@ -87,6 +88,7 @@ def rollback(gens: Any, to: str) -> AdaptationReport:
         return report
 
 
+@single_blas
 def run_round(gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, round_no: int,
               should_stop: Callable[[], bool] | None = None, adapter: LoRAWeights | None = None) -> AdaptationReport:
     """One round on a store: resume a started publish, or train, gate and publish a new adapter.

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._blas import single_blas
 from .._crash import crash_point
 from ..errors import EmbedderOutputInvalid, EvermindError
 from .backend import Backend, WaitingRow, utc_now
@@ -42,6 +43,7 @@ def checked(vectors: Any, count: int, dim: int, *, what: str = "embed_many") -> 
     return checked_vectors(vectors, count, dim, what=what)
 
 
+@single_blas
 def embed_texts(embedder: Any, texts: Sequence[str], dim: int) -> np.ndarray:
     """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK.
 
@@ -55,6 +57,7 @@ def embed_texts(embedder: Any, texts: Sequence[str], dim: int) -> np.ndarray:
     return out
 
 
+@single_blas
 def embed_query(embedder: Any, text: str, dim: int) -> np.ndarray:
     """(D,) the checked vector of one query."""
     return checked(embedder.embed(text), 1, dim, what="embed")[0]  # (D,)

@@ -1,8 +1,8 @@
-"""MemoryStore's maintenance methods: rebuild_index, reembed, check, backup, export, import_, sweep, compact,
-stats and duplicates. They check their arguments here and hand the work to maintenance.py (and the vector cache,
+"""MemoryStore's maintenance methods: rebuild_index, reembed, check, repair, backup, export, import_, sweep,
+compact, stats and duplicates. They check their arguments here and hand the work to maintenance.py (and the vector cache,
 generations and writer). MemoryStore inherits them; nothing else uses this class.
 
-Whole-store work (rebuild_index, reembed, check, compact) needs the handle that opened the store, not a scope
+Whole-store work (rebuild_index, reembed, check, repair, compact) needs the handle that opened the store, not a scope
 view; backup copies every fact, so it also needs an unscoped one. export, import_, sweep, stats and duplicates
 act on the handle's scope.
 """
@@ -10,14 +10,16 @@ act on the handle's scope.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput, StoreLocked
+from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from . import maintenance
 from .generations import REEMBED_BATCH
 from .records import CheckReport, DuplicatePair, StoreStats
+from .repair import RepairReport
 from .selection import select
 from .timing import check_retention
 from .validate import MAX_LIST_LIMIT, check_flag, check_int
@@ -36,6 +38,7 @@ class MaintenanceMethods:
     _writer: Any
     _checkpoints: Any
     _leases: Any
+    _reopen_args: Any
 
     def rebuild_index(self) -> int:
         """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
@@ -77,19 +80,82 @@ class MaintenanceMethods:
             return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
 
     def check(self) -> CheckReport:
-        """Check SQLite integrity, FTS, vectors and the index against SQLite; report, never raise.
+        """Check SQLite integrity, FTS, fact rows, vectors and the index against SQLite; report, never raise.
 
+        A part that cannot be checked (a damaged page, a closed store) is itself reported as a problem.
         Thread-safe.
 
         Returns:
             CheckReport (ok is True when nothing is wrong).
+        Raises:
+            InvalidInput: a scope view (check the store that opened it).
         """
-        self._check_usable()
         self._check_owner("check")
-        if self._access.writes:
-            self._worker.wait()
-        self._vectors.catch_up()
-        return maintenance.check(self._db, self._vectors, self._worker, self._access, self._gens.build_progress())
+        try:
+            self._check_usable()
+        except EvermindError as exc:
+            return CheckReport(ok=False, problems=(str(exc),))
+        early = []
+        for step in ((self._worker.wait,) if self._access.writes else ()) + (self._vectors.catch_up,):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 (reported, never raised)
+                early.append(f"{type(exc).__name__}: {exc}")
+        try:
+            building = self._gens.build_progress()
+        except Exception:  # noqa: BLE001
+            building = None
+        report = maintenance.check(self._db, self._vectors, self._worker, self._access, building)
+        if early:
+            report = replace(report, ok=False, problems=tuple(early) + report.problems)
+        return report
+
+    def repair(self) -> RepairReport:
+        """Repair this store: keep every readable fact, fix or quarantine damaged rows, rebuild what is derived.
+
+        In place when SQLite's own structure is sound (one transaction; other processes may stay open): damaged
+        fact rows get their fields back from the change log (or U+FFFD for undecodable bytes) or go to the
+        `quarantine` table with the reason; damaged vectors are cleared and embedded again; tag rows, the
+        full-text index and the HNSW index are rebuilt. When the file itself is damaged, the store is closed, its
+        files copied into `<db>.damaged-<time>/`, the readable rows salvaged into a new file (facts whose rows
+        are lost come back from the change log) and the store reopened: that needs every other process closed.
+        See store/repair.py.
+
+        Returns:
+            RepairReport (its ok is True when check() passes afterwards).
+        Raises:
+            StoreLocked: salvage is needed and another process has the store open (this store stays open).
+            StoreCorrupt: salvage could not build a sound file (the original is left as it was).
+            InvalidInput: a scope view (repair the store that opened it).
+        """
+        from .repair import report_of, salvage_store
+
+        self._check_writable("repair")
+        self._check_owner("repair")
+        before = self.check().problems
+        if not before:
+            return RepairReport(path=self._access.path, mode="nothing to repair", facts=len(self),
+                                indexed=self._vectors.current.index.live_count)
+        if self._access.memory:
+            raise EvermindError("repair() needs a store file; an in-memory store has nothing to salvage.")
+        try:
+            counts, found = self._db.repair_rows(self._dim)
+        except StoreCorrupt as exc:
+            counts, found = None, [str(exc)]
+        if counts is not None and found == ["ok"]:
+            self._vectors.rebuild("repair()")
+            try:
+                self.flush()  # adopts the facts whose vectors were cleared, embeds them
+            except EvermindError:
+                pass  # the embedder failed on some: the report's check says which
+            return report_of(self._access.path, "in place", counts, self, before)
+        path, embedder, options = self._reopen_args
+        self.close()
+        try:
+            return salvage_store(self._access.path, embedder, before, **{k: v for k, v in options.items()
+                                                                          if k not in ("read_only", "namespace")})
+        finally:
+            self.__init__(path, embedder, **options)
 
     def backup(self, dest: str | os.PathLike) -> Path:
         """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).

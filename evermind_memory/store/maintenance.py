@@ -1,6 +1,6 @@
 """Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), WAL checkpoints (one
 process at a time, by lease), backup, JSONL export/import, and keeping the disk bounded: the sweeper thread
-that deletes expired facts, compact() and stats(). Repair (a later issue) belongs here too.
+that deletes expired facts, compact() and stats(). Repair is in repair.py.
 
 Disk. A forget deletes the fact's row, its tags, FTS entry and vector, but keeps its history (every
 remember/update row holds the text), so a remember/forget churn grows the changes table without bound.
@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from .._atomic import atomic_write
-from ..errors import EvermindError, InvalidInput
+from ..errors import EvermindError, InvalidInput, StorageError
 from .access import Access
-from .backend import Backend, NewFact, Selection, new_id, utc_now
+from .backend import Backend, FactRow, NewFact, Selection, new_id, utc_now
+from .damage import readable
 from .embedding import VectorWorker, embed_serving
 from .dedup import NEIGHBOURS, find_duplicate
 from .generations import Generations
@@ -94,52 +95,77 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
           building: tuple[str, bool] | None = None) -> CheckReport:
     """What is wrong with the store, as a CheckReport (the caller has caught up and drained its vectors).
 
+    Never raises: a part that cannot be checked (a damaged page fails the query) is itself a problem.
     `building` is Generations.build_progress(): a generation part way built, and whether a live process builds
     it. It is reported, not a problem: the complete current generation serves until the swap.
     """
     problems: list[str] = []
+    facts = stale = waiting = top = damaged = 0
+    live: set[int] = set()
+    gen = cache.current
+
+    def attempt(what: str, step: Any) -> Any:
+        try:
+            return step()
+        except Exception as exc:  # noqa: BLE001 (check reports, never raises)
+            problems.append(f"{what} failed: {exc}")
+            return None
+
     with db.write_mutex:  # a consistent view: no write of ours in between
         gen = cache.current
-        with db.snapshot() as r:
-            found = r.integrity(cache.dim)
-            facts = r.count()
-            stale = r.count_foreign(gen.fingerprint)
-            owners = r.waiting_owners()
+
+        def read() -> tuple:
+            with db.snapshot() as r:
+                found = r.integrity(cache.dim)
+                return (found, r.count(), r.count_foreign(gen.fingerprint), r.waiting_owners(), r.max_seq(),
+                        set(r.vectors(gen.fingerprint, cache.dim)[0].tolist()))
+
+        got = attempt("reading the database", read)
+        if got is not None:
+            found, facts, stale, owners, top, truth = got
             waiting = sum(owners.values())
-            top = r.max_seq()
-            truth = r.labels(gen.fingerprint)
-        if found.messages != ["ok"]:
-            problems.append("sqlite integrity_check: " + "; ".join(found.messages[:5]))
-        if found.foreign_key_violations:
-            problems.append(f"{found.foreign_key_violations} foreign key violations")
-        if found.bad_vectors and not stale:
-            problems.append(f"{found.bad_vectors} vectors have the wrong length")
-        if found.fts_rows != facts:
-            problems.append(f"FTS index has {found.fts_rows} rows for {facts} facts")
-        if found.tags_out_of_sync:
-            problems.append(f"{found.tags_out_of_sync} facts have tags out of sync")
+            if found.messages != ["ok"]:
+                problems.append("sqlite integrity_check: " + "; ".join(found.messages[:5]))
+            if found.foreign_key_violations:
+                problems.append(f"{found.foreign_key_violations} foreign key violations")
+            if found.fts_rows != facts:
+                problems.append(f"FTS index has {found.fts_rows} rows for {facts} facts")
+            if found.tags_out_of_sync:
+                problems.append(f"{found.tags_out_of_sync} facts have tags out of sync")
+            if stale and access.writes:
+                problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
+            # facts another live process is embedding right now are in flight, not a problem (a reader sees every
+            # writer's facts before their vectors); ours, after the drain, are facts the embedder failed on
+            failed = sum(n for o, n in owners.items() if o == worker.holder.token or owner_alive(o) is False)
+            if failed and access.writes:
+                why = f" ({worker.vector_error})" if worker.vector_error else ""
+                count = f"{failed} facts have" if failed != 1 else "1 fact has"
+                problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
+                                "reembed() succeeds")
+            if truth and max(truth) > top:
+                problems.append(f"the change feed (head {top}) is behind the vectors' labels (up to {max(truth)}): "
+                                "a new fact would collide with an old one; repair() moves the head")
+            gen = cache.current
+            live = gen.index.live_labels()
+            if gen.watermark >= top and live != truth:
+                problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
+        rows = attempt("auditing the fact rows", lambda: db.count_damaged(cache.dim))
+        if rows is not None:
+            damaged, bad_vectors, first = rows
+            if damaged:
+                problems.append(f"{damaged} fact row{'s are' if damaged > 1 else ' is'} damaged ({first}): reads skip "
+                                "them; repair() fixes or quarantines them")
+            if bad_vectors and not stale:
+                problems.append(f"{bad_vectors} vector{'s are' if bad_vectors > 1 else ' is'} damaged (wrong length, "
+                                "not finite or not unit): left out of vector recall; repair() embeds them again")
         if access.writes:
-            fts_error = db.fts_integrity()
+            fts_error = attempt("the full-text integrity check", db.fts_integrity)
             if fts_error is not None:
                 problems.append(f"FTS integrity-check: {fts_error}")
-        if stale and access.writes:
-            problems.append(f"{stale} facts carry vectors from another embedder; call reembed()")
-        # facts another live process is embedding right now are in flight, not a problem (a reader sees every
-        # writer's facts before their vectors); ours, after the drain, are facts the embedder failed on
-        failed = sum(n for o, n in owners.items() if o == worker.holder.token or owner_alive(o) is False)
-        if failed and access.writes:
-            why = f" ({worker.vector_error})" if worker.vector_error else ""
-            count = f"{failed} facts have" if failed != 1 else "1 fact has"
-            problems.append(f"{count} no vector, the embedder failed{why}: lexical recall only until a "
-                            "reembed() succeeds")
-        gen = cache.current
-        live = gen.index.live_labels()
-        if gen.watermark >= top and live != truth:
-            problems.append(f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)")
     return CheckReport(
         ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
         waiting_vectors=waiting, max_seq=top, fingerprint=gen.fingerprint,
-        building=None if building is None else building[0],
+        building=None if building is None else building[0], damaged_rows=damaged,
     )
 
 
@@ -168,13 +194,22 @@ def export(db: Backend, path: str | os.PathLike, sel: Selection) -> int:
     if not out.resolve().parent.is_dir():
         raise InvalidInput(f"export() expected the directory {out.resolve().parent} to exist.")
     count = 0
-    with db.snapshot() as r, atomic_write(out, text=True) as fh:
-        for row in r.list_rows(-1, 0, sel):
-            record = {"id": row.id, "text": row.text, "tags": row.tags, "source": row.source,
-                      "created_at": row.created_at, "updated_at": row.updated_at, "expires_at": row.expires_at,
-                      "pinned": bool(row.pinned), "scope": scope_parts(row.scope)}
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
+    try:
+        with db.snapshot() as r, atomic_write(out, text=True) as fh:
+            for fact in readable(r.list_rows(-1, 0, sel), FactRow.to_fact, "export"):  # a damaged row: skipped, warned
+                record = {"id": fact.id, "text": fact.text, "tags": fact.tags, "source": fact.source,
+                          "created_at": fact.created_at.isoformat(timespec="microseconds"),
+                          "updated_at": fact.updated_at.isoformat(timespec="microseconds"),
+                          "expires_at": None if fact.expires_at is None else time_text(fact.expires_at),
+                          "pinned": fact.pinned, "scope": fact.scope}
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+                count += 1
+    except OSError as exc:
+        if isinstance(exc, EvermindError):
+            raise
+        err = StorageError(f"export() could not write {out} ({exc.strerror or exc}); nothing was written.")
+        err.errno = exc.errno
+        raise err from None
     return count
 
 
@@ -183,40 +218,68 @@ def read_export(path: str | os.PathLike, scope: str = "") -> list[NewFact]:
     scope lands in it; one with a scope must lie in it).
 
     Raises:
-        InvalidInput: a line is not a valid fact (the line number is named).
+        InvalidInput: a line is not a valid fact (the line number is named): not UTF-8, not JSON, nested too
+            deeply, a bad field or timestamp; or `path` is not a readable file.
+        StorageError: the operating system refused reading it.
     """
     records = []
-    with open(os.fspath(path), "r", encoding="utf-8", errors="strict") as fh:
-        for number, line in enumerate(fh, start=1):
-            if len(line) > MAX_IMPORT_LINE:
-                raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise InvalidInput(f"import_() line {number} is not JSON ({exc}).") from None
-            if not isinstance(rec, dict):
-                raise InvalidInput(f"import_() line {number} expected a JSON object.")
-            try:
-                fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
-                text = check_text(rec.get("text"))
-                tags = check_typed_tags(rec.get("tags"))
-                source = check_source(rec.get("source"))
-                created = check_time(rec.get("created_at"))
-                updated = check_time(rec.get("updated_at"), default=created)
-                expires = rec.get("expires_at")
-                expires = None if expires is None else time_text(parse_time(expires, "expires_at"))
-                pinned = rec.get("pinned", False)
-                if not isinstance(pinned, bool) or (pinned and expires is not None):
-                    raise InvalidInput(f"expected pinned to be true or false (and false when expires_at is set), "
-                                       f"got {pinned!r:.20}.")
-                where = check_record_scope(rec.get("scope"), scope, "the record")
-            except InvalidInput as exc:
-                raise InvalidInput(f"import_() line {number}: {exc}") from None
-            records.append(NewFact(fid, text, tags, source, created, updated, expires, pinned, where))
+    try:
+        with open(os.fspath(path), "rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                records.extend(_import_line(raw, number, scope))
+    except FileNotFoundError:
+        raise InvalidInput(f"import_() found no file at {os.fspath(path)!r:.200}.") from None
+    except IsADirectoryError:
+        raise InvalidInput(f"import_() expected a file, got the directory {os.fspath(path)!r:.200}.") from None
+    except OSError as exc:
+        err = StorageError(f"import_() could not read {os.fspath(path)!r:.200} ({exc.strerror or exc}).")
+        err.errno = exc.errno
+        raise err from None
     seen: set[str] = set()
     return [r for r in records if not (r.id in seen or seen.add(r.id))]
+
+
+def _import_line(raw: bytes, number: int, scope: str) -> list[NewFact]:
+    """The fact of one export line ([] for a blank one), for a handle scoped to `scope`.
+
+    Raises:
+        InvalidInput: naming the line.
+    """
+    if len(raw) > MAX_IMPORT_LINE * 4:
+        raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"import_() line {number} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+                           "an export is written as UTF-8 JSON lines.") from None
+    if len(line) > MAX_IMPORT_LINE:
+        raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
+    if not line.strip():
+        return []
+    try:
+        rec = json.loads(line)
+    except RecursionError:
+        raise InvalidInput(f"import_() line {number} nests JSON too deeply to be a fact.") from None
+    except ValueError as exc:
+        raise InvalidInput(f"import_() line {number} is not JSON ({exc}).") from None
+    if not isinstance(rec, dict):
+        raise InvalidInput(f"import_() line {number} expected a JSON object.")
+    try:
+        fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
+        text = check_text(rec.get("text"))
+        tags = check_typed_tags(rec.get("tags"))
+        source = check_source(rec.get("source"))
+        created = check_time(rec.get("created_at"))
+        updated = check_time(rec.get("updated_at"), default=created)
+        expires = rec.get("expires_at")
+        expires = None if expires is None else time_text(parse_time(expires, "expires_at"))
+        pinned = rec.get("pinned", False)
+        if not isinstance(pinned, bool) or (pinned and expires is not None):
+            raise InvalidInput(f"expected pinned to be true or false (and false when expires_at is set), got {pinned!r:.20}.")
+        where = check_record_scope(rec.get("scope"), scope, "the record")
+    except InvalidInput as exc:
+        raise InvalidInput(f"import_() line {number}: {exc}") from None
+    return [NewFact(fid, text, tags, source, created, updated, expires, pinned, where)]
 
 
 def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> int:
@@ -253,7 +316,10 @@ def check_time(value: Any, default: str | None = None) -> str:
         raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40}.")
     from datetime import datetime, timezone
 
-    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40} ({exc}).") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")

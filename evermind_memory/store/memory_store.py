@@ -25,18 +25,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StoreWarning
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreWarning
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
-from .maintaining import MaintenanceMethods
-from .backend import NewFact, new_id, open_backend, utc_now
+from .backend import FactRow, NewFact, new_id, open_backend, utc_now
+from .damage import readable
 from .embedding import VectorWorker, embed_query, probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
-from .index import IndexConfig
+from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
 from .lock import filesystem_type, is_remote_filesystem
+from .maintaining import MaintenanceMethods
 from .maintenance import Checkpoints
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
@@ -121,7 +122,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         for name, flag in (("read_only", read_only), ("background_embedding", background_embedding)):
             if not isinstance(flag, bool):
                 raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
+        if index_config is not None and not isinstance(index_config, IndexConfig):
+            raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
         scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
+        self._reopen_args = (path, embedder, dict(read_only=read_only, durability=durability, on_mismatch=on_mismatch,
+                                                  lock_timeout=lock_timeout, index_config=index_config,
+                                                  busy_timeout=busy_timeout, background_embedding=background_embedding,
+                                                  namespace=namespace))
         access = Access(path, read_only, background_embedding)
         if access.memory and read_only:
             raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
@@ -142,6 +149,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
         embedder = resolve_embedder(embedder)
         self._dim, fingerprint = check_embedder(embedder)
+        check_index_memory(index_config or IndexConfig(), self._dim)
         probe_embedder(embedder, self._dim)
         self._hybrid_weight = hybrid_weight(embedder)
         self._path = path
@@ -171,8 +179,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             self._writer = Writer(self._db, self._vectors, self._worker, self._search, self._checkpoints,
                                   self._holder.token)
             self._open()
-        except BaseException:
+        except BaseException as exc:
             self._release()
+            if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
+                err = StorageError(f"{path}: the operating system refused opening the store ({exc}). Check the "
+                                   "permissions and free space of its directory, then retry.")
+                err.errno = exc.errno
+                raise err from exc
             raise
         _open_stores.add(self)
 
@@ -495,7 +508,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         sel = select("list", self._scope, tags=tags, where=where, source=source, since=since, until=until)
         with self._db.reading() as r:
             rows = r.list_rows(limit, offset, sel)
-        return [row.to_fact() for row in rows]
+        return readable(rows, FactRow.to_fact, "list")
 
     def count(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
               since: Any = None, until: Any = None) -> int:
@@ -577,8 +590,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             scored = self._search.run(gen, query, qv, want, sel, mode, fusion, self._hybrid_weight)
         if half_life is not None:
             scored = rerank_by_recency(scored, sel.now, half_life)
-        hits = [row.to_recall(score) for row, score in scored if min_score is None or score >= min_score]
-        return hits[:k]
+        kept = [(row, score) for row, score in scored if min_score is None or score >= min_score]
+        return readable(kept, lambda hit: hit[0].to_recall(hit[1]), "recall")[:k]
 
     # ---- scopes --------------------------------------------------------------------------------------------
     def scope(self, *, namespace: str | None = None, user: str | None = None, agent: str | None = None,
@@ -686,22 +699,24 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if adaptation is not None and ours:
             adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
         try:
+            # Each step is best effort and never raises: what was acknowledged is committed already (a full disk,
+            # a read-only directory or a damaged page met here loses nothing; the next open recovers).
             if self._worker.started and ours:
                 try:
                     self._worker.wait()
-                except EvermindError:
+                except Exception:  # noqa: BLE001
                     pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
                 finally:
                     self._worker.stop()
             if ours and self._access.saves_index and self._vectors.unsaved:
                 try:
                     self._vectors.save()
-                except (OSError, EvermindError):
+                except Exception:  # noqa: BLE001
                     pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
             if ours:
                 try:
                     self._checkpoints.at_close()
-                except EvermindError:
+                except Exception:  # noqa: BLE001
                     pass  # another process checkpoints later (or the last one to close)
         finally:
             self._closed = True

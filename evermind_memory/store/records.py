@@ -96,6 +96,7 @@ class CheckReport:
             rollback), how far, and by whom; None when there is none. Not a problem: the complete current
             generation serves until the swap, and a build whose process died resumes when a writer with that
             model opens the store (or at the next adaptation round).
+        damaged_rows: fact rows reads skip because a field cannot be decoded (repair() fixes or quarantines them).
     """
 
     ok: bool
@@ -107,6 +108,7 @@ class CheckReport:
     max_seq: int = 0
     fingerprint: str | None = None
     building: str | None = None
+    damaged_rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._blas import single_blas
 from .backend import Backend, FactRow, Selection
 from .fusion import fuse_rrf, fuse_scores
 from .index import SearchFailed, VectorIndex, exact_search
@@ -54,6 +55,7 @@ class Search:
         self._db = db
         self._dim = dim
 
+    @single_blas
     def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, sel: Selection, mode: str,
             fusion: str, weight: float) -> list[Hit]:
         """(row, score) best first, at most k (validated arguments; qv (D,) is None for lexical mode)."""
@@ -113,19 +115,31 @@ class Search:
         lex = self.lexical(query, pool, sel)
         rows = {row.rid: row for row, _ in vec}
         rows.update({row.rid: row for row, _ in lex})
+        lexical = {row.rid: s for row, s in lex}
+        cos = {row.rid: s for row, s in vec}
+        missing = [row.label for row, _ in lex if row.rid not in cos and row.label is not None]
+        if missing:  # lexical candidates the vector pool missed: their cosine, exactly
+            with self._db.reading() as r:
+                labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
+            by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
+            for row, _ in lex:
+                if row.rid not in cos and row.label in by_label:
+                    cos[row.rid] = by_label[row.label]
+        # A fact with no vector in this generation yet (another process is still embedding it, or its vector was
+        # damaged) is fused on its lexical evidence alone: its words stand in for the vector side it lacks. Scored
+        # as cosine 0 beside facts that have one, an exact match on a rare word fell out of the top k for as long
+        # as its vector was pending.
+        vectorless = [rid for rid in lexical if rid not in cos]
         if fusion == "rrf":
-            fused = fuse_rrf([row.rid for row, _ in lex], [row.rid for row, _ in vec])
+            fused = fuse_rrf(list(lexical), [row.rid for row, _ in vec])
+            if vectorless:  # its lexical rank stands in for the vector rank it does not have
+                alone = fuse_rrf(list(lexical), list(lexical))
+                fused.update({rid: alone[rid] for rid in vectorless})
         else:
-            cos = {row.rid: s for row, s in vec}
-            missing = [row.label for row, _ in lex if row.rid not in cos and row.label is not None]
-            if missing:  # lexical candidates the vector pool missed: their cosine, exactly
-                with self._db.reading() as r:
-                    labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
-                by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
-                for row, _ in lex:
-                    if row.rid not in cos and row.label in by_label:
-                        cos[row.rid] = by_label[row.label]
-            fused = fuse_scores({row.rid: s for row, s in lex}, cos, weight)
+            if vectorless:  # its lexical share stands in for the cosine it does not have
+                alone = fuse_scores(lexical, {}, weight)
+                cos.update({rid: alone[rid] for rid in vectorless})
+            fused = fuse_scores(lexical, cos, weight)
         order = sorted(rows, key=lambda rid: (-fused[rid], rid))
         return [(rows[rid], fused[rid]) for rid in order[:k]]
 

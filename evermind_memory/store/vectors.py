@@ -50,7 +50,7 @@ class Generation:
 def build_index(dim: int, config: IndexConfig, labels: np.ndarray, vectors: np.ndarray) -> VectorIndex:
     """A new index holding `vectors` (N, D) under `labels` (N,), with room for a quarter more."""
     cap = max(config.initial_capacity, len(labels) + len(labels) // 4)
-    index = VectorIndex(dim, IndexConfig(**{**config.__dict__, "initial_capacity": cap}))
+    index = VectorIndex(dim, config, capacity=cap)
     index.add(labels, vectors)
     return index
 

@@ -4,6 +4,8 @@ it, and that no view can change, upsert over, supersede, judge or clear another 
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -262,3 +264,62 @@ def test_the_postgres_compiler_carries_the_scope_and_expiry_too():
     assert pg.count("%s") == len(pg_params) == len(lite_params) == lite.count("?")
     assert 'f.scope COLLATE "C" >= %s' in pg and "f.expires_at > %s" in pg and now in pg_params
     assert "user=ada" not in pg and lite_params[:4] == ["user=ada", "user=ada0", "user=ada", "user=ada/"]
+
+
+def _scoped_store(path, embedder) -> dict[str, tuple]:
+    """A store of scoped, typed-tag, expiring and pinned facts; returns id -> (scope, tags, expires?, pinned)."""
+    made = {}
+    with MemoryStore(path, embedder) as store:
+        for i in range(60):
+            view = store.scope(user=f"u{i % 3}")
+            tags = {"n": i, "even": i % 2 == 0, "name": f"fact number {i} "}
+            ttl, pinned = (3600, False) if i % 5 == 0 else (None, i % 7 == 0)
+            fid = view.remember(f"fact number {i} about tea and cats " + "words " * 20, tags=tags, ttl=ttl,
+                                pinned=pinned)
+            made[fid] = ({"user": f"u{i % 3}"}, tags, ttl is not None, pinned)
+    return made
+
+
+def _same_as_made(store, made: dict, ids) -> None:
+    for fid in ids:
+        fact = store.get(fid)
+        scope, tags, expires, pinned = made[fid]
+        assert (fact.scope, fact.tags, fact.expires_at is not None, fact.pinned) == (scope, tags, expires, pinned)
+    assert store.scope(user="u1").count(where={"n": {"$gte": 30}, "even": False}) == sum(
+        1 for fid in ids if made[fid][0] == {"user": "u1"} and made[fid][1]["n"] >= 30 and made[fid][1]["n"] % 2)
+
+
+def test_repair_in_place_keeps_scopes_typed_tags_and_expiry(tmp_path, embedder):
+    db = tmp_path / "m.db"
+    made = _scoped_store(db, embedder)
+    victim = next(iter(made))
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE facts SET created_at = 'not a time' WHERE id = ?", (victim,))
+    conn.execute("DELETE FROM fact_tags")  # the typed tag rows are derived: repair rebuilds them
+    conn.commit()
+    conn.close()
+    with MemoryStore(db, embedder) as store:
+        report = store.repair()
+        assert report.ok and report.mode == "in place"
+        _same_as_made(store, made, made)
+        assert [c.op for c in store.scope(user="u0").history(victim)] == ["remember"]
+
+
+def test_salvage_keeps_the_scopes_and_expiry_of_what_it_reads(tmp_path, embedder):
+    from evermind_memory.store import repair_store
+    from fault_cases import _page_of_facts
+
+    db = tmp_path / "m.db"
+    made = _scoped_store(db, embedder)
+    _page_of_facts(db)
+    report = repair_store(db, embedder)
+    assert report.mode != "in place" and report.ok
+    with MemoryStore(db, embedder) as store:
+        kept = {f.id for f in store.list(limit=1000)}
+        assert len(kept) >= 50  # a page of rows was lost; the change log brings most back
+        changed = 0
+        for fid in kept:  # every kept fact is still in its own scope (its change log names it too)
+            fact = store.get(fid)
+            assert fact.scope == made[fid][0] and store.scope(**fact.scope).get(fid).id == fid
+            changed += ((fact.expires_at is not None), fact.pinned) != (made[fid][2], made[fid][3])
+        assert changed <= report.restored  # only a fact rebuilt from the change log loses its expiry or pin

@@ -38,6 +38,7 @@ from typing import Any, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from ...errors import RowDamaged
 from ..filters import Filter, MatchAll
 from ..records import Change, Fact, Recall
 from ..scope import scope_parts
@@ -100,18 +101,76 @@ class FactRow(NamedTuple):
         return _tags(self.tags_json)
 
     def _common(self) -> dict:
-        return dict(id=self.id, text=self.text, tags=self.tags, source=self.source,
-                    created_at=datetime.fromisoformat(self.created_at),
-                    updated_at=datetime.fromisoformat(self.updated_at), expires_at=_time(self.expires_at),
-                    pinned=bool(self.pinned), scope=scope_parts(self.scope))
+        """The fields Fact and Recall share, checked: a damaged row raises RowDamaged (store/damage.py)."""
+        try:
+            out = dict(id=self.id, text=self.text, tags=self.tags, source=self.source,
+                       created_at=_when("created_at", self.created_at),
+                       updated_at=_when("updated_at", self.updated_at))
+            reason = row_problem(out)
+            out.update(expires_at=None if self.expires_at is None else _when("expires_at", self.expires_at),
+                       pinned=bool(self.pinned), scope=scope_parts(self.scope))
+        except (ValueError, TypeError, AttributeError) as exc:
+            reason = str(exc) if str(exc).startswith("its ") else f"{type(exc).__name__}: {exc}"
+        if reason is not None:
+            raise RowDamaged(f"fact {self.id!r:.80} (row {self.rid}) is damaged: {reason}. Run store.repair() (or "
+                             "`evermind repair`): it fixes what it can and quarantines the rest.", part="fact row")
+        return out
 
     def to_fact(self) -> Fact:
-        """The public Fact."""
+        """The public Fact.
+
+        Raises:
+            RowDamaged: the row is unreadable.
+        """
         return Fact(**self._common(), fingerprint=self.fingerprint)
 
     def to_recall(self, score: float) -> Recall:
-        """The public Recall with `score`."""
+        """The public Recall with `score`.
+
+        Raises:
+            RowDamaged: the row is unreadable.
+        """
         return Recall(score=float(score), **self._common())
+
+
+def _when(name: str, text: str) -> datetime:
+    """A stored timestamp, parsed; a ValueError names the field."""
+    try:
+        return datetime.fromisoformat(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"its {name} {text!r:.40} is not a timestamp ({exc})") from None
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogates: the backend decodes damaged bytes to them)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def row_problem(fields: dict) -> str | None:
+    """What is wrong with a fact's decoded fields (id, text, tags, source, created_at, updated_at), or None."""
+    for name in ("id", "text"):
+        value = fields[name]
+        if not isinstance(value, str) or not value.strip():
+            return f"its {name} is {type(value).__name__} {value!r:.40}, not text"
+        if not _utf8(value):
+            return f"its {name} holds bytes that are not UTF-8"
+    source = fields["source"]
+    if source is not None and (not isinstance(source, str) or not _utf8(source)):
+        return f"its source is {source!r:.40}, not text"
+    tags = fields["tags"]
+    if not isinstance(tags, dict) or not all(isinstance(k, str) and _utf8(k) and isinstance(v, (str, int, float, bool))
+                                             and (not isinstance(v, str) or _utf8(v)) for k, v in tags.items()):
+        return f"its tags are {str(tags)[:60]!r}, not a JSON object of labels"
+    for name in ("created_at", "updated_at"):
+        if fields[name].tzinfo is None:
+            return f"its {name} {fields[name].isoformat()!r} has no time zone"
+    return None
 
 
 class NewFact(NamedTuple):
@@ -382,6 +441,13 @@ class Backend(Protocol):
 
     def fts_integrity(self) -> str | None:
         """The full-text index's own deep check (a writer only): None when it passes, else the error."""
+
+    def count_damaged(self, dim: int) -> tuple[int, int, str | None]:
+        """(fact rows a read would skip, damaged vectors, the first reason), changing nothing."""
+
+    def repair_rows(self, dim: int) -> tuple[Any, list[str]]:
+        """Repair in place in one transaction (fix or quarantine damaged rows, rebuild derived tables); returns
+        (counts, the engine's integrity findings afterwards: ["ok"] when sound)."""
 
     def backup(self, dest: str) -> None:
         """Write a consistent copy of the database to the new file `dest` while the store stays live."""

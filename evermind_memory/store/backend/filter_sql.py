@@ -92,6 +92,17 @@ def tag_rows(fact_id: str, tags: Mapping[str, Any]) -> list[tuple[str, str, str,
     return [tag_row(fact_id, k, v) for k, v in check_typed_tags(tags).items()]
 
 
+# Every fact's tag rows again, from facts.tags (repair): the rows tag_row() writes. (A float's `value` text may be
+# written otherwise than Python's JSON, "1.0e+16" for "1e+16"; filters compare numbers by `num`, never by it.)
+REBUILD_TAGS_SQL = (
+    "INSERT INTO fact_tags (fact_id, key, value, vtype, num) SELECT f.id, j.key, "
+    "CASE j.type WHEN 'text' THEN j.value WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE CAST(j.value AS TEXT) END, "
+    "CASE j.type WHEN 'text' THEN 's' WHEN 'integer' THEN 'i' WHEN 'real' THEN 'f' ELSE 'b' END, "
+    "CASE WHEN j.type IN ('integer', 'real') THEN j.value END "
+    "FROM facts f, json_each(f.tags) j WHERE j.type IN ('text', 'integer', 'real', 'true', 'false')"
+)
+
+
 def tag_from_row(value: str, vtype: str) -> str | int | float | bool:
     """A tag value back from its (value, vtype) columns (check() can compare these with facts.tags)."""
     return value if vtype == "s" else json.loads(value)

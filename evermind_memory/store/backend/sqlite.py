@@ -19,6 +19,7 @@ connection to close a file checkpoints only under an exclusive lock on it (no on
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -28,10 +29,12 @@ from typing import Callable, Iterator
 
 import sqlite_utils
 
-from ...errors import EvermindError, InvalidInput, StoreLocked
+from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
 from . import utc_now
+from . import sqlite_repair
 from .filter_sql import migrate_typed_tags
+from .sqlite_faults import preflight, repair_hint, translate
 from .sqlite_session import SQLiteSession
 
 # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: many writer
@@ -40,6 +43,9 @@ from .sqlite_session import SQLiteSession
 SCHEMA_VERSION = 4
 WAL_SIZE_LIMIT = 64 << 20  # bytes a reset WAL file is truncated back to
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
+# Text columns are decoded by us: a damaged byte in one row's text then yields that row (with lone surrogates,
+# which the row's reader refuses: backend.FactRow) instead of failing the whole query it belongs to.
+_decode_text = functools.partial(str, encoding="utf-8", errors="surrogateescape")
 
 
 def _create_feedback(conn: sqlite3.Connection) -> None:
@@ -88,7 +94,11 @@ def _share_legacy_lock(path: str) -> int | None:
         import fcntl
     except ImportError:  # pragma: no cover
         return None
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise translate(exc, path, f"opening the writer lock file {path}.lock (a writer needs to create and "
+                                   "write it beside the database)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -135,16 +145,24 @@ class SQLiteBackend:
         self._writer_session: SQLiteSession | None = None
         self._checkpointer: sqlite3.Connection | None = None
         self._legacy_fd: int | None = None
-        if read_only:
-            with self.reading() as session:
-                self._check_readable_schema(session)
-        else:
-            self._legacy_fd = None if self.memory else _share_legacy_lock(self.path)
-            self._writer = self._connect(write=True)
-            self._writer_session = SQLiteSession(self._writer)
-            self._ensure_schema()
         if not self.memory:
-            self.identity = identify(self.path)
+            preflight(self.path)  # before SQLite or our lock file touch a damaged or foreign file
+        try:
+            if read_only:
+                with self.reading() as session:
+                    self._check_readable_schema(session)
+            else:
+                self._legacy_fd = None if self.memory else _share_legacy_lock(self.path)
+                self._writer = self._connect(write=True)
+                self._writer_session = SQLiteSession(self._writer)
+                self._ensure_schema()
+            if not self.memory:
+                self.identity = identify(self.path)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, (sqlite3.Error, OSError)):
+                raise translate(exc, self.path, "opening the store") from exc
+            raise
 
     @property
     def closed(self) -> bool:
@@ -160,18 +178,23 @@ class SQLiteBackend:
         else:
             uri = Path(self.path).as_uri() + "?mode=ro"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
-        conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("PRAGMA trusted_schema = OFF")
-        conn.execute("PRAGMA mmap_size = 0")
-        conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints only through checkpoint() (the WAL-reset bug)
-        if write and not self.memory:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                conn.close()
-                raise EvermindError(f"{self.path}: could not switch to WAL journal mode (got {mode}); is it on a local disk?")
-            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")  # a reset WAL shrinks back to this
-        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        try:
+            conn.text_factory = _decode_text
+            conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA trusted_schema = OFF")
+            conn.execute("PRAGMA mmap_size = 0")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints only through checkpoint() (the WAL-reset bug)
+            if write and not self.memory:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise EvermindError(f"{self.path}: could not switch to WAL journal mode (got {mode}); is it on a "
+                                        "local disk?")
+                conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")  # a reset WAL shrinks back to this
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        except BaseException:
+            _close_quietly(conn)
+            raise
         return conn
 
     @contextlib.contextmanager
@@ -181,15 +204,21 @@ class SQLiteBackend:
             raise EvermindError("this MemoryStore is closed.")
         if self.memory:
             with self.write_mutex:
-                yield self._writer_session
+                try:
+                    yield self._writer_session
+                except sqlite3.Error as exc:
+                    raise translate(exc, self.path, "reading") from exc
             return
         session = getattr(self._local, "session", None)
-        if session is None:
-            conn = self._connect(write=False)
-            session = self._local.session = SQLiteSession(conn)
-            with self._readers_lock:
-                self._readers.append(conn)
-        yield session
+        try:
+            if session is None:
+                conn = self._connect(write=False)
+                session = self._local.session = SQLiteSession(conn)
+                with self._readers_lock:
+                    self._readers.append(conn)
+            yield session
+        except (sqlite3.Error, OSError) as exc:
+            raise translate(exc, self.path, "reading") from exc
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[SQLiteSession]:
@@ -233,10 +262,14 @@ class SQLiteBackend:
                         f"({self.busy_ms / 1000:g} s); nothing from this call was stored. Retry, or open the store with "
                         "a larger busy_timeout."
                     ) from exc
-                raise EvermindError(
-                    f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
-                    "Free disk space or check the file's permissions, then retry."
-                ) from exc
+                kind = translate(exc, self.path, "writing")
+                err = type(kind)(f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
+                                 "Free disk space or check the file's permissions, then retry.")
+                if isinstance(kind, OSError):
+                    err.errno = kind.errno
+                raise err from exc
+            except (sqlite3.Error, OSError) as exc:  # a damaged page, table or row met by the write
+                raise translate(exc, self.path, "writing (nothing from this call was stored)") from exc
 
     def checkpoint(self) -> tuple[int, int]:
         """Copy the WAL back into the database while no one can commit (see the module docstring).
@@ -248,13 +281,17 @@ class SQLiteBackend:
         if self.memory or self._writer is None or self._closed:
             return 0, 0
         with self.write_mutex:
-            if self._checkpointer is None:
-                self._checkpointer = self._connect(write=True)
-            self._writer.execute("BEGIN IMMEDIATE")
             try:
-                _, log, done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            finally:
-                self._writer.execute("ROLLBACK")
+                if self._checkpointer is None:
+                    self._checkpointer = self._connect(write=True)
+                self._writer.execute("BEGIN IMMEDIATE")
+                try:
+                    _, log, done = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                finally:
+                    if self._writer.in_transaction:
+                        self._writer.execute("ROLLBACK")
+            except (sqlite3.Error, OSError) as exc:
+                raise translate(exc, self.path, "checkpointing the WAL") from exc
         return int(log), int(done)
 
     def describe(self) -> dict:
@@ -273,10 +310,35 @@ class SQLiteBackend:
                 return str(exc)
         return None
 
+    def count_damaged(self, dim: int) -> tuple[int, int, str | None]:
+        """(fact rows a read would skip, damaged vectors, the first reason): check()'s row audit."""
+        with self.snapshot() as session:
+            return sqlite_repair.count_damaged(session.conn, dim)
+
+    def repair_rows(self, dim: int) -> tuple[sqlite_repair.RepairCounts, list[str]]:
+        """Repair in place, in one write transaction (other processes may stay open): rebuild the indexes, fix or
+        quarantine damaged fact rows, rebuild the tag rows and the full-text index. Returns (what was done, the
+        integrity check afterwards: ["ok"] when the file is sound, else the file needs salvage)."""
+        counts = sqlite_repair.RepairCounts()
+        with self.write_mutex:
+            try:
+                self._writer.execute("REINDEX")
+            except sqlite3.DatabaseError as exc:
+                return counts, [f"REINDEX failed: {exc}"]
+            with self.transaction() as tx:
+                sqlite_repair.fix_rows(tx.conn, dim, counts)
+                try:
+                    sqlite_repair.rebuild_derived(tx.conn)
+                except sqlite3.DatabaseError as exc:
+                    raise StoreCorrupt(f"{self.path}: the derived tables cannot be rebuilt in place ({exc}).",
+                                       path=self.path, part="full-text index") from exc
+            with self.reading() as r:
+                return counts, sqlite_repair.integrity(r.conn)
+
     def backup(self, dest: str) -> None:
         """`VACUUM INTO` a new file: a consistent copy while the store stays live."""
         with self.reading() as session:
-            session.conn.execute("VACUUM INTO ?", (dest,))
+            session.conn.execute("VACUUM INTO ?", (dest,))  # (reading() turns a refusal into our error)
 
     def vacuum(self) -> None:
         """VACUUM on the writing connection: free pages go back to the file system once the WAL holding the new
@@ -305,13 +367,13 @@ class SQLiteBackend:
         self._closed = True
         with self._readers_lock:
             for conn in self._readers:
-                conn.close()
+                _close_quietly(conn)
             self._readers.clear()
         if self._writer is not None:
             with self.write_mutex:
                 if self._checkpointer is not None:
-                    self._checkpointer.close()
-                self._writer.close()
+                    _close_quietly(self._checkpointer)
+                _close_quietly(self._writer)
         if self._legacy_fd is not None:
             os.close(self._legacy_fd)  # (closing the descriptor releases its shared lock)
             self._legacy_fd = None
@@ -325,7 +387,7 @@ class SQLiteBackend:
                 if names - {"sqlite_sequence"}:
                     raise EvermindError(f"{self.path} is an SQLite file but not an evermind store (tables: {sorted(names)[:5]}).")
                 self._create_schema(db, session.conn)
-            version = int(session.meta("schema_version") or 0)
+            version = _schema_version(session, self.path)
             if version > SCHEMA_VERSION:
                 raise EvermindError(
                     f"{self.path} has schema version {version}; this evermind_memory knows up to {SCHEMA_VERSION}. "
@@ -335,6 +397,7 @@ class SQLiteBackend:
                 MIGRATIONS[version](session.conn)
                 version += 1
                 session.set_meta("schema_version", str(version))
+            self._check_tables(session)
             moved = not self.memory and session.meta("path") != self.path
             if moved:
                 session.set_meta("path", self.path)  # the name every process opens it by (store/identity.py)
@@ -345,12 +408,27 @@ class SQLiteBackend:
         names = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "meta" not in names:
             raise EvermindError(f"{self.path} is not an evermind store.")
-        version = int(session.meta("schema_version") or 0)
+        version = _schema_version(session, self.path)
         if version != SCHEMA_VERSION:
             raise EvermindError(
                 f"{self.path} has schema version {version}, expected {SCHEMA_VERSION}; open it once as a writer "
                 "(read_only=False) with this version to migrate it."
             )
+        self._check_tables(session)
+
+    def _check_tables(self, session: SQLiteSession) -> None:
+        """Refuse a store missing tables its schema has (a dropped full-text index, a lost table).
+
+        Raises:
+            StoreCorrupt: naming the missing tables.
+        """
+        have = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = sorted(expected_tables() - have)
+        if missing:
+            part = "full-text index" if all(m.startswith("facts_fts") for m in missing) else "schema"
+            raise StoreCorrupt(f"{self.path}: the {part} is damaged: table{'s' * (len(missing) > 1)} "
+                               f"{', '.join(missing)} {'are' if len(missing) > 1 else 'is'} missing. "
+                               f"{repair_hint(self.path)}.", path=self.path, part=part)
 
     @staticmethod
     def _create_schema(db: sqlite_utils.Database, conn: sqlite3.Connection) -> None:
@@ -387,3 +465,77 @@ class SQLiteBackend:
             "INSERT INTO meta (key, value) VALUES (?, ?)",
             [("schema_version", str(SCHEMA_VERSION)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
         )
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    """Close a connection; a close that fails (a full disk refusing the WAL's last write) leaves nothing to do:
+    what was committed is in the WAL, and the next opener recovers it."""
+    try:
+        conn.close()
+    except sqlite3.Error:
+        pass
+
+
+def _schema_version(session: SQLiteSession, path: str) -> int:
+    """The store's schema version, from meta.
+
+    Raises:
+        StoreCorrupt: the recorded version is not a number.
+    """
+    raw = session.meta("schema_version")
+    try:
+        return int(raw or 0)
+    except ValueError:
+        raise StoreCorrupt(f"{path}: the schema version recorded in meta is {raw!r:.40}, not a number. "
+                           f"{repair_hint(path)}.", path=path, part="schema") from None
+
+
+@functools.lru_cache(maxsize=1)
+def expected_tables() -> frozenset[str]:
+    """The tables a store of this schema version has (those a new store is created with)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        SQLiteBackend._create_schema(sqlite_utils.Database(conn), conn)
+        return frozenset(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                         if not r[0].startswith("sqlite_"))
+    finally:
+        conn.close()
+
+
+def salvage_into(damaged: str, new_path: str, final_path: str, dim: int) -> tuple[sqlite_repair.RepairCounts, list[str]]:
+    """Build a new store file at `new_path` from the readable rows of the damaged copy `damaged`, then repair its
+    rows (see sqlite_repair). `final_path` is the name it will have (recorded as meta "path").
+
+    Returns:
+        (what was done, the new file's integrity check).
+    """
+    counts = sqlite_repair.RepairCounts()
+    if not sqlite_repair.patch_header(damaged) and os.path.getsize(damaged) == 0:
+        counts.note("the database file was empty: nothing to salvage")
+    src = None
+    try:
+        sqlite_repair.drop_lost_tables(damaged)
+        src = sqlite_repair.open_damaged(damaged)
+        src.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        counts.note(f"the damaged file cannot be read at all ({exc})")
+        counts.unreadable_pages += 1
+        if src is not None:
+            src.close()
+        src = None
+    new = SQLiteBackend(new_path, read_only=False, durability="full", busy_timeout=5.0)
+    try:
+        with new.transaction() as tx:
+            if src is not None:
+                sqlite_repair.salvage(src, tx.conn, counts)
+            tx.set_meta("path", final_path)
+        done, found = new.repair_rows(dim)
+        for name in ("scanned", "fixed", "quarantined", "vectors_cleared"):
+            setattr(counts, name, getattr(counts, name) + getattr(done, name))
+        counts.reasons += done.reasons[: max(0, 20 - len(counts.reasons))]
+        new.checkpoint()
+    finally:
+        new.close()
+        if src is not None:
+            src.close()
+    return counts, found

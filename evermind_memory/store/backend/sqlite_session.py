@@ -28,6 +28,7 @@ FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, l
 _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
 _IN_CHUNK = 500
+UNIT_TOLERANCE = 0.02  # a stored vector's squared norm is 1 within float32 rounding; one damaged float moves it more
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -50,6 +51,16 @@ def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
     if not blobs:
         return np.zeros((0, dim), dtype=np.float32)  # (0, D)
     return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dim).astype(np.float32)  # (N, D)
+
+
+def usable_rows(matrix: np.ndarray) -> np.ndarray:
+    """(N,) bool: rows of an (N, D) float32 matrix that are stored vectors as the store writes them: finite and of
+    unit length (R10; every vector is normalised before it is stored, so a damaged one shows in its norm)."""
+    if not len(matrix):
+        return np.zeros(0, dtype=bool)
+    with np.errstate(over="ignore", invalid="ignore"):
+        norms = np.einsum("nd,nd->n", matrix, matrix, dtype=np.float64)  # (N,) squared norms
+    return np.isfinite(norms) & (np.abs(norms - 1.0) < UNIT_TOLERANCE)
 
 
 def _blob(vector: np.ndarray) -> bytes:
@@ -222,11 +233,15 @@ class SQLiteSession:
             for label, blob in self.conn.execute(sql, params):
                 out_labels.append(label)
                 blobs.append(blob)
-        good = [i for i, b in enumerate(blobs) if b is not None and len(b) == 4 * dim]
+        good = [i for i, b in enumerate(blobs) if isinstance(b, bytes) and len(b) == 4 * dim]
         if len(good) != len(blobs):
             out_labels = [out_labels[i] for i in good]
             blobs = [blobs[i] for i in good]
-        return np.array(out_labels, dtype=np.int64), vectors_from_blobs(blobs, dim)  # (N,), (N, D)
+        labels_arr, matrix = np.array(out_labels, dtype=np.int64), vectors_from_blobs(blobs, dim)  # (N,), (N, D)
+        usable = usable_rows(matrix)  # (N,) a damaged vector (NaN, Inf, zero) is left out like a short one
+        if not usable.all():
+            return labels_arr[usable], matrix[usable]
+        return labels_arr, matrix
 
     def labels(self, fingerprint: str | None) -> set[int]:
         if fingerprint is None:
@@ -348,9 +363,10 @@ class SQLiteSession:
             bad_vectors=conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND length(vector) != ?",
                                      (4 * dim,)).fetchone()[0],
             fts_rows=conn.execute("SELECT COUNT(*) FROM facts_fts_docsize").fetchone()[0],
-            tags_out_of_sync=conn.execute(
-                "SELECT COUNT(*) FROM facts f WHERE (SELECT COUNT(*) FROM fact_tags t WHERE t.fact_id = f.id) "
-                "!= (SELECT COUNT(*) FROM json_each(f.tags))"
+            tags_out_of_sync=conn.execute(  # (unreadable tags JSON counts as out of sync, without failing the query)
+                "SELECT COUNT(*) FROM facts f WHERE NOT json_valid(f.tags) OR (SELECT COUNT(*) FROM fact_tags t "
+                "WHERE t.fact_id = f.id) != (SELECT COUNT(*) FROM json_each(CASE WHEN json_valid(f.tags) THEN f.tags "
+                "ELSE '{}' END))"
             ).fetchone()[0],
         )
 
@@ -490,9 +506,12 @@ class SQLiteSession:
                                           [fingerprint, *chunk]).fetchall()
         out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
         vectors = np.zeros((len(rows), dim), dtype=np.float32)  # (N, D)
-        have = [i for i, r in enumerate(rows) if r[2] is not None and len(r[2]) == 4 * dim]
+        have = [i for i, r in enumerate(rows) if isinstance(r[2], bytes) and len(r[2]) == 4 * dim]
         if have:
-            vectors[have] = vectors_from_blobs([rows[i][2] for i in have], dim)
+            got = vectors_from_blobs([rows[i][2] for i in have], dim)  # (H, D)
+            usable = usable_rows(got)  # (H,) a damaged one is made again, like a missing one
+            have = [i for i, ok in zip(have, usable.tolist()) if ok]
+            vectors[have] = got[usable]
         have_set = set(have)
         return GenerationRows(out, vectors, [(i, rows[i][1]) for i in range(len(rows)) if i not in have_set])
 
