@@ -351,6 +351,17 @@ class Sweeper:
         """Whether the thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
+    def start_if_needed(self, db: Backend, *, known: bool = False) -> None:
+        """Start the thread unless it runs, once the store holds a fact with an expiry (`known`: one was just
+        remembered; else look)."""
+        if self.running:
+            return
+        if not known:
+            with db.reading() as r:
+                if not r.expired_rows(datetime.max.replace(tzinfo=timezone.utc), "", 1):
+                    return
+        self.start()
+
     def start(self) -> None:
         """Start the thread unless it runs."""
         if not self.running:

@@ -21,7 +21,6 @@ import os
 import sys
 import warnings
 import weakref
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,7 +28,7 @@ from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
-from .backend import FactRow, NewFact, new_id, open_backend, utc_now
+from .backend import FactRow, new_id, open_backend, utc_now
 from .damage import readable
 from .embedding import VectorWorker, embed_query, probe_embedder
 from .filters import MatchAll
@@ -43,16 +42,15 @@ from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
 from .search import Search, candidate_pool, hybrid_weight, rerank_by_recency
 from .selection import select
-from .timing import check_half_life, expiry, time_text
+from .timing import check_half_life
 from .vectors import VectorCache
 from .validate import (
     FUSIONS, MAX_LIST_LIMIT, MODES, check_choice, check_flag, check_id, check_int, check_k, check_min_score,
     check_source, check_text, check_typed_tags,
 )
-from .writer import Writer, not_found, reachable
+from .writer import Writer, new_fact, not_found, reachable
 
 FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
-_END_OF_TIME = datetime.max.replace(tzinfo=timezone.utc)
 
 
 class MemoryStore(MaintenanceMethods, AdaptationMethods):
@@ -205,13 +203,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
     def _start_sweeper(self, expires: str | None) -> None:
         """Run the sweeper thread once this writer's store has a fact that can expire (`expires` None: look)."""
-        if not self._access.writes or self._root._sweeper.running:
-            return
-        if expires is None:
-            with self._db.reading() as r:
-                if not r.expired_rows(_END_OF_TIME, "", 1):
-                    return
-        self._root._sweeper.start()
+        if self._access.writes:
+            self._root._sweeper.start_if_needed(self._db, known=expires is not None)
 
     # ---- guards --------------------------------------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -274,7 +267,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             `flush()` or the next vector/hybrid recall raises for it).
         """
         self._check_writable("remember")
-        item = self._new_fact("remember", text, tags, source, ttl, expires_at, pinned)
+        item = new_fact("remember", self._scope, text, tags, source, ttl, expires_at, pinned)
         if check_flag(dedup, "dedup", "remember"):
             if id is not None:
                 raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not both.")
@@ -288,19 +281,6 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if item.expires_at is not None:
             self._start_sweeper(item.expires_at)
         return fid
-
-    def _new_fact(self, method: str, text: Any, tags: Any, source: Any, ttl: Any, expires_at: Any, pinned: Any) -> NewFact:
-        """A checked NewFact in this handle's scope, remembered now."""
-        text = check_text(text)
-        tags = check_typed_tags(tags)
-        source = check_source(source)
-        now = datetime.now(timezone.utc)
-        expires = expiry(ttl=ttl, expires_at=expires_at, now=now)
-        if check_flag(pinned, "pinned", method) and expires is not None:
-            raise InvalidInput(f"{method}() got pinned=True with an expiry; a pinned fact never expires: drop one.")
-        stamp = time_text(now)
-        return NewFact(new_id(), text, tags, source, stamp, stamp, None if expires is None else time_text(expires),
-                       pinned, self._scope)
 
     def flush(self) -> None:
         """Wait until every remembered fact's vector is embedded and indexed (default background embedding).
@@ -341,9 +321,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             raise InvalidInput(f"remember_many() expected a list of str, got {type(texts).__name__}.")
         checked = [check_text(t, f"texts[{i}]" if len(texts) > 1 else "text") for i, t in enumerate(texts)]
         if not checked:
-            self._new_fact("remember_many", "-", tags, source, ttl, expires_at, pinned)  # the other arguments
+            new_fact("remember_many", self._scope, "-", tags, source, ttl, expires_at, pinned)  # the other arguments
             return []
-        first = self._new_fact("remember_many", checked[0], tags, source, ttl, expires_at, pinned)
+        first = new_fact("remember_many", self._scope, checked[0], tags, source, ttl, expires_at, pinned)
         items = [first] + [first._replace(id=new_id(), text=t) for t in checked[1:]]
         ids = self._writer.insert_embedded(items)
         if first.expires_at is not None:

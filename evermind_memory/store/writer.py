@@ -15,13 +15,13 @@ queued without a vector names this store as its owner; after a commit the store 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .._crash import crash_point
 from ..errors import FactNotFound, InvalidInput
-from .backend import Backend, FactRow, NewFact, utc_now
+from .backend import Backend, FactRow, NewFact, new_id, utc_now
 from .dedup import NEIGHBOURS, Decision, find_duplicate
 from .embedding import PENDING_MAX, VectorWorker, embed_serving, embed_texts
 from .generations import Generations
@@ -29,10 +29,30 @@ from .maintenance import Checkpoints
 from .scope import visible
 from .search import Search
 from .selection import same_kind
-from .timing import time_text
+from .timing import expiry, time_text
+from .validate import check_flag, check_source, check_text, check_typed_tags
 from .vectors import VectorCache
 
 SWEEP_BATCH = 1000  # expired facts deleted per transaction
+
+
+def new_fact(method: str, scope: str, text: Any, tags: Any, source: Any, ttl: Any, expires_at: Any,
+             pinned: Any) -> NewFact:
+    """remember()'s arguments checked into a NewFact in `scope`, remembered now.
+
+    Raises:
+        InvalidInput: a bad text, tags, source, ttl, expires_at or pinned; an expiry with pinned=True.
+    """
+    text = check_text(text)
+    tags = check_typed_tags(tags)
+    source = check_source(source)
+    now = datetime.now(timezone.utc)
+    expires = expiry(ttl=ttl, expires_at=expires_at, now=now)
+    if check_flag(pinned, "pinned", method) and expires is not None:
+        raise InvalidInput(f"{method}() got pinned=True with an expiry; a pinned fact never expires: drop one.")
+    stamp = time_text(now)
+    return NewFact(new_id(), text, tags, source, stamp, stamp, None if expires is None else time_text(expires),
+                   pinned, scope)
 
 
 def reachable(row: FactRow | None, scope: str, now: str) -> bool:
