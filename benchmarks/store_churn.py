@@ -2,7 +2,9 @@
 
 A steady state of `--live` facts: each step remembers a new fact (about 120 characters, one tag) and forgets
 the oldest, so `--ops` operations are half remembers, half forgets. The database file, its WAL and the index
-snapshot are measured every `--every` operations (after a flush, so every vector is in). Variants, each on its
+snapshot are measured every `--every` operations (after a flush, so every vector is in). The WAL file is kept
+by SQLite at its largest size up to the store's limit (backend/sqlite.py WAL_SIZE_LIMIT, 64 MB) and reused
+after each checkpoint, so it levels off on its own; the database file is what the history grows. Variants, each on its
 own file, one after another in one process:
   no compact          churn only: a forget keeps the fact's history (its text), so the changes table grows
   compact only        compact(keep_history=0, vacuum=False) every --every ops: the history of forgotten facts
@@ -16,6 +18,7 @@ disk are the same, the embedding is much faster); --model shipped uses the shipp
 
     python benchmarks/store_churn.py [--ops 100000] [--live 1000] [--every 10000] [--ttl 2] [--model tiny|shipped]
                                      [--json out.json]
+    python benchmarks/store_churn.py --report benchmarks/results/store_churn.json   (the tables again)
 """
 
 from __future__ import annotations
@@ -100,6 +103,23 @@ def churn(path: Path, emb, variant: str, ops: int, live: int, every: int, ttl_s:
     return rows
 
 
+def print_tables(results: dict, chosen: list[str], live: int, model: str) -> None:
+    """The database file alone, then with its WAL and the index, per checkpoint and variant (MB)."""
+    checkpoints = sorted({r["ops"] for rows in results.values() for r in rows})
+    for title, key in (("database file", "db"), ("database + WAL + index", "total")):
+        print(f"\nMB on disk, {title}, under remember/forget churn ({live:,} live facts, model {model})")
+        print(f"{'ops':>9s} " + " ".join(f"{v:>20s}" for v in chosen))
+        for ops in checkpoints:
+            cells = []
+            for v in chosen:
+                row = next((r for r in results[v] if r["ops"] == ops), None)
+                cells.append(f"{row[key] / 1e6:17.2f} MB" if row else f"{'-':>20s}")
+            print(f"{ops:>9,} " + " ".join(cells))
+    print(f"{'live':>9s} " + " ".join(f"{results[v][-1]['facts']:>14,} facts" for v in chosen))
+    print(f"{'history':>9s} " + " ".join(f"{results[v][-1]['changes']:>15,} rows" for v in chosen))
+    print(f"{'time':>9s} " + " ".join(f"{results[v][-1]['seconds']:>18.0f} s" for v in chosen))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=100_000)
@@ -109,7 +129,12 @@ def main() -> None:
     ap.add_argument("--model", choices=("tiny", "shipped"), default="tiny")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ", ".join(VARIANTS))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--report", type=Path, help="print the tables of an earlier run's --json file and exit")
     args = ap.parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text(encoding="utf-8"))
+        print_tables(saved["results"], list(saved["results"]), saved["live"], saved["model"])
+        return
     if args.ttl <= 0:
         raise SystemExit("--ttl expects seconds > 0")
     emb = embedder(args.model)
@@ -118,18 +143,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for n, variant in enumerate(chosen):
             results[variant] = churn(Path(d) / f"churn{n}.db", emb, variant, args.ops, args.live, args.every, args.ttl)
-    checkpoints = sorted({r["ops"] for rows in results.values() for r in rows})
-    print(f"\nMB on disk (db + WAL + index) under remember/forget churn, {args.live:,} live facts, model {args.model}")
-    print(f"{'ops':>9s} " + " ".join(f"{v:>20s}" for v in chosen))
-    for ops in checkpoints:
-        cells = []
-        for v in chosen:
-            row = next((r for r in results[v] if r["ops"] == ops), None)
-            cells.append(f"{row['total'] / 1e6:17.2f} MB" if row else f"{'-':>20s}")
-        print(f"{ops:>9,} " + " ".join(cells))
-    print(f"{'live':>9s} " + " ".join(f"{results[v][-1]['facts']:>14,} facts" for v in chosen))
-    print(f"{'history':>9s} " + " ".join(f"{results[v][-1]['changes']:>15,} rows" for v in chosen))
-    print(f"{'time':>9s} " + " ".join(f"{results[v][-1]['seconds']:>18.0f} s" for v in chosen))
+    print_tables(results, chosen, args.live, args.model)
     if args.json:
         args.json.write_text(json.dumps({"ops": args.ops, "live": args.live, "every": args.every, "model": args.model,
                                          "results": results}, indent=2) + "\n", encoding="utf-8")
