@@ -17,6 +17,13 @@ Systems, all evaluated on both halves:
   cosine only       cosine >= the lowest threshold with no false duplicate on dev (a vector-only rule, fitted)
   rule (fitted)     store/dedup.py with the thresholds fitted here
   rule (shipped)    store/dedup.py with its constants MIN_COSINE / MIN_OVERLAP (should equal the fitted ones)
+  store, own scope  through the store: MemoryStore.remember(a), then remember(b, dedup=True) in a scope of its own
+                    per pair; a duplicate when the second call returns the first id
+  store, shared     every a remembered in one scope first (the others are distractors among the candidates),
+                    then each b with dedup=True (a b that is stored is forgotten again, so pairs do not see each
+                    other's b). Returning the pair's a: a duplicate claimed. Returning another pair's fact that
+                    repeats b (the same text up to case and punctuation, or a labelled duplicate: the set reuses
+                    texts across pairs): right, scored by the pair's label; one that does not: a false duplicate
 
     python benchmarks/dedup_quality.py [--data tests/data/duplicates.jsonl] [--json out.json] [--errors]
 """
@@ -84,6 +91,49 @@ def features(row: dict, vecs: dict[str, np.ndarray]) -> dict:
     return {"hard": d.dup, "same": d.reason.startswith("duplicate (the same words)"), "cosine": d.cosine, "overlap": d.overlap}
 
 
+def through_store(rows: list[dict], embedder) -> dict:
+    """The two store systems (see the module docstring), as {name: rule}; each rule looks its pair's answer up."""
+    from evermind_memory import MemoryStore
+
+    same = {frozenset((r["a"], r["b"])) for r in rows if r["dup"]}  # the duplicates the labels vouch for
+
+    def repeats(x: str, y: str) -> bool:
+        return _normalised(x) == _normalised(y) or frozenset((x, y)) in same
+
+    own, shared = {}, {}
+    with MemoryStore(":memory:", embedder) as store:
+        for i, r in enumerate(rows):
+            view = store.scope(run=f"pair-{i}")
+            own[id(r)] = view.remember(r["a"]) == view.remember(r["b"], dedup=True)
+        pool = store.scope(run="shared")
+        a_ids = {pool.remember(r["a"]): r["a"] for r in rows}
+        for r in rows:
+            got = pool.remember(r["b"], dedup=True)
+            if got not in a_ids:
+                shared[id(r)] = "new"
+                pool.forget(got)
+            elif a_ids[got] == r["a"]:
+                shared[id(r)] = "a"
+            else:  # another pair's fact: right when it repeats b (the labelled set reuses texts across pairs)
+                other = a_ids[got]
+                shared[id(r)] = "other, right" if repeats(other, r["b"]) or (r["dup"] and repeats(other, r["a"])) else "other, wrong"
+    counts = {k: sum(v == k for v in shared.values()) for k in ("other, right", "other, wrong")}
+    print(f"store, shared: {counts['other, right'] + counts['other, wrong']} of {len(rows)} b's returned another "
+          f"pair's fact: {counts['other, right']} a repeat of b (the same text, or a labelled duplicate), "
+          f"{counts['other, wrong']} not (scored as errors)")
+
+    def shared_rule(r: dict) -> bool:
+        # a: a duplicate claimed. another pair's fact that repeats b: a right answer whatever the label (scored as
+        # agreeing with it). one that does not: always an error (a false duplicate, or a miss in a duplicate pair;
+        # the count above says how many there were either way)
+        kind = shared[id(r)]
+        if kind.startswith("other"):
+            return r["dup"] if kind == "other, right" else not r["dup"]
+        return kind == "a"
+
+    return {"store, own scope": lambda r: own[id(r)], "store, shared": shared_rule}
+
+
 def score(pred: list[bool], gold: list[bool]) -> dict:
     tp = sum(p and g for p, g in zip(pred, gold))
     fp = sum(p and not g for p, g in zip(pred, gold))
@@ -120,6 +170,7 @@ def main() -> None:
         "rule (fitted)": lambda r: dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]],
                                                       min_cosine=fitted["min_cosine"], min_overlap=fitted["min_overlap"]).dup,
         "rule (shipped)": lambda r: dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]]).dup,
+        **through_store(rows, embedder),
     }
     results: dict = {"data": str(args.data.relative_to(REPO) if args.data.is_relative_to(REPO) else args.data),
                      "model": embedder.fingerprint, "fitted": fitted, "cosine_only_threshold": cos_only,

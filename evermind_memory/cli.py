@@ -23,10 +23,13 @@ from .errors import (
 )
 
 DB_ENV = "EVERMIND_DB"
-READ_COMMANDS = {"recall", "get", "list", "history", "export", "info"}  # opened read-only: they run beside a writer
+# opened read-only: they run beside a writer
+READ_COMMANDS = {"recall", "get", "list", "history", "export", "info", "count", "stats", "duplicates"}
 # Commands whose work needs no embedding model. Today MemoryStore() still loads and probes the model when it
 # opens; once the store loads it lazily these commands start without it (the CLI itself never forces it).
-MODEL_FREE_COMMANDS = {"get", "list", "history", "forget", "feedback", "check", "rebuild", "export", "backup", "info"}
+MODEL_FREE_COMMANDS = {"get", "list", "history", "forget", "feedback", "check", "rebuild", "export", "backup", "info",
+                       "count", "sweep", "compact", "stats", "clear"}
+SCOPE_LEVELS = ("namespace", "user", "agent", "run")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_LOCKED, EXIT_MODEL, EXIT_OS = 0, 1, 2, 3, 4, 5, 6
 EXIT_DAMAGED = 7
@@ -100,6 +103,17 @@ def _tag(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _json_object(text: str) -> dict:
+    """A JSON object argument (--where, --tags)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60} ({exc})")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60}")
+    return value
+
+
 def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (SUPPRESS keeps the main parser's value)."""
     p = argparse.ArgumentParser(add_help=False)
@@ -113,6 +127,9 @@ def _common() -> argparse.ArgumentParser:
                    help="BPE tokenizer JSON that goes with --model")
     p.add_argument("--durability", choices=("normal", "full"), default=argparse.SUPPRESS,
                    help="normal (default): survives application crashes; full: also power loss, slower commits")
+    for level in SCOPE_LEVELS:
+        p.add_argument(f"--{level}", default=argparse.SUPPRESS, metavar=level.upper(),
+                       help=f"work in this {level}'s scope only (see store.scope())")
     return p
 
 
@@ -126,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"evermind {__version__}",
                         help="print the version and exit")
-    parser.set_defaults(db=None, json=False, model=None, tokenizer=None, durability="normal")
+    parser.set_defaults(db=None, json=False, model=None, tokenizer=None, durability="normal", namespace=None, user=None,
+                        agent=None, run=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its options)")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -136,15 +154,34 @@ def build_parser() -> argparse.ArgumentParser:
     def tags(p: argparse.ArgumentParser, help_text: str) -> None:
         p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE", help=help_text)
 
+    def filters(p: argparse.ArgumentParser, *, source: bool = True, times: bool = True) -> None:
+        tags(p, "only facts carrying this tag (repeatable: all must match)")
+        p.add_argument("--where", type=_json_object, default=None, metavar="JSON",
+                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (see the README)')
+        if source:
+            p.add_argument("--source", help="only facts from this source")
+        if times:
+            p.add_argument("--since", default=None, metavar="TIME", help="created at or after (ISO 8601 with offset)")
+            p.add_argument("--until", default=None, metavar="TIME", help="created at or before (ISO 8601 with offset)")
+
     p = add("remember", "store a fact")
     p.add_argument("text", help="the fact ('-' reads it from stdin)")
-    tags(p, "an exact-match label (repeatable)")
+    tags(p, "a label (repeatable; the value is text)")
+    p.add_argument("--tags", type=_json_object, default=None, metavar="JSON",
+                   help='labels as JSON, values str, number or bool: \'{"priority": 2, "done": false}\'')
     p.add_argument("--source", help="provenance: who or what said it")
+    p.add_argument("--id", default=None, help="your own id: a fact with it is replaced (upsert, history kept)")
+    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="expire after this many seconds")
+    p.add_argument("--expires-at", default=None, metavar="TIME", help="expire at this time (ISO 8601 with offset)")
+    p.add_argument("--pinned", action="store_true", help="keep until forgotten (no expiry, no recency decay)")
+    p.add_argument("--dedup", action="store_true", help="if it repeats a stored fact, print that id, store nothing")
 
     p = add("recall", "find the facts that best match a query")
     p.add_argument("query", help="what to look for")
     p.add_argument("-k", type=int, default=5, help="at most this many facts (default 5)")
-    tags(p, "only facts carrying this tag (repeatable: all must match)")
+    filters(p)
+    p.add_argument("--recency", type=float, default=None, metavar="SECONDS",
+                   help="weight scores by 0.5 ** (age / SECONDS), age since the fact last changed (default: off)")
     p.add_argument("--mode", choices=("hybrid", "vector", "lexical"), default="hybrid",
                    help="hybrid (default): words and meaning; vector: meaning; lexical: words (needs no model)")
     p.add_argument("--fusion", choices=("score", "rrf"), default="score",
@@ -161,10 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clear-tags", action="store_true", help="remove every tag")
     p.add_argument("--source", help="the new source")
 
-    p = add("forget", "remove facts by id, or every fact with the given tags/source")
+    p = add("forget", "remove facts by id, or every fact matching --tag/--where/--source/--since/--until")
     p.add_argument("ids", nargs="*", metavar="ID", help="ids of the facts to remove")
-    tags(p, "remove every fact carrying this tag (repeatable: all must match)")
-    p.add_argument("--source", help="remove every fact from this source")
+    filters(p)
+
+    p = add("supersede", "replace a fact by a new one; both histories record the link")
+    p.add_argument("id", help="the fact replaced")
+    p.add_argument("text", help="the new fact ('-' reads it from stdin)")
+
+    p = add("clear", "forget every fact (of the scope given, else of the store)")
+    p.add_argument("--yes", action="store_true", help="required: confirms that every fact goes")
+
+    p = add("count", "count the facts that match (all of them with no filter)")
+    filters(p)
 
     p = add("feedback", "say whether a recalled fact answered a query (adaptation learns from it)")
     p.add_argument("query", help="the query as it was recalled")
@@ -174,8 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("list", "list facts in the order they were remembered")
     p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     p.add_argument("--offset", type=int, default=0, help="skip this many first")
-    tags(p, "only facts carrying this tag (repeatable: all must match)")
-    p.add_argument("--source", help="only facts from this source")
+    filters(p)
 
     p = add("history", "every change of a fact")
     p.add_argument("id", help="the fact's id")
@@ -194,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("backup", "write a consistent copy of the database (safe while others use it)")
     p.add_argument("dest", type=_path, help="the copy's path (must not exist)")
     add("info", "show sizes, identity and settings of the store")
+    add("stats", "show what the store holds and its size on disk")
+    add("sweep", "delete expired facts now (their history stays)")
+    p = add("compact", "sweep, prune the history of long-forgotten facts, VACUUM and rebuild the index")
+    p.add_argument("--keep-history-days", type=float, default=30.0, metavar="DAYS",
+                   help="keep the history of facts forgotten less than this long ago (default 30; 0: none)")
+    p.add_argument("--no-vacuum", action="store_true", help="leave the free pages inside the file (faster)")
+    p = add("duplicates", "list pairs of facts of which the newer repeats the older")
+    p.add_argument("--limit", type=int, default=100, help="at most this many pairs (default 100)")
+    filters(p, times=False)
 
     p = add("adapt", "fit a LoRA adapter on the stored memories, gate it and swap it in (or roll back, or list)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the policy's)")
@@ -265,6 +319,20 @@ def _open(args: argparse.Namespace, embedder: Any):
     return MemoryStore(path, embedder, durability=args.durability)
 
 
+def _scoped(args: argparse.Namespace, store: Any) -> Any:
+    """The store, or its view for --namespace/--user/--agent/--run."""
+    levels = {level: getattr(args, level) for level in SCOPE_LEVELS if getattr(args, level) is not None}
+    return store.scope(**levels) if levels else store
+
+
+def _filter_args(args: argparse.Namespace) -> dict:
+    """tags/where/source/since/until of a command that has `filters()`."""
+    out = {"tags": dict(args.tag) or None, "where": args.where, "source": args.source}
+    if hasattr(args, "since"):
+        out.update(since=args.since, until=args.until)
+    return out
+
+
 def _fact_line(fact: Any) -> str:
     tags = " ".join(f"{k}={v}" for k, v in sorted(fact.tags.items()))
     extra = f"  [{tags}]" if tags else ""
@@ -288,12 +356,14 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                 print(line, file=out)
 
     if cmd == "remember":
-        fid = store.remember(_text_arg(args.text), tags=dict(args.tag) or None, source=args.source)
+        fid = store.remember(_text_arg(args.text), tags={**dict(args.tag), **(args.tags or {})} or None,
+                             source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
+                             pinned=args.pinned, dedup=args.dedup)
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
         emit({"id": fid}, [fid])
     elif cmd == "recall":
-        hits = store.recall(args.query, k=args.k, tags=dict(args.tag) or None, mode=args.mode,
-                            min_score=args.min_score, fusion=args.fusion)
+        hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
+                            recency=args.recency, **_filter_args(args))
         emit(hits, [f"{h.score:7.3f}  {_fact_line(h)}" for h in hits])
     elif cmd == "get":
         fact = store.get(args.id)
@@ -305,21 +375,31 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         fact = store.update(args.id, _text_arg(args.text), tags=new_tags, source=args.source)
         emit(fact, [_fact_line(fact)])
     elif cmd == "forget":
-        if args.ids and (args.tag or args.source):
-            raise InvalidInput("forget takes ids or --tag/--source, not both.")
+        chosen = {k: v for k, v in _filter_args(args).items() if v}
+        if args.ids and chosen:
+            raise InvalidInput("forget takes ids or --tag/--where/--source/--since/--until, not both.")
         if args.ids:
             for fid in args.ids:
                 store.forget(fid)
             count = len(args.ids)
         else:
-            count = store.forget_where(tags=dict(args.tag) or None, source=args.source)
+            count = store.forget_where(**chosen)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
+    elif cmd == "supersede":
+        fid = store.supersede(args.id, _text_arg(args.text))
+        emit({"id": fid, "replaces": args.id}, [fid])
+    elif cmd == "clear":
+        count = store.clear(confirm=args.yes)
+        emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
+    elif cmd == "count":
+        count = store.count(**_filter_args(args))
+        emit({"count": count}, [str(count)])
     elif cmd == "feedback":
         store.feedback(args.query, args.id, useful=not args.not_useful)
         verdict = "not useful" if args.not_useful else "useful"
         emit({"id": args.id, "useful": not args.not_useful}, [f"noted: {args.id} {verdict} for {args.query!r}"])
     elif cmd == "list":
-        facts = store.list(limit=args.limit, offset=args.offset, tags=dict(args.tag) or None, source=args.source)
+        facts = store.list(limit=args.limit, offset=args.offset, **_filter_args(args))
         emit(facts, [_fact_line(f) for f in facts])
     elif cmd == "history":
         changes = store.history(args.id)
@@ -356,6 +436,21 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "info":
         info = store.info()
         emit(info, [f"{k:>22}: {v}" for k, v in info.items()])
+    elif cmd in ("stats", "compact"):
+        if cmd == "compact":
+            if not 0 <= args.keep_history_days <= 36_525:
+                raise InvalidInput(f"--keep-history-days expects 0 to 36525, got {args.keep_history_days}.")
+            stats = store.compact(keep_history=args.keep_history_days * 86_400, vacuum=not args.no_vacuum)
+        else:
+            stats = store.stats()
+        emit(stats, [f"{k:>12}: {v}" for k, v in _jsonable(stats).items()])
+    elif cmd == "sweep":
+        count = store.sweep()
+        emit({"swept": count}, [f"swept {count} expired fact{'s' * (count != 1)}"])
+    elif cmd == "duplicates":
+        pairs = store.duplicates(limit=args.limit, **_filter_args(args))
+        emit(pairs, [f"{p.drop} repeats {p.keep} (cosine {p.cosine:.2f}, overlap {p.overlap:.2f}: {p.reason})\n"
+                     f"    new: {p.drop_text}\n    old: {p.keep_text}" for p in pairs] or ["no duplicates found"])
     elif cmd == "adapt":
         _adapt(args, store, emit)
     return EXIT_OK
@@ -402,7 +497,7 @@ def _mcp(args: argparse.Namespace, embedder: Any) -> int:
         raise InvalidInput("--token-file, --allow-host and --allow-origin apply to --http; stdio needs none of them.")
     signalled = False
     with _open(args, embedder) as store:
-        server = build_server(store)
+        server = build_server(_scoped(args, store))
         if config is None:
             signalled = serve_stdio(server)
         else:
@@ -459,7 +554,7 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
             path = args.db if args.db is not None else default_db_path()
             return _run(args, repair_store(path, emb, durability=args.durability), out)
         with _open(args, emb) as store:
-            return _run(args, store, out)
+            return _run(args, _scoped(args, store), out)
     except (EvermindError, UsageError, OSError, KeyboardInterrupt) as exc:
         return _report(exc, as_json)
     except Exception as exc:  # noqa: BLE001 (a bug of ours: one line, not a traceback; EVERMIND_DEBUG=1 shows it)

@@ -235,3 +235,50 @@ def test_python_m_evermind_memory_runs_the_cli():
     p = subprocess.run([sys.executable, "-m", "evermind_memory", "--version"], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0 and p.stdout.strip() == "evermind 0.1.0"
+
+
+def test_filters_scopes_ids_expiry_and_duplicates(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "cli.db"
+    ada = run(embedder, db, "remember", "Ada prefers green tea", "--user", "ada", "--tags", '{"n": 3, "ok": true}')[1].strip()
+    run(embedder, db, "--user", "bob", "remember", "Bob drinks coffee", "--tag", "n=3")
+    assert run(embedder, db, "remember", "own id", "--id", "note-1", "--ttl", "3600")[1].strip() == "note-1"
+    assert run(embedder, db, "remember", "own id, replaced", "--id", "note-1", "--pinned")[1].strip() == "note-1"
+    code, out = run(embedder, db, "--json", "list", "--where", '{"n": {"$gte": 2}}')
+    assert code == 0 and [f["id"] for f in json.loads(out)] == [ada]  # Bob's "3" is a string
+    assert json.loads(run(embedder, db, "--json", "count", "--user", "ada")[1]) == {"count": 1}
+    assert run(embedder, db, "count")[1].strip() == "3"
+    code, out = run(embedder, db, "--json", "recall", "drinks", "--mode", "lexical", "--user", "ada")
+    assert json.loads(out) == []  # Bob's fact is out of Ada's scope
+    code, out = run(embedder, db, "--json", "get", "note-1")
+    got = json.loads(out)
+    assert got["text"] == "own id, replaced" and got["pinned"] is True and got["expires_at"] is None
+    dup = run(embedder, db, "remember", "ada prefers green tea.", "--user", "ada", "--tags", '{"n": 3, "ok": true}',
+              "--dedup")[1].strip()
+    assert dup == ada
+    run(embedder, db, "remember", "ada prefers green tea!", "--user", "ada", "--tags", '{"n": 3, "ok": true}')
+    code, out = run(embedder, db, "--json", "duplicates")
+    assert code == 0 and [p["keep"] for p in json.loads(out)] == [ada]
+    new = run(embedder, db, "supersede", ada, "Ada prefers black tea")[1].strip()
+    assert [c["replaced_by"] for c in json.loads(run(embedder, db, "--json", "history", ada)[1])][-1] == new
+    code, _ = run(embedder, db, "clear")
+    assert code == cli.EXIT_USAGE and "confirm=True" in capsys.readouterr().err
+    assert json.loads(run(embedder, db, "--json", "clear", "--yes", "--user", "bob")[1]) == {"forgotten": 1}
+    code, _ = run(embedder, db, "list", "--where", "{not json")
+    assert code == cli.EXIT_USAGE and "JSON object" in capsys.readouterr().err
+    code, _ = run(embedder, db, "recall", "x", "--where", '{"n": {"$gt": true}}')
+    assert code == cli.EXIT_USAGE and "bools have no order" in capsys.readouterr().err
+
+
+def test_stats_sweep_and_compact(embedder, tmp_path: Path):
+    db = tmp_path / "cli.db"
+    run(embedder, db, "remember", "gone soon", "--ttl", "0.05")
+    fid = run(embedder, db, "remember", "forgotten")[1].strip()
+    run(embedder, db, "forget", fid)
+    import time
+
+    time.sleep(0.1)
+    assert json.loads(run(embedder, db, "--json", "stats")[1])["expired"] == 1
+    assert json.loads(run(embedder, db, "--json", "sweep")[1]) == {"swept": 1}
+    code, out = run(embedder, db, "--json", "compact", "--keep-history-days", "0")
+    stats = json.loads(out)
+    assert code == 0 and stats["facts"] == 0 and stats["free_bytes"] == 0

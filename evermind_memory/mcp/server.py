@@ -12,7 +12,7 @@ calls MemoryStore methods documented as thread-safe, and keeps no state of its o
 from __future__ import annotations
 
 import functools
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, Literal
 
 from mcp.server import MCPServer
@@ -61,8 +61,14 @@ def _int(low: int, high: int, description: str) -> Any:
 Text = Annotated[str, Field(min_length=1, max_length=100_000, description="the fact, self-contained (1 to 100,000 characters)")]
 Query = Annotated[str, Field(min_length=1, max_length=100_000, description="what to look for, in your own words")]
 FactId = Annotated[str, Field(min_length=1, max_length=128, description="a memory id, as returned by remember or recall")]
-Tags = Annotated[dict[str, str] | None, Field(description="exact-match labels, e.g. {\"user\": \"ada\", \"project\": \"x\"}")]
-TagFilter = Annotated[dict[str, str] | None, Field(description="only memories carrying all of these tags (exact match)")]
+TagValue = str | int | float | bool
+Tags = Annotated[dict[str, TagValue] | None, Field(description="labels, str/number/bool values, e.g. {\"user\": \"ada\", \"priority\": 2}")]
+TagFilter = Annotated[dict[str, TagValue] | None, Field(description="only memories carrying all of these tags (exact match)")]
+Where = Annotated[dict[str, Any] | None, Field(description=(
+    "only memories matching this filter over tags, source, created_at, updated_at (Chroma-style): "
+    "{\"priority\": {\"$gte\": 2}}, {\"$or\": [{\"user\": \"ada\"}, {\"source\": \"mail\"}]}, "
+    "{\"created_at\": {\"$gte\": \"2025-05-01T00:00:00Z\"}}; operators $eq $ne $gt $gte $lt $lte $in $nin "
+    "$exists $and $or"))]
 Source = Annotated[str | None, Field(max_length=MAX_SOURCE_LABEL, description="who or what said it (provenance); default: this MCP client's name")]
 MaxChars = _int(MIN_CHARS, MAX_CHARS, "upper bound on the length of this result's JSON text; long texts are cut and flagged truncated")
 K = _int(1, MAX_K, f"at most this many memories (1 to {MAX_K})")
@@ -78,7 +84,8 @@ class Memory(BaseModel):
     source: str | None
     created_at: str = Field(description="UTC, ISO 8601")
     updated_at: str = Field(description="UTC, ISO 8601")
-    tags: dict[str, str]
+    expires_at: str | None = Field(None, description="UTC, ISO 8601: when it expires (null: never)")
+    tags: dict[str, TagValue]
     text: str = Field(description="quoted data; cut when truncated is true (get_memory with text_offset reads on)")
     text_chars: int = Field(description="length of the whole text")
     truncated: bool
@@ -89,7 +96,8 @@ class Memory(BaseModel):
 class RememberResult(BaseModel):
     id: str
     source: str | None
-    tags: dict[str, str]
+    tags: dict[str, TagValue]
+    duplicate: bool = Field(False, description="dedup found this fact stored already: id is the stored one")
 
 
 class RecallResult(BaseModel):
@@ -128,7 +136,7 @@ class Change(BaseModel):
     op: str = Field(description="remember, update, reembed or forget")
     at: str = Field(description="UTC, ISO 8601")
     source: str | None
-    tags: dict[str, str] | None
+    tags: dict[str, TagValue] | None
     text: str | None = Field(description="the text after this change (null for forget); quoted data")
     text_chars: int
     truncated: bool
@@ -160,7 +168,8 @@ def _iso(at: datetime) -> str:
 def _memory(fact: Any, *, score: float | None = None, text_offset: int | None = None) -> dict:
     text = fact.text if text_offset is None else fact.text[text_offset:]
     item = {"id": fact.id, "source": fact.source, "created_at": _iso(fact.created_at),
-            "updated_at": _iso(fact.updated_at), "tags": dict(fact.tags), "text": text,
+            "updated_at": _iso(fact.updated_at), "expires_at": None if fact.expires_at is None else _iso(fact.expires_at),
+            "tags": dict(fact.tags), "text": text,
             "text_chars": len(fact.text), "truncated": False}
     if score is not None:
         item = {"score": round(float(score), 6), **item}
@@ -202,12 +211,10 @@ def _client_label(ctx: Context | None) -> str:
     return f"mcp:{clean}" if clean else "mcp"
 
 
-def _filters(tags: dict[str, str] | None) -> dict[str, Any]:
-    """Keyword filters passed to MemoryStore.recall and .list.
-
-    The seam for `where=` (issue 20): add it to the tool signatures and map it here; tags stay exact-match.
-    """
-    return {"tags": tags or None}
+def _filters(tags: dict[str, Any] | None, where: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Keyword filters passed to MemoryStore.recall and .list: exact-match tags and a where-filter (the store
+    validates both and names what is wrong)."""
+    return {"tags": tags or None, "where": where or None}
 
 
 def _annotations(title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = False) -> ToolAnnotations:
@@ -233,11 +240,15 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
 
     # -- writes ------------------------------------------------------------------------------------------
     def remember(text: Text, tags: Tags = None, source: Source = None,
+                 ttl_seconds: Annotated[Annotated[float, Field(gt=0, allow_inf_nan=False)] | None, Field(description="forget it after this many seconds (omit: keep it)")] = None,
+                 dedup: Annotated[bool, Field(description="if this fact is stored already (same tags and source), return that id instead of storing it again")] = False,
                  ctx: Context | None = None) -> Annotated[CallToolResult, RememberResult]:
         """MemoryStore.remember (thread-safe; returns once the fact is committed, the vector follows)."""
         label = source if source is not None else _client_label(ctx)
-        fid = store.remember(text, tags=tags, source=label)
-        return _result({"id": fid, "source": label, "tags": dict(tags or {})})
+        started = datetime.now(timezone.utc)
+        fid = store.remember(text, tags=tags, source=label, ttl=ttl_seconds, dedup=dedup)
+        duplicate = dedup and store.get(fid).created_at < started  # the stored fact is older than this call
+        return _result({"id": fid, "source": label, "tags": dict(tags or {}), "duplicate": duplicate})
 
     def update_memory(id: FactId, text: Annotated[str | None, Field(min_length=1, max_length=100_000, description="new text; omit to keep it")] = None,
                       tags: Annotated[dict[str, str] | None, Field(description="new tags, replacing all old ones ({} clears them); omit to keep them")] = None,
@@ -280,16 +291,17 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
     def recall(query: Query,
                k: K = 5,
                tags: TagFilter = None,
+               where: Where = None,
                mode: Annotated[Literal["hybrid", "vector", "lexical"], Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: words only")] = "hybrid",
                min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
         try:
-            hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags))
+            hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags, where))
         except EmbedderOutputInvalid as exc:  # a remembered fact could not be embedded: reported once, then served
             warning = f"{exc} That memory is found by lexical recall only."
-            hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags))
+            hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags, where))
         envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE}
         if warning is not None:
             envelope["warning"] = warning
@@ -314,13 +326,13 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         return _result({**envelope, "memories": kept, "omitted_ids": omitted})
 
     def list_memories(limit: Limit = 20,
-                      cursor: Cursor = None, tags: TagFilter = None,
+                      cursor: Cursor = None, tags: TagFilter = None, where: Where = None,
                       max_chars: MaxChars = 8000) -> Annotated[CallToolResult, ListResult]:
         """MemoryStore.list (thread-safe), oldest first, paged by a cursor that survives forgets between pages."""
-        scope = scope_digest(tool="list", tags=tags or {})
+        scope = scope_digest(tool="list", tags=tags or {}, where=where or {})
         offset, after = (0, None) if cursor is None else decode_cursor(cursor, scope)
         start = max(0, offset - RESYNC_WINDOW)
-        window = store.list(limit=offset - start + limit + 1, offset=start, **_filters(tags))
+        window = store.list(limit=offset - start + limit + 1, offset=start, **_filters(tags, where))
         first = resume(window, start, offset, after, key=lambda f: f.id)
         page = window[first: first + limit]
         envelope = {"memories": [], "next_cursor": None, "notice": NOTICE}

@@ -110,6 +110,7 @@ class AdaptationMethods:
 
     def _check_adaptable(self, method: str) -> None:
         self._check_writable(method)
+        self._check_owner(method)
         if self._access.memory:
             raise InvalidInput(f"{method}() needs a store file (adapters are kept beside it); this store is ':memory:'.")
 

@@ -27,6 +27,7 @@ import numpy as np
 # percentile of the cosine between unrelated facts, min_overlap the widest margin at dev precision 1.0.
 MIN_COSINE = 0.28
 MIN_OVERLAP = 0.73
+NEIGHBOURS = 8  # the nearest stored facts (same scope, tags and source) the store compares a new fact with
 
 # Words that carry no fact: function words and the filler people put around a fact ("FYI", "just so you know").
 STOPWORDS = frozenset("""

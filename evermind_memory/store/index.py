@@ -17,6 +17,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import hnswlib
 import numpy as np
@@ -273,12 +274,15 @@ class VectorIndex:
         self._hnsw.set_ef(self._ef)
 
     # ---- reads (shared) ------------------------------------------------------------------------------------
-    def query(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def query(self, vector: np.ndarray, k: int, allow: Callable[[int], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Approximate top-k by inner product.
 
         Args:
             vector: (D,) float32 unit query.
             k: wanted neighbours (>= 1; clamped to the live count).
+            allow: only labels for which it returns True (hnswlib's filtered search: the graph walk skips the
+                others, so k allowed neighbours come back however few the allowed labels are; single-threaded,
+                where the Python callback is cheap).
         Returns:
             (labels (k',), scores (k',)) best first, k' = min(k, live).
         Raises:
@@ -290,7 +294,7 @@ class VectorIndex:
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             try:
-                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
+                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1, filter=allow)
                 return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
             except RuntimeError:
                 pass
@@ -300,7 +304,7 @@ class VectorIndex:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             self._hnsw.set_ef(max(self._ef, 4 * k_eff, min(self._elements, 4 * k_eff + 256)))
             try:
-                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
+                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1, filter=allow)
                 return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
             except RuntimeError as exc:
                 raise SearchFailed(str(exc)) from None

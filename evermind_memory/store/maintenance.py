@@ -1,5 +1,12 @@
 """Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), WAL checkpoints (one
-process at a time, by lease), backup, and JSONL export/import. Repair is in repair.py.
+process at a time, by lease), backup, JSONL export/import, and keeping the disk bounded: the sweeper thread
+that deletes expired facts, compact() and stats(). Repair is in repair.py.
+
+Disk. A forget deletes the fact's row, its tags, FTS entry and vector, but keeps its history (every
+remember/update row holds the text), so a remember/forget churn grows the changes table without bound.
+`compact(keep_history=...)` deletes the history of facts forgotten longer ago than that (default 30 days; 0:
+all of it), runs FTS5's optimize, VACUUMs and rebuilds the index; without VACUUM, SQLite reuses the free pages,
+so the file stops growing once the history is pruned. benchmarks/store_churn.py measures it.
 """
 
 from __future__ import annotations
@@ -7,6 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import weakref
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +25,24 @@ import numpy as np
 from .._atomic import atomic_write
 from ..errors import EvermindError, InvalidInput, StorageError
 from .access import Access
-from .backend import Backend, FactRow, NewFact, new_id, utc_now
+from .backend import Backend, FactRow, NewFact, Selection, new_id, utc_now
 from .damage import readable
 from .embedding import VectorWorker, embed_serving
+from .dedup import NEIGHBOURS, find_duplicate
 from .generations import Generations
+from .index import SearchFailed
 from .leases import Leases, owner_alive
-from .records import CheckReport
-from .validate import check_id, check_source, check_tags, check_text
+from .records import CheckReport, DuplicatePair, StoreStats
+from .scope import check_record_scope, scope_parts
+from .search import EXACT_FILTER_MAX
+from .timing import parse_time, time_text
+from .validate import check_id, check_source, check_text, check_typed_tags
 from .vectors import VectorCache
 
 MAX_IMPORT_LINE = 1 << 20
+SWEEP_INTERVAL = 60.0  # seconds between the sweeper thread's passes
+SWEEP_LEASE = "sweep"
+KEEP_HISTORY = timedelta(days=30)  # compact()'s default: the history of facts forgotten longer ago goes
 CHECKPOINT_EVERY = 200  # changes (any process's) between two checkpoints: about 7 MB of WAL (benchmarks/wal_checkpoint.py)
 CHECKPOINT_LEASE = "checkpoint"
 CHECKPOINT_COOLDOWN_S = 1.0  # the lease is kept this long after a checkpoint: a burst of writers checkpoints once
@@ -58,6 +76,11 @@ class Checkpoints:
 
     def at_close(self) -> None:
         """A last checkpoint as the store closes (skipped while another process holds the lease)."""
+        if self._enabled:
+            self._run()
+
+    def now(self) -> None:
+        """A checkpoint now, e.g. after compact()'s VACUUM (skipped while another process holds the lease)."""
         if self._enabled:
             self._run()
 
@@ -161,8 +184,8 @@ def backup(db: Backend, dest: str | os.PathLike) -> Path:
     return dest_path
 
 
-def export(db: Backend, path: str | os.PathLike) -> int:
-    """Write every fact as a JSON line to `path`, atomically; returns how many.
+def export(db: Backend, path: str | os.PathLike, sel: Selection) -> int:
+    """Write every fact `sel` selects as a JSON line to `path`, atomically; returns how many.
 
     Raises:
         InvalidInput: the directory is missing.
@@ -173,10 +196,12 @@ def export(db: Backend, path: str | os.PathLike) -> int:
     count = 0
     try:
         with db.snapshot() as r, atomic_write(out, text=True) as fh:
-            for fact in readable(r.export_rows(), FactRow.to_fact, "export"):  # a damaged row: skipped, warned
+            for fact in readable(r.list_rows(-1, 0, sel), FactRow.to_fact, "export"):  # a damaged row: skipped, warned
                 record = {"id": fact.id, "text": fact.text, "tags": fact.tags, "source": fact.source,
                           "created_at": fact.created_at.isoformat(timespec="microseconds"),
-                          "updated_at": fact.updated_at.isoformat(timespec="microseconds")}
+                          "updated_at": fact.updated_at.isoformat(timespec="microseconds"),
+                          "expires_at": None if fact.expires_at is None else time_text(fact.expires_at),
+                          "pinned": fact.pinned, "scope": fact.scope}
                 fh.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
     except OSError as exc:
@@ -188,8 +213,9 @@ def export(db: Backend, path: str | os.PathLike) -> int:
     return count
 
 
-def read_export(path: str | os.PathLike) -> list[NewFact]:
-    """The facts of a JSONL export, validated, each id once.
+def read_export(path: str | os.PathLike, scope: str = "") -> list[NewFact]:
+    """The facts of a JSONL export, validated, each id once, for a handle scoped to `scope` (a record without a
+    scope lands in it; one with a scope must lie in it).
 
     Raises:
         InvalidInput: a line is not a valid fact (the line number is named): not UTF-8, not JSON, nested too
@@ -200,7 +226,7 @@ def read_export(path: str | os.PathLike) -> list[NewFact]:
     try:
         with open(os.fspath(path), "rb") as fh:
             for number, raw in enumerate(fh, start=1):
-                records.extend(_import_line(raw, number))
+                records.extend(_import_line(raw, number, scope))
     except FileNotFoundError:
         raise InvalidInput(f"import_() found no file at {os.fspath(path)!r:.200}.") from None
     except IsADirectoryError:
@@ -213,8 +239,8 @@ def read_export(path: str | os.PathLike) -> list[NewFact]:
     return [r for r in records if not (r.id in seen or seen.add(r.id))]
 
 
-def _import_line(raw: bytes, number: int) -> list[NewFact]:
-    """The fact of one export line ([] for a blank one).
+def _import_line(raw: bytes, number: int, scope: str) -> list[NewFact]:
+    """The fact of one export line ([] for a blank one), for a handle scoped to `scope`.
 
     Raises:
         InvalidInput: naming the line.
@@ -241,13 +267,19 @@ def _import_line(raw: bytes, number: int) -> list[NewFact]:
     try:
         fid = check_id(rec.get("id")) if rec.get("id") is not None else new_id()
         text = check_text(rec.get("text"))
-        tags = check_tags(rec.get("tags"))
+        tags = check_typed_tags(rec.get("tags"))
         source = check_source(rec.get("source"))
         created = check_time(rec.get("created_at"))
         updated = check_time(rec.get("updated_at"), default=created)
+        expires = rec.get("expires_at")
+        expires = None if expires is None else time_text(parse_time(expires, "expires_at"))
+        pinned = rec.get("pinned", False)
+        if not isinstance(pinned, bool) or (pinned and expires is not None):
+            raise InvalidInput(f"expected pinned to be true or false (and false when expires_at is set), got {pinned!r:.20}.")
+        where = check_record_scope(rec.get("scope"), scope, "the record")
     except InvalidInput as exc:
         raise InvalidInput(f"import_() line {number}: {exc}") from None
-    return [NewFact(fid, text, tags, source, created, updated)]
+    return [NewFact(fid, text, tags, source, created, updated, expires, pinned, where)]
 
 
 def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> int:
@@ -291,3 +323,147 @@ def check_time(value: Any, default: str | None = None) -> str:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+# ---- disk: the sweeper, compaction, stats ----------------------------------------------------------------------
+class Sweeper:
+    """A daemon thread that sweeps expired facts every SWEEP_INTERVAL seconds, for a writer whose store has
+    facts with an expiry (started at open, or by the first remember with one).
+
+    It holds its owner (the MemoryStore) only while sweeping, so a dropped store is still collected. A failed
+    pass (SQLite refusing the write) is kept in `error` and retried at the next one; reads never depend on it,
+    since they leave expired facts out themselves.
+
+    Args:
+        owner: the store; its `_sweep_expired()` does the work.
+        interval: seconds between passes (None: SWEEP_INTERVAL, read when the thread starts).
+    """
+
+    def __init__(self, owner: Any, interval: float | None = None) -> None:
+        self._owner = weakref.ref(owner)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start_if_needed(self, db: Backend, *, known: bool = False) -> None:
+        """Start the thread unless it runs, once the store holds a fact with an expiry (`known`: one was just
+        remembered; else look)."""
+        if self.running:
+            return
+        if not known:
+            with db.reading() as r:
+                if not r.expired_rows(datetime.max.replace(tzinfo=timezone.utc), "", 1):
+                    return
+        self.start()
+
+    def start(self) -> None:
+        """Start the thread unless it runs."""
+        if not self.running:
+            self._stop.clear()
+            self._thread = threading.Thread(target=Sweeper._run, args=(weakref.ref(self),), name="evermind-sweeper",
+                                            daemon=True)
+            self._thread.start()
+
+    @staticmethod
+    def _run(self_ref: "weakref.ref[Sweeper]") -> None:
+        me = self_ref()
+        if me is None:
+            return
+        stop, interval = me._stop, SWEEP_INTERVAL if me._interval is None else me._interval
+        del me
+        while not stop.wait(interval):
+            me = self_ref()
+            owner = None if me is None else me._owner()
+            if owner is None:
+                return
+            try:
+                owner._sweep_expired()
+                me.error = None
+            except EvermindError as exc:
+                me.error = str(exc)
+            finally:
+                del owner, me
+
+    def signal_stop(self) -> None:
+        """Ask the thread to end (without waiting)."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """End the thread and wait for it."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._thread = None
+
+
+def prune_history(db: Backend, keep_history: timedelta) -> int:
+    """Delete the history of facts forgotten more than `keep_history` ago (never the newest change); returns the
+    change rows deleted. The caller has caught its cache up: caches elsewhere that lag behind rebuild."""
+    before = time_text(datetime.now(timezone.utc) - keep_history)
+    with db.write_mutex:
+        with db.transaction() as tx:
+            return tx.prune_history(before, tx.max_seq())
+
+
+def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | None) -> StoreStats:
+    """The StoreStats of a store (facts counted in `sel`, the rest for the whole file)."""
+    with db.snapshot() as r:
+        sizes = r.sizes()
+        facts = r.count_selected(sel)
+    files = db.file_bytes()
+    index_bytes = 0
+    if index_path is not None:
+        files_of_index = [*index_path.parent.glob(f"{index_path.name}.*.hnsw"), index_path.parent / f"{index_path.name}.json"]
+        index_bytes = sum(p.stat().st_size for p in files_of_index if p.is_file())
+    return StoreStats(facts=facts, expired=sizes["expired"], pinned=sizes["pinned"], changes=sizes["changes"],
+                      forgotten=sizes["forgotten"], db_bytes=files["db"] or sizes["page_bytes"], wal_bytes=files["wal"],
+                      index_bytes=index_bytes, free_bytes=sizes["free_bytes"])
+
+
+def duplicate_pairs(db: Backend, search: Any, gen: Any, sel: Selection, limit: int) -> list[DuplicatePair]:
+    """(older, newer) pairs among the facts `sel` selects where the newer repeats the older (store/dedup.py's
+    rule), each newer fact once with its best match, in the order the newer facts were remembered.
+
+    Facts are compared within groups of one scope, tags and source (what remember(dedup=True) compares), each
+    with its NEIGHBOURS nearest older facts: exactly for groups up to EXACT_FILTER_MAX facts, through
+    the index's filtered search above that.
+    """
+    with db.snapshot() as r:
+        rows = r.list_rows(-1, 0, sel)
+        labels, vecs = r.vectors(gen.fingerprint, gen.index.dim, sel=sel)
+    by_label = dict(zip(labels.tolist(), range(len(labels))))
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        if row.label in by_label:
+            groups.setdefault((row.scope, row.tags_json, row.source), []).append(row)
+    found = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        v = vecs[[by_label[row.label] for row in members]]  # (G, D) in insertion order
+        position = {row.label: i for i, row in enumerate(members)}
+        for i in range(1, len(members)):
+            if len(members) <= EXACT_FILTER_MAX:
+                sims = v[:i] @ v[i]  # (i,) cosine with every older member
+                older = np.argsort(-sims, kind="stable")[:NEIGHBOURS].tolist()
+            else:
+                try:
+                    near, _ = gen.index.query(v[i], NEIGHBOURS + 1, position.__contains__)
+                except SearchFailed:
+                    near = np.zeros(0, dtype=np.int64)
+                older = [position[label] for label in near.tolist() if position[label] < i]
+            best = find_duplicate(members[i].text, v[i], [(j, members[j].text, v[j]) for j in older])
+            if best is not None:
+                j, decision = best
+                found.append((members[i].rid, DuplicatePair(
+                    keep=members[j].id, drop=members[i].id, keep_text=members[j].text, drop_text=members[i].text,
+                    cosine=decision.cosine, overlap=decision.overlap, reason=decision.reason)))
+    found.sort(key=lambda pair: pair[0])
+    return [pair for _, pair in found[:limit]]

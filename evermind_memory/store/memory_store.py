@@ -9,49 +9,51 @@ index on disk is a validated, replayable cache (RELIABILITY R1-R14). Any number 
 read-write (and any number read-only): SQLite orders their commits, each process's index follows all of them
 through the change feed before it answers, and leases (leases.py) pick the one process that runs each
 background job. A store is its database file, whatever path names it (identity.py).
+The write paths are in writer.py, the read arguments become one Selection in selection.py, scopes are scope.py.
+`store.scope(user=...)` returns a view: a MemoryStore sharing this one's connections, confined to a scope.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import sys
 import warnings
 import weakref
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from .._crash import crash_point
-from ..errors import (
-    EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreCorrupt, StoreLocked, StoreWarning,
-)
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreWarning
 from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
-from .backend import FactRow, NewFact, new_id, open_backend, utc_now
+from .backend import FactRow, new_id, open_backend, utc_now
 from .damage import readable
-from .embedding import PENDING_MAX, VectorWorker, embed_query, embed_serving, probe_embedder
-from .generations import REEMBED_BATCH, Generations, resolve_embedder
+from .embedding import VectorWorker, embed_query, probe_embedder
+from .filters import MatchAll
+from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
 from .lock import filesystem_type, is_remote_filesystem
+from .maintaining import MaintenanceMethods
 from .maintenance import Checkpoints
-from .records import Change, CheckReport, Fact, Recall
-from .repair import RepairReport
-from .search import Search, hybrid_weight
+from .records import Change, Fact, Recall
+from .scope import narrow, scope_parts
+from .search import Search, candidate_pool, hybrid_weight, rerank_by_recency
+from .selection import select
+from .timing import check_half_life
 from .vectors import VectorCache
 from .validate import (
-    FUSIONS, MAX_LIST_LIMIT, MODES, check_choice, check_id, check_int, check_k, check_min_score, check_source,
-    check_tags, check_text,
+    FUSIONS, MAX_LIST_LIMIT, MODES, check_choice, check_flag, check_id, check_int, check_k, check_min_score,
+    check_source, check_text, check_typed_tags,
 )
+from .writer import Writer, new_fact, not_found, reachable
 
 FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
 
 
-class MemoryStore(AdaptationMethods):
+class MemoryStore(MaintenanceMethods, AdaptationMethods):
     """A local memory with semantic recall.
 
     Thread-safety: every method may be called from any thread of the process that opened the store; writes
@@ -76,7 +78,10 @@ class MemoryStore(AdaptationMethods):
             next `flush()` or vector/hybrid recall raises for it, `check()` and `info()["vector_error"]`
             report it. After a crash, facts still waiting are embedded when the store next opens.
             False: `remember()` embeds before it commits and raises EmbedderOutputInvalid for a bad vector
-            (nothing stored). `remember_many()`, `update()` and `import_()` always embed before committing.
+            (nothing stored). `remember_many()`, `update()`, `import_()` and remember with id= or dedup=True
+            always embed before committing.
+        namespace: confine this handle to one namespace (a scope level; see `scope()`): it sees and writes only
+            that namespace's facts. None: the whole store.
     Raises:
         InvalidInput: a bad argument or embedder, a missing directory, read_only on a missing file.
         EmbedderOutputInvalid: the embedder's output for a probe text at open is not a usable vector.
@@ -100,6 +105,7 @@ class MemoryStore(AdaptationMethods):
         index_config: IndexConfig | None = None,
         busy_timeout: float = 5.0,
         background_embedding: bool = True,
+        namespace: str | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
@@ -116,9 +122,11 @@ class MemoryStore(AdaptationMethods):
                 raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
         if index_config is not None and not isinstance(index_config, IndexConfig):
             raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
+        scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
         self._reopen_args = (path, embedder, dict(read_only=read_only, durability=durability, on_mismatch=on_mismatch,
                                                   lock_timeout=lock_timeout, index_config=index_config,
-                                                  busy_timeout=busy_timeout, background_embedding=background_embedding))
+                                                  busy_timeout=busy_timeout, background_embedding=background_embedding,
+                                                  namespace=namespace))
         access = Access(path, read_only, background_embedding)
         if access.memory and read_only:
             raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
@@ -149,6 +157,8 @@ class MemoryStore(AdaptationMethods):
         self._index_config = index_config or IndexConfig()
         self._pid = os.getpid()
         self._closed = False
+        self._scope, self._root, self._owner = scope, self, True  # a view (scope()) shares the rest
+        self._sweeper = maintenance.Sweeper(self)
         self._adaptation: Any = None
         self._adapt_rounds = 0
         self._db = None
@@ -164,6 +174,8 @@ class MemoryStore(AdaptationMethods):
             self._gens = Generations(self._db, self._vectors, access, embedder, self._leases)
             self._worker = VectorWorker(self._db, self._vectors, owner=self, holder=self._holder)
             self._search = Search(self._db, self._dim)
+            self._writer = Writer(self._db, self._vectors, self._worker, self._search, self._checkpoints,
+                                  self._holder.token)
             self._open()
         except BaseException as exc:
             self._release()
@@ -187,10 +199,16 @@ class MemoryStore(AdaptationMethods):
                 self._worker.start()
             else:
                 self._worker.drain()
+        self._start_sweeper(None)
+
+    def _start_sweeper(self, expires: str | None) -> None:
+        """Run the sweeper thread once this writer's store has a fact that can expire (`expires` None: look)."""
+        if self._access.writes:
+            self._root._sweeper.start_if_needed(self._db, known=expires is not None)
 
     # ---- guards --------------------------------------------------------------------------------------------
     def _check_usable(self) -> None:
-        if self._closed:
+        if self._closed or self._root._closed:
             raise EvermindError("this MemoryStore is closed; open a new one.")
         if os.getpid() != self._pid:
             raise EvermindError(
@@ -202,6 +220,11 @@ class MemoryStore(AdaptationMethods):
         self._check_usable()
         self._access.require_writer(method)
 
+    def _check_owner(self, method: str) -> None:
+        if not self._owner:
+            raise InvalidInput(f"{method}() looks after the whole store; call it on the MemoryStore that opened the "
+                               "store, not on a scope view.")
+
     def _sync(self) -> None:
         """Serve the generation the database names and replay the changes after our watermark (every process,
         before it answers; for the only writer of a store both are one cheap read)."""
@@ -209,45 +232,54 @@ class MemoryStore(AdaptationMethods):
         self._vectors.catch_up()
 
     # ---- writes --------------------------------------------------------------------------------------------
-    def remember(self, text: str, *, tags: dict[str, str] | None = None, source: str | None = None) -> str:
+    def remember(self, text: str, *, tags: dict | None = None, source: str | None = None, id: str | None = None,
+                 ttl: Any = None, expires_at: Any = None, pinned: bool = False, dedup: bool = False) -> str:
         """Store a fact; returns only after it is committed (durable as `durability` says).
 
         By default (background_embedding=True) the vector follows from a background thread: lexical recall
         finds the fact at once, vector and hybrid recall wait for its vector, and `flush()` waits for it and
-        raises if the embedder failed on it. With background_embedding=False it is embedded before the
-        commit. Thread-safe.
+        raises if the embedder failed on it. With background_embedding=False, id= or dedup=True it is embedded
+        before the commit. Thread-safe.
+
+            fid = store.remember("Ada's flight is on Tuesday", tags={"user": "ada", "n": 2}, ttl=86_400)
 
         Args:
             text: the fact (1..100,000 characters, no NUL or lone surrogates).
-            tags: exact-match labels, str -> str.
+            tags: labels, str -> str, int, float or bool (filter them with tags= or where=).
             source: provenance label (who or what said it).
+            id: your own id (1..128 characters): upsert. A fact with this id in this scope is replaced (text,
+                tags, source, expiry, pin; its history keeps the old version, created_at stays); otherwise a new
+                fact gets it.
+            ttl: seconds (or a timedelta) until the fact expires; expired facts are never returned and `sweep()`
+                (or the background sweeper) deletes them, history kept.
+            expires_at: an aware datetime (or ISO 8601 text with an offset) instead of ttl.
+            pinned: keep until forgotten: never expires (no ttl/expires_at) and recall's recency weight leaves it
+                alone.
+            dedup: return the id of a stored fact this one repeats (same scope, tags and source; close in
+                meaning, most words shared, no differing number, name, date or negation: store/dedup.py) and
+                store nothing; else store it.
         Returns:
-            the new fact's id.
+            the fact's id (the existing one for an upsert or a duplicate).
         Raises:
-            InvalidInput: bad text, tags or source. EmbedderOutputInvalid: the embedder returned a bad vector
-            (background_embedding=False only: nothing is stored; in the background such a fact keeps no
-            vector and `flush()` or the next vector/hybrid recall raises for it).
+            InvalidInput: bad text, tags, source, id, ttl or expires_at; id with dedup; an expiry with pinned; an
+            id used by a fact of another scope. EmbedderOutputInvalid: the embedder returned a bad vector
+            (embedded before the commit: nothing is stored; in the background such a fact keeps no vector and
+            `flush()` or the next vector/hybrid recall raises for it).
         """
-        if not self._access.embeds_in_background:
-            return self.remember_many([text], tags=tags, source=source)[0]
         self._check_writable("remember")
-        text = check_text(text)
-        tags = check_tags(tags)
-        source = check_source(source)
-        now = utc_now()
-        fid = new_id()
-        with self._db.write_mutex:
-            with self._db.transaction() as tx:
-                (seq,), rid = tx.insert([NewFact(fid, text, tags, source, now, now)], None, None, self._holder.token)
-                crash_point("remember.before_commit")
-            crash_point("remember.after_commit")
-            self._vectors.advance(seq - 1, seq)  # nothing to index yet
-            waiting = self._worker.add(rid, fid, text)
-        self._checkpoints.after_commit(seq)
-        if waiting >= PENDING_MAX:
-            self._worker.drain()  # back-pressure: the caller embeds when the thread falls behind
+        item = new_fact("remember", self._scope, text, tags, source, ttl, expires_at, pinned)
+        if check_flag(dedup, "dedup", "remember"):
+            if id is not None:
+                raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not both.")
+            fid = self._writer.insert_unique(item)[0]
+        elif id is not None:
+            fid = self._writer.upsert(item._replace(id=check_id(id)), self._scope)
+        elif self._access.embeds_in_background:
+            fid = self._writer.insert_queued(item)
         else:
-            self._worker.start()
+            fid = self._writer.insert_embedded([item])[0]
+        if item.expires_at is not None:
+            self._start_sweeper(item.expires_at)
         return fid
 
     def flush(self) -> None:
@@ -269,50 +301,41 @@ class MemoryStore(AdaptationMethods):
             self._worker.raise_failures("flush")
         self._sync()
 
-    def remember_many(self, texts: Sequence[str], *, tags: dict[str, str] | None = None,
-                      source: str | None = None) -> list[str]:
-        """Store many facts in one transaction (all or none).
+    def remember_many(self, texts: Sequence[str], *, tags: dict | None = None, source: str | None = None,
+                      ttl: Any = None, expires_at: Any = None, pinned: bool = False) -> list[str]:
+        """Store many facts in one transaction (all or none), embedded before the commit.
 
         Thread-safe.
 
         Args:
             texts: the facts.
-            tags: tags applied to every fact.
-            source: provenance applied to every fact.
+            tags, source, ttl, expires_at, pinned: as in remember(), applied to every fact.
         Returns:
             the new ids, in order.
         Raises:
-            InvalidInput: a bad text (its position is named), tags or source.
+            InvalidInput: a bad text (its position is named), tags, source or expiry.
             EmbedderOutputInvalid: the embedder returned a bad vector; nothing is stored.
         """
         self._check_writable("remember_many")
         if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
             raise InvalidInput(f"remember_many() expected a list of str, got {type(texts).__name__}.")
         checked = [check_text(t, f"texts[{i}]" if len(texts) > 1 else "text") for i, t in enumerate(texts)]
-        tags = check_tags(tags)
-        source = check_source(source)
         if not checked:
+            new_fact("remember_many", self._scope, "-", tags, source, ttl, expires_at, pinned)  # the other arguments
             return []
-        made = embed_serving(self._vectors, checked)  # before the mutex: an adaptation swap may change the model
-        now = utc_now()
-        ids = [new_id() for _ in checked]
-        items = [NewFact(fid, text, tags, source, now, now) for fid, text in zip(ids, checked)]
-        with self._db.write_mutex:
-            gen, vectors = embed_serving(self._vectors, checked, made)  # (N, D) by the model that serves now
-            with self._db.transaction() as tx:
-                self._gens.require_serving(tx, gen.fingerprint, "remember_many")
-                labels, _ = tx.insert(items, vectors, gen.fingerprint)
-                crash_point("remember.before_commit")
-            crash_point("remember.after_commit")
-            self._vectors.apply(np.array(labels, dtype=np.int64), vectors, [], labels[0] - 1, labels[-1])
-        self._checkpoints.after_commit(labels[-1])
+        first = new_fact("remember_many", self._scope, checked[0], tags, source, ttl, expires_at, pinned)
+        items = [first] + [first._replace(id=new_id(), text=t) for t in checked[1:]]
+        ids = self._writer.insert_embedded(items)
+        if first.expires_at is not None:
+            self._start_sweeper(first.expires_at)
         return ids
 
-    def update(self, fact_id: str, text: str | None = None, *, tags: dict[str, str] | None = None,
+    def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
                source: str | None = None) -> Fact:
         """Change a fact's text, tags or source (None leaves that part as it is).
 
-        A new text gets a new vector; the old one is never returned again. Thread-safe.
+        A new text gets a new vector; the old one is never returned again. The scope, expiry and pin stay
+        (remember(text, id=...) replaces those too). Thread-safe.
 
         Args:
             fact_id: the fact.
@@ -322,42 +345,34 @@ class MemoryStore(AdaptationMethods):
         Returns:
             the updated Fact.
         Raises:
-            FactNotFound: no such fact. InvalidInput: bad arguments or nothing to change.
+            FactNotFound: no such fact in this scope (or it expired). InvalidInput: bad arguments or nothing to change.
         """
         self._check_writable("update")
         fact_id = check_id(fact_id)
         if text is None and tags is None and source is None:
             raise InvalidInput("update() expected at least one of text, tags or source.")
         new_text = None if text is None else check_text(text)
-        new_tags = None if tags is None else check_tags(tags)
-        new_source = check_source(source)
-        made = None if new_text is None else embed_serving(self._vectors, [new_text])
-        with self._db.write_mutex:
-            gen, vector = self._vectors.current, None
-            if made is not None:
-                gen, vectors = embed_serving(self._vectors, [new_text], made)  # again if the model changed meanwhile
-                vector = vectors[0]  # (D,)
-            with self._db.transaction() as tx:
-                if vector is not None:
-                    self._gens.require_serving(tx, gen.fingerprint, "update")
-                row = tx.fetch(fact_id)
-                if row is None:
-                    raise FactNotFound(f"update() found no fact with id {fact_id!r}; it may have been forgotten.")
-                if new_text is not None and new_text == row.text and row.fingerprint == gen.fingerprint:
-                    vector = None  # same text, same embedder: keep the vector and its label
-                seq, removed = tx.update(
-                    row, text=row.text if new_text is None else new_text,
-                    tags=row.tags if new_tags is None else new_tags,
-                    source=row.source if new_source is None else new_source,
-                    vector=vector, fingerprint=gen.fingerprint, now=utc_now(),
-                )
-                fact = tx.fetch(fact_id).to_fact()
-            if vector is not None:
-                self._vectors.apply(np.array([seq]), vector[None, :], [] if removed is None else [removed], seq - 1, seq)
-            else:
-                self._vectors.advance(seq - 1, seq)
-        self._checkpoints.after_commit(seq)
-        return fact
+        new_tags = None if tags is None else check_typed_tags(tags)
+        return self._writer.update(fact_id, self._scope, new_text, new_tags, check_source(source)).to_fact()
+
+    def supersede(self, old_id: str, text: str, *, tags: dict | None = None, source: str | None = None) -> str:
+        """Replace a fact by a new one: "moved to Zurich" supersedes "lives in Bern". One transaction.
+
+        The new fact gets a new id, the old one's scope, and its tags, source, expiry and pin unless given; the
+        old fact is forgotten. Both histories record the link: history(old_id) ends with a forget whose
+        `replaced_by` is the new id, history(new_id) starts with a remember whose `replaces` is the old id.
+        Thread-safe.
+
+        Returns:
+            the new fact's id.
+        Raises:
+            FactNotFound: no fact old_id in this scope. InvalidInput: bad text, tags or source.
+        """
+        self._check_writable("supersede")
+        old_id = check_id(old_id)
+        text = check_text(text)
+        new_tags = None if tags is None else check_typed_tags(tags)
+        return self._writer.supersede(old_id, self._scope, text, new_tags, check_source(source), new_id())
 
     def forget(self, fact_id: str) -> None:
         """Remove a fact; it is never returned again (a tombstone stays in its history).
@@ -367,48 +382,47 @@ class MemoryStore(AdaptationMethods):
         Args:
             fact_id: the fact.
         Raises:
-            FactNotFound: no such fact.
+            FactNotFound: no such fact in this scope.
         """
         self._check_writable("forget")
-        fact_id = check_id(fact_id)
-        with self._db.write_mutex:
-            with self._db.transaction() as tx:
-                row = tx.fetch(fact_id)
-                if row is None:
-                    raise FactNotFound(f"forget() found no fact with id {fact_id!r}; it may have been forgotten already.")
-                before = tx.max_seq()
-                removed = tx.delete([row], utc_now())
-                top = tx.max_seq()
-            self._vectors.apply(np.zeros(0, dtype=np.int64), np.zeros((0, self._dim), np.float32), removed, before, top)
-        self._checkpoints.after_commit(top)
+        self._writer.forget(check_id(fact_id), self._scope)
 
-    def forget_where(self, *, tags: dict[str, str] | None = None, source: str | None = None) -> int:
-        """Remove every fact carrying all `tags` and/or coming from `source`, in one transaction.
+    def forget_where(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
+                     since: Any = None, until: Any = None) -> int:
+        """Remove every fact of this scope that matches, in one transaction (tombstones stay in the history).
 
         Thread-safe.
 
         Args:
-            tags: exact tags to match.
-            source: exact source to match.
+            tags, where, source, since, until: as in list(); at least one.
         Returns:
             how many facts were forgotten.
         Raises:
-            InvalidInput: neither tags nor source given (that would forget everything).
+            InvalidInput: a bad filter, or none given (clear(confirm=True) forgets everything).
         """
         self._check_writable("forget_where")
-        tags = check_tags(tags)
-        source = check_source(source)
-        if not tags and source is None:
-            raise InvalidInput("forget_where() expected tags or source; to forget everything, delete the store file.")
-        with self._db.write_mutex:
-            with self._db.transaction() as tx:
-                rows = tx.list_rows(-1, 0, tags, source)
-                before = tx.max_seq()
-                removed = tx.delete(rows, utc_now())
-                top = tx.max_seq()
-            self._vectors.apply(np.zeros(0, dtype=np.int64), np.zeros((0, self._dim), np.float32), removed, before, top)
-        self._checkpoints.after_commit(top)
-        return len(rows)
+        sel = select("forget_where", self._scope, tags=tags, where=where, source=source, since=since, until=until)
+        if isinstance(sel.where, MatchAll):
+            raise InvalidInput("forget_where() expected tags, where, source, since or until; to forget every fact of "
+                               "this scope, call clear(confirm=True).")
+        return self._writer.forget_selected(sel)
+
+    def clear(self, *, confirm: bool = False) -> int:
+        """Forget every fact of this scope (the whole store when unscoped), in one transaction; history kept.
+
+        Thread-safe.
+
+        Args:
+            confirm: must be True: a guard against clearing by accident.
+        Returns:
+            how many facts were forgotten.
+        Raises:
+            InvalidInput: confirm is not True.
+        """
+        self._check_writable("clear")
+        if confirm is not True:
+            raise InvalidInput("clear() forgets every fact of this scope; call clear(confirm=True) if you mean it.")
+        return self._writer.forget_selected(select("clear", self._scope))
 
     def feedback(self, query: str, fact_id: str, *, useful: bool = True) -> None:
         """Tell the store whether a recalled fact answered a query; adaptation learns from it.
@@ -423,17 +437,16 @@ class MemoryStore(AdaptationMethods):
             fact_id: the fact judged.
             useful: whether it answered the query.
         Raises:
-            InvalidInput: bad query, id or useful. FactNotFound: no such fact.
+            InvalidInput: bad query, id or useful. FactNotFound: no such fact in this scope.
         """
         self._check_writable("feedback")
         query = check_text(query, "query")
         fact_id = check_id(fact_id)
-        if not isinstance(useful, bool):
-            raise InvalidInput(f"feedback() expected useful to be a bool, got {useful!r}.")
+        useful = check_flag(useful, "useful", "feedback")
         with self._db.write_mutex:
             with self._db.transaction() as tx:
-                if tx.fetch(fact_id) is None:
-                    raise FactNotFound(f"feedback() found no fact with id {fact_id!r}; it may have been forgotten.")
+                if not reachable(tx.fetch(fact_id), self._scope, utc_now()):
+                    raise not_found("feedback", fact_id)
                 tx.add_feedback(utc_now(), query, fact_id, useful, FEEDBACK_LIMIT)
 
     # ---- reads ---------------------------------------------------------------------------------------------
@@ -441,73 +454,96 @@ class MemoryStore(AdaptationMethods):
         """Fetch one fact. Thread-safe.
 
         Raises:
-            FactNotFound: no such fact. InvalidInput: not a valid id.
+            FactNotFound: no such fact in this scope (or it expired). InvalidInput: not a valid id.
         """
         self._check_usable()
         fact_id = check_id(fact_id)
         with self._db.reading() as r:
             row = r.fetch(fact_id)
-        if row is None:
-            raise FactNotFound(f"get() found no fact with id {fact_id!r}; it may have been forgotten.")
+        if not reachable(row, self._scope, utc_now()):
+            raise not_found("get", fact_id)
         return row.to_fact()
 
-    def list(self, *, limit: int = 100, offset: int = 0, tags: dict[str, str] | None = None,
-             source: str | None = None) -> list[Fact]:
-        """Facts in the order they were remembered, optionally filtered. Thread-safe.
+    def list(self, *, limit: int = 100, offset: int = 0, tags: dict | None = None, where: dict | None = None,
+             source: str | None = None, since: Any = None, until: Any = None) -> list[Fact]:
+        """Facts of this scope in the order they were remembered, optionally filtered. Thread-safe.
 
         Args:
             limit: at most this many (1..100,000).
             offset: skip this many first.
-            tags: exact tags every fact must carry.
+            tags: tags every fact must carry, exactly (typed: {"n": 3} is not {"n": "3"}).
+            where: a Chroma-style filter over tags, source, created_at and updated_at:
+                {"user": "ada", "n": {"$gte": 2}}, {"$or": [...]}; $eq $ne $gt $gte $lt $lte $in $nin $exists
+                $and $or (store/filters.py has the whole language).
             source: exact source.
+            since, until: inclusive bounds on created_at (aware datetimes or ISO 8601 text with an offset).
         Returns:
-            list of Fact.
+            list of Fact (never an expired one).
+        Raises:
+            InvalidInput: a bad limit, offset or filter (the message says which part, and where inside).
         """
         self._check_usable()
         limit = check_int(limit, "limit", 1, MAX_LIST_LIMIT, "list")
         offset = check_int(offset, "offset", 0, 2**62, "list")
-        tags = check_tags(tags)
-        source = check_source(source)
+        sel = select("list", self._scope, tags=tags, where=where, source=source, since=since, until=until)
         with self._db.reading() as r:
-            rows = r.list_rows(limit, offset, tags, source)
+            rows = r.list_rows(limit, offset, sel)
         return readable(rows, FactRow.to_fact, "list")
+
+    def count(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
+              since: Any = None, until: Any = None) -> int:
+        """How many live facts of this scope match (all of them with no filter; `len(store)` is count()).
+
+        Thread-safe. Args as in list(). Raises: InvalidInput: a bad filter.
+        """
+        self._check_usable()
+        sel = select("count", self._scope, tags=tags, where=where, source=source, since=since, until=until)
+        with self._db.reading() as r:
+            return r.count_selected(sel)
+
+    def __len__(self) -> int:
+        """The live (not expired) facts of this scope: count() with no filter."""
+        return self.count()
 
     def history(self, fact_id: str) -> list[Change]:
         """Every change of a fact (remember, update, reembed, forget), oldest first. Thread-safe.
 
-        A background-embedded fact's first vector is part of its "remember", not a change of its own.
+        A background-embedded fact's first vector is part of its "remember", not a change of its own. The
+        history outlives the fact until compact() prunes it; a scope sees only its own facts' history.
 
         Raises:
-            FactNotFound: the id was never used in this store.
+            FactNotFound: the id was never used in this scope (or its history was compacted away).
         """
         self._check_usable()
         fact_id = check_id(fact_id)
         with self._db.reading() as r:
-            changes = r.history(fact_id)
+            changes = r.history(fact_id, self._scope)
         if not changes:
             raise FactNotFound(f"history() found no fact with id {fact_id!r} in this store.")
         return changes
 
-    def __len__(self) -> int:
-        self._check_usable()
-        with self._db.reading() as r:
-            return r.count()
+    def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
+               source: str | None = None, since: Any = None, until: Any = None, recency: Any = None,
+               mode: str = "hybrid", min_score: float | None = None, fusion: str = "score") -> list[Recall]:
+        """The facts of this scope that best match `query`, best first. Thread-safe.
 
-    def recall(self, query: str, k: int = 5, *, tags: dict[str, str] | None = None, mode: str = "hybrid",
-               min_score: float | None = None, fusion: str = "score") -> list[Recall]:
-        """The facts that best match `query`, best first. Thread-safe.
+            store.recall("Ada's travel plans", k=3, where={"user": "ada", "year": {"$gte": 2025}})
 
         Args:
             query: what to look for.
             k: at most this many (1..1000); fewer when fewer facts match.
-            tags: exact tags every hit must carry.
+            tags, where, source, since, until: only facts that match, as in list(). Vector recall stays exact
+                under any filter: small selections are searched exhaustively, large ones by filtered HNSW.
+            recency: opt-in half-life (seconds or a timedelta): each score is weighted by 0.5 ** (age / half-life),
+                age since the fact's last change (pinned facts are not weighted); drawn from a pool of
+                max(50, 4k) candidates. None (the default): no weighting.
             mode: "hybrid" (BM25 and vector fused), "vector" (cosine) or "lexical" (FTS5 BM25).
-            min_score: drop hits scoring below this.
+            min_score: drop hits scoring below this (after the recency weight).
             fusion: for hybrid: "score" (BM25 / best BM25 + w * cosine, w from the embedder) or "rrf".
         Returns:
-            list of Recall.
+            list of Recall (never an expired fact).
         Raises:
-            InvalidInput: bad query, k, tags, mode, fusion or min_score.
+            InvalidInput: bad query, k, filter, recency, mode, fusion or min_score.
             EmbedderOutputInvalid, EvermindError: (vector and hybrid mode) the background embedding failed on
                 a remembered fact since the last flush() or recall; raised once, as flush() would (the next
                 recall serves results, without that fact's vector).
@@ -515,7 +551,8 @@ class MemoryStore(AdaptationMethods):
         self._check_usable()
         query = check_text(query, "query")
         k = check_k(k)
-        tags = check_tags(tags)
+        sel = select("recall", self._scope, tags=tags, where=where, source=source, since=since, until=until)
+        half_life = check_half_life(recency)
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score = check_min_score(min_score)
@@ -527,166 +564,46 @@ class MemoryStore(AdaptationMethods):
         if mode != "lexical" and self._access.writes:
             self._worker.wait()
             self._worker.raise_failures("recall")
+        want = k if half_life is None else candidate_pool(k)
         with self._vectors.serving() as gen:  # one generation (model, fingerprint, index) for the whole recall
             qv = None if mode == "lexical" else embed_query(gen.embedder, query, self._dim)  # (D,)
-            scored = self._search.run(gen, query, qv, k, tags, mode, fusion, self._hybrid_weight)
+            scored = self._search.run(gen, query, qv, want, sel, mode, fusion, self._hybrid_weight)
+        if half_life is not None:
+            scored = rerank_by_recency(scored, sel.now, half_life)
         kept = [(row, score) for row, score in scored if min_score is None or score >= min_score]
         return readable(kept, lambda hit: hit[0].to_recall(hit[1]), "recall")[:k]
 
-    # ---- maintenance ---------------------------------------------------------------------------------------
-    def rebuild_index(self) -> int:
-        """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
+    # ---- scopes --------------------------------------------------------------------------------------------
+    def scope(self, *, namespace: str | None = None, user: str | None = None, agent: str | None = None,
+              run: str | None = None) -> "MemoryStore":
+        """A view of this store confined to a scope: it reads, changes and writes only that scope's facts.
 
-        Thread-safe; recalls keep using the old index until the swap.
+            ada = store.scope(user="ada")
+            ada.remember("prefers green tea"); ada.recall("tea")   # never another user's facts
 
+        Levels nest in the order namespace, user, agent, run, and a view sees its own scope and those under it:
+        scope(user="ada") sees scope(user="ada", agent="x")'s facts, never scope(user="bob")'s nor
+        scope(agent="x")'s. A view of a view may only add levels below its last one. Views share this store's
+        connections (cheap to make, thread-safe); closing one closes nothing else, closing the store ends them.
+        Whole-store maintenance (check, rebuild_index, reembed, compact, backup, adaptation) refuses on a view.
+
+        Args:
+            namespace, user, agent, run: 1..128 characters, no "/" or control characters; at least one.
         Returns:
-            how many vectors the new index holds.
+            a MemoryStore view.
+        Raises:
+            InvalidInput: no level, a bad value, or a level that would leave this handle's scope.
         """
         self._check_usable()
-        self._worker.wait()
-        return self._vectors.rebuild("rebuild_index() was called")
+        key = narrow(self._scope, "scope", namespace=namespace, user=user, agent=agent, run=run)
+        view = copy.copy(self)
+        view._scope, view._closed, view._owner = key, False, False
+        return view
 
-    def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
-        """Re-embed facts whose vector came from another embedder (every fact with force=True).
-
-        Resumable: each batch is one transaction, so an interrupted run continues where it stopped. Vectors of
-        the serving model replace others in place (every process follows batch by batch); to change the model,
-        open the store with the new embedder instead (a generation built beside the serving one).
-        Thread-safe (writes are serialised; recalls continue).
-
-        Args:
-            force: re-embed every fact, not only stale ones.
-            batch_size: facts per transaction.
-        Returns:
-            how many facts were re-embedded.
-        Raises:
-            StoreLocked: another process is re-embedding or building a generation right now.
-        """
-        self._check_writable("reembed")
-        if not isinstance(force, bool):
-            raise InvalidInput(f"reembed() expected force to be a bool, got {force!r}.")
-        batch_size = check_int(batch_size, "batch_size", 1, 100_000, "reembed")
-        with self._gens.claimed() as mine:
-            if not mine:
-                raise StoreLocked("reembed(): another process is re-embedding this store or building a new "
-                                  "generation; try again when it has finished.")
-            return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
-
-    def check(self) -> CheckReport:
-        """Check SQLite integrity, FTS, fact rows, vectors and the index against SQLite; report, never raise.
-
-        A part that cannot be checked (a damaged page, a closed store) is itself reported as a problem.
-        Thread-safe.
-
-        Returns:
-            CheckReport (ok is True when nothing is wrong).
-        """
-        try:
-            self._check_usable()
-        except EvermindError as exc:
-            return CheckReport(ok=False, problems=(str(exc),))
-        early = []
-        for step in ((self._worker.wait,) if self._access.writes else ()) + (self._vectors.catch_up,):
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 (reported, never raised)
-                early.append(f"{type(exc).__name__}: {exc}")
-        try:
-            building = self._gens.build_progress()
-        except Exception:  # noqa: BLE001
-            building = None
-        report = maintenance.check(self._db, self._vectors, self._worker, self._access, building)
-        if early:
-            report = replace(report, ok=False, problems=tuple(early) + report.problems)
-        return report
-
-    def repair(self) -> RepairReport:
-        """Repair this store: keep every readable fact, fix or quarantine damaged rows, rebuild what is derived.
-
-        In place when SQLite's own structure is sound (one transaction; other processes may stay open): damaged
-        fact rows get their fields back from the change log (or U+FFFD for undecodable bytes) or go to the
-        `quarantine` table with the reason; damaged vectors are cleared and embedded again; tag rows, the
-        full-text index and the HNSW index are rebuilt. When the file itself is damaged, the store is closed, its
-        files copied into `<db>.damaged-<time>/`, the readable rows salvaged into a new file (facts whose rows
-        are lost come back from the change log) and the store reopened: that needs every other process closed.
-        See store/repair.py.
-
-        Returns:
-            RepairReport (its ok is True when check() passes afterwards).
-        Raises:
-            StoreLocked: salvage is needed and another process has the store open (this store stays open).
-            StoreCorrupt: salvage could not build a sound file (the original is left as it was).
-        """
-        from .repair import report_of, salvage_store
-
-        self._check_writable("repair")
-        before = self.check().problems
-        if not before:
-            return RepairReport(path=self._access.path, mode="nothing to repair", facts=len(self),
-                                indexed=self._vectors.current.index.live_count)
-        if self._access.memory:
-            raise EvermindError("repair() needs a store file; an in-memory store has nothing to salvage.")
-        try:
-            counts, found = self._db.repair_rows(self._dim)
-        except StoreCorrupt as exc:
-            counts, found = None, [str(exc)]
-        if counts is not None and found == ["ok"]:
-            self._vectors.rebuild("repair()")
-            try:
-                self.flush()  # adopts the facts whose vectors were cleared, embeds them
-            except EvermindError:
-                pass  # the embedder failed on some: the report's check says which
-            return report_of(self._access.path, "in place", counts, self, before)
-        path, embedder, options = self._reopen_args
-        self.close()
-        try:
-            return salvage_store(self._access.path, embedder, before, **{k: v for k, v in options.items()
-                                                                          if k != "read_only"})
-        finally:
-            self.__init__(path, embedder, **options)
-
-    def backup(self, dest: str | os.PathLike) -> Path:
-        """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).
-
-        The index is not copied (it is rebuilt on first open). Thread-safe.
-
-        Args:
-            dest: a new file path (must not exist; its directory must).
-        Returns:
-            the destination path.
-        Raises:
-            InvalidInput: dest exists or its directory is missing.
-        """
-        self._check_usable()
-        return maintenance.backup(self._db, dest)
-
-    def export(self, path: str | os.PathLike) -> int:
-        """Write every fact as JSON lines (id, text, tags, source, created_at, updated_at; no vectors).
-
-        Thread-safe; written to a temp file and renamed, so a crash leaves no half file.
-
-        Args:
-            path: the JSONL file to write (replaced if it exists).
-        Returns:
-            how many facts were written.
-        """
-        self._check_usable()
-        return maintenance.export(self._db, path)
-
-    def import_(self, path: str | os.PathLike) -> int:
-        """Add the facts of a JSONL export (ids and timestamps kept; ids already present are skipped).
-
-        One transaction: on any bad line nothing is imported. Thread-safe.
-
-        Args:
-            path: a file written by export().
-        Returns:
-            how many facts were added.
-        Raises:
-            InvalidInput: a line is not a valid fact (the line number is named).
-        """
-        self._check_writable("import_")
-        return maintenance.import_records(self._db, self._vectors, maintenance.read_export(path))
+    @property
+    def scoped_to(self) -> dict[str, str]:
+        """This handle's scope, e.g. {"user": "ada"} ({} for the whole store)."""
+        return scope_parts(self._scope)
 
     # ---- identity and info ---------------------------------------------------------------------------------
     @property
@@ -720,8 +637,8 @@ class MemoryStore(AdaptationMethods):
     def info(self) -> dict:
         """A summary for humans and the CLI: sizes, identity, durability, SQLite version, index state."""
         self._check_usable()
+        facts = self.count()
         with self._db.reading() as r:
-            facts = r.count()
             top = r.max_seq()
             waiting = r.count_waiting()
             judged = r.count_feedback()
@@ -739,7 +656,8 @@ class MemoryStore(AdaptationMethods):
             "adapter": self._gens.active_adapter_id(), "adaptation_pending": self._gens.pending() is not None,
             "background_embedding": self._access.embeds_in_background, "waiting_vectors": waiting,
             "vector_error": self._worker.vector_error, "feedback": judged, "checkpoints": self._checkpoints.done,
-            "building": None if building is None else building[0],
+            "building": None if building is None else building[0], "scope": self.scoped_to,
+            "sweep_error": self._root._sweeper.error,
         }
 
     # ---- closing -------------------------------------------------------------------------------------------
@@ -751,10 +669,12 @@ class MemoryStore(AdaptationMethods):
         them. A store still open when the interpreter exits is closed by an atexit hook, so a script that never
         calls close() exits normally and loses nothing.
         """
-        if self._closed:
+        if self._closed or not self._owner:
+            self._closed = True  # a view: the store it shares stays open
             return
         _open_stores.discard(self)
         ours = os.getpid() == self._pid
+        self._sweeper.stop()
         adaptation = self._adaptation
         if adaptation is not None and ours:
             adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
@@ -793,11 +713,12 @@ class MemoryStore(AdaptationMethods):
         # finalisation anyway, touch no lock: a daemon thread frozen by the finalising interpreter may hold one
         # (waiting on it is what hung scripts that never called close()). Never raise from a finaliser.
         try:
-            if getattr(self, "_closed", True) or os.getpid() != self._pid:
+            if not getattr(self, "_owner", False) or getattr(self, "_closed", True) or os.getpid() != self._pid:
                 return
             self._closed = True
             if sys.is_finalizing():
                 return  # committed data is in the WAL; the OS closes the files
+            self._sweeper.signal_stop()
             if self._worker is not None:
                 self._worker.signal_stop()
             self._release()
@@ -812,7 +733,8 @@ class MemoryStore(AdaptationMethods):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("read-only" if self._access.read_only else "writer")
-        return f"MemoryStore({self._path!r}, {state}, fingerprint={self.fingerprint!r})"
+        scope = f", scope={self._scope!r}" if self._scope else ""
+        return f"MemoryStore({self._path!r}, {state}{scope}, fingerprint={self.fingerprint!r})"
 
 
 _open_stores: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()  # closed by _close_all at interpreter exit

@@ -1,24 +1,32 @@
-"""Recall's three ways to find facts: lexical (FTS5 BM25), vector (HNSW, or exact when a tag filter is small or
-the index cannot answer) and hybrid (both, fused by store/fusion.py). Everything here reads one generation,
-passed in by the caller, who holds it for the whole recall.
+"""Recall's three ways to find facts: lexical (FTS5 BM25), vector (HNSW, or exact when a selection is small or
+the index cannot answer) and hybrid (both, fused by store/fusion.py), each among the facts a `Selection`
+selects (scope, alive now, where-filter), plus the opt-in recency weight. Everything here reads one
+generation, passed in by the caller, who holds it for the whole recall.
+
+Vector recall is exact under any selection: a selection of at most EXACT_FILTER_MAX facts (or under a tenth of
+the index) is searched exhaustively; a larger one through hnswlib's filtered search, whose graph walk skips the
+facts the selection leaves out (so none of the k slots goes to them); if that cannot fill k, exhaustively.
+Without a selection, facts that expired but were not swept yet are skipped the same way.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, Callable
 
 import numpy as np
 
 from .._blas import single_blas
-from .backend import Backend, FactRow
+from .backend import Backend, FactRow, Selection
 from .fusion import fuse_rrf, fuse_scores
-from .index import SearchFailed, exact_search
+from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, phrase_query, query_words
+from .timing import apply_recency
 from .validate import K_MAX
 from .vectors import Generation
 
 DEFAULT_HYBRID_WEIGHT = 2.0  # the vector side's weight in hybrid recall for an embedder that names none
-EXACT_FILTER_MAX = 4096  # a tag filter matching at most this many facts is searched exactly (R9)
+EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched exactly (R9)
 
 Hit = tuple[FactRow, float]
 
@@ -48,57 +56,47 @@ class Search:
         self._dim = dim
 
     @single_blas
-    def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, tags: dict[str, str], mode: str,
+    def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, sel: Selection, mode: str,
             fusion: str, weight: float) -> list[Hit]:
         """(row, score) best first, at most k (validated arguments; qv (D,) is None for lexical mode)."""
         if mode == "lexical":
-            return self.lexical(query, k, tags)
+            return self.lexical(query, k, sel)
         if mode == "vector":
-            return self.rows_for(self.vector(gen, qv, k, tags))
-        return self.hybrid(gen, query, qv, k, tags, fusion, weight)
+            return self.rows_for(self.vector(gen, qv, k, sel))
+        return self.hybrid(gen, query, qv, k, sel, fusion, weight)
 
-    def lexical(self, query: str, k: int, tags: dict[str, str]) -> list[Hit]:
+    def lexical(self, query: str, k: int, sel: Selection) -> list[Hit]:
         """FTS5 BM25 over the words of `query` (see store/lexical.py for which words are matched)."""
         words = query_words(query)
         if not words:
             return []
         with self._db.reading() as r:
-            return r.lexical(words, k, tags)
+            return r.lexical(words, k, sel)
 
-    def vector(self, gen: Generation, qv: np.ndarray, k: int, tags: dict[str, str]) -> list[tuple[int, float]]:
-        """(label, cosine) best first, from the index or exactly (small filters, failed searches)."""
+    def vector(self, gen: Generation, qv: np.ndarray, k: int, sel: Selection) -> list[tuple[int, float]]:
+        """(label, cosine) best first among the facts `sel` selects: exactly, or by filtered HNSW (see above)."""
         index, fp, dim = gen.index, gen.fingerprint, self._dim
-        if tags:
+        if sel.narrows:
             with self._db.reading() as r:
-                matching = r.count_tagged(tags, fp)
+                matching = r.count_selected(sel, fp)
                 if matching == 0:
                     return []
                 if matching <= EXACT_FILTER_MAX or matching * 10 <= index.live_count:
-                    labels, vecs = r.vectors(fp, dim, tags=tags)
-                    return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
-                allowed, _ = r.vectors(fp, dim, tags=tags)
-            allowed_set = set(allowed.tolist())
-            want = min(k, len(allowed_set))
-            wide = min(index.live_count, K_MAX * 4, k * max(2, 2 * index.live_count // max(1, len(allowed_set))))
-            try:
-                labels, scores = index.query(qv, wide)
-                hits = [(lab, s) for lab, s in zip(labels.tolist(), scores.tolist()) if lab in allowed_set]
-            except SearchFailed:
-                hits = []
-            if len(hits) >= want:
-                return hits[:k]
+                    return self._exact(r, gen, qv, k, sel)
+                allowed = set(r.selected_labels(sel, fp).tolist())
+            hits = _query(index, qv, min(k, len(allowed)), allowed.__contains__)
+        else:
             with self._db.reading() as r:
-                labels, vecs = r.vectors(fp, dim, tags=tags)
-            return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
-        want = min(k, index.live_count)
-        try:
-            labels, scores = index.query(qv, k)
-            if len(labels) >= want:
-                return list(zip(labels.tolist(), scores.tolist()))
-        except SearchFailed:
-            pass
-        with self._db.reading() as r:
-            labels, vecs = r.vectors(fp, dim)
+                expired = r.expired_labels(fp, sel.now)  # usually none: then a plain search
+            live = index.live_count - sum(1 for label in expired if label in index)
+            hits = _query(index, qv, min(k, live), (lambda label: label not in expired) if expired else None)
+        if hits is not None:
+            return hits
+        with self._db.reading() as r:  # the index could not fill k (a failed search, or it lags): exactly
+            return self._exact(r, gen, qv, k, sel)
+
+    def _exact(self, r: Any, gen: Generation, qv: np.ndarray, k: int, sel: Selection) -> list[tuple[int, float]]:
+        labels, vecs = r.vectors(gen.fingerprint, self._dim, sel=sel)
         return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
 
     def rows_for(self, hits: list[tuple[int, float]]) -> list[Hit]:
@@ -109,12 +107,12 @@ class Search:
             rows = r.fetch_where("label", [label for label, _ in hits])
         return [(rows[label], score) for label, score in hits if label in rows]
 
-    def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, tags: dict[str, str], fusion: str,
+    def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
                weight: float) -> list[Hit]:
         """Lexical and vector candidates (a pool of max(50, 4k)) fused by `fusion` ("score" or "rrf")."""
-        pool = min(K_MAX, max(50, 4 * k))
-        vec = self.rows_for(self.vector(gen, qv, pool, tags))
-        lex = self.lexical(query, pool, tags)
+        pool = candidate_pool(k)
+        vec = self.rows_for(self.vector(gen, qv, pool, sel))
+        lex = self.lexical(query, pool, sel)
         rows = {row.rid: row for row, _ in vec}
         rows.update({row.rid: row for row, _ in lex})
         lexical = {row.rid: s for row, s in lex}
@@ -144,3 +142,32 @@ class Search:
             fused = fuse_scores(lexical, cos, weight)
         order = sorted(rows, key=lambda rid: (-fused[rid], rid))
         return [(rows[rid], fused[rid]) for rid in order[:k]]
+
+
+def candidate_pool(k: int) -> int:
+    """How many candidates a ranking step draws to return k: hybrid fusion and the recency weight."""
+    return min(K_MAX, max(50, 4 * k))
+
+
+def _query(index: VectorIndex, qv: np.ndarray, want: int, allow: Callable[[int], bool] | None) -> list[tuple[int, float]] | None:
+    """The index's top `want` (among the allowed labels), or None when it cannot return that many."""
+    if want <= 0:
+        return []
+    try:
+        labels, scores = index.query(qv, want, allow)
+    except SearchFailed:
+        return None
+    return list(zip(labels.tolist(), scores.tolist())) if len(labels) >= want else None
+
+
+def rerank_by_recency(scored: list[Hit], now: datetime, half_life_s: float) -> list[Hit]:
+    """Scores decayed by the age of each fact's last change (timing.apply_recency), best first; pinned facts keep
+    their score. Ties keep the order they came in."""
+    if not scored:
+        return scored
+    rows = [row for row, _ in scored]
+    decayed = apply_recency([s for _, s in scored], [datetime.fromisoformat(row.updated_at) for row in rows], now,
+                            half_life_s)  # (N,)
+    final = [float(s) if row.pinned else float(d) for (row, s), d in zip(scored, decayed.tolist())]
+    order = sorted(range(len(rows)), key=lambda i: -final[i])
+    return [(rows[i], final[i]) for i in order]

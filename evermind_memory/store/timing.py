@@ -63,8 +63,8 @@ def time_text(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _seconds(value: Any, what: str) -> float:
-    """Seconds (int or float, not bool) or a timedelta -> finite float seconds > 0."""
+def _seconds(value: Any, what: str, *, zero: bool = False) -> float:
+    """Seconds (int or float, not bool) or a timedelta -> finite float seconds > 0 (>= 0 with zero=True)."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -73,9 +73,21 @@ def _seconds(value: Any, what: str) -> float:
         raise InvalidInput(f"{what} expects seconds (int or float) or a timedelta, got {type(value).__name__} {value!r:.40}.")
     if not math.isfinite(seconds):
         raise InvalidInput(f"{what} expects a finite duration, got {value!r}.")
-    if seconds <= 0:
-        raise InvalidInput(f"{what} expects a duration > 0, got {value!r:.40}.")
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise InvalidInput(f"{what} expects a duration {'>=' if zero else '>'} 0, got {value!r:.40}.")
     return seconds
+
+
+def check_retention(value: Any, what: str) -> timedelta:
+    """A retention period: seconds >= 0 (int or float) or a timedelta >= 0, at most MAX_TTL.
+
+    Raises:
+        InvalidInput: a bool, a non-number, NaN, infinite, negative or longer than MAX_TTL.
+    """
+    seconds = _seconds(value, what, zero=True)
+    if seconds > MAX_TTL.total_seconds():
+        raise InvalidInput(f"{what} expects at most {MAX_TTL.days:,} days, got {value!r:.40}.")
+    return timedelta(seconds=seconds)
 
 
 def check_ttl(ttl: Any) -> timedelta | None:

@@ -96,7 +96,6 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
 def check_typed_tags(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool]:
     """Typed tags (issue 20): None or a mapping of short keys to str, int, float or bool values.
 
-    Not used by the store yet: `check_tags` gives way to it once fact_tags holds typed rows (filter_sql.py).
 
     Returns:
         a plain dict (a copy), {} for None.
@@ -221,6 +220,17 @@ def check_min_score(min_score: Any) -> float | None:
     if not math.isfinite(min_score):
         raise InvalidInput(f"recall() expected a finite min_score, got {min_score!r}.")
     return float(min_score)
+
+
+def check_flag(value: Any, name: str, method: str) -> bool:
+    """A bool argument (not 0/1, not a string).
+
+    Raises:
+        InvalidInput: anything else.
+    """
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{method}() expected {name} to be True or False, got {value!r:.40}.")
+    return value
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -> str:

@@ -163,7 +163,10 @@ class VectorCache:
                 labels, vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
                 if verify:
                     truth_labels, truth_vecs = r.vectors(gen.fingerprint, self.dim)
-            reason = None
+                reason = pruned_past(r, gen.watermark)
+            if reason is not None:
+                self.rebuild(reason)
+                return None
             try:
                 gen.index.mark_deleted(removed)
                 fresh = np.array([label not in gen.index for label in labels.tolist()], dtype=bool)  # (N,)
@@ -275,6 +278,13 @@ class VectorCache:
     def unsaved(self) -> bool:
         """Whether the index moved since it was last loaded or saved."""
         return self._gen.watermark != self._saved_watermark
+
+
+def pruned_past(r: Any, watermark: int) -> str | None:
+    """Why an index at `watermark` cannot replay the change feed: compact() pruned changes after it (meta
+    `history_pruned`, the highest seq pruned), so a forget may be missing; None when it can."""
+    pruned = int(r.meta("history_pruned") or 0)
+    return None if pruned <= watermark else f"history was compacted past this index (seq {pruned} > {watermark})"
 
 
 def disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) -> str | None:

@@ -146,7 +146,8 @@ BAD_CALLS = [
     ("remember", {"text": ""}, "at least 1 character"),
     ("remember", {"text": "a\x00b"}, "InvalidInput: text must not contain NUL"),
     ("remember", {"text": "x", "tags": {"bad key!": "v"}}, "InvalidInput: tags keys must match"),
-    ("remember", {"text": "x", "tags": {"k": 1}}, "valid string"),
+    ("remember", {"text": "x", "tags": {"k": [1]}}, "valid string"),
+    ("remember", {"text": "x", "tags": {"k": 2**60}}, "InvalidInput: tags['k'] expects an int within"),
     ("remember", {"text": "x" * 100_001}, "at most 100000 characters"),
     ("remember", {}, "Field required"),
     ("recall", {"query": "x", "k": 0}, "greater than or equal to 1"),
@@ -231,3 +232,26 @@ async def test_a_fact_that_could_not_be_embedded_is_a_warning_not_a_failed_recal
             assert "non-finite" in out["warning"] and "lexical recall only" in out["warning"]
             assert bad in [m["id"] for m in out["memories"]]  # hybrid still finds it by its words
             assert "warning" not in payload(await c.call_tool("recall", {"query": "tea"}))  # reported once
+
+
+async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
+    async with client(store) as c:
+        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"user": "ada", "n": 3}}))
+        payload(await c.call_tool("remember", {"text": "Bob prefers green tea too", "tags": {"user": "bob", "n": 1}}))
+        again = payload(await c.call_tool("remember", {"text": "ada prefers green tea.", "tags": {"user": "ada", "n": 3},
+                                                       "dedup": True}))
+        assert again["id"] == ada["id"] and again["duplicate"] is True and ada["duplicate"] is False
+        out = payload(await c.call_tool("recall", {"query": "green tea", "where": {"n": {"$gte": 2}}}))
+        assert [m["id"] for m in out["memories"]] == [ada["id"]] and out["memories"][0]["tags"]["n"] == 3
+        page = payload(await c.call_tool("list_memories", {"where": {"$or": [{"n": 1}, {"user": "carol"}]}}))
+        assert [m["text"] for m in page["memories"]] == ["Bob prefers green tea too"]
+        short = payload(await c.call_tool("remember", {"text": "a passing note", "ttl_seconds": 3600}))
+        got = payload(await c.call_tool("get_memory", {"ids": [short["id"]]}))["memories"][0]
+        assert got["expires_at"] is not None
+        bad = error_text(await c.call_tool("recall", {"query": "tea", "where": {"n": {"$gt": True}}}))
+        assert "InvalidInput: where[\"n\"]: $gt expects" in bad and "bools have no order" in bad
+    async with client(store.scope(user="ada")) as c:  # one server per user: it never sees another's memories
+        mine = payload(await c.call_tool("remember", {"text": "Ada's private note about tea"}))
+        out = payload(await c.call_tool("recall", {"query": "green tea", "k": 10}))
+        assert [m["id"] for m in out["memories"]] == [mine["id"]]
+        assert "FactNotFound" in error_text(await c.call_tool("update_memory", {"id": ada["id"], "text": "taken over"}))

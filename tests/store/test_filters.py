@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evermind_memory import InvalidInput, MemoryStore
-from evermind_memory.store.filter_sql import (
-    INSERT_TAG_SQL, MIGRATION_2_TO_3, migrate_typed_tags, tag_from_row, tag_rows, to_postgres, to_sqlite,
+from evermind_memory import EvermindError, InvalidInput, MemoryStore
+from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
+from evermind_memory.store.backend.filter_sql import (
+    INSERT_TAG_SQL, MIGRATION_3_TO_4, migrate_typed_tags, tag_from_row, tag_rows, to_postgres, to_sqlite,
 )
 from evermind_memory.store.filters import (
     MATCH_ALL, MAX_CLAUSES, MAX_DEPTH, MAX_IN, MAX_VALUES, all_of, parse_where, tags_filter, time_window,
@@ -211,13 +212,12 @@ def schema_sql(tmp_path_factory, embedder) -> list[str]:
 
 
 def scratch_db(schema_sql: list[str], facts: list[dict]) -> sqlite3.Connection:
-    """An in-memory database with the store's schema, migrated to schema 3, holding `facts` (ids 'f0', 'f1', ...)."""
+    """An in-memory database with the store's schema (schema 4), holding `facts` (ids 'f0', 'f1', ...)."""
     conn = sqlite3.connect(":memory:", isolation_level=None)
     conn.execute("PRAGMA foreign_keys = ON")
     for sql in schema_sql:
         conn.execute(sql)
     conn.execute("BEGIN")
-    migrate_typed_tags(conn)
     for i, x in enumerate(facts):
         fid = f"f{i}"
         conn.execute(
@@ -360,7 +360,24 @@ def test_fuzzed_filters_raise_only_invalid_input_and_what_parses_runs(schema_sql
         conn.close()
 
 
-# ---- the schema 2 -> 3 migration on a store made through the public API --------------------------------------------
+# ---- the schema 3 -> 4 migration on a store made through the public API --------------------------------------------
+def downgrade(path: Path, version: int) -> None:
+    """Turn a store file back into what schema 3 (no typed tags, expiry, pin, scope or links) or schema 2 (nor
+    the many-writers leases and owners) looked like."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for name in ("fact_tags_num", "facts_expires", "facts_created", "facts_updated", "facts_scope"):
+        conn.execute(f"DROP INDEX {name}")
+    for table, column in (("fact_tags", "num"), ("fact_tags", "vtype"), ("facts", "expires_at"), ("facts", "pinned"),
+                          ("facts", "scope"), ("changes", "scope"), ("changes", "link")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    if version == 2:
+        conn.execute("DROP INDEX facts_waiting")
+        conn.execute("ALTER TABLE facts DROP COLUMN owner")
+        conn.execute("DROP TABLE leases")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+    conn.close()
+
+
 def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_path: Path, embedder):
     path = tmp_path / "old.db"
     with MemoryStore(path, embedder) as s:
@@ -369,7 +386,9 @@ def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_pa
         s.remember("untagged")
         before = {json.dumps(t): {f.id for f in s.list(tags=t)} for t in ({"user": "ada"}, {"n": "3"}, {"user": "bob", "n": "3"})}
         pre_rows = s.list(limit=100)
+    downgrade(path, 3)
     conn = sqlite3.connect(path, isolation_level=None)
+    assert "vtype" not in {r[1] for r in conn.execute("PRAGMA table_info(fact_tags)")}
     conn.execute("BEGIN IMMEDIATE")
     migrate_typed_tags(conn)
     conn.execute("COMMIT")
@@ -395,15 +414,43 @@ def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_pa
         with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
             conn.execute(INSERT_TAG_SQL, bad)
     conn.close()
-    # The change is additive: the current code still opens, writes and checks the migrated file.
+    # The change is additive: the current code opens, writes and checks the migrated file.
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    conn.close()
     with MemoryStore(path, embedder) as s:
         s.remember("after", tags={"user": "ada"})
         assert len(s.list(tags={"user": "ada"})) == 7
         assert s.check().ok
 
 
+def test_a_schema_2_store_opens_migrated_with_its_facts_and_history(tmp_path: Path, embedder):
+    path = tmp_path / "old.db"
+    with MemoryStore(path, embedder) as s:
+        fid = s.remember("Ada's flight is on Tuesday", tags={"user": "ada"}, source="chat")
+        gone = s.remember("an old note")
+        s.forget(gone)
+    downgrade(path, 2)
+    with pytest.raises(EvermindError, match="schema version 2"):
+        MemoryStore(path, embedder, read_only=True)  # a reader never migrates
+    with MemoryStore(path, embedder) as s:
+        assert s.info()["schema_version"] == SCHEMA_VERSION == 4
+        fact = s.get(fid)
+        assert (fact.tags, fact.source, fact.expires_at, fact.pinned, fact.scope) == ({"user": "ada"}, "chat", None, False, {})
+        assert [c.op for c in s.history(gone)] == ["remember", "forget"]  # old history rows belong to the whole store
+        assert s.list(where={"user": {"$in": ["ada"]}}) == [fact] and s.check().ok
+        ada = s.scope(user="ada")
+        assert ada.count() == 0 and s.count() == 1  # old facts were remembered unscoped
+    # migrating twice changes nothing (the step is idempotent, whatever order migrations merge in)
+    conn = sqlite3.connect(path, isolation_level=None)
+    before = conn.execute("SELECT sql FROM sqlite_master ORDER BY name").fetchall()
+    migrate_typed_tags(conn)
+    assert conn.execute("SELECT sql FROM sqlite_master ORDER BY name").fetchall() == before
+    conn.close()
+
+
 def test_migration_statements_name_only_new_columns_and_indexes():
-    text = " ".join(MIGRATION_2_TO_3)
+    text = " ".join(MIGRATION_3_TO_4)
     assert "DROP" not in text and "UPDATE" not in text and "DELETE" not in text
 
 

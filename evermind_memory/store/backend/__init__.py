@@ -10,6 +10,11 @@ their block and only by the thread that opened it.
 
 The change log is the change feed: every change of a fact gets the next `seq` (monotonic, never reused), and
 `max_seq()` / `changes_after()` let any vector cache catch up from its watermark (RELIABILITY R3).
+`prune_history()` (compact) deletes the changes of long-forgotten facts and records how far it went in meta
+`history_pruned`: a cache whose watermark is below that cannot replay, and rebuilds.
+
+Reads of facts take a `Selection` (scope, now, where-filter) and compile it with backend/filter_sql.py, so
+every query carries the scope and expiry conditions the same way.
 
 Many processes write one store. The database orders their commits (`transaction()` is serialised with every
 other process's, and the change feed's seq with it); `write_mutex` only orders, inside one process, a commit
@@ -34,7 +39,9 @@ from typing import Any, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from ...errors import RowDamaged
+from ..filters import Filter, MatchAll
 from ..records import Change, Fact, Recall
+from ..scope import scope_parts
 
 
 def utc_now() -> str:
@@ -47,8 +54,28 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def _tags(text: str) -> dict[str, str]:
+def _tags(text: str) -> dict[str, str | int | float | bool]:
     return {} if text == "{}" else json.loads(text)  # most facts carry no tags: skip the JSON parser
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+class Selection(NamedTuple):
+    """Which facts a read may see: those in `scope` (and, with `below`, the scopes under it) that are alive at
+    `now` and match `where`. Every read of facts takes one; the front builds it (store/selection.py), so the
+    scope and expiry conditions are never left out."""
+
+    where: Filter  # MATCH_ALL: no condition of the caller's
+    scope: str  # the scope key ("" with below: the whole store); see store/scope.py
+    now: datetime  # aware UTC: facts with expires_at <= now are gone
+    below: bool = True  # False: only facts whose scope is exactly `scope` (duplicate candidates)
+
+    @property
+    def narrows(self) -> bool:
+        """Whether it selects fewer facts than "every live fact" (a scope or a where-filter)."""
+        return bool(self.scope) or not self.below or not isinstance(self.where, MatchAll)
 
 
 class FactRow(NamedTuple):
@@ -64,9 +91,12 @@ class FactRow(NamedTuple):
     fingerprint: str | None  # the embedder that made `vector` (None while the fact waits for one)
     label: int | None  # the index label of its current vector (the seq that gave it), None while waiting
     seq: int  # the seq of its latest change
+    expires_at: str | None  # ISO 8601 UTC; None: never
+    pinned: int  # 1: kept until forgotten (never expires, no recency decay)
+    scope: str  # the scope key ("": the whole store's own facts)
 
     @property
-    def tags(self) -> dict[str, str]:
+    def tags(self) -> dict[str, str | int | float | bool]:
         """The tags, parsed."""
         return _tags(self.tags_json)
 
@@ -77,6 +107,8 @@ class FactRow(NamedTuple):
                        created_at=_when("created_at", self.created_at),
                        updated_at=_when("updated_at", self.updated_at))
             reason = row_problem(out)
+            out.update(expires_at=None if self.expires_at is None else _when("expires_at", self.expires_at),
+                       pinned=bool(self.pinned), scope=scope_parts(self.scope))
         except (ValueError, TypeError, AttributeError) as exc:
             reason = str(exc) if str(exc).startswith("its ") else f"{type(exc).__name__}: {exc}"
         if reason is not None:
@@ -146,10 +178,14 @@ class NewFact(NamedTuple):
 
     id: str
     text: str
-    tags: dict[str, str]
+    tags: dict[str, str | int | float | bool]
     source: str | None
     created_at: str  # ISO 8601 UTC
     updated_at: str
+    expires_at: str | None = None  # ISO 8601 UTC; None: never
+    pinned: bool = False
+    scope: str = ""  # the scope key
+    replaces: str | None = None  # supersede: the fact this one replaces (recorded in both histories)
 
 
 class ChangeRow(NamedTuple):
@@ -223,25 +259,43 @@ class Reads(Protocol):
     def fetch_where(self, column: str, values: Sequence) -> dict:
         """Facts whose `column` ("rid", "id" or "label") is in `values`, keyed by that column."""
 
-    def list_rows(self, limit: int, offset: int, tags: dict[str, str], source: str | None) -> list[FactRow]:
-        """Facts in insertion order carrying every tag (and from `source` when given); limit -1: all."""
+    def list_rows(self, limit: int, offset: int, sel: Selection) -> list[FactRow]:
+        """Facts in insertion order that `sel` selects; limit -1: all."""
 
-    def history(self, fact_id: str) -> list[Change]:
-        """Every change of one fact, oldest first (a first vector arriving is part of its remember)."""
+    def count_selected(self, sel: Selection, fingerprint: str | None = None) -> int:
+        """Facts that `sel` selects (only those whose vector has `fingerprint` when given)."""
+
+    def history(self, fact_id: str, scope: str) -> list[Change]:
+        """Every change of one fact made in `scope` or under it, oldest first (a first vector arriving is part of
+        its remember)."""
 
     def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
-                tags: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(labels (N,), vectors (N, D)) of facts with `fingerprint`, optionally only `labels` or facts with `tags`.
-        Vectors of the wrong length are left out."""
+                sel: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(labels (N,), vectors (N, D)) of facts with `fingerprint`, optionally only `labels` or those `sel`
+        selects. Vectors of the wrong length are left out."""
+
+    def selected_labels(self, sel: Selection, fingerprint: str) -> np.ndarray:
+        """(N,) labels of the facts with `fingerprint` that `sel` selects (a filtered HNSW search's allow-list)."""
+
+    def expired_labels(self, fingerprint: str, now: datetime) -> set[int]:
+        """Labels of facts with `fingerprint` whose expiry is at or before `now` (not swept yet)."""
+
+    def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
+        """Up to `limit` facts in `scope` (or under it) that expired at or before `now`, oldest expiry first."""
 
     def labels(self, fingerprint: str | None) -> set[int]:
         """Labels of facts whose vector has `fingerprint` (None: every labelled fact)."""
 
-    def count_tagged(self, tags: dict[str, str], fingerprint: str) -> int:
-        """Facts with `fingerprint` carrying every tag."""
+    def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
+        """Full-text search for `words` (store/lexical.query_words) among the facts `sel` selects: (row, score)
+        best first, higher is better."""
 
-    def lexical(self, words: list[str], limit: int, tags: dict[str, str]) -> list[tuple[FactRow, float]]:
-        """Full-text search for `words` (store/lexical.query_words): (row, score) best first, higher is better."""
+    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
+        """Facts `sel` selects that changed after change `seq` or have no vector yet: what an index at watermark
+        `seq` may not hold (duplicate candidates)."""
+
+    def sizes(self) -> dict:
+        """Counts and bytes for stats(): facts, expired, pinned, changes, forgotten, page bytes, free bytes."""
 
     def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
               include_waiting: bool = True) -> list[StaleRow]:
@@ -322,12 +376,17 @@ class Writes(Reads, Protocol):
     def drop_lease(self, name: str, owner: str) -> None:
         """Remove `owner`'s claim on lease `name` (nothing when another owner holds it)."""
 
-    def update(self, row: FactRow, *, text: str, tags: dict[str, str], source: str | None,
-               vector: np.ndarray | None, fingerprint: str | None, now: str) -> tuple[int, int | None]:
+    def update(self, row: FactRow, *, text: str, tags: dict, source: str | None, vector: np.ndarray | None,
+               fingerprint: str | None, now: str, expires_at: str | None, pinned: bool) -> tuple[int, int | None]:
         """Change one fact; a new vector gets a new label (R8). Returns (seq, label retired or None)."""
 
-    def delete(self, rows: Sequence[FactRow], now: str) -> list[int]:
-        """Forget facts (tombstones stay in the change feed; their feedback goes). Returns the labels retired."""
+    def delete(self, rows: Sequence[FactRow], now: str, replaced_by: str | None = None) -> list[int]:
+        """Forget facts (tombstones stay in the change feed; their feedback goes). Returns the labels retired.
+        `replaced_by`: the fact that supersedes them (recorded in their history)."""
+
+    def prune_history(self, before: str, upto: int) -> int:
+        """Delete the change rows of facts forgotten before `before` (ISO UTC) whose seq is below `upto`, and
+        record the highest seq pruned in meta `history_pruned`. Returns how many rows went."""
 
     def set_vectors(self, rows: Sequence[tuple[int, str, int | None]], vectors: np.ndarray, fingerprint: str,
                     now: str) -> list[tuple[int, int | None]]:
@@ -393,6 +452,13 @@ class Backend(Protocol):
     def backup(self, dest: str) -> None:
         """Write a consistent copy of the database to the new file `dest` while the store stays live."""
 
+    def vacuum(self) -> None:
+        """Rewrite the database without its free pages (VACUUM; a writer only). Where the engine has a log, the
+        file shrinks at the next checkpoint()."""
+
+    def file_bytes(self) -> dict:
+        """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
+
     def close(self) -> None:
         """Close every connection (idempotent)."""
 
@@ -410,7 +476,8 @@ def open_backend(path: str, *, read_only: bool, durability: str, busy_timeout: f
 
 
 __all__ = [
-    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "LeaseRow", "NewFact", "Reads", "StaleRow",
+    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "LeaseRow", "NewFact", "Reads", "Selection",
+    "StaleRow",
     "WaitingRow",
     "Writes",
     "new_id", "open_backend", "utc_now",

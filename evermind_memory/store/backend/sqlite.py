@@ -33,12 +33,14 @@ from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
 from . import utc_now
 from . import sqlite_repair
+from .filter_sql import migrate_typed_tags
 from .sqlite_faults import preflight, repair_hint, translate
 from .sqlite_session import SQLiteSession
 
 # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: many writer
-# processes: + leases, + facts.owner (who embeds a waiting fact). Issue 20 (typed tags) takes 4.
-SCHEMA_VERSION = 3
+# processes: + leases, + facts.owner (who embeds a waiting fact); 4: typed tags, expires_at, pinned, scopes,
+# history links (issue 20)
+SCHEMA_VERSION = 4
 WAL_SIZE_LIMIT = 64 << 20  # bytes a reset WAL file is truncated back to
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 # Text columns are decoded by us: a damaged byte in one row's text then yields that row (with lone surrogates,
@@ -66,7 +68,7 @@ def _add_owners(conn: sqlite3.Connection) -> None:
 
 
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners, 3: migrate_typed_tags}
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
@@ -338,6 +340,26 @@ class SQLiteBackend:
         with self.reading() as session:
             session.conn.execute("VACUUM INTO ?", (dest,))  # (reading() turns a refusal into our error)
 
+    def vacuum(self) -> None:
+        """VACUUM on the writing connection: free pages go back to the file system once the WAL holding the new
+        copy is checkpointed (the caller does that, under the checkpoint lease, as any checkpoint here)."""
+        if self._writer is None:
+            raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to compact it.")
+        with self.write_mutex:
+            try:
+                self._writer.execute("INSERT INTO facts_fts (facts_fts) VALUES ('optimize')")  # merge FTS5 segments
+                self._writer.execute("VACUUM")
+            except sqlite3.OperationalError as exc:
+                raise EvermindError(f"{self.path}: SQLite could not VACUUM ({exc}); nothing was lost. Retry when "
+                                    "no reader holds a long transaction, or with more free disk space.") from exc
+
+    def file_bytes(self) -> dict:
+        """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
+        if self.memory:
+            return {"db": 0, "wal": 0}
+        return {kind: (Path(self.path + suffix).stat().st_size if Path(self.path + suffix).exists() else 0)
+                for kind, suffix in (("db", ""), ("wal", "-wal"))}
+
     def close(self) -> None:
         """Close every connection (idempotent). The store checkpoints first (under its lease), not this."""
         if self._closed:
@@ -437,6 +459,7 @@ class SQLiteBackend:
         )
         _create_feedback(conn)
         _create_leases(conn)
+        migrate_typed_tags(conn)  # schema 4's columns and indexes: the very statements a migrated store ran
         now = utc_now()
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",

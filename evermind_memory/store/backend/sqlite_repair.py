@@ -22,7 +22,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..scope import LEVELS
 from . import new_id, row_problem, utc_now
+from .filter_sql import REBUILD_TAGS_SQL
 from .sqlite_session import _INSERT_CHANGE, UNIT_TOLERANCE
 
 QUARANTINE_SQL = (
@@ -30,7 +32,7 @@ QUARANTINE_SQL = (
     "tbl TEXT NOT NULL, fact_id TEXT, reason TEXT NOT NULL, action TEXT NOT NULL, data TEXT NOT NULL)"
 )
 FACT_RAW = ("SELECT rid, id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, "
-            "fingerprint, label, seq FROM facts")
+            "fingerprint, label, seq, expires_at, scope FROM facts")
 MISSES_BEFORE_STOP = 4096  # salvage: consecutive missing rowids after which a table is taken as ended
 
 
@@ -100,6 +102,26 @@ def _ok_tags(value: Any) -> bool:
     return row_problem(probe) is None
 
 
+def _ok_scope(value: Any) -> bool:
+    """A scope key store/scope.py could have written ("" or level=value parts joined by "/")."""
+    if not isinstance(value, str):
+        return False
+    if not value:
+        return True
+    parts = [p.partition("=") for p in value.split("/")]
+    return all(sep and level in LEVELS and _ok_text(v) for level, sep, v in parts)
+
+
+def _log_row(conn: sqlite3.Connection, seq: int, fid: str, op: str, now: str, label: Any, scope: str) -> None:
+    """One change the repair makes (a reembed or a forget), in the fact's scope so its scope's history shows it."""
+    conn.execute(_INSERT_CHANGE, (seq, fid, op, now, None, None, None, 0, label, scope, None))
+
+
+def _scope_of(conn: sqlite3.Connection, rid: int) -> str:
+    row = conn.execute("SELECT scope FROM facts WHERE rid = ?", (rid,)).fetchone()
+    return row[0] if row is not None and _ok_scope(row[0]) else ""
+
+
 def _ok_vector(blob: Any, dim: int) -> bool:
     if not isinstance(blob, bytes) or len(blob) != 4 * dim:
         return False
@@ -115,11 +137,13 @@ def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
     if not _ok_text(fact_id):
         return out
     try:
-        rows = conn.execute("SELECT op, at, text, tags, source FROM changes WHERE fact_id = ? ORDER BY seq",
+        rows = conn.execute("SELECT op, at, text, tags, source, scope FROM changes WHERE fact_id = ? ORDER BY seq",
                             (fact_id,)).fetchall()
     except sqlite3.DatabaseError:
         return out
-    for op, at, text, tags, source in rows:
+    for op, at, text, tags, source, scope in rows:
+        if _ok_scope(scope) and op in ("remember", "update"):
+            out["scope"] = scope
         if _ok_time(at):
             out.setdefault("created_at", at)
             out["updated_at"] = at
@@ -137,7 +161,7 @@ def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
 def audit(conn: sqlite3.Connection, dim: int) -> Iterator[tuple[dict, list[str]]]:
     """Every fact row (raw values by column name) with what is wrong with it ([] when nothing)."""
     cols = ("rid", "id", "text_type", "text", "tags", "source", "created_at", "updated_at", "vector",
-            "fingerprint", "label", "seq")
+            "fingerprint", "label", "seq", "expires_at", "scope")
     for raw in conn.execute(FACT_RAW + " ORDER BY rid"):
         row = dict(zip(cols, raw))
         yield row, row_faults(row, dim)
@@ -163,6 +187,10 @@ def row_faults(row: dict, dim: int) -> list[str]:
     for name in ("created_at", "updated_at"):
         if not _ok_time(row[name]):
             faults.append(name)
+    if row["expires_at"] is not None and not _ok_time(row["expires_at"]):
+        faults.append("expires_at")
+    if not _ok_scope(row["scope"]):
+        faults.append("scope")
     vec, label = row["vector"], row["label"]
     if vec is not None and (not _ok_vector(vec, dim) or label is None or not isinstance(row["fingerprint"], str)):
         faults.append("vector")
@@ -223,6 +251,12 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
         if "source" in faults:
             sets["source"] = log.get("source")
             reasons.append("source unreadable")
+        if "expires_at" in faults:
+            sets["expires_at"] = None
+            reasons.append("expires_at unreadable: cleared (the fact no longer expires)")
+        if "scope" in faults:
+            sets["scope"] = log.get("scope", "")
+            reasons.append(f"scope unreadable: now {sets['scope']!r} (from the change log, or the whole store's)")
         for name in ("created_at", "updated_at"):
             if name in faults:
                 other = row["updated_at" if name == "created_at" else "created_at"]
@@ -233,9 +267,8 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
             reasons.append("vector damaged: cleared, to be embedded again")
             counts.vectors_cleared += 1
             if row["label"] is not None:
-                seq = _next_seq(conn)
-                conn.execute(_INSERT_CHANGE, (seq, fid if _ok_text(fid) else sets.get("id", ""), "reembed", now, None,
-                                              None, None, 0, row["label"]))
+                _log_row(conn, _next_seq(conn), fid if _ok_text(fid) else sets.get("id", ""), "reembed", now,
+                         row["label"], sets.get("scope", row["scope"] if _ok_scope(row["scope"]) else ""))
         quarantine(conn, "facts", sets.get("id", fid), "; ".join(reasons), "repaired", row)
         conn.execute(f"UPDATE facts SET {', '.join(f'{k} = ?' for k in sets)} WHERE rid = ?", [*sets.values(), rid])
         if "text" in sets or "id" in sets:  # (the FTS rows are rebuilt as a whole afterwards)
@@ -245,24 +278,24 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
 
 
 def _remove(conn: sqlite3.Connection, rid: int, fid: Any, label: Any, now: str) -> None:
+    scope = _scope_of(conn, rid)
     conn.execute("DELETE FROM facts WHERE rid = ?", (rid,))
     if _ok_text(fid):
         conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (fid,))
         conn.execute("DELETE FROM feedback WHERE fact_id = ?", (fid,))
-    conn.execute(_INSERT_CHANGE, (_next_seq(conn), fid if _ok_text(fid) else "", "forget", now, None, None, None, 0,
-                                  label if isinstance(label, int) else None))
+    _log_row(conn, _next_seq(conn), fid if _ok_text(fid) else "", "forget", now, label if isinstance(label, int) else None,
+             scope)
 
 
 def rebuild_derived(conn: sqlite3.Connection) -> None:
     """Rebuild what is derived from the fact rows: tag rows, the full-text index, orphans, the change feed's head."""
     conn.execute("DELETE FROM fact_tags")
-    conn.execute("INSERT INTO fact_tags (fact_id, key, value) SELECT f.id, j.key, j.value FROM facts f, "
-                 "json_each(f.tags) j")
+    conn.execute(REBUILD_TAGS_SQL)
     conn.execute("DELETE FROM feedback WHERE fact_id NOT IN (SELECT id FROM facts)")
     conn.execute("INSERT INTO facts_fts (facts_fts) VALUES ('rebuild')")
     head = conn.execute("SELECT MAX(COALESCE(MAX(label), 0), COALESCE(MAX(seq), 0)) FROM facts").fetchone()[0]
     if head > _next_seq(conn) - 1:  # the feed must stay ahead of every label, or a new one would collide
-        conn.execute(_INSERT_CHANGE, (head, "", "reembed", utc_now(), None, None, None, 0, None))
+        _log_row(conn, head, "", "reembed", utc_now(), None, "")
 
 
 def integrity(conn: sqlite3.Connection) -> list[str]:
@@ -318,7 +351,8 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
             dst.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         (key, value))
     if _has(src, "changes"):
-        cols = "fact_id, op, at, text, tags, source, vector_added, label_removed"
+        cols = "fact_id, op, at, text, tags, source, vector_added, label_removed, " + (
+            "scope, link" if _has_column(src, "changes", "scope") else "'', NULL")  # a store older than schema 4
         for row in _rows(src, "changes", cols, "seq", counts):
             try:
                 dst.execute(_INSERT_CHANGE, row)
@@ -326,29 +360,34 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                 counts.note(f"change {row[0]} unreadable: left out")
     seen_ids: set[str] = set()
     if _has(src, "facts"):
-        cols = "id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, fingerprint, label, seq"
-        for rid, fid, ttype, text, tags, source, created, updated, vec, fp, label, seq in _rows(src, "facts", cols, "rid", counts):
+        cols = "id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, fingerprint, label, seq, " + (
+            "expires_at, pinned, scope" if _has_column(src, "facts", "scope") else "NULL, 0, ''")
+        for (rid, fid, ttype, text, tags, source, created, updated, vec, fp, label, seq, expires, pinned,
+             scope) in _rows(src, "facts", cols, "rid", counts):
             row = dict(rid=rid, id=fid, text_type=ttype, text=text, tags=tags, source=source, created_at=created,
                        updated_at=updated, vector=vec, fingerprint=fp, label=label, seq=seq)
+            kept = (expires if _ok_time(expires) else None, 1 if pinned == 1 and not _ok_time(expires) else 0,
+                    scope if _ok_scope(scope) else "")
             if isinstance(fid, str) and fid in seen_ids:
                 row["id"] = fid = new_id()
                 quarantine(dst, "facts", fid, "a second row with the id of another fact: given a new id", "repaired", row)
             try:
                 dst.execute(
                     "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, vector, fingerprint, label, "
-                    "seq, owner) VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                    "seq, owner, expires_at, pinned, scope) VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, NULL, "
+                    "?, ?, ?)",
                     (rid, fid if isinstance(fid, str) else new_id(), text if isinstance(text, bytes) else b"",
                      tags if isinstance(tags, str) else "{}", source, created if isinstance(created, str) else "",
                      updated if isinstance(updated, str) else "", vec, fp, label if isinstance(label, int) else None,
-                     seq if isinstance(seq, int) else 0))
+                     seq if isinstance(seq, int) else 0, *kept))
             except sqlite3.IntegrityError:  # a label another row holds: keep the fact, embed it again
                 dst.execute(
-                    "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, seq) "
-                    "VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?)",
+                    "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, seq, expires_at, pinned, "
+                    "scope) VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?)",
                     (rid, fid if isinstance(fid, str) else new_id(), text if isinstance(text, bytes) else b"",
                      tags if isinstance(tags, str) else "{}", source if isinstance(source, str) else None,
                      created if isinstance(created, str) else "", updated if isinstance(updated, str) else "",
-                     seq if isinstance(seq, int) else 0))
+                     seq if isinstance(seq, int) else 0, *kept))
             if isinstance(fid, str):
                 seen_ids.add(fid)
             counts.salvaged += 1
@@ -360,9 +399,10 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
         if got.get("forgotten") and _last_op(dst, fid) == "forget" or "text" not in got:
             continue
         now = utc_now()
-        dst.execute("INSERT INTO facts (id, text, tags, source, created_at, updated_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        dst.execute("INSERT INTO facts (id, text, tags, source, created_at, updated_at, seq, scope) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (fid, got["text"], got.get("tags", "{}"), got.get("source"), got.get("created_at", now),
-                     got.get("updated_at", now), _next_seq(dst) - 1))
+                     got.get("updated_at", now), _next_seq(dst) - 1, got.get("scope", "")))
         quarantine(dst, "facts", fid, "its row was unreadable: restored from the change log (no vector yet)",
                    "restored", {"id": fid})
         counts.restored_from_log += 1
@@ -373,6 +413,13 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                     dst.execute(f"INSERT INTO {table} (id, {cols}) VALUES (?, ?, ?, ?, ?)", row)
                 except sqlite3.Error:
                     pass
+
+
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    try:
+        return column in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+    except sqlite3.DatabaseError:
+        return False
 
 
 def _last_op(conn: sqlite3.Connection, fid: str) -> str | None:

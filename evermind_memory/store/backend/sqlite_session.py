@@ -1,63 +1,49 @@
 """The SQLite queries of a store: one `SQLiteSession` per connection answers backend.Reads and backend.Writes.
 
 Plain parameterised SQL (R9: never a value in the text); long IN lists go in chunks of _IN_CHUNK. Rows come
-back as the named tuples of backend/__init__.py. Full-text matching is planned by store/lexical.py (which
-FTS5 terms to match, from the vocabulary's document frequencies) and run here.
+back as the named tuples of backend/__init__.py. Which facts a read sees is a `Selection`, compiled by
+backend/filter_sql.py into one condition on `facts f`; other indexed equalities next to it carry a unary plus
+(`+f.fingerprint = ?`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it
+would otherwise start from the fingerprint index and probe every fact: 94 ms against 0.09 ms at 50k facts,
+benchmarks/filter_speed.py). Full-text matching is planned by store/lexical.py (which FTS5 terms to match, from
+the vocabulary's document frequencies) and run here.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..lexical import plan
 from ..records import Change
-from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, StaleRow, WaitingRow
+from ..timing import time_text
+from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
+from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
 
-FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq"
+FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq, expires_at, pinned, scope"
 _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
 _IN_CHUNK = 500
 UNIT_TOLERANCE = 0.02  # a stored vector's squared norm is 1 within float32 rounding; one damaged float moves it more
 _INSERT_FACT = (
-    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, owner) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
+    "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_CHANGE = (
-    "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
              f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")
 
 
-def tags_json(tags: dict[str, str]) -> str:
+def tags_json(tags: dict) -> str:
     """Canonical JSON for a tag dict."""
     return json.dumps(tags, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def tag_filter_sql(tags: dict[str, str], column: str = "f.id") -> tuple[str, list[str]]:
-    """SQL conditions (AND-joined, leading ' AND ') selecting facts that carry every tag exactly."""
-    sql = "".join(f" AND {column} IN (SELECT fact_id FROM fact_tags WHERE key = ? AND value = ?)" for _ in tags)
-    params = [p for kv in sorted(tags.items()) for p in kv]
-    return sql, params
-
-
-def tagged_from_sql(tags: dict[str, str]) -> tuple[str, list[str]]:
-    """A FROM clause over `facts f` restricted to facts carrying every tag, driven by the tag index.
-
-    (`f.id IN (subquery)` makes SQLite scan every fact and probe; starting from fact_tags visits only matches.)
-    """
-    if not tags:
-        return "facts f", []
-    items = sorted(tags.items())
-    sql = "fact_tags t0 CROSS JOIN facts f ON f.id = t0.fact_id AND t0.key = ? AND t0.value = ?"
-    sql += "".join(f" JOIN fact_tags t{i} ON t{i}.fact_id = f.id AND t{i}.key = ? AND t{i}.value = ?" for i in range(1, len(items)))
-    return sql, [p for kv in items for p in kv]
 
 
 def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
@@ -139,15 +125,19 @@ class SQLiteSession:
     def remembered_since(self, seq: int) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM changes WHERE seq > ? AND op = 'remember'", (seq,)).fetchone()[0])
 
-    def history(self, fact_id: str) -> list[Change]:
+    def history(self, fact_id: str, scope: str) -> list[Change]:
         # The arrival of a first vector (a 'reembed' that removed no label: background embedding of a remembered
         # fact) is part of remembering it, so a history reads the same whether it was embedded before or after.
+        params: list = [fact_id]
+        in_scope = scope_condition("scope", scope, True, SQLITE, params)
         rows = self.conn.execute(
-            "SELECT seq, op, at, text, tags, source FROM changes WHERE fact_id = ? "
-            "AND NOT (op = 'reembed' AND label_removed IS NULL) ORDER BY seq", (fact_id,)
+            "SELECT seq, op, at, text, tags, source, link FROM changes WHERE fact_id = ? "
+            f"AND NOT (op = 'reembed' AND label_removed IS NULL){' AND ' + in_scope if in_scope else ''} ORDER BY seq",
+            params,
         ).fetchall()
         return [Change(seq=r[0], op=r[1], at=datetime.fromisoformat(r[2]), text=r[3], tags=None if r[4] is None else json.loads(r[4]),
-                       source=r[5]) for r in rows]
+                       source=r[5], replaces=r[6] if r[1] == "remember" else None,
+                       replaced_by=r[6] if r[1] == "forget" else None) for r in rows]
 
     # ---- facts ---------------------------------------------------------------------------------------------
     def count(self, fingerprint: str | None = None) -> int:
@@ -170,14 +160,51 @@ class SQLiteSession:
                 out[getattr(fact, column)] = fact
         return out
 
-    def list_rows(self, limit: int, offset: int, tags: dict[str, str], source: str | None) -> list[FactRow]:
-        source_sql, params = tagged_from_sql(tags)
-        where = ""
-        if source is not None:
-            where += " AND f.source = ?"
-            params.append(source)
-        sql = f"SELECT {_F_COLS} FROM {source_sql} WHERE 1 = 1{where} ORDER BY f.rid LIMIT ? OFFSET ?"
+    def list_rows(self, limit: int, offset: int, sel: Selection) -> list[FactRow]:
+        where, params = selection_sql(sel)
+        sql = f"SELECT {_F_COLS} FROM facts f WHERE {where} ORDER BY f.rid LIMIT ? OFFSET ?"
         return [FactRow._make(r) for r in self.conn.execute(sql, [*params, limit, offset])]
+
+    def count_selected(self, sel: Selection, fingerprint: str | None = None) -> int:
+        where, params = selection_sql(sel)
+        if fingerprint is None:
+            return int(self.conn.execute(f"SELECT COUNT(*) FROM facts f WHERE {where}", params).fetchone()[0])
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM facts f WHERE +f.fingerprint = ? AND {where}",
+                                     [fingerprint, *params]).fetchone()[0])
+
+    def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
+        params: list = [time_text(now)]
+        in_scope = scope_condition("f.scope", scope, True, SQLITE, params)
+        sql = (f"SELECT {_F_COLS} FROM facts f WHERE f.expires_at <= ?{' AND ' + in_scope if in_scope else ''} "
+               "ORDER BY f.expires_at, f.rid LIMIT ?")
+        return [FactRow._make(r) for r in self.conn.execute(sql, [*params, limit])]
+
+    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
+        # Driven from the few recent changes and waiting facts (the change feed's key, the waiting index), then
+        # filtered: never a scan of the scope's facts.
+        where, params = selection_sql(sel)
+        return [FactRow._make(r) for r in self.conn.execute(
+            f"SELECT {_F_COLS} FROM (SELECT fact_id AS id FROM changes WHERE seq > ? UNION "
+            f"SELECT id FROM facts WHERE vector IS NULL) r CROSS JOIN facts f ON f.id = r.id WHERE {where} ORDER BY f.rid",
+            [seq, *params])]
+
+    def _count_expired(self, now: datetime) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE expires_at <= ?", (time_text(now),)).fetchone()[0])
+
+    def sizes(self) -> dict:
+        conn = self.conn
+        now = datetime.now(timezone.utc)
+        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        return {
+            "facts": self.count(), "expired": self._count_expired(now),
+            "pinned": int(conn.execute("SELECT COUNT(*) FROM facts WHERE pinned = 1").fetchone()[0]),
+            "changes": int(conn.execute("SELECT COUNT(*) FROM changes").fetchone()[0]),
+            "forgotten": int(conn.execute(
+                "SELECT COUNT(DISTINCT c.fact_id) FROM changes c WHERE NOT EXISTS (SELECT 1 FROM facts f WHERE f.id = c.fact_id)"
+            ).fetchone()[0]),
+            "page_bytes": page * int(conn.execute("PRAGMA page_count").fetchone()[0]),
+            "free_bytes": page * int(conn.execute("PRAGMA freelist_count").fetchone()[0]),
+        }
 
     def export_rows(self) -> Iterator[FactRow]:
         for row in self.conn.execute(f"SELECT {FACT_COLS} FROM facts ORDER BY rid"):
@@ -185,7 +212,7 @@ class SQLiteSession:
 
     # ---- vectors -------------------------------------------------------------------------------------------
     def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
-                tags: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                sel: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
         out_labels: list[int] = []
         blobs: list[bytes] = []
         if labels is not None:
@@ -197,10 +224,13 @@ class SQLiteSession:
                     out_labels.append(label)
                     blobs.append(blob)
         else:
-            source_sql, params = tagged_from_sql(tags or {})
-            for label, blob in self.conn.execute(
-                f"SELECT f.label, f.vector FROM {source_sql} WHERE f.fingerprint = ? ORDER BY f.label", [*params, fingerprint]
-            ):
+            if sel is None:  # every vector (the index holds expired facts too, until they are swept)
+                sql, params = "SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = ? ORDER BY f.label", [fingerprint]
+            else:
+                where, params = selection_sql(sel)
+                sql = f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {where} ORDER BY f.label"
+                params = [fingerprint, *params]
+            for label, blob in self.conn.execute(sql, params):
                 out_labels.append(label)
                 blobs.append(blob)
         good = [i for i, b in enumerate(blobs) if isinstance(b, bytes) and len(b) == 4 * dim]
@@ -218,10 +248,14 @@ class SQLiteSession:
             return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE label IS NOT NULL")}
         return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE fingerprint = ?", (fingerprint,))}
 
-    def count_tagged(self, tags: dict[str, str], fingerprint: str) -> int:
-        source_sql, params = tagged_from_sql(tags)
-        return int(self.conn.execute(f"SELECT COUNT(*) FROM {source_sql} WHERE f.fingerprint = ?",
-                                     [*params, fingerprint]).fetchone()[0])
+    def selected_labels(self, sel: Selection, fingerprint: str) -> np.ndarray:
+        where, params = selection_sql(sel)
+        rows = self.conn.execute(f"SELECT f.label FROM facts f WHERE +f.fingerprint = ? AND {where}", [fingerprint, *params])
+        return np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
+
+    def expired_labels(self, fingerprint: str, now: datetime) -> set[int]:
+        return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE expires_at <= ? AND +fingerprint = ?",
+                                                (time_text(now), fingerprint))}
 
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
         rows = self.conn.execute(
@@ -275,28 +309,30 @@ class SQLiteSession:
         return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NULL").fetchone()[0])
 
     # ---- full-text search ----------------------------------------------------------------------------------
-    def lexical(self, words: list[str], limit: int, tags: dict[str, str]) -> list[tuple[FactRow, float]]:
+    def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         if not words:
             return []
         chosen = plan(self.conn, words, self.count())
         if chosen.all_words is not None:  # many postings: the rows holding every word, when there are enough
-            hits = self._match(chosen.all_words, limit, tags)
+            hits = self._match(chosen.all_words, limit, sel)
             if len(hits) >= limit:
                 return hits
-        return [] if chosen.any_word is None else self._match(chosen.any_word, limit, tags)
+        return [] if chosen.any_word is None else self._match(chosen.any_word, limit, sel)
 
-    def _match(self, match: str, limit: int, tags: dict[str, str]) -> list[tuple[FactRow, float]]:
+    def _match(self, match: str, limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         """FTS5 BM25 search: [(row, score)] with score = -bm25 (higher is better), best first."""
-        if not tags:  # let FTS5 sort by rank (bm25) itself and join only the top rows
+        where, params = selection_sql(sel)
+        if not sel.narrows:  # let FTS5 sort by rank (bm25) itself and join only the top rows
+            # Expired facts not swept yet are dropped after the ranking: ask FTS5 for that many more rows.
+            slack = self._count_expired(sel.now)
             sql = (
                 f"SELECT {_F_COLS}, r.rank FROM (SELECT rowid, rank FROM facts_fts WHERE facts_fts MATCH ? "
-                "ORDER BY rank LIMIT ?) r JOIN facts f ON f.rid = r.rowid ORDER BY r.rank, f.rid"
+                f"ORDER BY rank LIMIT ?) r JOIN facts f ON f.rid = r.rowid WHERE {where} ORDER BY r.rank, f.rid LIMIT ?"
             )
-            return _fact_rows(self.conn.execute(sql, [match, limit]))
-        where, params = tag_filter_sql(tags)
+            return _fact_rows(self.conn.execute(sql, [match, limit + slack, *params, limit]))
         sql = (
             f"SELECT {_F_COLS}, bm25(facts_fts) AS b FROM facts_fts "
-            f"JOIN facts f ON f.rid = facts_fts.rowid WHERE facts_fts MATCH ?{where} ORDER BY b, f.rid LIMIT ?"
+            f"JOIN facts f ON f.rid = facts_fts.rowid WHERE facts_fts MATCH ? AND {where} ORDER BY b, f.rid LIMIT ?"
         )
         return _fact_rows(self.conn.execute(sql, [match, *params, limit]))
 
@@ -336,8 +372,9 @@ class SQLiteSession:
 
     # ---- writes (inside a transaction) ---------------------------------------------------------------------
     def _log(self, seq: int, fact_id: str, op: str, at: str, text: str | None, tags: str | None, source: str | None,
-             vector_added: bool, label_removed: int | None) -> None:
-        self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed))
+             vector_added: bool, label_removed: int | None, scope: str, link: str | None = None) -> None:
+        self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed,
+                                           scope, link))
 
     def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None,
                owner: str | None = None) -> tuple[list[int], int]:
@@ -347,15 +384,16 @@ class SQLiteSession:
         fact_rows, change_rows, tag_rows = [], [], []
         tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
         has_vec = vectors is not None
-        for i, (seq, (fid, text, tags, source, created, updated)) in enumerate(zip(seqs, items)):
+        for i, (seq, item) in enumerate(zip(seqs, items)):
+            fid, text, tags, source, created, updated, expires, pinned, scope, replaces = item
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             blob = _blob(vectors[i]) if has_vec else None
             fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq,
-                              None if has_vec else owner))
-            change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None))
-            tag_rows.extend((fid, k, v) for k, v in tags.items())
+                              expires, int(pinned), scope, None if has_vec else owner))
+            change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None, scope, replaces))
+            tag_rows.extend(tag_row(fid, k, v) for k, v in tags.items())
         if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
             first = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
             conn.execute(_INSERT_CHANGE, change_rows[0])
@@ -366,34 +404,33 @@ class SQLiteSession:
             conn.executemany(_INSERT_CHANGE, change_rows)
             conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE rid >= ?", (first,))
         if tag_rows:
-            conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)", tag_rows)
+            conn.executemany(INSERT_TAG_SQL, tag_rows)
         return seqs, first
 
-    def update(self, row: FactRow, *, text: str, tags: dict[str, str], source: str | None,
-               vector: np.ndarray | None, fingerprint: str | None, now: str) -> tuple[int, int | None]:
+    def update(self, row: FactRow, *, text: str, tags: dict, source: str | None, vector: np.ndarray | None,
+               fingerprint: str | None, now: str, expires_at: str | None, pinned: bool) -> tuple[int, int | None]:
         conn = self.conn
         seq = self.max_seq() + 1
         tj = tags_json(tags)
         if vector is not None:
             conn.execute(
                 "UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint = ?, "
-                "label = ?, seq = ? WHERE rid = ?",
-                (text, tj, source, now, _blob(vector), fingerprint, seq, seq, row.rid),
+                "label = ?, seq = ?, expires_at = ?, pinned = ? WHERE rid = ?",
+                (text, tj, source, now, _blob(vector), fingerprint, seq, seq, expires_at, int(pinned), row.rid),
             )
         else:
-            conn.execute("UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, seq = ? WHERE rid = ?",
-                         (text, tj, source, now, seq, row.rid))
+            conn.execute("UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, seq = ?, expires_at = ?, "
+                         "pinned = ? WHERE rid = ?", (text, tj, source, now, seq, expires_at, int(pinned), row.rid))
         if text != row.text:
             conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
             conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (row.rid, text))
         conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (row.id,))
-        conn.executemany("INSERT INTO fact_tags (fact_id, key, value) VALUES (?, ?, ?)",
-                         [(row.id, k, v) for k, v in tags.items()])
+        conn.executemany(INSERT_TAG_SQL, [tag_row(row.id, k, v) for k, v in tags.items()])
         removed = row.label if vector is not None else None
-        self._log(seq, row.id, "update", now, text, tj, source, vector is not None, removed)
+        self._log(seq, row.id, "update", now, text, tj, source, vector is not None, removed, row.scope)
         return seq, removed
 
-    def delete(self, rows: Sequence[FactRow], now: str) -> list[int]:
+    def delete(self, rows: Sequence[FactRow], now: str, replaced_by: str | None = None) -> list[int]:
         conn = self.conn
         removed: list[int] = []
         seq = self.max_seq()
@@ -403,7 +440,7 @@ class SQLiteSession:
             conn.execute("DELETE FROM feedback WHERE fact_id = ?", (row.id,))  # a forgotten fact leaves no trace there
             conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
             conn.execute("DELETE FROM facts WHERE rid = ?", (row.rid,))
-            self._log(seq, row.id, "forget", now, None, None, None, False, row.label)
+            self._log(seq, row.id, "forget", now, None, None, None, False, row.label, row.scope, replaced_by)
             if row.label is not None:
                 removed.append(row.label)
         return removed
@@ -411,14 +448,34 @@ class SQLiteSession:
     def set_vectors(self, rows: Sequence[tuple[int, str, int | None]], vectors: np.ndarray, fingerprint: str,
                     now: str) -> list[tuple[int, int | None]]:
         seq = self.max_seq()
+        scopes: dict[int, str] = {}
+        for chunk in _chunks([rid for rid, _, _ in rows]):
+            scopes.update(self.conn.execute(f"SELECT rid, scope FROM facts WHERE rid IN ({','.join('?' * len(chunk))})",
+                                            list(chunk)))
         out = []
         for (rid, fid, old_label), vec in zip(rows, vectors):
             seq += 1
             self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
                               (_blob(vec), fingerprint, seq, seq, rid))
-            self._log(seq, fid, "reembed", now, None, None, None, True, old_label)
+            self._log(seq, fid, "reembed", now, None, None, None, True, old_label, scopes.get(rid, ""))
             out.append((seq, old_label))
         return out
+
+    def prune_history(self, before: str, upto: int) -> int:
+        # Every change of a fact up to (and with) a forget older than `before`: the history of an incarnation
+        # that ended long ago. The newest change row is never deleted (upto: the current max seq), so max_seq()
+        # and the labels it hands out keep growing.
+        conn = self.conn
+        doomed = (
+            "SELECT c.seq FROM changes c JOIN (SELECT fact_id, MAX(seq) AS last FROM changes "
+            "WHERE op = 'forget' AND at < ? AND seq < ? GROUP BY fact_id) g ON c.fact_id = g.fact_id AND c.seq <= g.last"
+        )
+        top = conn.execute(f"SELECT MAX(seq) FROM ({doomed})", (before, upto)).fetchone()[0]
+        if top is None:
+            return 0
+        cur = conn.execute(f"DELETE FROM changes WHERE seq IN ({doomed})", (before, upto))
+        self.set_meta("history_pruned", str(max(int(top), int(self.meta("history_pruned") or 0))))
+        return cur.rowcount
 
     # ---- the generation being built (adaptation, rollback) -------------------------------------------------
     def generation_begin(self, fingerprint: str, labels: np.ndarray | None, vectors: np.ndarray | None) -> None:
