@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from extras import require
 
-pytest.importorskip("langchain_core", reason="the LangChain interface is the 'langchain' extra: pip install -e '.[test]'")
+require("langchain_core", "langchain")
 
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402

@@ -8,9 +8,9 @@ async tests are plain coroutines; anyio's plugin runs them (the class mark).
 from __future__ import annotations
 
 import pytest
+from extras import require
 
-pytest.importorskip("langchain_tests", reason="the LangChain standard suites need the 'langchain' extra and "
-                    "langchain-tests: pip install -e '.[test]'")
+require("langchain_tests", "test")
 
 from langchain_tests.integration_tests import EmbeddingsIntegrationTests, VectorStoreIntegrationTests  # noqa: E402
 from langchain_tests.unit_tests import EmbeddingsUnitTests  # noqa: E402

@@ -10,8 +10,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from extras import require
 
-pytest.importorskip("langgraph.store.base", reason="the LangGraph interface is the 'langgraph' extra: pip install -e '.[test]'")
+require("langgraph.store.base", "langgraph")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
