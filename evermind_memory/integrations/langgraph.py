@@ -9,13 +9,15 @@ never seen; hand in `store.scope(user=...)` or `MemoryStore(path, namespace=...)
                       fields is accepted and not used (as by a LangGraph store without an index config)
     namespace         tags lg.ns.0 .. lg.ns.<n-1> (one per label) and lg.depth: a prefix is one equality per
                       level, so search and list run in SQL; at most MAX_DEPTH labels, labels and key <= 512 chars
-    value fields      scalar leaves (str <= 512 chars, int, float, bool) of nested dicts become tags
-                      lg.f.<path> (path "a.b" for value["a"]["b"]), as many as the 32-tag budget leaves, so a
-                      filter runs in SQL; an item with leaves left out is tagged lg.partial and checked in Python
+    value fields      scalar leaves (str <= 512 chars without NUL, bool, a number exact as a double) of nested
+                      dicts become tags lg.f.<path> (path "a.b" for value["a"]["b"]), as many as the 32-tag budget
+                      leaves, so a filter runs in SQL; an item with leaves left out is tagged lg.partial and
+                      checked in Python
     ttl (minutes)     the fact's ttl: an expired item is never returned (omit_expired, always). lg.ttl keeps the
                       minutes so a read can refresh them (refresh_on_read): a refresh rewrites the fact (a
-                      history row; updated_at moves), once 1% of the ttl has passed since the last. Expired facts are swept by the store's own sweeper, every
-                      minute (sweep_interval_minutes is not used)
+                      history row; updated_at moves), once 1% of the ttl has passed since the last. Expired
+                      facts are swept by the store's own sweeper, every minute (sweep_interval_minutes is not
+                      used)
     index=False       tag lg.noindex: query searches put such items after the scored ones, with score None
 Filters compare typed values, as the where-language does: {"n": 3} matches the number 3, not "3" nor True;
 $gt/$gte/$lt/$lte order numbers with numbers and strings with strings; $ne also matches items without the
@@ -68,8 +70,9 @@ class EvermindStore(BaseStore):
         graph = builder.compile(store=store)                                  # LangGraph hands it to nodes
 
     Operations in one batch run in order. A bad namespace raises LangGraph's InvalidNamespaceError (from
-    BaseStore's own put/get/search) or InvalidNamespace, which is both it and our InvalidInput (from batch). The async methods run the batch in a worker thread to its end, even
-    when the await is cancelled. The module docstring has the item <-> fact mapping and the filter rules.
+    BaseStore's own put/get/search) or InvalidNamespace, which is both it and our InvalidInput (from batch).
+    The async methods run the batch in a worker thread to its end, even when the await is cancelled. The
+    module docstring has the item <-> fact mapping and the filter rules.
 
     Args:
         store: an open MemoryStore or scope view (closing this leaves it open), or a path (":memory:" by
@@ -292,14 +295,19 @@ def value_text(value: Mapping) -> str:
     """The JSON text of a value (a fact's text).
 
     Raises:
-        InvalidInput: not a dict with str keys, or not JSON (sets, NaN, objects).
+        InvalidInput: not a dict with str keys, not JSON (sets, NaN, objects), or a lone surrogate in it.
     """
     if not isinstance(value, Mapping):
         raise InvalidInput(f"put() expected value to be a dict, got {type(value).__name__}.")
     try:
-        return json.dumps(dict(value), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(dict(value), ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"put() expected a value of valid Unicode text, found a lone surrogate {exc.object[exc.start]!r} "
+                           "in it. Decode your bytes with errors='replace' first.") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"put() expected a JSON value (str keys; str, number, bool, None, list, dict values): {exc}.") from None
+    return text
 
 
 def item_tags(namespace: tuple[str, ...], key: str, value: Mapping, *, index: Any = None,
@@ -316,8 +324,9 @@ def item_tags(namespace: tuple[str, ...], key: str, value: Mapping, *, index: An
     for label in namespace:
         if len(label) > MAX_TAG_VALUE_CHARS:
             raise InvalidNamespace(f"namespace labels are at most {MAX_TAG_VALUE_CHARS} characters, got {len(label)}.")
-    if not isinstance(key, str) or len(key) > MAX_TAG_VALUE_CHARS:
-        raise InvalidInput(f"put() expected key to be a str of at most {MAX_TAG_VALUE_CHARS} characters, got {key!r:.60}.")
+    if not isinstance(key, str) or len(key) > MAX_TAG_VALUE_CHARS or "\x00" in key:
+        raise InvalidInput(f"put() expected key to be a str of at most {MAX_TAG_VALUE_CHARS} characters without NUL, "
+                           f"got {key!r:.60}.")
     tags: dict[str, Any] = {DEPTH: len(namespace), KEY: key}
     tags.update({f"lg.ns.{i}": label for i, label in enumerate(namespace)})
     if ttl is not None:
@@ -343,16 +352,20 @@ def _leaves(value: Any, path: str):
         fits = isinstance(name, str) and "." not in name and TAG_KEY_RE.fullmatch(f"lg.f.{sub}") is not None
         if isinstance(leaf, Mapping):
             yield from _leaves(leaf, sub) if fits else [(None, leaf)]
-        elif value_type(leaf) in ("number", "bool") or (value_type(leaf) == "str" and len(leaf) <= MAX_TAG_VALUE_CHARS):
-            if isinstance(leaf, float) and not math.isfinite(leaf):
-                continue  # refused by value_text anyway
-            yield (f"lg.f.{sub}" if fits and _exact_number(leaf) else None), leaf
         else:
-            yield None, leaf  # lists, None, long strings: filters on them are checked in Python
+            # lists, None, long strings, strings with NUL, big ints: filters on them are checked in Python
+            yield (f"lg.f.{sub}" if fits and _taggable(leaf) else None), leaf
 
 
-def _exact_number(leaf: Any) -> bool:
-    return not (isinstance(leaf, int) and not isinstance(leaf, bool) and abs(leaf) > 2**53 - 1)
+def _taggable(leaf: Any) -> bool:
+    """Whether a scalar can be a tag value that compares in SQL as it does in Python: a bool, a finite number
+    exact as a double, or a str of at most MAX_TAG_VALUE_CHARS with no NUL (which the store refuses in tags)."""
+    kind = value_type(leaf)
+    if kind == "bool":
+        return True
+    if kind == "number":
+        return math.isfinite(leaf) and not (isinstance(leaf, int) and abs(leaf) > 2**53 - 1)
+    return kind == "str" and len(leaf) <= MAX_TAG_VALUE_CHARS and "\x00" not in leaf
 
 
 def namespace_where(prefix: tuple[str, ...]) -> dict:
@@ -375,9 +388,7 @@ def filter_where(filter: Mapping) -> dict | None:
         for op, operand in cond:
             if op in ORDER_OPS and value_type(operand) not in ("number", "str"):
                 raise InvalidInput(f"filter: {op} orders numbers or strings, got {operand!r:.40} at {path!r}.")
-            sql_ok = value_type(operand) in ("str", "number", "bool") and _exact_number(operand) and (
-                value_type(operand) != "str" or len(operand) <= MAX_TAG_VALUE_CHARS)
-            if tag is None or not sql_ok:
+            if tag is None or not _taggable(operand):
                 continue
             clauses.append({tag: {op: operand}})
     if not clauses:

@@ -72,6 +72,15 @@ def test_values_must_be_json(lg: EvermindStore) -> None:
         lg.put(("a",), "k", {"text": "x" * 100_001})
     with pytest.raises(InvalidInput, match="ttl"):
         lg.put(("a",), "k", {"v": 1}, ttl=-1)
+    with pytest.raises(InvalidInput, match="lone surrogate"):
+        lg.put(("a",), "k", {"s": "\ud800"})
+    with pytest.raises(InvalidInput, match="key to be a str .* without NUL"):
+        lg.put(("a",), "k\x00", {"v": 1})
+    lg.put(("a",), "nul", {"s": "a\x00b", "n": 2**60})  # JSON text holds both; neither can be a tag, Python filters
+    assert lg.get(("a",), "nul").value == {"s": "a\x00b", "n": 2**60}
+    assert [r.key for r in lg.search(("a",), filter={"s": "a\x00b"})] == ["nul"]
+    assert [r.key for r in lg.search(("a",), filter={"n": {"$gt": 2**60 - 1}})] == ["nul"]
+    assert lg.search(("a",), filter={"s": "ab"}) == [] and lg.search(("a",), filter={"n": 2**60 + 1}) == []
 
 
 NAMESPACES = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "d", "i"), ("a", "b", "f"), ("a", "c", "f"),
