@@ -31,7 +31,6 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("evermind_memory.integrations.langchain needs langchain-core: "
                       "pip install 'evermind_memory[langchain]'") from exc
 
-from ..embedder.base import check_embedder, checked_vectors
 from ..errors import FactNotFound, InvalidInput
 from ..store.memory_store import MemoryStore
 from ..store.records import Fact, Recall
@@ -60,9 +59,10 @@ class EvermindEmbeddings(Embeddings):
     """
 
     def __init__(self, embedder: Any = None) -> None:
-        if embedder is None:
-            from ..embedder import default_embedder
+        from ..embedder import default_embedder  # (here, not at import: importing this module loads no model code)
+        from ..embedder.base import check_embedder
 
+        if embedder is None:
             embedder = default_embedder()
         self._dim, self._fingerprint = check_embedder(embedder)
         self.embedder = embedder
@@ -82,11 +82,15 @@ class EvermindEmbeddings(Embeddings):
         texts = _texts(texts, "embed_documents")
         if not texts:
             return []
+        from ..embedder.base import checked_vectors
+
         return checked_vectors(self.embedder.embed_many(texts), len(texts), self._dim).tolist()
 
     def embed_query(self, text: str) -> list[float]:
         """The vector of a query. Raises: InvalidInput: not a str; EmbedderOutputInvalid."""
         (text,) = _texts([text], "embed_query")
+        from ..embedder.base import checked_vectors
+
         return checked_vectors(self.embedder.embed(text), 1, self._dim, what="embed")[0].tolist()
 
 
@@ -108,6 +112,8 @@ class LangChainEmbedder:
         self.embeddings = embeddings
         self.dimensions = len(embeddings.embed_query(PROBE_TEXT))
         self.fingerprint = fingerprint if fingerprint is not None else _fingerprint_of(embeddings, self.dimensions)
+        from ..embedder.base import check_embedder
+
         check_embedder(self)
 
     def embed(self, text: str) -> np.ndarray:
