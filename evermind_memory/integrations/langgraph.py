@@ -5,8 +5,8 @@ never seen; hand in `store.scope(user=...)` or `MemoryStore(path, namespace=...)
     (namespace, key)  one fact whose id is "lg:" + a digest of both and the handle's scope: put upserts it,
                       delete forgets it (a handle also searches the items of the scopes under its own)
     value             the fact's text, the value as JSON (at most 100,000 characters). Semantic search embeds
-                      that text: the whole value, as LangGraph's default `fields=["$"]` does; a per-put list of
-                      fields is accepted and not used (as by a LangGraph store without an index config)
+                      that text: the whole value, as LangGraph's default `fields=["$"]` does (an index config
+                      with other fields is refused); a per-put list of fields is accepted and not used
     namespace         tags lg.ns.0 .. lg.ns.<n-1> (one per label) and lg.depth: a prefix is one equality per
                       level, so search and list run in SQL; at most MAX_DEPTH labels, labels and key <= 512 chars
     value fields      scalar leaves (str <= 512 chars without NUL, bool, a number exact as a double) of nested
@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 try:
     from langgraph.store.base import (
-        BaseStore, GetOp, InvalidNamespaceError, Item, ListNamespacesOp, MatchCondition, Op, PutOp, Result,
-        SearchItem, SearchOp, TTLConfig, validate_op_namespace,
+        BaseStore, GetOp, IndexConfig, InvalidNamespaceError, Item, ListNamespacesOp, MatchCondition, Op, PutOp,
+        Result, SearchItem, SearchOp, TTLConfig, validate_op_namespace,
     )
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("evermind_memory.integrations.langgraph needs langgraph: "
@@ -52,6 +52,7 @@ MAX_DEPTH = 16
 REFRESH_SLACK = 0.01  # a read refreshes a ttl only once 1% of it has passed since the last refresh
 PAGE = 1000  # facts read per list() call when Python has to look at them
 TTL_KEYS = ("refresh_on_read", "default_ttl", "sweep_interval_minutes", "omit_expired")
+INDEX_KEYS = ("dims", "embed", "fields")
 DEPTH, KEY, TTL, NOINDEX, PARTIAL = "lg.depth", "lg.key", "lg.ttl", "lg.noindex", "lg.partial"
 ORDER_OPS = ("$gt", "$gte", "$lt", "$lte")
 FILTER_OPS = ("$eq", "$ne", *ORDER_OPS)
@@ -81,24 +82,32 @@ class EvermindStore(BaseStore):
             True); sweep_interval_minutes is accepted (our sweeper runs every minute), omit_expired too (always).
         mode: recall mode of query searches: "vector" (default: cosine scores, as LangGraph's stores give),
             "hybrid" or "lexical".
+        index: LangGraph's IndexConfig, when opening a path: `embed` (a LangChain Embeddings, an embedding
+            function, or a provider string if LangChain can load it) becomes the store's model (its vectors are
+            kept: see LangChainEmbedder), `dims` must be its size; `fields` may only be ["$"] (the whole value,
+            the default). None: the store's own model (the shipped one for a new store).
+        fingerprint: with `index`, the model's name in the store (LangChainEmbedder).
         **options: MemoryStore(...) options when opening a path.
     Raises:
-        InvalidInput: a bad ttl config, mode or option.
+        InvalidInput: a bad ttl config, mode, index or option.
     """
 
     supports_ttl = True
 
     def __init__(self, store: MemoryStore | str | os.PathLike = ":memory:", *, ttl: TTLConfig | None = None,
-                 mode: str = "vector", **options: Any) -> None:
+                 mode: str = "vector", index: IndexConfig | None = None, fingerprint: str | None = None,
+                 **options: Any) -> None:
         self._mode = check_choice(mode, "mode", ("vector", "hybrid", "lexical"), "EvermindStore")
         self.ttl_config = _check_ttl_config(ttl)
         if isinstance(store, MemoryStore):
-            if options:
-                raise InvalidInput(f"EvermindStore(store) uses an open MemoryStore as it is; give {', '.join(sorted(options))} "
-                                   "to MemoryStore() instead.")
+            given = sorted(options) + ["index"] * (index is not None) + ["fingerprint"] * (fingerprint is not None)
+            if given:
+                raise InvalidInput(f"EvermindStore(store) uses an open MemoryStore as it is; give {', '.join(given)} "
+                                   "to MemoryStore() instead (an index's embed as LangChainEmbedder(embed)).")
             self._store, self._owner = store, False
         else:
-            self._store, self._owner = MemoryStore(store, **options), True
+            embedder = index_embedder(index, fingerprint)
+            self._store, self._owner = MemoryStore(store, embedder, **options), True
 
     @property
     def store(self) -> MemoryStore:
@@ -514,6 +523,43 @@ def _check_ttl_config(config: Any) -> TTLConfig | None:
     return TTLConfig(**config)
 
 
+def index_embedder(index: Any, fingerprint: str | None = None) -> Any:
+    """The store's embedder for a LangGraph IndexConfig: None (the store's own model) for no config.
+
+    Raises:
+        InvalidInput: not an IndexConfig we take, fields other than ["$"], an embed that cannot be loaded or
+            called, dims that are not the embedding's size.
+    """
+    if index is None:
+        if fingerprint is not None:
+            raise InvalidInput("EvermindStore() got a fingerprint without an index; it names the index's embed model.")
+        return None
+    if not isinstance(index, Mapping) or set(index) - set(INDEX_KEYS) or "embed" not in index:
+        raise InvalidInput(f"EvermindStore() expected index to be an IndexConfig dict with embed (and dims, fields), got "
+                           f"{index!r:.80}.")
+    fields = index.get("fields")
+    if fields is not None and list(fields) != ["$"]:
+        raise InvalidInput(f"EvermindStore() embeds each whole value (fields=['$']), got fields={fields!r:.60}: a fact has "
+                           "one vector. Leave fields out, and keep the text to search in the value.")
+    from langgraph.store.base.embed import ensure_embeddings
+
+    from .langchain import EvermindEmbeddings, LangChainEmbedder
+
+    try:
+        embeddings = ensure_embeddings(index["embed"])
+        embedder = (embeddings.embedder if isinstance(embeddings, EvermindEmbeddings)
+                    else LangChainEmbedder(embeddings, fingerprint))
+    except InvalidInput:
+        raise
+    except Exception as exc:  # a provider string LangChain cannot load, an async-only function, a failing model
+        raise InvalidInput(f"EvermindStore() could not use index['embed'] ({index['embed']!r:.60}): {exc}") from None
+    dims = index.get("dims")
+    if dims is not None and dims != embedder.dimensions:
+        raise InvalidInput(f"EvermindStore() expected index['dims'] to be the embedding's size, {embedder.dimensions}, "
+                           f"got {dims!r:.20}.")
+    return embedder
+
+
 def _check_page(limit: Any, offset: Any, method: str) -> tuple[int, int]:
     for name, value in (("limit", limit), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -521,5 +567,5 @@ def _check_page(limit: Any, offset: Any, method: str) -> tuple[int, int]:
     return limit, offset
 
 
-__all__ = ["EvermindStore", "InvalidNamespace", "filter_where", "item_id", "item_tags", "matches", "namespace_where",
-           "value_text"]
+__all__ = ["EvermindStore", "InvalidNamespace", "filter_where", "index_embedder", "item_id", "item_tags", "matches",
+           "namespace_where", "value_text"]

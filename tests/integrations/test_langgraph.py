@@ -318,3 +318,38 @@ def test_a_langgraph_graph_uses_it_as_its_store(tmp_path: Path) -> None:
         assert out["recalled"][0] == "Ada drinks green tea" and len(out["recalled"]) == 2
     with EvermindStore(tmp_path / "graph.db") as lg:
         assert lg.list_namespaces() == [("users", "ada", "memories")]
+
+
+def test_an_index_config_sets_the_model_as_in_langgraph(tmp_path: Path) -> None:
+    require("langchain_core", "langchain")
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    from evermind_memory.integrations.langchain import EvermindEmbeddings
+
+    fake = DeterministicFakeEmbedding(size=8)
+    with EvermindStore(tmp_path / "fake.db", index={"dims": 8, "embed": fake, "fields": ["$"]}) as lg:
+        lg.put(("a",), "x", {"text": "x"})
+        lg.put(("a",), "y", {"text": "y"})
+        assert lg.store.fingerprint == "langchain/langchain_core.embeddings.fake.DeterministicFakeEmbedding/8/8"
+        # the fake's vector of the exact value text is the item's own: cosine 1
+        hit = lg.search(("a",), query='{"text": "y"}', limit=1)[0]
+        assert hit.key == "y" and hit.score == pytest.approx(1.0, abs=1e-5)
+
+    def embed(texts: list[str]) -> list[list[float]]:  # a plain function, as LangGraph accepts
+        return [[1.0, float(len(t)), float(t.count("a"))] for t in texts]
+
+    with EvermindStore(":memory:", index={"dims": 3, "embed": embed}, fingerprint="test/len-and-a/3") as lg:
+        lg.put(("a",), "k", {"text": "banana"})
+        assert lg.store.fingerprint == "test/len-and-a/3" and len(lg.search(("a",), query="papaya")) == 1
+    with EvermindStore(":memory:", index={"dims": 256, "embed": EvermindEmbeddings()}) as lg:
+        assert lg.store.fingerprint == EvermindEmbeddings().fingerprint
+    for index, message in [({"dims": 9, "embed": fake}, "dims.*size, 8, got 9"),
+                           ({"dims": 8, "embed": fake, "fields": ["text"]}, r"whole value \(fields=\['\$'\]\)"),
+                           ({"dims": 8}, "IndexConfig dict with embed"),
+                           ({"embed": "nowhere:model"}, "could not use index"),
+                           ({"embed": fake, "distance_type": "l2"}, "IndexConfig dict")]:
+        with pytest.raises(InvalidInput, match=message):
+            EvermindStore(":memory:", index=index)
+    with MemoryStore(tmp_path / "open.db") as store:
+        with pytest.raises(InvalidInput, match="give index to MemoryStore"):
+            EvermindStore(store, index={"embed": fake})
