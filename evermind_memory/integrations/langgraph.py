@@ -215,13 +215,22 @@ class EvermindStore(BaseStore):
         return items
 
     def _scored(self, query: str, where: dict, want: int, check: Callable[[dict], bool] | None) -> list[tuple[Recall, float]]:
-        """The best `want` (at most K_MAX) facts for query that pass `check`; recalls more while check drops some."""
+        """The best `want` facts for query that pass `check`; recalls more while check drops some.
+
+        Raises:
+            InvalidInput: the answer needs more than the K_MAX best matches (a page past them, or a filter that
+                only Python can check dropping too many), which recall does not rank.
+        """
         k = min(K_MAX, want)
         while True:
             hits = self._store.recall(query, k, where=where, mode=self._mode)
             kept = [(hit, hit.score) for hit in hits if check is None or check(_value(hit))]
-            if len(kept) >= want or len(hits) < k or k == K_MAX:
+            if len(kept) >= want or len(hits) < k:
                 return kept[:want]
+            if k == K_MAX:
+                raise InvalidInput(f"search() with a query ranks the {K_MAX} best matches, and this page (offset + "
+                                   f"limit = {want}) needs more of them ({len(kept)} of {K_MAX} passed the filter); "
+                                   "page within them, narrow the namespace, or search without a query.")
             k = min(K_MAX, k * 4)
 
     def _listed(self, where: dict, offset: int, limit: int, check: Callable[[dict], bool] | None) -> list[Fact]:

@@ -5,6 +5,7 @@ graph using it. The shipped model throughout."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 from langgraph.store.base import InvalidNamespaceError, Item, PutOp, SearchOp  # noqa: E402
 
 from evermind_memory import InvalidInput, MemoryStore  # noqa: E402
-from evermind_memory.integrations.langgraph import EvermindStore, item_id, matches  # noqa: E402
+from evermind_memory.integrations.langgraph import EvermindStore, item_id, item_tags, matches  # noqa: E402
 
 
 @pytest.fixture
@@ -201,6 +202,7 @@ def test_semantic_search_ranks_by_meaning_and_puts_unindexed_items_last(lg: Ever
     assert [h.key for h in lg.search(("mem",), query="green tea", filter={"kind": "travel"})] == ["flight"]
     assert [h.key for h in lg.search(("mem",), query="green tea", limit=1, offset=1)] != ["tea"]
     assert lg.search(("nothing",), query="tea") == []
+    assert len(lg.search(("mem",), query="tea", offset=1, limit=5000)) == 3  # fewer items than the 1000 it ranks
 
 
 def test_semantic_search_under_a_selective_filter_is_not_cut_short() -> None:
@@ -208,6 +210,21 @@ def test_semantic_search_under_a_selective_filter_is_not_cut_short() -> None:
         for i in range(60):
             s.put(("bulk",), f"k{i}", {"text": f"green tea note number {i}", "rare": i in (7, 41)})
         assert sorted(r.key for r in s.search(("bulk",), query="green tea", filter={"rare": True}, limit=5)) == ["k41", "k7"]
+
+
+@pytest.mark.slow
+def test_a_query_page_past_the_ranked_matches_is_an_error_not_a_short_answer() -> None:
+    with EvermindStore(":memory:") as s:
+        # 1005 items in one batch (as many puts would make them; put embeds one at a time)
+        s.store.remember_many([json.dumps({"text": f"note number {i}"}) for i in range(1005)],
+                              tags=item_tags(("n",), "k", {"text": "note"}))
+        assert len(s.search(("n",), query="note", limit=1000)) == 1000
+        with pytest.raises(InvalidInput, match="ranks the 1000 best matches"):
+            s.search(("n",), query="note", offset=10, limit=995)
+        # a filter only Python can check (a long string) dropping matches past the 1000 ranked
+        s.put(("n",), "rare", {"text": "y" * 600, "note": "note number rare"})
+        with pytest.raises(InvalidInput, match="passed the filter"):
+            s.search(("n",), query="note", filter={"text": "y" * 600}, limit=2)
 
 
 def test_ttl_expiry_default_and_refresh_on_read(tmp_path: Path) -> None:
