@@ -13,21 +13,20 @@ HEAVY = ("evermind_memory.lm.model", "evermind_memory.embedder.lm_embedder", "ev
          "evermind_memory.adaptation", "evermind_memory.gpu", "wgpu")
 
 
-def loaded_after(statement: str) -> set[str]:
-    code = f"import sys\n{statement}\nprint(' '.join(sys.modules))"
-    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+def loaded_after(*statements: str) -> list[set[str]]:
+    """The modules loaded after each statement, run in turn in one fresh interpreter."""
+    code = "import sys\n" + "".join(f"{s}\nprint(' '.join(sys.modules))\n" for s in statements)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return [set(line.split()) for line in out.splitlines()]
 
 
-def test_the_package_and_the_async_store_import_no_framework() -> None:
-    loaded = loaded_after("import evermind_memory, evermind_memory.integrations\n"
-                          "from evermind_memory import AsyncMemoryStore")
-    assert "evermind_memory.integrations.async_store" in loaded
-    assert sorted(m for m in loaded if m.split(".")[0] in FRAMEWORKS) == []
-
-
-def test_the_framework_modules_load_no_model_code() -> None:
+def test_the_package_imports_no_framework_and_the_framework_modules_no_model_code() -> None:
     require("langchain_core", "langchain")
     require("langgraph.store.base", "langgraph")
-    loaded = loaded_after("import evermind_memory.integrations.langchain, evermind_memory.integrations.langgraph")
-    assert {"langchain_core", "langgraph"} <= loaded
-    assert sorted(m for m in loaded if m in HEAVY) == []
+    package, frameworks = loaded_after(
+        "import evermind_memory, evermind_memory.integrations\nfrom evermind_memory import AsyncMemoryStore",
+        "import evermind_memory.integrations.langchain, evermind_memory.integrations.langgraph")
+    assert "evermind_memory.integrations.async_store" in package
+    assert sorted(m for m in package if m.split(".")[0] in FRAMEWORKS) == []
+    assert {"langchain_core", "langgraph"} <= frameworks
+    assert sorted(m for m in frameworks if m in HEAVY) == []
