@@ -27,7 +27,8 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-_LAZY = {"MemoryStore": "store", "Fact": "store", "Recall": "store", "default_embedder": "embedder"}
+_LAZY = {"MemoryStore": "store", "Fact": "store", "Recall": "store", "default_embedder": "embedder",
+         "AsyncMemoryStore": "integrations.async_store"}
 
 
 def __getattr__(name: str):
@@ -42,6 +43,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "AsyncMemoryStore",
     "CheckpointError",
     "EmbedderMismatch",
     "EmbedderOutputInvalid",
