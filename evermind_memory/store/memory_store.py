@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,11 +30,13 @@ from ..errors import (
 from .facts import (
     SCHEMA_VERSION, FactsDB, new_id, row_to_fact, row_to_recall, sqlite_has_wal_reset_fix, utc_now, vectors_from_blobs,
 )
-from .fusion import LEXICAL_EVIDENCE, RRF_K, fuse_rrf, fuse_scores  # noqa: F401 (re-exported)
+from .fusion import (  # noqa: F401 (LEXICAL_EVIDENCE, RRF_K, fuse_rrf, fuse_scores re-exported)
+    LEXICAL_EVIDENCE, RRF_K, CandidatePool, fuse_pool, fuse_rrf, fuse_scores, params_for,
+)
 from .index import IndexConfig, IndexRejected, SearchFailed, VectorIndex, exact_search, read_manifest
-from .lexical import MAX_TERMS, phrase_query, plan, query_words
+from .lexical import MAX_TERMS, document_frequencies, phrase_query, plan, query_words
 from .lock import RWLock, WriterLock, crash_point, filesystem_type, is_remote_filesystem
-from .records import Change, CheckReport, Fact, Recall
+from .records import Change, CheckReport, Explain, Fact, Recall
 from .validate import (
     FUSIONS, K_MAX, MAX_LIST_LIMIT, MODES, check_choice, check_id, check_int, check_k, check_min_score,
     check_source, check_tags, check_text,
@@ -822,7 +825,8 @@ class MemoryStore:
             return self._db.count(conn)
 
     def recall(self, query: str, k: int = 5, *, tags: dict[str, str] | None = None, mode: str = "hybrid",
-               min_score: float | None = None, fusion: str = "score") -> list[Recall]:
+               min_score: float | None = None, fusion: str = "score", min_relevance: float | None = None,
+               explain: bool = False) -> list[Recall]:
         """The facts that best match `query`, best first. Thread-safe.
 
         Args:
@@ -830,12 +834,18 @@ class MemoryStore:
             k: at most this many (1..1000); fewer when fewer facts match.
             tags: exact tags every hit must carry.
             mode: "hybrid" (BM25 and vector fused), "vector" (cosine) or "lexical" (FTS5 BM25).
-            min_score: drop hits scoring below this.
-            fusion: for hybrid: "score" (BM25 / best BM25 + w * cosine, w from the embedder) or "rrf".
+            min_score: drop hits scoring below this (the scale depends on mode and fusion; see min_relevance).
+            fusion: for hybrid: "score" (the embedder's fitted rule, store/fusion.py; BM25 / best BM25 +
+                w * cosine for embedders without one) or "rrf" (reciprocal ranks).
+            min_relevance: (hybrid) drop hits whose calibrated relevance is below this, in [0, 1]. Needs an
+                embedder with a fitted rule (the shipped model has one). 0.5 keeps hits more likely right than
+                wrong; README "Recall quality" gives the measured trade-off.
+            explain: (hybrid) fill each hit's `explain` with its lexical and vector parts and ranks.
         Returns:
-            list of Recall.
+            list of Recall (`relevance` is set in hybrid mode when the embedder has a fitted rule).
         Raises:
-            InvalidInput: bad query, k, tags, mode, fusion or min_score.
+            InvalidInput: bad query, k, tags, mode, fusion, min_score, min_relevance or explain; min_relevance
+                outside hybrid mode or with an embedder that has no fitted rule.
             EmbedderOutputInvalid, EvermindError: (vector and hybrid mode) the background embedding failed on
                 a remembered fact since the last flush() or recall; raised once, as flush() would (the next
                 recall serves results, without that fact's vector).
@@ -847,6 +857,14 @@ class MemoryStore:
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score = check_min_score(min_score)
+        if min_relevance is not None and (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
+                                          or not 0.0 <= min_relevance <= 1.0):
+            raise InvalidInput(f"recall() expected min_relevance to be a number in [0, 1] or None, got {min_relevance!r}.")
+        if not isinstance(explain, bool):
+            raise InvalidInput(f"recall() expected explain to be a bool, got {explain!r}.")
+        if min_relevance is not None and mode != "hybrid":
+            raise InvalidInput(f"recall(min_relevance=...) needs mode='hybrid', got mode={mode!r}; relevance is "
+                               "calibrated on the hybrid candidates. Use min_score in other modes.")
         if self._read_only:
             self._follow_generation()
             self._catch_up()
@@ -861,7 +879,17 @@ class MemoryStore:
                 if mode == "vector":
                     scored = self._rows_for(self._vector(qv, k, tags))
                 else:
-                    scored = self._hybrid(query, qv, k, tags, fusion)
+                    fused = self._hybrid(query, qv, k, tags, fusion, explain)
+                    if min_relevance is not None and fused and fused[0][2] is None:
+                        raise InvalidInput(
+                            "recall(min_relevance=...) needs an embedder with a fitted fusion rule (the shipped "
+                            f"model has one; {self._fingerprint} has none). Fit one with recipe/calibrate_fusion.py "
+                            "and set it as the embedder's fusion_params, or use min_score.")
+                    hits = [replace(row_to_recall(row, score), relevance=rel, explain=why)
+                            for row, score, rel, why in fused
+                            if (min_score is None or score >= min_score)
+                            and (min_relevance is None or rel >= min_relevance)]
+                    return hits[:k]
         hits = [row_to_recall(row, score) for row, score in scored if min_score is None or score >= min_score]
         return hits[:k]
 
@@ -920,27 +948,48 @@ class MemoryStore:
                     return hits
             return [] if chosen.any_word is None else self._db.lexical(conn, chosen.any_word, k, tags)
 
-    def _hybrid(self, query: str, qv: np.ndarray, k: int, tags: dict[str, str], fusion: str) -> list[tuple[tuple, float]]:
-        pool = min(K_MAX, max(50, 4 * k))
+    def _hybrid_pool(self, query: str, qv: np.ndarray, pool: int, tags: dict[str, str]) -> tuple[dict, CandidatePool]:
+        """The hybrid candidates: top `pool` of each list, with every score fusion may read. (rid -> row, pool)."""
         vec = self._rows_for(self._vector(qv, pool, tags))
         lex = self._lexical(query, pool, tags)
         rows = {row[0]: row for row, _ in vec}
         rows.update({row[0]: row for row, _ in lex})
-        if fusion == "rrf":
-            fused = fuse_rrf([row[0] for row, _ in lex], [row[0] for row, _ in vec])
-        else:
-            cos = {row[0]: s for row, s in vec}
-            missing = [row[8] for row, _ in lex if row[0] not in cos and row[8] is not None]
+        in_vec = {row[0] for row, _ in vec}
+        missing = [row[8] for row, _ in lex if row[0] not in in_vec and row[8] is not None]
+        words = query_words(query)
+        with self._db.reading() as conn:
+            cosine: dict[int, float] = {}
             if missing:
-                with self._db.reading() as conn:
-                    labels, vecs = self._db.vectors(conn, self._fingerprint, self._dim, labels=missing)
+                labels, vecs = self._db.vectors(conn, self._fingerprint, self._dim, labels=missing)
                 by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
-                for row, _ in lex:
-                    if row[0] not in cos and row[8] in by_label:
-                        cos[row[0]] = by_label[row[8]]
-            fused = fuse_scores({row[0]: s for row, s in lex}, cos, self._hybrid_weight)
-        order = sorted(rows, key=lambda rid: (-fused[rid], rid))
-        return [(rows[rid], fused[rid]) for rid in order[:k]]
+                cosine = {row[0]: by_label[row[8]] for row, _ in lex if row[0] not in in_vec and row[8] in by_label}
+            df = document_frequencies(conn, words) if words else []
+            n_facts = self._db.count(conn)
+        return rows, CandidatePool.build([(row[0], s) for row, s in lex], [(row[0], s) for row, s in vec], cosine,
+                                         {rid: len(row[2]) for rid, row in rows.items()}, df, n_facts)
+
+    def _hybrid(self, query: str, qv: np.ndarray, k: int, tags: dict[str, str], fusion: str,
+                explain: bool = False) -> list[tuple[tuple, float, float | None, Explain | None]]:
+        """(row, fused score, relevance or None, Explain or None) best first; the rule is store/fusion.py's."""
+        if not hasattr(self, "_fusion_params"):  # the base model's fitted rule (adapters keep it), looked up once
+            self._fusion_params = params_for(self._base_embedder)
+        params = self._fusion_params
+        size = min(K_MAX, max(50, 4 * k)) if params is None else min(K_MAX, max(params.pool, 2 * k))
+        rows, pool = self._hybrid_pool(query, qv, size, tags)
+        rule, fused = fuse_pool(pool, fusion, params, self._hybrid_weight)
+        order = sorted(range(len(pool.ids)), key=lambda i: (-fused.score[i], pool.ids[i]))[:k]
+        out = []
+        for i in order:
+            why = None
+            if explain:
+                lex_rank, vec_rank = int(pool.lex_rank[i]), int(pool.vec_rank[i])
+                why = Explain(rule, float(fused.lexical[i]), float(fused.vector[i]), float(fused.score[i]),
+                              float(pool.bm25[i]) if lex_rank >= 0 else None,
+                              None if np.isnan(pool.cos[i]) else float(pool.cos[i]),
+                              lex_rank + 1 if lex_rank >= 0 else None, vec_rank + 1 if vec_rank >= 0 else None)
+            rel = None if fused.relevance is None else float(fused.relevance[i])
+            out.append((rows[pool.ids[i]], float(fused.score[i]), rel, why))
+        return out
 
     # ---- maintenance ---------------------------------------------------------------------------------------
     def rebuild_index(self) -> int:
