@@ -175,8 +175,8 @@ def open_store(src: DevSource, embedder: object, cache_dir: Path | None = None,
         if len(by_text) == len(src.docs) and all(d in by_text for d in src.docs):
             return store, {by_text[d]: i for i, d in enumerate(src.docs)}
         store.close()
-        for suffix in ("", "-wal", "-shm", ".lock", ".hnsw", ".hnsw.json"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+        for stale in path.parent.glob(path.name + "*"):  # the db, its WAL, lock, index and manifest
+            stale.unlink()
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store, id_to_doc = build_store(path, embedder, src.docs)

@@ -3,20 +3,23 @@
 Every query of every dev source goes through a real store once (benchmarks/dev_pools.py caches each query's
 candidate pool, keyed by the embedder's fingerprint); everything below is fitted on those pools.
 
-1. Ranking. Candidate rules (RULES): the weighted sum "BM25 over the best BM25 + w x cosine" with w from a grid
-   (maximising mean ndcg@10), and linear scores over more features (store/fusion.py FEATURES: reciprocal ranks,
-   how much of the query BM25 matched, list agreement, query length, z-scored cosine ...) fitted by listwise
-   softmax regression; each at several candidate-pool sizes. The rule is chosen by leave-one-source-out: for
-   every source, each rule is fitted on the others and scored on it; a rule qualifies when on every left-out
-   source hybrid >= max(lexical, vector) - 0.005 ndcg@10 (NO_HARM), and the qualifying rule with the best mean
-   wins (the best mean when none qualifies, said in the output). The same choice, made on all sources but one
-   (nested), gives the honest left-out figures that `evaluate_loso` reports.
-2. Relevance. A logistic regression on the top 10 hits of the chosen rule: P(hit is the fact asked for) from the
-   fused score, its margin to the best hit, the cosine and how much of the query BM25 matched. Its training
+1. Ranking. Candidate rules (RULES): "BM25 over the best BM25 + w x cosine" and the same plus v x the vector list's
+   first hit's lead over its second (store/fusion.py FEATURES), w and v from grids, each at candidate pools of 30,
+   50 and 100 per list. A rule is fitted on a set of sources by taking the grid cell with the best mean ndcg@10
+   among those where hybrid >= max(lexical, vector) on every one of them. The rule itself is chosen by
+   leave-one-source-out: each rule is fitted on all sources but one and scored on that one; a rule qualifies when
+   on every left-out source hybrid >= max(lexical, vector) - 0.005 ndcg@10 (NO_HARM), and the qualifying rule
+   with the best mean wins (within TIE of it, the smallest pool; the best mean when none qualifies). The same
+   choice made on all sources but one (nested) gives the honest left-out figures `evaluate_loso` reports.
+   `--study` also weighs STUDY_RULES (a 13-feature linear score by listwise softmax regression: reciprocal
+   ranks, BM25 coverage of the query, list agreement, query length, z-scored cosine ...), which lost.
+2. Relevance. A logistic regression on the top 10 hits of the chosen rule: P(hit is the fact asked for) from
+   RELEVANCE_FEATURES (the fused score, its margin to the best hit, the cosine, how much of the query BM25
+   matched, the hit's ranks in both lists and the leads of each list's first hit). Its training
    queries are the dev queries (one right fact each), the same queries with their right fact taken out of the
    pool (near misses), and queries of another source run against the store (questions it holds no answer to),
    weighted so answerable and unanswerable queries count half each: a relevance of 0.5 means "as likely right
-   as wrong when half of what is asked has an answer". Left-out AUC and reliability are reported.
+   as wrong when half of what is asked has an answer". Left-out AUC, reliability and thresholds are reported.
 
     python recipe/calibrate_fusion.py [--model M.evlm --tokenizer T.json] [--dev /work/data/dev]
         [--corpus /work/corpus] [--out evermind_memory/models/fusion.json] [--report loso.json]
@@ -46,6 +49,7 @@ from evermind_memory.errors import InvalidInput  # noqa: E402
 from evermind_memory.store.fusion import FEATURES, CandidatePool, FusionParams, features  # noqa: E402
 
 NO_HARM = 0.005          # hybrid may trail the better of lexical and vector by this much on a left-out source
+TIE = 0.001              # rules whose left-out means are this close count as equal: the smaller pool wins
 TOP = 10                 # metrics and the relevance model read the top 10
 WEIGHT_GRID = tuple(float(f"{w:.4g}") for w in np.geomspace(0.05, 8.0, 41))
 POOLS = (30, 50, 100)
@@ -79,14 +83,14 @@ class Rule:
 
 GAP_GRID = (0.0,) + tuple(float(f"{v:.3g}") for v in np.geomspace(0.05, 20.0, 15))
 ADAPTIVE = ("lex", "lex_abs", "lex_rr", "cos", "vec_rr", "vec_gap1", "lex_gap1", "lex_x_agree", "cos_x_agree",
-            "cos_x_abstop", "cos_x_words", "cos_z")
+            "cos_x_abstop", "cos_x_words", "cos_z", "cos_x_cut")
 RULES = tuple(
     [Rule(f"weight/pool{p}", ("lex", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
     + [Rule(f"weight+gap/pool{p}", ("lex", "cos", "vec_gap1"), p, "grid", (WEIGHT_GRID[::2], GAP_GRID))
        for p in POOLS]
 )
 # Rules that lost on the shipped model's left-out figures (kept for --study, which reproduces the comparison).
-STUDY_RULES = (Rule("softmax12/pool50", ADAPTIVE, 50, "softmax"),)
+STUDY_RULES = (Rule("softmax13/pool50", ADAPTIVE, 50, "softmax"),)
 
 __all__ = ["NO_HARM", "RULES", "Rule", "Stack", "evaluate_loso", "fit_relevance", "fit_rule", "main", "ndcg",
            "select_rule"]
@@ -270,7 +274,8 @@ class RuleFits:
 
 
 def select_rule(fits: dict[str, RuleFits], sources: Sequence[str], floors: dict[str, float]) -> tuple[str, dict]:
-    """The rule with the best mean leave-one-out ndcg@10 over `sources` among those that do no harm on any.
+    """The rule with the best mean leave-one-out ndcg@10 over `sources` among those that do no harm on any (within
+    TIE of the best, the one with the smallest candidate pool: recall gathers and scores fewer rows).
 
     Args:
         fits: rule name -> RuleFits.
@@ -286,7 +291,9 @@ def select_rule(fits: dict[str, RuleFits], sources: Sequence[str], floors: dict[
         summary[name] = {"mean": float(np.mean(list(got.values()))), "worst_margin": float(margin),
                          "qualifies": bool(margin >= -NO_HARM)}
     pool = [n for n in fits if summary[n]["qualifies"]] or list(fits)
-    return max(pool, key=lambda n: summary[n]["mean"]), summary
+    best = max(summary[n]["mean"] for n in pool)
+    near = [n for n in pool if summary[n]["mean"] >= best - TIE]  # as good: the smaller pool is cheaper to recall
+    return min(near, key=lambda n: (fits[n].rule.pool, -summary[n]["mean"])), summary
 
 
 def fit_rule(fits: RuleFits, sources: Sequence[str]) -> np.ndarray:

@@ -175,10 +175,6 @@ def _lex_rr(p: CandidatePool) -> np.ndarray:
     return np.where((p.lex_rank >= 0) & (p.bm25 > LEXICAL_EVIDENCE), 1.0 / (1.0 + np.maximum(p.lex_rank, 0)), 0.0)
 
 
-def _lex_in(p: CandidatePool) -> np.ndarray:
-    return ((p.lex_rank >= 0) & (p.bm25 > LEXICAL_EVIDENCE)).astype(np.float64)
-
-
 def _cos(p: CandidatePool) -> np.ndarray:
     return np.nan_to_num(p.cos, nan=0.0)
 
@@ -210,10 +206,6 @@ def _cos_z(p: CandidatePool) -> np.ndarray:
     return _z(_cos(p), p.vec_rank >= 0)
 
 
-def _lex_z(p: CandidatePool) -> np.ndarray:
-    return _z(np.where(p.bm25 > LEXICAL_EVIDENCE, p.bm25, 0.0), (p.lex_rank >= 0) & (p.bm25 > LEXICAL_EVIDENCE))
-
-
 def _agree(p: CandidatePool, depth: int = 10) -> float:
     """The share of the lexical top `depth` that is also in the vector top `depth`."""
     lex = set(np.flatnonzero((p.lex_rank >= 0) & (p.lex_rank < depth) & (p.bm25 > LEXICAL_EVIDENCE)).tolist())
@@ -242,23 +234,15 @@ def _lex_gap1(p: CandidatePool) -> np.ndarray:
     return np.where((p.lex_rank == 0) & (first > LEXICAL_EVIDENCE), (first - second) / max(first, 1e-12), 0.0)
 
 
-def _gap12(p: CandidatePool) -> float:
-    first, second = _top_two(_cos(p)[p.vec_rank >= 0])
-    return first - second
-
-
-# name -> (side, function of the pool -> (n,)). Sides: "lexical" and "vector" make up a hit's score;
-# "query" features are the same for every candidate of a query: they only move the relevance probability.
+# name -> (side, function of the pool -> (n,)): each feature is lexical or vector evidence, so a hit's score splits
+# into a lexical and a vector part. The ones the shipped rule does not use are those recipe/calibrate_fusion.py
+# weighs with --study (they did not win left out).
 FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     "lex": ("lexical", _lex),
     "lex_abs": ("lexical", _lex_abs),
     "lex_rr": ("lexical", _lex_rr),
-    "lex_in": ("lexical", _lex_in),
-    "lex_z": ("lexical", _lex_z),
     "lex_gap1": ("lexical", _lex_gap1),
-    "lex_x_words": ("lexical", lambda p: _lex(p) * _words(p)),
     "lex_x_agree": ("lexical", lambda p: _lex(p) * _agree(p)),
-    "lex_x_abstop": ("lexical", lambda p: _lex(p) * _lex_abs(p).max(initial=0.0)),
     "cos": ("vector", _cos),
     "cos_z": ("vector", _cos_z),
     "vec_rr": ("vector", _vec_rr),
@@ -267,11 +251,7 @@ FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     "cos_x_words": ("vector", lambda p: _cos(p) * _words(p)),
     "cos_x_agree": ("vector", lambda p: _cos(p) * _agree(p)),
     "cos_x_abstop": ("vector", lambda p: _cos(p) * _lex_abs(p).max(initial=0.0)),
-    "cos_x_gap12": ("vector", lambda p: _cos(p) * _gap12(p)),
     "rr_both": ("vector", lambda p: _lex_rr(p) * _vec_rr(p)),
-    "cos_top": ("query", lambda p: np.full(len(p.ids), _cos(p).max(initial=0.0))),
-    "lex_abs_top": ("query", lambda p: np.full(len(p.ids), _lex_abs(p).max(initial=0.0))),
-    "words": ("query", lambda p: np.full(len(p.ids), _words(p))),
 }
 
 
@@ -325,7 +305,7 @@ class FusionParams:
             fingerprint = d.get("fingerprint")
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: unreadable ({e}); rewrite them with recipe/calibrate_fusion.py.") from e
-        unknown = [f for f in feats if f not in FEATURES or FEATURES[f][0] == "query"]
+        unknown = [f for f in feats if f not in FEATURES]
         unknown += [f for f in rfeats if f not in FEATURES and f not in ("score", "margin")]
         if unknown or not feats or len(feats) != len(weights) or len(rfeats) != len(rweights):
             raise CheckpointError(f"{where}: expected known features with one weight each, got features {feats} "

@@ -79,7 +79,6 @@ def test_rules_without_parameters_match_the_dict_functions() -> None:
     {"ranking": {"features": ["lex", "cos"], "weights": [1.0], "pool": 50}},
     {"ranking": {"features": ["lex"], "weights": [float("nan")], "pool": 50}},
     {"ranking": {"features": ["lex"], "weights": [1.0], "pool": 0}},
-    {"ranking": {"features": ["cos_top"], "weights": [1.0], "pool": 50}},  # a query feature cannot rank
     {"relevance": {"features": ["score"], "weights": [], "bias": 0.0}},
     {"fingerprint": 7},
 ])
