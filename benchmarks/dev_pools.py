@@ -3,7 +3,7 @@
 For each dev source (/work/data/dev/<source>.jsonl queries + <source>.docs.jsonl distractors, written by
 recipe/build_devsets.py) a fresh store holds every document; for every query we keep
 
-- the candidate pool hybrid recall would fuse (`MemoryStore._hybrid_pool`: the top POOL_MAX of the lexical and
+- the candidate pool hybrid recall would fuse (`store/search.py gather`: the top POOL_MAX of the lexical and
   of the vector list, BM25, ranks, cosines, fact lengths, the idf of the query's words), as a CandidatePool;
 - the store's own top 10 in lexical, vector and hybrid (the embedder's current rule) mode;
 - plain FTS5 BM25 (an OR of the query's words over the store's facts_fts table) top 50;
@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from evermind_memory.errors import InvalidInput  # noqa: E402
 from evermind_memory.store.fusion import CandidatePool  # noqa: E402
+from evermind_memory.store.search import gather  # noqa: E402
 from recall_quality import (  # noqa: E402
     QueryCachingEmbedder, build_store, exact_rankings, plain_bm25_rankings, store_rankings,
 )
@@ -170,8 +171,7 @@ def open_store(src: DevSource, embedder: object, cache_dir: Path | None = None,
     path = store_path(src, embedder, cache_dir)
     if path.is_file():
         store = MemoryStore(path, embedder)
-        with store._db.reading() as conn:
-            by_text = {text: fid for fid, text in conn.execute("SELECT id, text FROM facts")}
+        by_text = {f.text: f.id for f in store.list(limit=100_000)}
         if len(by_text) == len(src.docs) and all(d in by_text for d in src.docs):
             return store, {by_text[d]: i for i, d in enumerate(src.docs)}
         store.close()
@@ -186,14 +186,10 @@ def open_store(src: DevSource, embedder: object, cache_dir: Path | None = None,
 
 def _collect(store, id_to_doc: dict[str, int], queries: Sequence[str], embedder: QueryCachingEmbedder,
              pool: int) -> list[CandidatePool]:
-    rid_to_doc = {}
-    with store._db.reading() as conn:
-        for rid, fid in conn.execute("SELECT rid, id FROM facts"):
-            rid_to_doc[rid] = id_to_doc[fid]
     out = []
     for query in queries:
-        _, p = store._hybrid_pool(query, embedder.embed(query), pool, {})
-        out.append(CandidatePool(tuple(rid_to_doc[r] for r in p.ids), p.bm25, p.lex_rank, p.cos, p.vec_rank,
+        rows, p = gather(store, query, pool, embedder.embed(query))
+        out.append(CandidatePool(tuple(id_to_doc[rows[r].id] for r in p.ids), p.bm25, p.lex_rank, p.cos, p.vec_rank,
                                  p.chars, p.idf, p.n_facts))
     return out
 

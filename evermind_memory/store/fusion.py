@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -405,6 +405,10 @@ def fuse_learned(pool: CandidatePool, params: FusionParams) -> Fused:
 def fuse_pool(pool: CandidatePool, fusion: str, params: FusionParams | None, weight: float) -> tuple[str, Fused]:
     """Fuse a pool the way hybrid recall does: (the rule's name, Fused).
 
+    A lexical candidate with no vector (cos NaN: its vector is still being made, or was damaged) is fused on its
+    words alone: its lexical share (rrf: its lexical rank) stands in for the vector evidence it lacks, so a
+    pending fact that matches the query's rare words is not pushed down by a cosine of 0.
+
     Args:
         pool: the candidates.
         fusion: "score" (the fitted rule when `params` is given, else BM25 over the best + weight x cosine) or
@@ -414,10 +418,13 @@ def fuse_pool(pool: CandidatePool, fusion: str, params: FusionParams | None, wei
     Returns:
         ("learned" | "weight" | "rrf", Fused); relevance comes from `params` whatever the ranking rule.
     """
+    alone = np.isnan(pool.cos) & (pool.lex_rank >= 0)  # (n,) lexical candidates without a vector
+    if alone.any():
+        pool = replace(pool, cos=np.where(alone, _lex(pool), pool.cos))
     learned = fuse_learned(pool, params) if params is not None else None
     if fusion == "rrf":
         lex = np.where(pool.lex_rank >= 0, 1.0 / (RRF_K + 1.0 + pool.lex_rank), 0.0)  # (n,)
-        vec = np.where(pool.vec_rank >= 0, 1.0 / (RRF_K + 1.0 + pool.vec_rank), 0.0)  # (n,)
+        vec = np.where(pool.vec_rank >= 0, 1.0 / (RRF_K + 1.0 + pool.vec_rank), np.where(alone, lex, 0.0))  # (n,)
         return "rrf", Fused(lex + vec, lex, vec, None if learned is None else learned.relevance)
     if learned is not None:
         return "learned", learned

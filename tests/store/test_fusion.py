@@ -13,6 +13,7 @@ import pytest
 from evermind_memory import MemoryStore
 from evermind_memory.errors import CheckpointError, InvalidInput
 from evermind_memory.store import fusion as fu
+from evermind_memory.store.search import gather
 
 from store_helpers import build_embedder
 
@@ -74,6 +75,20 @@ def test_rules_without_parameters_match_the_dict_functions() -> None:
     np.testing.assert_allclose(f.score, [want[c] for c in p.ids])
 
 
+def test_a_candidate_without_a_vector_is_fused_on_its_words() -> None:
+    # 12 is in the lexical list with no vector (cos NaN): its lexical share stands in for the cosine it lacks
+    p = fu.CandidatePool.build([(10, 4.0), (12, 4.0)], [(10, 0.5), (13, 0.9)], {}, {10: 9, 12: 9, 13: 9}, [1], 20)
+    assert math.isnan(p.cos[1])
+    _, weight = fu.fuse_pool(p, "score", None, 2.0)
+    np.testing.assert_allclose(weight.score, [1.0 + 2.0 * 0.5, 1.0 + 2.0 * 1.0, 2.0 * 0.9])
+    _, rrf = fu.fuse_pool(p, "rrf", None, 2.0)
+    np.testing.assert_allclose(rrf.score, [2 / 61, 2 / 62, 1 / 62])  # 12: its lexical rank twice
+    params = fu.FusionParams(("lex", "cos"), (1.0, 0.5), 50, ("score",), (1.0,), 0.0)
+    _, learned = fu.fuse_pool(p, "score", params, 2.0)
+    np.testing.assert_allclose(learned.vector, [0.25, 0.5, 0.45])
+    assert np.isfinite(learned.relevance).all()
+
+
 @pytest.mark.parametrize("damage", [
     {"format": "other"}, {"ranking": {"features": ["nope"], "weights": [1.0], "pool": 50}},
     {"ranking": {"features": ["lex", "cos"], "weights": [1.0], "pool": 50}},
@@ -109,10 +124,10 @@ def test_store_hybrid_is_the_offline_rule_on_the_pool_it_gathered() -> None:
         store.remember_many(FACTS)
         for query in ("apples and trains", "music films", "lakes", "zzz unknown"):
             hits = store.recall(query, k=5, explain=True)
-            rows, pool = store._hybrid_pool(query, store._embed_query(query), 10, {})
+            rows, pool = gather(store, query, 10)
             f = fu.fuse_learned(pool, emb.fusion_params)
             order = sorted(range(len(pool.ids)), key=lambda i: (-f.score[i], pool.ids[i]))[:5]
-            assert [h.text for h in hits] == [rows[pool.ids[i]][2] for i in order]
+            assert [h.text for h in hits] == [rows[pool.ids[i]].text for i in order]
             for h, i in zip(hits, order):
                 assert h.score == pytest.approx(f.score[i]) and h.relevance == pytest.approx(f.relevance[i])
                 e = h.explain
@@ -140,3 +155,26 @@ def test_min_relevance_needs_hybrid_and_a_fitted_rule() -> None:
                 store.recall("apples", min_relevance=bad)
         with pytest.raises(InvalidInput, match="explain"):
             store.recall("apples", explain=1)
+
+
+def test_relevance_and_explain_hold_under_filters_scopes_and_recency() -> None:
+    emb = build_embedder(seed=2)
+    emb.fusion_params = fu.FusionParams(("lex", "cos"), (1.0, 0.7), 4, ("score", "lex_abs"), (1.5, 2.0), -2.0)
+    with MemoryStore(":memory:", emb, background_embedding=False) as store:
+        ada, bob = store.scope(user="ada"), store.scope(user="bob")
+        for i, text in enumerate(FACTS):
+            (ada if i % 2 else bob).remember(text, tags={"n": i})
+        every = store.recall("apples trains music", k=8, explain=True)
+        assert {h.text for h in every} == set(FACTS)
+        hits = ada.recall("apples trains music", k=8, where={"n": {"$gte": 3}}, explain=True, recency=3600.0)
+        assert hits and {h.text for h in hits} == {FACTS[i] for i in (3, 5, 7)}
+        for h in hits:
+            assert h.explain.rule == "learned" and 0.0 <= h.relevance <= 1.0
+            assert h.score == pytest.approx(h.explain.fused, rel=1e-3)  # just made: the recency weight is ~1
+        again = {h.id: h.relevance for h in ada.recall("apples trains music", k=8, where={"n": {"$gte": 3}})}
+        assert again == pytest.approx({h.id: h.relevance for h in hits})  # relevance ignores recency
+        floor = sorted(again.values())[1]
+        kept = ada.recall("apples trains music", k=8, where={"n": {"$gte": 3}}, min_relevance=floor, recency=3600.0)
+        assert {h.id for h in kept} == {i for i, r in again.items() if r >= floor} and len(kept) == 2
+        assert bob.recall("apples", k=8, min_relevance=0.0, since="2000-01-01T00:00:00+00:00")
+        assert all(h.text in FACTS[::2] for h in bob.recall("apples", k=8, min_relevance=0.0))
