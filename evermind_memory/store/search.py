@@ -19,10 +19,10 @@ import numpy as np
 from .._blas import single_blas
 from ..errors import InvalidInput
 from .backend import Backend, FactRow, Selection
+from .embedding import embed_query
 from .fusion import CandidatePool, Fused, FusionParams, fuse_pool, params_for
 from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, phrase_query, query_words
-from .embedding import embed_query
 from .records import Explain
 from .selection import select
 from .timing import apply_recency
@@ -142,9 +142,11 @@ class Search:
                                "use min_score otherwise.")
         return floor
 
-    def pool(self, gen: Generation, query: str, qv: np.ndarray, size: int, sel: Selection) -> tuple[dict, CandidatePool]:
+    def pool(self, gen: Generation, query: str, qv: np.ndarray, size: int, sel: Selection,
+             stats: bool = True) -> tuple[dict, CandidatePool]:
         """The hybrid candidates: the top `size` of each list among the facts `sel` selects, with every score
-        fusion may read (the cosine of lexical candidates the vector list missed, computed exactly).
+        fusion may read (the cosine of lexical candidates the vector list missed, computed exactly; with `stats`,
+        the query words' document frequencies and the fact count, which only a fitted rule reads).
 
         Returns:
             (rid -> FactRow, CandidatePool keyed by rid).
@@ -162,8 +164,8 @@ class Search:
                 labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
                 by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
                 cosine = {row.rid: by_label[row.label] for row, _ in lex if row.rid not in in_vec and row.label in by_label}
-            df = r.document_frequencies(words) if words else []
-            n_facts = r.count()
+            df = r.document_frequencies(words) if words and stats else []
+            n_facts = r.count() if stats else 0
         return rows, CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
                                          {rid: len(row.text) for rid, row in rows.items()}, df, n_facts)
 
@@ -182,7 +184,7 @@ class Search:
         """
         params = self.fusion_params()
         size = candidate_pool(k) if params is None else min(K_MAX, max(params.pool, 2 * k))
-        rows, pool = self.pool(gen, query, qv, size, sel)
+        rows, pool = self.pool(gen, query, qv, size, sel, stats=params is not None)
         rule, fused = fuse_pool(pool, fusion, params, weight)
         order = sorted(range(len(pool.ids)), key=lambda i: (-fused.score[i], pool.ids[i]))[:k]
         hits, details = [], {}
