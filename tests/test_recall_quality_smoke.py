@@ -1,4 +1,5 @@
-"""Tiny-scale runs of benchmarks/recall_quality.py and recipe/calibrate_fusion.py, so both code paths stay working.
+"""Tiny-scale runs of benchmarks/recall_quality.py (both modes) and recipe/calibrate_fusion.py, so the code paths
+stay working, and the fitting pieces checked against hand-made cases.
 
 An untrained tiny EvermindLM and a BPE tokenizer trained on the test's own texts stand in for the shipped
 model; lexical recall is exact on the data built here, which makes the metric checks able to fail.
@@ -23,6 +24,7 @@ import recall_quality as rq  # noqa: E402
 from evermind_memory.embedder import LMEmbedder  # noqa: E402
 from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
+from evermind_memory.store.fusion import CandidatePool, load_params  # noqa: E402
 
 WORDS = "package library tool python module server client file data text image audio network parse read write".split()
 # Queries with FTS5 syntax in them: quotes, operators, prefix stars, columns, NEAR, carets, brackets.
@@ -103,75 +105,90 @@ def test_benchmark_cli_runs_every_store_mode(tmp_path: Path, embedder: LMEmbedde
     assert "hybrid_minus_bm25" in out["targets"]
 
 
-def _pairs() -> tuple[list[dict], set[str], set[str]]:
-    pairs = [{"query": f"pkg{i} short", "doc": f"Package pkg{i} has a long description that says enough.",
-              "source": "debian"} for i in range(30)]
-    pairs += [{"query": f"mod{i % 4}.fn{i}", "doc": f"Function fn{i} returns the value of the thing it computes.",
-               "source": "python-api"} for i in range(30)]
-    pairs += [{"query": f"term{i}", "doc": f"In computing, term{i} names a thing that glossaries define at length.",
-               "source": "foldoc"} for i in range(20)]
-    pairs += [{"query": "PyDict_New", "doc": "A C API function that returns a new empty dictionary.", "source": "python-api"},
-              {"query": "dup a", "doc": "A doc that two different pairs share, so training saw it twice.", "source": "debian"},
-              {"query": "dup b", "doc": "A doc that two different pairs share, so training saw it twice.", "source": "debian"},
-              {"query": "short", "doc": "too short", "source": "debian"},
-              {"query": "w", "doc": "A wordnet gloss that is long enough to be a dev doc otherwise.", "source": "wordnet"}]
-    exclude = {"pkg3 short"}
-    passages = {pairs[4]["doc"]}
-    return pairs, exclude, passages
+def _pool(lex: list[tuple[int, float]], vec: list[tuple[int, float]]) -> CandidatePool:
+    ids = {c for c, _ in lex} | {c for c, _ in vec}
+    return CandidatePool.build(lex, vec, {}, {c: 100 for c in ids}, [1, 2], 50)
 
 
-def test_dev_sets_keep_only_eligible_rows() -> None:
-    pairs, exclude, passages = _pairs()
-    dev = cf.dev_sets(pairs, exclude=exclude, passages=passages, per_source=100, seed=0)
-    assert set(dev) == {"debian", "python-api", "foldoc"}
-    assert {r["query"] for r in dev["foldoc"]} == {f"term{i}" for i in range(20)}
-    deb = {r["query"] for r in dev["debian"]}
-    assert deb == {f"pkg{i} short" for i in range(30)} - {"pkg3 short", "pkg4 short"}
-    assert {r["query"] for r in dev["python-api"]} == {f"mod{i % 4}.fn{i}" for i in range(30)}
-    small = cf.dev_sets(pairs, exclude=exclude, passages=passages, per_source=10, seed=0)
-    assert len(small["debian"]) == 10 and len(small["python-api"]) == 10
-    modules = [r["query"].split(".")[0] for r in small["python-api"]]
-    assert len(set(modules[:7])) == 1  # whole modules (7 or 8 APIs each) enter together
-    assert cf.dev_sets(pairs, exclude=exclude, passages=passages, per_source=10, seed=1) != small
+def test_stack_ranks_follow_the_store_order_and_ties() -> None:
+    pools = [_pool([(3, 2.0), (1, 1.0)], [(1, 0.9), (2, 0.1)]), _pool([(5, 1.0)], [(6, 0.2)]), _pool([], [(7, 0.5)])]
+    st = cf.Stack(pools, np.array([1, 5, 9]), ["lex", "cos"], 50)
+    assert st.has.tolist() == [True, True, False]
+    # query 0: doc 3 lex 1.0, doc 1 lex 0.5 + w 0.9; at w=0 doc 3 first, at w=1 doc 1 first
+    assert st.ranks(st.X @ np.array([1.0, 0.0])).tolist() == [1, 0, -1]
+    assert st.ranks(st.X @ np.array([1.0, 1.0])).tolist() == [0, 0, -1]
+    # at w = 5/9 they tie (doc 3: 1.0, doc 1: 0.5 + 5/9 x 0.9 = 1.0): the lower id wins
+    assert st.ranks(st.X @ np.array([1.0, 5 / 9]))[0] == 0
+    assert cf.ndcg(np.array([0, 1, -1, 12])) == pytest.approx((1 + 1 / np.log2(3)) / 4)
 
 
-def test_choose_weight_respects_the_floor() -> None:
-    def res(lex: float, vec: float, hyb: dict) -> dict:
-        return {"lexical": {"ndcg@10": lex}, "vector": {"ndcg@10": vec},
-                "hybrid": {w: {"ndcg@10": v} for w, v in hyb.items()}}
+def test_grid_fit_keeps_no_harm_on_every_fitting_source() -> None:
+    # source a: the lexical first hit is right (vectors mislead); source b: vectors are right and BM25 ties.
+    a = [_pool([(i * 10, 2.0), (i * 10 + 1, 1.0)], [(i * 10 + 1, 0.9), (i * 10, 0.2)]) for i in range(6)]
+    b = [_pool([(i * 10, 1.0), (i * 10 + 1, 1.0)], [(i * 10 + 1, 0.8), (i * 10, 0.1)]) for i in range(6)]
+    gold_a, gold_b = np.arange(6) * 10, np.arange(6) * 10 + 1
+    rule = cf.Rule("w", ("lex", "cos"), 50, "grid", ((0.1, 0.5, 3.0),))
+    stacks = {"a": cf.Stack(a, gold_a, rule.features, 50), "b": cf.Stack(b, gold_b, rule.features, 50)}
+    floors = {"a": 1.0, "b": 1.0}  # lexical alone is perfect on a; vector alone on b
+    fits = cf.RuleFits(rule, stacks, floors)
+    assert fits.tables["a"].tolist()[2] < 1.0 and fits.tables["b"].tolist()[0] == 1.0  # w=3 harms a; w>0 fixes b
+    assert fits.weights(["a", "b"]).tolist() == [1.0, 0.1]  # the only cell perfect on both
+    chosen, summary = cf.select_rule({"w": fits}, ["a", "b"], floors)
+    assert chosen == "w" and summary["w"]["qualifies"]
 
-    # w=4 has the best mean but falls below lexical on source a; w=1 meets the floor on both
-    results = {"a": res(0.8, 0.5, {0.5: 0.81, 1.0: 0.82, 4.0: 0.70}), "b": res(0.4, 0.6, {0.5: 0.60, 1.0: 0.62, 4.0: 0.99})}
-    choice = cf.choose_weight(results)
-    assert choice["hybrid_weight"] == 1.0 and choice["constraint"] == "per-source"
-    # nothing meets the floor anywhere: the best mean, flagged
-    results = {"a": res(0.9, 0.9, {0.5: 0.5, 1.0: 0.6})}
-    assert cf.choose_weight(results) == {"hybrid_weight": 1.0, "constraint": "none", "mean": {0.5: 0.5, 1.0: 0.6},
-                                         "floor": 0.9}
+
+def test_softmax_fit_recovers_a_planted_direction() -> None:
+    rng = np.random.default_rng(0)
+    pools, gold = [], []
+    for q in range(300):
+        bm, cs = rng.random(8), rng.random(8)
+        score = 1.0 * bm / bm.max() + 2.0 * cs + rng.normal(0, 0.05, 8)
+        order = np.argsort(-bm)
+        ids = list(range(q * 8, q * 8 + 8))
+        pools.append(_pool([(ids[i], float(bm[i])) for i in order], [(ids[i], float(cs[i])) for i in np.argsort(-cs)]))
+        gold.append(ids[int(np.argmax(score))])
+    w = cf.fit_softmax([cf.Stack(pools, np.array(gold), ["lex", "cos"], 50)], l2=1e-4)
+    assert w[1] / w[0] == pytest.approx(2.0, rel=0.15)
 
 
-def test_calibrate_cli_writes_a_weight_from_the_grid(tmp_path: Path, embedder: LMEmbedder) -> None:
-    pairs, exclude, passages = _pairs()
-    corpus = tmp_path / "corpus"
-    (corpus / "eval").mkdir(parents=True)
-    (corpus / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    (corpus / "passages.jsonl").write_text("".join(json.dumps({"text": t, "source": "x"}) + "\n" for t in passages))
-    (corpus / "eval" / "debian.jsonl").write_text(
-        "".join(json.dumps({"query": q, "doc": "an eval doc long enough to count as one", "source": "debian"}) + "\n"
-                for q in exclude))
+def test_auc_and_reliability_by_hand() -> None:
+    assert cf.auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == pytest.approx(0.75)
+    assert cf.auc(np.array([0.5, 0.5]), np.array([0, 1])) == pytest.approx(0.5)
+    rel = cf.reliability(np.array([0.1, 0.1, 0.9, 0.9]), np.array([0.0, 1.0, 1.0, 1.0]), np.ones(4), bins=2)
+    assert rel["ece"] == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
+
+
+def _dev_folder(root: Path) -> Path:
+    """Three tiny dev sources in build_devsets.py's format: queries share a rare word with their doc only."""
+    dev = root / "dev"
+    dev.mkdir()
+    for k, name in enumerate(("alpha", "beta", "gamma")):
+        rows = _rows(name[:2], 14, k)
+        with open(dev / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({**r, "shape": "name", "key": str(i)}) + "\n" for i, r in enumerate(rows))
+        with open(dev / f"{name}.docs.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({"doc": f"distractor {name} {w} text", "source": name, "key": f"d{i}"}) + "\n"
+                          for i, w in enumerate(WORDS))
+    return dev
+
+
+def test_calibrate_and_loso_table_end_to_end(tmp_path: Path, embedder: LMEmbedder, monkeypatch) -> None:
+    import dev_pools
+
+    monkeypatch.setattr(dev_pools, "CACHE_DIR", tmp_path / "cache")
+    dev = _dev_folder(tmp_path)
     embedder.model.save(tmp_path / "m.evlm")
     embedder.tokenizer.save(tmp_path / "t.json")
-    out = cf.main(["--corpus", str(corpus), "--model", str(tmp_path / "m.evlm"), "--tokenizer", str(tmp_path / "t.json"),
-                   "--out", str(tmp_path / "fusion.json"), "--weights", "0,0.5,3", "--per-source", "12",
-                   "--write-dev", str(tmp_path / "dev.jsonl")])
-    written = json.loads((tmp_path / "fusion.json").read_text())
-    assert written["hybrid_weight"] in (0.0, 0.5, 3.0) and written == json.loads(json.dumps(out))
-    assert written["dev"]["rows"] == {"debian": 12, "python-api": 12, "foldoc": 12}
-    assert set(written["sweep"]["debian"]["hybrid"]) == {"0", "0.5", "3"}
-    # each query's rare word is in its doc only: BM25 finds it first, and so does hybrid at w = 0 (BM25 alone)
-    for sweep in written["sweep"].values():
-        assert sweep["lexical"]["recall@1"] == 1.0 and sweep["hybrid"]["0"]["recall@1"] == 1.0
-    assert written["hybrid_weight"] == 0.0 or written["mean_ndcg@10"][f"{written['hybrid_weight']:g}"] == 1.0
-    assert len((tmp_path / "dev.jsonl").read_text().splitlines()) == 36
-    assert rq.load_embedder(str(tmp_path / "m.evlm"), str(tmp_path / "t.json"),
-                            str(tmp_path / "fusion.json")).hybrid_weight == written["hybrid_weight"]
+    model = ["--model", str(tmp_path / "m.evlm"), "--tokenizer", str(tmp_path / "t.json")]
+    out = cf.main(model + ["--dev", str(dev), "--corpus", "", "--out", str(tmp_path / "fusion.json")])
+    params = load_params(tmp_path / "fusion.json")
+    assert params.fingerprint == embedder.fingerprint and params.relevance_features == cf.RELEVANCE_FEATURES
+    assert set(out["loso"]["sources"]) == {"alpha", "beta", "gamma"}
+    for res in out["loso"]["sources"].values():  # the rare word finds every doc: lexical is perfect, so is hybrid
+        assert res["ndcg@10"] == pytest.approx(1.0)
+    table = rq.main(model + ["--loso", "--dev", str(dev), "--corpus", "", "--no-minilm", "--json", str(tmp_path / "table.json")])
+    assert json.loads((tmp_path / "table.json").read_text()) == json.loads(json.dumps(table))
+    for res in table["sources"].values():
+        assert res["systems"]["lexical (ours)"] == pytest.approx(1.0) == res["systems"]["FTS5 BM25"]
+        assert res["no_harm_margin"] == pytest.approx(0.0) and 0 <= res["systems"]["vector (ours)"] <= 1
+    assert table["targets"]["worst_no_harm_margin"] == pytest.approx(0.0)

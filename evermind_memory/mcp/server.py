@@ -90,6 +90,8 @@ class Memory(BaseModel):
     text_chars: int = Field(description="length of the whole text")
     truncated: bool
     score: float | None = Field(None, description="recall only: higher is better; the scale depends on the mode")
+    relevance: float | None = Field(None, description="hybrid recall only: the calibrated probability (0..1) that "
+                                    "this memory is what the query asks for; comparable across queries")
     text_offset: int | None = Field(None, description="get_memory only: where text starts in the whole text")
 
 
@@ -165,7 +167,8 @@ def _iso(at: datetime) -> str:
     return at.isoformat()
 
 
-def _memory(fact: Any, *, score: float | None = None, text_offset: int | None = None) -> dict:
+def _memory(fact: Any, *, score: float | None = None, relevance: float | None = None,
+            text_offset: int | None = None) -> dict:
     text = fact.text if text_offset is None else fact.text[text_offset:]
     item = {"id": fact.id, "source": fact.source, "created_at": _iso(fact.created_at),
             "updated_at": _iso(fact.updated_at), "expires_at": None if fact.expires_at is None else _iso(fact.expires_at),
@@ -173,6 +176,8 @@ def _memory(fact: Any, *, score: float | None = None, text_offset: int | None = 
             "text_chars": len(fact.text), "truncated": False}
     if score is not None:
         item = {"score": round(float(score), 6), **item}
+    if relevance is not None:
+        item = {"relevance": round(float(relevance), 4), **item}
     if text_offset is not None:
         item["text_offset"] = text_offset
     return item
@@ -294,18 +299,21 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                where: Where = None,
                mode: Annotated[Literal["hybrid", "vector", "lexical"], Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: words only")] = "hybrid",
                min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
+               min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None, Field(description="hybrid only: drop matches whose relevance is below this (0.1 keeps about 9 in 10 right answers)")] = None,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
         try:
-            hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags, where))
+            hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
+                                **_filters(tags, where))
         except EmbedderOutputInvalid as exc:  # a remembered fact could not be embedded: reported once, then served
             warning = f"{exc} That memory is found by lexical recall only."
-            hits = store.recall(query, k, mode=mode, min_score=min_score, **_filters(tags, where))
+            hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
+                                **_filters(tags, where))
         envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE}
         if warning is not None:
             envelope["warning"] = warning
-        kept = fit([_memory(h, score=h.score) for h in hits], _room(max_chars, envelope))
+        kept = fit([_memory(h, score=h.score, relevance=h.relevance) for h in hits], _room(max_chars, envelope))
         return _result({**envelope, "memories": kept, "omitted": len(hits) - len(kept)})
 
     def get_memory(ids: Annotated[list[FactId], Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],

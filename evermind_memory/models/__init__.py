@@ -58,3 +58,19 @@ def load_default():
         tokenizer = BPETokenizer.load(tok_path)
     return LMEmbedder(model, tokenizer, max_tokens=int(meta["max_tokens"]),
                       hybrid_weight=float(meta["hybrid_weight"]))
+
+
+_FUSION = "fusion.json"
+
+
+@functools.lru_cache(maxsize=1)
+def fusion_params():
+    """The shipped model's fitted hybrid rule (fusion.json, written by recipe/calibrate_fusion.py), or None when
+    this installation has none. Raises CheckpointError when the file is there but malformed."""
+    from evermind_memory.store.fusion import load_params
+
+    path = resources.files(__name__).joinpath(_FUSION)
+    if not path.is_file():
+        return None
+    with resources.as_file(path) as real:
+        return load_params(real)

@@ -40,7 +40,7 @@ from .maintaining import MaintenanceMethods
 from .maintenance import Checkpoints
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
-from .search import Search, candidate_pool, hybrid_weight, rerank_by_recency
+from .search import Search, above, candidate_pool, hybrid_weight, rerank_by_recency
 from .selection import select
 from .timing import check_half_life
 from .vectors import VectorCache
@@ -173,7 +173,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                         fingerprint=fingerprint, leases=self._leases)
             self._gens = Generations(self._db, self._vectors, access, embedder, self._leases)
             self._worker = VectorWorker(self._db, self._vectors, owner=self, holder=self._holder)
-            self._search = Search(self._db, self._dim)
+            self._search = Search(self._db, self._dim, embedder)
             self._writer = Writer(self._db, self._vectors, self._worker, self._search, self._checkpoints,
                                   self._holder.token)
             self._open()
@@ -524,7 +524,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
     def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
                source: str | None = None, since: Any = None, until: Any = None, recency: Any = None,
-               mode: str = "hybrid", min_score: float | None = None, fusion: str = "score") -> list[Recall]:
+               mode: str = "hybrid", min_score: float | None = None, fusion: str = "score",
+               min_relevance: float | None = None, explain: bool = False) -> list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
             store.recall("Ada's travel plans", k=3, where={"user": "ada", "year": {"$gte": 2025}})
@@ -538,12 +539,15 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 age since the fact's last change (pinned facts are not weighted); drawn from a pool of
                 max(50, 4k) candidates. None (the default): no weighting.
             mode: "hybrid" (BM25 and vector fused), "vector" (cosine) or "lexical" (FTS5 BM25).
-            min_score: drop hits scoring below this (after the recency weight).
-            fusion: for hybrid: "score" (BM25 / best BM25 + w * cosine, w from the embedder) or "rrf".
+            min_score: drop hits scoring below this (after the recency weight; the scale depends on mode and fusion).
+            fusion: for hybrid: "score" (the embedder's fitted rule, store/fusion.py, else BM25 / best BM25 + w *
+                cosine) or "rrf". min_relevance: (hybrid, fitted rule) drop hits whose relevance is below this.
+            explain: (hybrid) fill each hit's `explain` with its lexical and vector parts and ranks.
         Returns:
-            list of Recall (never an expired fact).
+            list of Recall (never an expired fact); `relevance` (0..1) is set in hybrid mode with a fitted rule.
         Raises:
-            InvalidInput: bad query, k, filter, recency, mode, fusion or min_score.
+            InvalidInput: bad query, k, filter, recency, mode, fusion, min_score, min_relevance (also outside hybrid
+                mode, or with no fitted rule) or explain.
             EmbedderOutputInvalid, EvermindError: (vector and hybrid mode) the background embedding failed on
                 a remembered fact since the last flush() or recall; raised once, as flush() would (the next
                 recall serves results, without that fact's vector).
@@ -555,7 +559,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         half_life = check_half_life(recency)
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
-        min_score = check_min_score(min_score)
+        min_score, min_relevance = check_min_score(min_score), self._search.relevance_floor(min_relevance, mode)
+        explain = check_flag(explain, "explain", "recall")
         try:
             self._sync()
         except EmbedderMismatch:
@@ -567,11 +572,11 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         want = k if half_life is None else candidate_pool(k)
         with self._vectors.serving() as gen:  # one generation (model, fingerprint, index) for the whole recall
             qv = None if mode == "lexical" else embed_query(gen.embedder, query, self._dim)  # (D,)
-            scored = self._search.run(gen, query, qv, want, sel, mode, fusion, self._hybrid_weight)
+            scored, detail = self._search.run(gen, query, qv, want, sel, mode, fusion, self._hybrid_weight, explain)
         if half_life is not None:
             scored = rerank_by_recency(scored, sel.now, half_life)
-        kept = [(row, score) for row, score in scored if min_score is None or score >= min_score]
-        return readable(kept, lambda hit: hit[0].to_recall(hit[1]), "recall")[:k]
+        hits = above(scored, detail, min_score, min_relevance)
+        return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:k]
 
     # ---- scopes --------------------------------------------------------------------------------------------
     def scope(self, *, namespace: str | None = None, user: str | None = None, agent: str | None = None,

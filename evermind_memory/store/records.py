@@ -1,4 +1,5 @@
-"""The frozen dataclasses a MemoryStore returns: Fact, Recall, Change, CheckReport, DuplicatePair and StoreStats."""
+"""The frozen dataclasses a MemoryStore returns: Fact, Recall (with Explain), Change, CheckReport, DuplicatePair and
+StoreStats."""
 
 from __future__ import annotations
 
@@ -35,12 +36,41 @@ class Fact:
 
 
 @dataclass(frozen=True)
+class Explain:
+    """How a hybrid hit was scored (`recall(..., explain=True)`).
+
+    Attributes:
+        rule: "learned" (the embedder's fitted rule), "weight" (BM25 over the best BM25 + weight x cosine, for
+            embedders without one) or "rrf" (reciprocal ranks).
+        lexical: the lexical part of the fused score.
+        vector: the vector part of the fused score.
+        fused: lexical + vector: the hit's `score`.
+        bm25: the fact's BM25 for the query (FTS5's rank negated), None when it was not in the lexical list.
+        cosine: the cosine of the fact's vector to the query's, None when it has no vector.
+        lexical_rank, vector_rank: 1-based rank in each list, None when not in it.
+    """
+
+    rule: str
+    lexical: float
+    vector: float
+    fused: float
+    bm25: float | None
+    cosine: float | None
+    lexical_rank: int | None
+    vector_rank: int | None
+
+
+@dataclass(frozen=True)
 class Recall:
     """One recall hit; higher `score` is better (its scale depends on the mode and fusion).
 
     Attributes:
         id, text, tags, source, created_at, updated_at, expires_at, pinned, scope: as in Fact.
         score: cosine (vector), BM25 (lexical), fused score (hybrid); times the recency weight when asked for.
+        relevance: (hybrid mode, embedders with a fitted rule, such as the shipped model) the calibrated
+            probability, in [0, 1], that this fact is what the query asks for; None otherwise. Unlike `score` it
+            means the same across queries and stores, so it is what a threshold (`min_relevance`) should use.
+        explain: with `recall(..., explain=True)` in hybrid mode, how the score was made (Explain); else None.
     """
 
     id: str
@@ -53,6 +83,8 @@ class Recall:
     expires_at: datetime | None = None
     pinned: bool = False
     scope: dict[str, str] = field(default_factory=dict)
+    relevance: float | None = None
+    explain: Explain | None = None
 
 
 @dataclass(frozen=True)

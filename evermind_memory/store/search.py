@@ -12,23 +12,35 @@ Without a selection, facts that expired but were not swept yet are skipped the s
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .._blas import single_blas
+from ..errors import InvalidInput
 from .backend import Backend, FactRow, Selection
-from .fusion import fuse_rrf, fuse_scores
+from .embedding import embed_query
+from .fusion import CandidatePool, Fused, FusionParams, fuse_pool, params_for
 from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, phrase_query, query_words
+from .records import Explain
+from .selection import select
 from .timing import apply_recency
-from .validate import K_MAX
+from .validate import K_MAX, check_relevance
 from .vectors import Generation
 
 DEFAULT_HYBRID_WEIGHT = 2.0  # the vector side's weight in hybrid recall for an embedder that names none
 EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched exactly (R9)
 
 Hit = tuple[FactRow, float]
+_UNSET = object()
+
+
+class Detail(NamedTuple):
+    """What hybrid recall knows of a hit beyond its score."""
+
+    relevance: float | None  # the calibrated probability that it is what the query asks for (fitted rules only)
+    explain: Explain | None  # how the score was made (recall(..., explain=True))
 
 
 def fts_match(query: str, max_terms: int = MAX_TERMS) -> str | None:
@@ -51,19 +63,22 @@ class Search:
         dim: vector length.
     """
 
-    def __init__(self, db: Backend, dim: int) -> None:
+    def __init__(self, db: Backend, dim: int, embedder: Any = None) -> None:
         self._db = db
         self._dim = dim
+        self._base = embedder  # the model the store was opened with: its fitted fusion rule is hybrid's
+        self._params: Any = _UNSET
 
     @single_blas
     def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, sel: Selection, mode: str,
-            fusion: str, weight: float) -> list[Hit]:
-        """(row, score) best first, at most k (validated arguments; qv (D,) is None for lexical mode)."""
+            fusion: str, weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:
+        """((row, score) best first, at most k; rid -> Detail, hybrid only) for validated arguments (qv (D,) is
+        None for lexical mode)."""
         if mode == "lexical":
-            return self.lexical(query, k, sel)
+            return self.lexical(query, k, sel), {}
         if mode == "vector":
-            return self.rows_for(self.vector(gen, qv, k, sel))
-        return self.hybrid(gen, query, qv, k, sel, fusion, weight)
+            return self.rows_for(self.vector(gen, qv, k, sel)), {}
+        return self.hybrid(gen, query, qv, k, sel, fusion, weight, explain)
 
     def lexical(self, query: str, k: int, sel: Selection) -> list[Hit]:
         """FTS5 BM25 over the words of `query` (see store/lexical.py for which words are matched)."""
@@ -107,46 +122,110 @@ class Search:
             rows = r.fetch_where("label", [label for label, _ in hits])
         return [(rows[label], score) for label, score in hits if label in rows]
 
-    def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
-               weight: float) -> list[Hit]:
-        """Lexical and vector candidates (a pool of max(50, 4k)) fused by `fusion` ("score" or "rrf")."""
-        pool = candidate_pool(k)
-        vec = self.rows_for(self.vector(gen, qv, pool, sel))
-        lex = self.lexical(query, pool, sel)
+    def fusion_params(self) -> FusionParams | None:
+        """The fitted hybrid rule of the store's embedder (store/fusion.py params_for), looked up once; an adapted
+        model keeps its base model's rule. None: the embedder has none (hybrid then fuses by weight)."""
+        if self._params is _UNSET:
+            self._params = params_for(self._base)
+        return self._params
+
+    def relevance_floor(self, min_relevance: Any, mode: str) -> float | None:
+        """recall's checked min_relevance: None, or a number in [0, 1] for hybrid mode with a fitted rule.
+
+        Raises:
+            InvalidInput: anything else.
+        """
+        floor = check_relevance(min_relevance)
+        if floor is not None and (mode != "hybrid" or self.fusion_params() is None):
+            raise InvalidInput(f"recall(min_relevance=...) needs mode='hybrid' (got {mode!r}) and an embedder with a "
+                               "fitted fusion rule (the shipped model has one; recipe/calibrate_fusion.py fits one); "
+                               "use min_score otherwise.")
+        return floor
+
+    def pool(self, gen: Generation, query: str, qv: np.ndarray, size: int, sel: Selection,
+             stats: bool = True) -> tuple[dict, CandidatePool]:
+        """The hybrid candidates: the top `size` of each list among the facts `sel` selects, with every score
+        fusion may read (the cosine of lexical candidates the vector list missed, computed exactly; with `stats`,
+        the query words' document frequencies and the fact count, which only a fitted rule reads).
+
+        Returns:
+            (rid -> FactRow, CandidatePool keyed by rid).
+        """
+        vec = self.rows_for(self.vector(gen, qv, size, sel))
+        lex = self.lexical(query, size, sel)
         rows = {row.rid: row for row, _ in vec}
         rows.update({row.rid: row for row, _ in lex})
-        lexical = {row.rid: s for row, s in lex}
-        cos = {row.rid: s for row, s in vec}
-        missing = [row.label for row, _ in lex if row.rid not in cos and row.label is not None]
-        if missing:  # lexical candidates the vector pool missed: their cosine, exactly
-            with self._db.reading() as r:
+        in_vec = {row.rid for row, _ in vec}
+        missing = [row.label for row, _ in lex if row.rid not in in_vec and row.label is not None]
+        words = query_words(query)
+        with self._db.reading() as r:
+            cosine: dict[int, float] = {}
+            if missing:  # lexical candidates the vector pool missed: their cosine, exactly
                 labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
-            by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
-            for row, _ in lex:
-                if row.rid not in cos and row.label in by_label:
-                    cos[row.rid] = by_label[row.label]
-        # A fact with no vector in this generation yet (another process is still embedding it, or its vector was
-        # damaged) is fused on its lexical evidence alone: its words stand in for the vector side it lacks. Scored
-        # as cosine 0 beside facts that have one, an exact match on a rare word fell out of the top k for as long
-        # as its vector was pending.
-        vectorless = [rid for rid in lexical if rid not in cos]
-        if fusion == "rrf":
-            fused = fuse_rrf(list(lexical), [row.rid for row, _ in vec])
-            if vectorless:  # its lexical rank stands in for the vector rank it does not have
-                alone = fuse_rrf(list(lexical), list(lexical))
-                fused.update({rid: alone[rid] for rid in vectorless})
-        else:
-            if vectorless:  # its lexical share stands in for the cosine it does not have
-                alone = fuse_scores(lexical, {}, weight)
-                cos.update({rid: alone[rid] for rid in vectorless})
-            fused = fuse_scores(lexical, cos, weight)
-        order = sorted(rows, key=lambda rid: (-fused[rid], rid))
-        return [(rows[rid], fused[rid]) for rid in order[:k]]
+                by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
+                cosine = {row.rid: by_label[row.label] for row, _ in lex if row.rid not in in_vec and row.label in by_label}
+            df = r.document_frequencies(words) if words and stats else []
+            n_facts = r.count() if stats else 0
+        return rows, CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
+                                         {rid: len(row.text) for rid, row in rows.items()}, df, n_facts)
+
+    def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
+               weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:
+        """Lexical and vector candidates fused by `fusion` ("score": the embedder's fitted rule, or BM25 over the
+        best plus weight x cosine without one; "rrf"): store/fusion.py fuse_pool. The pool is the fitted rule's
+        (at least 2k) or max(50, 4k) without one.
+
+        A fact with no vector in this generation yet (another process is still embedding it, or its vector was
+        damaged) is fused on its lexical evidence alone (fuse_pool): scored as cosine 0 beside facts that have
+        one, an exact match on a rare word fell out of the top k for as long as its vector was pending.
+
+        Returns:
+            ((row, score) best first, at most k; rid -> Detail (relevance, and an Explain when `explain`)).
+        """
+        params = self.fusion_params()
+        size = candidate_pool(k) if params is None else min(K_MAX, max(params.pool, 2 * k))
+        rows, pool = self.pool(gen, query, qv, size, sel, stats=params is not None)
+        rule, fused = fuse_pool(pool, fusion, params, weight)
+        order = sorted(range(len(pool.ids)), key=lambda i: (-fused.score[i], pool.ids[i]))[:k]
+        hits, details = [], {}
+        for i in order:
+            rid = pool.ids[i]
+            hits.append((rows[rid], float(fused.score[i])))
+            why = explained(rule, pool, fused, i) if explain else None
+            details[rid] = Detail(None if fused.relevance is None else float(fused.relevance[i]), why)
+        return hits, details
+
+
+def gather(store: Any, query: str, size: int, qv: np.ndarray | None = None) -> tuple[dict, CandidatePool]:
+    """The hybrid candidates a MemoryStore (or a view of one) gathers for `query`, `size` per list, in its scope:
+    (rid -> FactRow, CandidatePool). For offline study (recipe/, benchmarks/, tests): exactly what recall fuses.
+    `qv` (D,) replaces the query's embedding (a cached one)."""
+    sel = select("recall", store._scope)
+    with store._vectors.serving() as gen:
+        qv = embed_query(gen.embedder, query, store._dim) if qv is None else qv
+        return store._search.pool(gen, query, qv, size, sel)
+
+
+def above(scored: list[Hit], detail: dict[int, Detail], min_score: float | None,
+          min_relevance: float | None) -> list[tuple[FactRow, float, Detail]]:
+    """The hits at or above both floors (None: no floor), each with its Detail (empty outside hybrid mode)."""
+    none = Detail(None, None)
+    hits = [(row, score, detail.get(row.rid, none)) for row, score in scored]
+    return [hit for hit in hits if (min_score is None or hit[1] >= min_score)
+            and (min_relevance is None or (hit[2].relevance is not None and hit[2].relevance >= min_relevance))]
 
 
 def candidate_pool(k: int) -> int:
     """How many candidates a ranking step draws to return k: hybrid fusion and the recency weight."""
     return min(K_MAX, max(50, 4 * k))
+
+
+def explained(rule: str, pool: CandidatePool, fused: Fused, i: int) -> Explain:
+    """The Explain of candidate `i` of a fused pool."""
+    lex_rank, vec_rank = int(pool.lex_rank[i]), int(pool.vec_rank[i])
+    return Explain(rule, float(fused.lexical[i]), float(fused.vector[i]), float(fused.score[i]),
+                   float(pool.bm25[i]) if lex_rank >= 0 else None, None if np.isnan(pool.cos[i]) else float(pool.cos[i]),
+                   lex_rank + 1 if lex_rank >= 0 else None, vec_rank + 1 if vec_rank >= 0 else None)
 
 
 def _query(index: VectorIndex, qv: np.ndarray, want: int, allow: Callable[[int], bool] | None) -> list[tuple[int, float]] | None:

@@ -222,6 +222,17 @@ def check_min_score(min_score: Any) -> float | None:
     return float(min_score)
 
 
+def check_relevance(value: Any) -> float | None:
+    """None or a number in [0, 1] (recall's min_relevance).
+
+    Raises:
+        InvalidInput: anything else (a bool, NaN, outside [0, 1]).
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0):
+        raise InvalidInput(f"recall() expected min_relevance to be a number in [0, 1] or None, got {value!r:.40}.")
+    return None if value is None else float(value)
+
+
 def check_flag(value: Any, name: str, method: str) -> bool:
     """A bool argument (not 0/1, not a string).
 

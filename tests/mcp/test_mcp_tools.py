@@ -56,6 +56,11 @@ async def test_remember_then_recall_with_provenance(store):
         top = out["memories"][0]
         assert top["id"] == ada["id"] and top["text"] == "Ada prefers green tea" and top["truncated"] is False
         assert top["source"] == "mcp:pytest-agent" and top["created_at"].endswith("+00:00") and top["score"] > 0
+        assert 0.0 < top["relevance"] < 1.0  # the shipped model has a fitted rule: hybrid hits carry relevance
+        above = payload(await c.call_tool("recall", {"query": "what does Ada drink?", "k": 2,
+                                                     "min_relevance": top["relevance"] + 1e-3}))
+        assert ada["id"] not in [m["id"] for m in above["memories"]]
+        assert all(m["relevance"] >= top["relevance"] + 1e-3 for m in above["memories"])
         only_bob = payload(await c.call_tool("recall", {"query": "drink", "tags": {"user": "ada"}, "mode": "lexical"}))
         assert [m["id"] for m in only_bob["memories"]] == []  # tags filter exactly: "drink" alone is Bob's word
         lexical = payload(await c.call_tool("recall", {"query": "coffee", "mode": "lexical", "min_score": 0.0}))

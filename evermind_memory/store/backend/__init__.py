@@ -124,13 +124,13 @@ class FactRow(NamedTuple):
         """
         return Fact(**self._common(), fingerprint=self.fingerprint)
 
-    def to_recall(self, score: float) -> Recall:
-        """The public Recall with `score`.
+    def to_recall(self, score: float, relevance: float | None = None, explain: Any = None) -> Recall:
+        """The public Recall with `score` (and, from hybrid recall, `relevance` and an Explain).
 
         Raises:
             RowDamaged: the row is unreadable.
         """
-        return Recall(score=float(score), **self._common())
+        return Recall(score=float(score), relevance=relevance, explain=explain, **self._common())
 
 
 def _when(name: str, text: str) -> datetime:
@@ -289,6 +289,9 @@ class Reads(Protocol):
     def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         """Full-text search for `words` (store/lexical.query_words) among the facts `sel` selects: (row, score)
         best first, higher is better."""
+
+    def document_frequencies(self, words: list[str]) -> list[int]:
+        """For each of `words` (store/lexical.query_words), how many facts hold it: the idf hybrid fusion reads."""
 
     def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
         """Facts `sel` selects that changed after change `seq` or have no vector yet: what an index at watermark

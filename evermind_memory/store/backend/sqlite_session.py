@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..lexical import plan
+from ..lexical import document_frequencies, plan
 from ..records import Change
 from ..timing import time_text
 from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
@@ -318,6 +318,9 @@ class SQLiteSession:
             if len(hits) >= limit:
                 return hits
         return [] if chosen.any_word is None else self._match(chosen.any_word, limit, sel)
+
+    def document_frequencies(self, words: list[str]) -> list[int]:
+        return document_frequencies(self.conn, words)
 
     def _match(self, match: str, limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         """FTS5 BM25 search: [(row, score)] with score = -bm25 (higher is better), best first."""
