@@ -452,7 +452,7 @@ def init_from_checkpoint(args, vocab_size: int) -> tuple[LMConfig, dict[str, np.
 
     Raises SystemExit when an architecture flag or the tokenizer's vocabulary disagrees with the checkpoint.
     """
-    from evermind_memory.lm.checkpoint import load_model
+    from evermind_memory.lm.model import load_model
 
     cfg, params = load_model(args.init)  # fp16 on disk, float32 here
     if args.hidden == 0:
@@ -520,7 +520,7 @@ def mine_hard_negatives(pair_q: np.ndarray, pair_d: np.ndarray, teach_t: torch.T
 
 def export(model: MirrorLM, cfg, tok: BPETokenizer, args, history: list[dict], out: Path) -> None:
     """Write the fp16 checkpoint, the tokenizer, golden vectors (mirror on CPU, fp32) and the training log."""
-    from evermind_memory.lm.checkpoint import load_model, save_model
+    from evermind_memory.lm.model import load_model, save_model
 
     params = model.to_numpy_params()
     save_model(out / "model.evlm", cfg, params, fp16=True)

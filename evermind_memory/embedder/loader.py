@@ -31,7 +31,7 @@ def load_embedder(
     Example:
         store = MemoryStore("agent.db", embedder=load_embedder("seq.evlm", "tokenizer.json"))
     """
-    from ..lm.checkpoint import load_backbone
+    from ..lm.backbone import load_backbone
     from ..lm.model import EvermindLM, LMConfig
     from ..lm.sequence import SequenceBackbone
     from ..lm.tokenizer import BPETokenizer

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from evermind_memory import MemoryStore, default_embedder
-from evermind_memory.lm.checkpoint import load_model
+from evermind_memory.lm.model import load_model
 from evermind_memory.models import card
 
 DATA = Path(__file__).resolve().parents[1] / "data"
