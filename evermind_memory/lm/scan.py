@@ -6,8 +6,6 @@ step by step.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 __all__ = [
