@@ -1,8 +1,9 @@
 """EvermindLM resident on the GPU: loss, exact gradients, AdamW steps, logits and pooled embeddings in WGSL.
 
 Weights, moments and activations stay on the device; a batch shape's commands are recorded once into a plan
-and replayed (gpu/plan.py), so a training step is one submit and one 48-byte read back (gpu/trainer.py). Routed experts run densely beside
-the shared one (an unchosen expert has gate 0: it adds and receives nothing, as lm/model.py's sparse dispatch)."""
+and replayed (gpu/plan.py), so a training step is one submit and one 48-byte read back (gpu/trainer.py).
+Routed experts run densely beside the shared one (an unchosen expert has gate 0: it adds and receives
+nothing, as lm/model.py's sparse dispatch)."""
 
 from __future__ import annotations
 

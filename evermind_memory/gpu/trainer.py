@@ -31,8 +31,9 @@ class StepResult(NamedTuple):
 
 
 class GpuTrainer:
-    """The device half of `LMTrainer(model, config, engine=GpuTrainer)`: one optimizer step per call with weights, gradients and
-    AdamW moments resident on the GPU (forward, backward, global-norm clip and AdamW in one submit).
+    """The device half of `LMTrainer(model, config, engine=GpuTrainer)`: one optimizer step per call with
+    weights, gradients and AdamW moments resident on the GPU (forward, backward, global-norm clip and AdamW in
+    one submit).
 
     It mirrors `LMTrainer._train_step` for a plain EvermindLM: token-weighted accumulation over the window's
     micro-batches, clip to `config.clip`, decoupled decay on 2-D weights only, the trust region and the

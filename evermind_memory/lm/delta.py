@@ -26,6 +26,10 @@ from evermind_memory.lm.checkpoint import (
 
 __all__ = ["export_delta", "apply_delta"]
 
+def _is_dim(d: Any) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool) and d >= 0
+
+
 def _as_rows(arr: np.ndarray) -> np.ndarray:
     """A tensor as (rows, cols): 2-D as is, 0-/1-D as one row, N-D split on the first axis."""
     return arr.reshape(1, arr.size) if arr.ndim <= 1 else arr.reshape(arr.shape[0], math.prod(arr.shape[1:]))
@@ -128,7 +132,7 @@ def apply_delta(base_params: Mapping[str, np.ndarray], delta: bytes) -> dict[str
             or not isinstance(shapes, list)
             or len(names) != len(shapes)
             or not all(isinstance(n, str) for n in names)
-            or not all(isinstance(s, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s) for s in shapes)
+            or not all(isinstance(s, list) and all(_is_dim(d) for d in s) for s in shapes)
             or not isinstance(meta["base_sha256"], str)
         ):
             raise CheckpointError(f"{label}: corrupt header meta; expected names, shapes and base_sha256.")
