@@ -206,6 +206,9 @@ def main() -> None:
     ap.add_argument("--exclude", default=None,
                     help="a JSONL of pairs (e.g. the fusion dev set) whose docs and queries training must not see")
     ap.add_argument("--limit", type=int, default=0, help="use only this many pairs and passages (smoke tests)")
+    ap.add_argument("--export-at-budget", action="store_true",
+                    help="export when the time budget ends the call, even before the planned steps (runs that share "
+                         "a GPU with others, where --fit-budget's estimate can be off)")
     ap.add_argument("--fit-budget", action="store_true",
                     help="on a fresh run, time the first 20 steps and lower --steps to what fits the time budget")
     args = ap.parse_args()
@@ -427,7 +430,10 @@ def main() -> None:
     np.savez(state / "train_state.tmp.npz", **arrays)
     os.replace(state / "train_state.tmp.npz", st_file)
     print(f"saved state at step {step}", flush=True)
-    if step >= args.steps:
+    if step >= args.steps or args.export_at_budget:
+        if step < args.steps:
+            print(f"exporting at step {step} of {args.steps} planned (time budget)", flush=True)
+            history.append({"cut_at_step": step, "planned_steps": args.steps})
         export(model, cfg, tok, args, history, out)
 
 
