@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evermind_memory import MemoryStore  # noqa: E402
-from evermind_memory.training.adaptation import AdaptationPolicy  # noqa: E402
+from evermind_memory.adaptation import AdaptationPolicy  # noqa: E402
 
 @dataclass(frozen=True)
 class Domain:

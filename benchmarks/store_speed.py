@@ -11,6 +11,14 @@ Indicative only on a shared machine.
 
     python benchmarks/store_speed.py [--sizes 10000,100000] [--config small|tiny] [--queries 200]
                                      [--threads 1] [--json results.json]
+
+With --writers 1,2,4,8: many writer processes on one store (issue 17). For each count W, W processes each
+remember --per-writer facts one at a time (default background embedding, timed until each one's flush()
+returns; and again with vectors computed before the clock starts, which measures SQLite + FTS5 + HNSW alone)
+into a store already holding --seed-facts facts, while this process recalls (vector, including the query
+embedding and the catch-up with the other processes' commits) as fast as it can; reported: total facts/s over
+all writers, and recall p50/p99 during the writes beside the same recalls with no writer running.
+--sizes "" skips the single-process section.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from evermind_memory.embedder import LMEmbedder  # noqa: E402
 from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
 from evermind_memory.store.index import IndexConfig, search_ef  # noqa: E402
-from evermind_memory.store.memory_store import fts_match  # noqa: E402
+from evermind_memory.store.search import fts_match  # noqa: E402
 
 CONFIGS = {
     # the foundation issue's small config (the tokenizer is trained smaller; ids stay < vocab_size)
@@ -198,6 +206,84 @@ def bench_size(n: int, embedder: LMEmbedder, args: argparse.Namespace, workdir: 
     return res
 
 
+def writer_process(db: str, model_path: str, tok_path: str, corpus: list[str], precomputed: bool, barrier,
+                   out) -> None:
+    """One writer of the many-writers run: open, wait for the others, remember one at a time, flush."""
+    model = EvermindLM.load(model_path)
+    embedder = LMEmbedder(model, BPETokenizer.load(tok_path))
+    if precomputed:
+        embedder = PrecomputedEmbedder(embedder, corpus)
+    with MemoryStore(db, embedder) as store:
+        barrier.wait()
+        t0 = time.time()
+        for text in corpus:
+            store.remember(text)
+        store.flush()
+        out.put((t0, time.time()))
+
+
+def bench_writers(embedder: LMEmbedder, args: argparse.Namespace, workdir: Path) -> list[dict]:
+    """Throughput of W writer processes on one store and recall latency in this process while they write."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    model_path, tok_path = workdir / "model.evl", workdir / "tokenizer.json"
+    embedder.model.save(model_path)
+    embedder.tokenizer.save(tok_path)
+    rng = np.random.default_rng(7)
+    queries = [" ".join(rng.choice(WORDS, size=3)) for _ in range(args.queries)]
+    out = []
+    for precomputed in (False, True):
+        for w in args.writers:
+            db = workdir / f"writers_{w}_{int(precomputed)}.db"
+            seed_texts = texts(rng, args.seed_facts)
+            # every process must embed with one model (fingerprint): the precomputed one is a model of its own
+            mine = PrecomputedEmbedder(embedder, seed_texts) if precomputed else embedder
+            with MemoryStore(db, mine) as seed:
+                seed.remember_many(seed_texts)
+            corpora = [[f"{t} w{n}" for t in texts(rng, args.per_writer)] for n in range(w)]
+            with MemoryStore(db, mine) as store:
+                for q in queries[:10]:
+                    store.recall(q, k=10, mode="vector")
+                idle = pct(timed(lambda q: store.recall(q, k=10, mode="vector"), queries))
+                barrier, done = ctx.Barrier(w + 1), ctx.Queue()
+                procs = [ctx.Process(target=writer_process, args=(str(db), str(model_path), str(tok_path), corpora[n],
+                                                                  precomputed, barrier, done)) for n in range(w)]
+                for p in procs:
+                    p.start()
+                barrier.wait()
+                busy: list[float] = []
+                spans = []
+                while len(spans) < w:
+                    q = queries[len(busy) % len(queries)]
+                    t0 = time.perf_counter()
+                    store.recall(q, k=10, mode="vector")
+                    busy.append(time.perf_counter() - t0)
+                    while not done.empty():
+                        spans.append(done.get())
+                for p in procs:
+                    p.join()
+                    assert p.exitcode == 0, f"a writer process failed (exit {p.exitcode})"
+                store.flush()
+                assert len(store) == args.seed_facts + w * args.per_writer and store.check().ok
+            start, end = min(a for a, _ in spans), max(b for _, b in spans)
+            out.append({"writers": w, "precomputed": precomputed, "facts": w * args.per_writer,
+                        "items_per_s": w * args.per_writer / (end - start), "recall_idle_ms": idle,
+                        "recall_during_writes_ms": pct(busy), "recalls_during_writes": len(busy)})
+    return out
+
+
+def print_writers(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"many writer processes: each remembers {args.per_writer} facts one at a time into a store of "
+          f"{args.seed_facts:,} (total items/s until every writer's flush); vector recall in another process, "
+          "ms p50/p99, with no writer / during the writes")
+    print(f"{'writers':>8} {'vectors':>12} {'remember items/s':>18} {'recall idle':>18} {'recall during':>18} {'recalls':>8}")
+    for r in rows:
+        idle, busy = r["recall_idle_ms"], r["recall_during_writes_ms"]
+        print(f"{r['writers']:>8} {'precomputed' if r['precomputed'] else 'model':>12} {r['items_per_s']:>18,.0f} "
+              f"{idle[0]:>8.3f} / {idle[1]:<7.3f} {busy[0]:>8.3f} / {busy[1]:<7.3f} {r['recalls_during_writes']:>8}")
+
+
 def print_table(results: list[dict]) -> None:
     rows = [
         ("remember 1 by 1, default", "remember_items_per_s", "items/s"),
@@ -261,8 +347,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (set before numpy loads)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--ef-sweep", default="64,96,128,160", help="hnswlib ef values to measure recall@10 at")
+    parser.add_argument("--writers", default="", help="writer process counts for the many-writers run (e.g. 1,2,4,8)")
+    parser.add_argument("--per-writer", type=int, default=500, help="facts each writer process remembers")
+    parser.add_argument("--seed-facts", type=int, default=5000, help="facts in the store before the writers start")
     args = parser.parse_args()
     args.ef_sweep = [int(x) for x in args.ef_sweep.split(",") if x]
+    args.writers = [int(x) for x in args.writers.split(",") if x]
     rng = np.random.default_rng(0)
     tok = BPETokenizer.train(texts(rng, 3000), 1024)
     config = CONFIGS[args.config]
@@ -271,8 +361,9 @@ def main() -> None:
     results = []
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="evermind-bench-") as tmp:
-        for n in (int(s) for s in args.sizes.split(",")):
+        for n in (int(s) for s in args.sizes.split(",") if s):
             results.append(bench_size(n, embedder, args, Path(tmp)))
+        writers = bench_writers(embedder, args, Path(tmp)) if args.writers else []
     meta = {
         "config": config.to_dict(), "tokenizer_vocab": len(tok), "fingerprint": embedder.fingerprint,
         "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "hnswlib": getattr(hnswlib, "__version__", "?"),
@@ -282,11 +373,14 @@ def main() -> None:
     }
     print(f"MemoryStore speed ({args.config} config: {config.to_dict()}; {args.queries} queries, k=10; "
           f"load avg {load_start[0]:.2f} -> {meta['load_avg_end'][0]:.2f} on {os.cpu_count()} CPUs)")
-    print_table(results)
-    print_ef_sweep(results)
-    print_targets(results)
+    if results:
+        print_table(results)
+        print_ef_sweep(results)
+        print_targets(results)
+    if writers:
+        print_writers(writers, args)
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        args.json.write_text(json.dumps({"meta": meta, "results": results, "writers": writers}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,29 +1,99 @@
-"""The `evermind` command: remember, recall and maintain a memory store from a shell or a script.
+"""The `evermind` command: remember, recall and maintain a memory store from a shell or a script, or serve it
+to agents over MCP (`evermind mcp`).
 
-Every subcommand takes `--db PATH` (default: the user data directory) and `--json` (machine-readable
-output). Our errors become one `evermind: error: ...` line on stderr and exit status 1, in one place (`main`).
+Every subcommand takes `--db PATH` (default: $EVERMIND_DB, else the user data directory) and `--json`
+(results as JSON on stdout; errors as one JSON object on stderr). Errors are handled in one place (`main`)
+and mapped to the exit codes in EXIT_CODES. Importing this module loads no numpy, model or store code: a
+command imports what it needs when it runs, so `--help` and `--version` start at interpreter speed.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import os
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import EvermindError, InvalidInput
+from . import __version__
+from .errors import (
+    CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput, StoreCorrupt,
+    StoreLocked, TokenizerError,
+)
 
-READ_COMMANDS = {"recall", "get", "list", "history", "export", "info"}
+DB_ENV = "EVERMIND_DB"
+# opened read-only: they run beside a writer
+READ_COMMANDS = {"recall", "get", "list", "history", "export", "info", "count", "stats", "duplicates"}
+# Commands whose work needs no embedding model. Today MemoryStore() still loads and probes the model when it
+# opens; once the store loads it lazily these commands start without it (the CLI itself never forces it).
+MODEL_FREE_COMMANDS = {"get", "list", "history", "forget", "feedback", "check", "rebuild", "export", "backup", "info",
+                       "count", "sweep", "compact", "stats", "clear"}
+SCOPE_LEVELS = ("namespace", "user", "agent", "run")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_LOCKED, EXIT_MODEL, EXIT_OS = 0, 1, 2, 3, 4, 5, 6
+EXIT_DAMAGED = 7
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_FAILED: "failure: `check` found problems, or an error not listed below",
+    EXIT_USAGE: "usage: a bad command line or argument value (InvalidInput), or no store at --db for a read",
+    EXIT_NOT_FOUND: "not found: no fact with that id (FactNotFound)",
+    EXIT_LOCKED: "busy: another process held the store's write lock past the busy timeout, or runs the same job "
+                 "(StoreLocked); retry later",
+    EXIT_MODEL: "model: the embedder or a model file failed (EmbedderMismatch, EmbedderOutputInvalid, "
+                "CheckpointError, TokenizerError)",
+    EXIT_OS: "system: the operating system refused a file operation (StorageError, OSError: permissions, disk "
+             "full, ...)",
+    EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair` keeps every readable fact",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status for an error (see EXIT_CODES)."""
+    if isinstance(exc, FactNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, StoreCorrupt):
+        return EXIT_DAMAGED
+    if isinstance(exc, StoreLocked):
+        return EXIT_LOCKED
+    if isinstance(exc, (EmbedderMismatch, EmbedderOutputInvalid, CheckpointError, TokenizerError)):
+        return EXIT_MODEL
+    if isinstance(exc, (InvalidInput, UsageError)):
+        return EXIT_USAGE
+    if isinstance(exc, OSError):
+        return EXIT_OS
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED
+
+
+class UsageError(Exception):
+    """A command line argparse refused (raised instead of argparse's own exit, so --json can report it)."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's hook: raise, and let main() report it
+        raise UsageError(message, self.format_usage().rstrip())
 
 
 def default_db_path() -> Path:
-    """`<user data dir>/evermind/memory.db` (platformdirs)."""
+    """$EVERMIND_DB if set, else `<user data dir>/evermind/memory.db` (platformdirs)."""
+    if os.environ.get(DB_ENV):
+        return Path(os.environ[DB_ENV]).expanduser()
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("evermind")) / "memory.db"
+
+
+def _path(text: str) -> Path:
+    """A path argument, `~` expanded (a host's MCP config passes arguments without a shell)."""
+    return Path(text).expanduser()
 
 
 def _tag(text: str) -> tuple[str, str]:
@@ -33,92 +103,185 @@ def _tag(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _json_object(text: str) -> dict:
+    """A JSON object argument (--where, --tags)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60} ({exc})")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60}")
+    return value
+
+
 def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (SUPPRESS keeps the main parser's value)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="store file (default: user data dir)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
-    p.add_argument("--model", type=Path, default=argparse.SUPPRESS, help="EvermindLM checkpoint to embed with")
-    p.add_argument("--tokenizer", type=Path, default=argparse.SUPPRESS, help="BPE tokenizer JSON for --model")
+    p.add_argument("--db", type=_path, default=argparse.SUPPRESS, metavar="PATH",
+                   help=f"store file (default: ${DB_ENV}, else the user data directory)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print results as JSON (errors: one JSON object on stderr)")
+    p.add_argument("--model", type=_path, default=argparse.SUPPRESS, metavar="PATH",
+                   help="EvermindLM checkpoint to embed with (default: the shipped model)")
+    p.add_argument("--tokenizer", type=_path, default=argparse.SUPPRESS, metavar="PATH",
+                   help="BPE tokenizer JSON that goes with --model")
     p.add_argument("--durability", choices=("normal", "full"), default=argparse.SUPPRESS,
-                   help="synchronous=NORMAL (default) or FULL (survives power loss)")
+                   help="normal (default): survives application crashes; full: also power loss, slower commits")
+    for level in SCOPE_LEVELS:
+        p.add_argument(f"--{level}", default=argparse.SUPPRESS, metavar=level.upper(),
+                       help=f"work in this {level}'s scope only (see store.scope())")
     return p
+
+
+def _epilog() -> str:
+    return "exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `evermind` (exposed for docs and tests)."""
-    parser = argparse.ArgumentParser(prog="evermind", description="Local memory with semantic recall.",
-                                     parents=[_common()])
-    parser.set_defaults(db=None, json=False, model=None, tokenizer=None, durability="normal")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="evermind", description="Local memory with semantic recall.", parents=[_common()],
+                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"evermind {__version__}",
+                        help="print the version and exit")
+    parser.set_defaults(db=None, json=False, model=None, tokenizer=None, durability="normal", namespace=None, user=None,
+                        agent=None, run=None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its options)")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         # a fresh copy per subcommand: parents share Action objects, and set_defaults above must not leak here
         return sub.add_parser(name, help=help_text, description=help_text, parents=[_common()])
 
-    p = add("remember", "store a fact ('-' reads it from stdin)")
-    p.add_argument("text")
-    p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--source")
+    def tags(p: argparse.ArgumentParser, help_text: str) -> None:
+        p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE", help=help_text)
+
+    def filters(p: argparse.ArgumentParser, *, source: bool = True, times: bool = True) -> None:
+        tags(p, "only facts carrying this tag (repeatable: all must match)")
+        p.add_argument("--where", type=_json_object, default=None, metavar="JSON",
+                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (see the README)')
+        if source:
+            p.add_argument("--source", help="only facts from this source")
+        if times:
+            p.add_argument("--since", default=None, metavar="TIME", help="created at or after (ISO 8601 with offset)")
+            p.add_argument("--until", default=None, metavar="TIME", help="created at or before (ISO 8601 with offset)")
+
+    p = add("remember", "store a fact")
+    p.add_argument("text", help="the fact ('-' reads it from stdin)")
+    tags(p, "a label (repeatable; the value is text)")
+    p.add_argument("--tags", type=_json_object, default=None, metavar="JSON",
+                   help='labels as JSON, values str, number or bool: \'{"priority": 2, "done": false}\'')
+    p.add_argument("--source", help="provenance: who or what said it")
+    p.add_argument("--id", default=None, help="your own id: a fact with it is replaced (upsert, history kept)")
+    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="expire after this many seconds")
+    p.add_argument("--expires-at", default=None, metavar="TIME", help="expire at this time (ISO 8601 with offset)")
+    p.add_argument("--pinned", action="store_true", help="keep until forgotten (no expiry, no recency decay)")
+    p.add_argument("--dedup", action="store_true", help="if it repeats a stored fact, print that id, store nothing")
 
     p = add("recall", "find the facts that best match a query")
-    p.add_argument("query")
-    p.add_argument("-k", type=int, default=5)
-    p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--mode", choices=("hybrid", "vector", "lexical"), default="hybrid")
-    p.add_argument("--fusion", choices=("score", "rrf"), default="score")
-    p.add_argument("--min-score", type=float, default=None)
+    p.add_argument("query", help="what to look for")
+    p.add_argument("-k", type=int, default=5, help="at most this many facts (default 5)")
+    filters(p)
+    p.add_argument("--recency", type=float, default=None, metavar="SECONDS",
+                   help="weight scores by 0.5 ** (age / SECONDS), age since the fact last changed (default: off)")
+    p.add_argument("--mode", choices=("hybrid", "vector", "lexical"), default="hybrid",
+                   help="hybrid (default): words and meaning; vector: meaning; lexical: words (needs no model)")
+    p.add_argument("--fusion", choices=("score", "rrf"), default="score",
+                   help="how hybrid mode fuses its two rankings (default: score)")
+    p.add_argument("--min-score", type=float, default=None, help="drop facts scoring below this")
 
     p = add("get", "show one fact")
-    p.add_argument("id")
+    p.add_argument("id", help="the fact's id")
 
-    p = add("forget", "remove facts by id, or every fact with the given tags/source")
-    p.add_argument("ids", nargs="*", metavar="ID")
-    p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--source")
+    p = add("update", "change a fact's text, tags or source (its history keeps the old version)")
+    p.add_argument("id", help="the fact's id")
+    p.add_argument("text", nargs="?", default=None, help="the new text ('-' reads stdin); omit to keep the text")
+    tags(p, "a new tag (repeatable); the new tags replace all the old ones")
+    p.add_argument("--clear-tags", action="store_true", help="remove every tag")
+    p.add_argument("--source", help="the new source")
+
+    p = add("forget", "remove facts by id, or every fact matching --tag/--where/--source/--since/--until")
+    p.add_argument("ids", nargs="*", metavar="ID", help="ids of the facts to remove")
+    filters(p)
+
+    p = add("supersede", "replace a fact by a new one; both histories record the link")
+    p.add_argument("id", help="the fact replaced")
+    p.add_argument("text", help="the new fact ('-' reads it from stdin)")
+
+    p = add("clear", "forget every fact (of the scope given, else of the store)")
+    p.add_argument("--yes", action="store_true", help="required: confirms that every fact goes")
+
+    p = add("count", "count the facts that match (all of them with no filter)")
+    filters(p)
 
     p = add("feedback", "say whether a recalled fact answered a query (adaptation learns from it)")
-    p.add_argument("query")
-    p.add_argument("id")
+    p.add_argument("query", help="the query as it was recalled")
+    p.add_argument("id", help="the fact judged")
     p.add_argument("--not-useful", action="store_true", help="the fact did not answer the query")
 
     p = add("list", "list facts in the order they were remembered")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--source")
+    p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many first")
+    filters(p)
 
     p = add("history", "every change of a fact")
-    p.add_argument("id")
+    p.add_argument("id", help="the fact's id")
 
     add("check", "check the store's integrity (exit status 1 when something is wrong)")
+    add("repair", "repair a damaged store: keep every readable fact, quarantine the rest, rebuild the indexes "
+                  "(the damaged files are kept aside)")
     p = add("reembed", "re-embed facts made by another embedder")
     p.add_argument("--force", action="store_true", help="re-embed every fact")
-    add("rebuild", "rebuild the vector index from SQLite")
+    add("rebuild", "rebuild the vector index from the vectors in SQLite")
 
     p = add("export", "write every fact as JSON lines (no vectors)")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=_path, help="the JSON lines file to write")
     p = add("import", "add the facts of a JSON lines export")
-    p.add_argument("path", type=Path)
-    p = add("backup", "write a consistent copy of the database")
-    p.add_argument("dest", type=Path)
+    p.add_argument("path", type=_path, help="the JSON lines file to read")
+    p = add("backup", "write a consistent copy of the database (safe while others use it)")
+    p.add_argument("dest", type=_path, help="the copy's path (must not exist)")
     add("info", "show sizes, identity and settings of the store")
+    add("stats", "show what the store holds and its size on disk")
+    add("sweep", "delete expired facts now (their history stays)")
+    p = add("compact", "sweep, prune the history of long-forgotten facts, VACUUM and rebuild the index")
+    p.add_argument("--keep-history-days", type=float, default=30.0, metavar="DAYS",
+                   help="keep the history of facts forgotten less than this long ago (default 30; 0: none)")
+    p.add_argument("--no-vacuum", action="store_true", help="leave the free pages inside the file (faster)")
+    p = add("duplicates", "list pairs of facts of which the newer repeats the older")
+    p.add_argument("--limit", type=int, default=100, help="at most this many pairs (default 100)")
+    filters(p, times=False)
 
     p = add("adapt", "fit a LoRA adapter on the stored memories, gate it and swap it in (or roll back, or list)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the policy's)")
     p.add_argument("--lr", type=float, default=None, help="learning rate")
     p.add_argument("--rank", type=int, default=None, help="LoRA rank")
     p.add_argument("--max-cpu-seconds", type=float, default=None, help="training CPU budget")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="random seed of the training round")
     p.add_argument("--rollback", metavar="ID", default=None, help="serve adapter ID (or 'base') again instead")
     p.add_argument("--history", action="store_true", help="list the adapters written for this store")
 
+    p = add("mcp", "serve the store to agents as an MCP server (stdio by default; needs the 'mcp' extra)")
+    p.add_argument("--http", metavar="[HOST:]PORT", default=None,
+                   help="serve streamable HTTP at http://HOST:PORT/mcp instead (HOST defaults to 127.0.0.1; "
+                        "any other address needs a token)")
+    p.add_argument("--read-only", action="store_true",
+                   help="open the store read-only and offer only the reading tools")
+    p.add_argument("--token-file", type=_path, default=None, metavar="PATH",
+                   help="file holding the bearer token HTTP clients must send (default: $EVERMIND_MCP_TOKEN)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name clients may use besides the bound address and loopback (repeatable)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser Origin allowed besides loopback ones, e.g. https://app.example (repeatable)")
+    p.add_argument("--max-requests-per-minute", type=int, default=1200, metavar="N",
+                   help="HTTP requests per minute before 429 answers (default 1200)")
+
     p = add("demo", "run a short demonstration in a scratch store")
-    p.add_argument("--keep", action="store_true", help="keep the demo store")
+    p.add_argument("--keep", action="store_true", help="keep the demo store as ./evermind-demo.db")
     return parser
 
 
 def _jsonable(value: Any) -> Any:
+    import dataclasses  # here, not at the top: with inspect and ast it is a third of this module's import time
+    from datetime import datetime
+
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
     if isinstance(value, datetime):
@@ -134,7 +297,7 @@ def _embedder(args: argparse.Namespace, given: Any) -> Any:
     if given is not None:
         return given
     if args.model is None and args.tokenizer is None:
-        return None
+        return None  # the store's default (the shipped model)
     if args.model is None or args.tokenizer is None:
         raise InvalidInput("--model and --tokenizer go together: pass both, or neither for the shipped model.")
     from .embedder import LMEmbedder
@@ -148,7 +311,7 @@ def _open(args: argparse.Namespace, embedder: Any):
     from .store import MemoryStore
 
     path = args.db if args.db is not None else default_db_path()
-    if args.command in READ_COMMANDS:
+    if args.command in READ_COMMANDS or getattr(args, "read_only", False):
         if not path.exists():
             raise InvalidInput(f"no store at {path} yet; `evermind remember TEXT` creates one.")
         return MemoryStore(path, embedder, read_only=True)
@@ -156,11 +319,29 @@ def _open(args: argparse.Namespace, embedder: Any):
     return MemoryStore(path, embedder, durability=args.durability)
 
 
+def _scoped(args: argparse.Namespace, store: Any) -> Any:
+    """The store, or its view for --namespace/--user/--agent/--run."""
+    levels = {level: getattr(args, level) for level in SCOPE_LEVELS if getattr(args, level) is not None}
+    return store.scope(**levels) if levels else store
+
+
+def _filter_args(args: argparse.Namespace) -> dict:
+    """tags/where/source/since/until of a command that has `filters()`."""
+    out = {"tags": dict(args.tag) or None, "where": args.where, "source": args.source}
+    if hasattr(args, "since"):
+        out.update(since=args.since, until=args.until)
+    return out
+
+
 def _fact_line(fact: Any) -> str:
     tags = " ".join(f"{k}={v}" for k, v in sorted(fact.tags.items()))
     extra = f"  [{tags}]" if tags else ""
     source = f"  (from {fact.source})" if fact.source else ""
     return f"{fact.id}  {fact.text}{extra}{source}"
+
+
+def _text_arg(text: str | None) -> str | None:
+    return sys.stdin.read().rstrip("\n") if text == "-" else text
 
 
 def _run(args: argparse.Namespace, store: Any, out) -> int:
@@ -175,33 +356,50 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                 print(line, file=out)
 
     if cmd == "remember":
-        text = sys.stdin.read().rstrip("\n") if args.text == "-" else args.text
-        fid = store.remember(text, tags=dict(args.tag) or None, source=args.source)
+        fid = store.remember(_text_arg(args.text), tags={**dict(args.tag), **(args.tags or {})} or None,
+                             source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
+                             pinned=args.pinned, dedup=args.dedup)
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
         emit({"id": fid}, [fid])
     elif cmd == "recall":
-        hits = store.recall(args.query, k=args.k, tags=dict(args.tag) or None, mode=args.mode,
-                            min_score=args.min_score, fusion=args.fusion)
+        hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
+                            recency=args.recency, **_filter_args(args))
         emit(hits, [f"{h.score:7.3f}  {_fact_line(h)}" for h in hits])
     elif cmd == "get":
         fact = store.get(args.id)
         emit(fact, [_fact_line(fact), f"created {fact.created_at.isoformat()}  updated {fact.updated_at.isoformat()}"])
+    elif cmd == "update":
+        if args.clear_tags and args.tag:
+            raise InvalidInput("update takes --tag or --clear-tags, not both.")
+        new_tags = {} if args.clear_tags else (dict(args.tag) or None)
+        fact = store.update(args.id, _text_arg(args.text), tags=new_tags, source=args.source)
+        emit(fact, [_fact_line(fact)])
     elif cmd == "forget":
-        if args.ids and (args.tag or args.source):
-            raise InvalidInput("forget takes ids or --tag/--source, not both.")
+        chosen = {k: v for k, v in _filter_args(args).items() if v}
+        if args.ids and chosen:
+            raise InvalidInput("forget takes ids or --tag/--where/--source/--since/--until, not both.")
         if args.ids:
             for fid in args.ids:
                 store.forget(fid)
             count = len(args.ids)
         else:
-            count = store.forget_where(tags=dict(args.tag) or None, source=args.source)
+            count = store.forget_where(**chosen)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
+    elif cmd == "supersede":
+        fid = store.supersede(args.id, _text_arg(args.text))
+        emit({"id": fid, "replaces": args.id}, [fid])
+    elif cmd == "clear":
+        count = store.clear(confirm=args.yes)
+        emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
+    elif cmd == "count":
+        count = store.count(**_filter_args(args))
+        emit({"count": count}, [str(count)])
     elif cmd == "feedback":
         store.feedback(args.query, args.id, useful=not args.not_useful)
         verdict = "not useful" if args.not_useful else "useful"
         emit({"id": args.id, "useful": not args.not_useful}, [f"noted: {args.id} {verdict} for {args.query!r}"])
     elif cmd == "list":
-        facts = store.list(limit=args.limit, offset=args.offset, tags=dict(args.tag) or None, source=args.source)
+        facts = store.list(limit=args.limit, offset=args.offset, **_filter_args(args))
         emit(facts, [_fact_line(f) for f in facts])
     elif cmd == "history":
         changes = store.history(args.id)
@@ -210,7 +408,16 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         report = store.check()
         emit(report, [("ok" if report.ok else "PROBLEMS") + f": {report.facts} facts, {report.indexed} indexed"]
              + [f"  - {p}" for p in report.problems])
-        return 0 if report.ok else 1
+        return EXIT_OK if report.ok else EXIT_FAILED
+    elif cmd == "repair":
+        report = store
+        emit(report, [f"{report.mode}: {report.facts} facts, {report.indexed} indexed; {report.fixed} fixed, "
+                      f"{report.quarantined} quarantined, {report.restored} restored from the change log, "
+                      f"{report.vectors_cleared} vectors embedded again"]
+             + ([f"  damaged files kept in {report.kept_aside}"] if report.kept_aside else [])
+             + [f"  - {note}" for note in report.notes[:10]]
+             + [f"  still wrong: {p}" for p in report.problems_after])
+        return EXIT_OK if report.ok else EXIT_FAILED
     elif cmd == "reembed":
         count = store.reembed(force=args.force)
         emit({"reembedded": count}, [f"re-embedded {count} facts"])
@@ -229,9 +436,24 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "info":
         info = store.info()
         emit(info, [f"{k:>22}: {v}" for k, v in info.items()])
+    elif cmd in ("stats", "compact"):
+        if cmd == "compact":
+            if not 0 <= args.keep_history_days <= 36_525:
+                raise InvalidInput(f"--keep-history-days expects 0 to 36525, got {args.keep_history_days}.")
+            stats = store.compact(keep_history=args.keep_history_days * 86_400, vacuum=not args.no_vacuum)
+        else:
+            stats = store.stats()
+        emit(stats, [f"{k:>12}: {v}" for k, v in _jsonable(stats).items()])
+    elif cmd == "sweep":
+        count = store.sweep()
+        emit({"swept": count}, [f"swept {count} expired fact{'s' * (count != 1)}"])
+    elif cmd == "duplicates":
+        pairs = store.duplicates(limit=args.limit, **_filter_args(args))
+        emit(pairs, [f"{p.drop} repeats {p.keep} (cosine {p.cosine:.2f}, overlap {p.overlap:.2f}: {p.reason})\n"
+                     f"    new: {p.drop_text}\n    old: {p.keep_text}" for p in pairs] or ["no duplicates found"])
     elif cmd == "adapt":
         _adapt(args, store, emit)
-    return 0
+    return EXIT_OK
 
 
 def _adapt(args: argparse.Namespace, store: Any, emit) -> None:
@@ -244,7 +466,7 @@ def _adapt(args: argparse.Namespace, store: Any, emit) -> None:
     if args.rollback is not None:
         report = store.rollback_adapter(args.rollback)
     else:
-        from .training.adaptation import AdaptationPolicy
+        from .adaptation import AdaptationPolicy
 
         chosen = {"steps": args.steps, "lr": args.lr, "rank": args.rank, "max_cpu_seconds": args.max_cpu_seconds,
                   "seed": args.seed}
@@ -259,35 +481,87 @@ def _adapt(args: argparse.Namespace, store: Any, emit) -> None:
     emit(report.to_dict(), lines)
 
 
+def _mcp(args: argparse.Namespace, embedder: Any) -> int:
+    """`evermind mcp`: check the transport options, open the store, serve until the client or a signal stops it."""
+    from importlib.util import find_spec
+
+    if find_spec("mcp") is None:
+        raise EvermindError("`evermind mcp` needs the MCP SDK, an optional extra: pip install 'evermind_memory[mcp]'.")
+    from .mcp import build_server, http_config, serve_http, serve_stdio
+
+    config = None
+    if args.http is not None:  # refuse a bad address or a missing token before opening anything
+        config = http_config(args.http, token_file=args.token_file, allow_hosts=args.allow_host,
+                             allow_origins=args.allow_origin, requests_per_minute=args.max_requests_per_minute)
+    elif args.token_file is not None or args.allow_host or args.allow_origin:
+        raise InvalidInput("--token-file, --allow-host and --allow-origin apply to --http; stdio needs none of them.")
+    signalled = False
+    with _open(args, embedder) as store:
+        server = build_server(_scoped(args, store))
+        if config is None:
+            signalled = serve_stdio(server)
+        else:
+            serve_http(server, config)
+    if signalled:  # the store is closed; a thread blocked on stdin would keep the process alive forever
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+    return EXIT_OK
+
+
+def _report(exc: BaseException, as_json: bool) -> int:
+    """Print one error (a line, or a JSON object with --json) on stderr; return its exit code."""
+    code = exit_code(exc)
+    name = type(exc).__name__
+    message = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or name)
+    if as_json:
+        print(json.dumps({"error": name, "message": message, "exit_code": code}, ensure_ascii=False), file=sys.stderr)
+    else:
+        if isinstance(exc, UsageError):
+            print(exc.usage, file=sys.stderr)
+        print(f"evermind: error: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -> int:
     """Run the `evermind` command.
 
     Args:
         argv: arguments (default: sys.argv[1:]).
         embedder: an embedder to use instead of --model/--tokenizer or the shipped model (for programs/tests).
-        out: where to print (default: stdout).
+        out: where to print results (default: stdout); errors go to stderr.
     Returns:
-        the exit status (0 ok, 1 error or failed check, 2 usage error).
+        the exit status (EXIT_CODES).
     """
     out = out or sys.stdout
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
     try:
+        args = build_parser().parse_args(argv)
+        as_json = args.json
         if args.command == "demo":
             try:
                 from .demo import run_demo
             except ImportError:
                 raise EvermindError("the demo is not available in this build of evermind_memory.") from None
-            return int(run_demo(args) or 0)
+            return int(run_demo(args, out=out) or 0)
         emb = _embedder(args, embedder)
+        if args.command == "mcp":
+            return _mcp(args, emb)
+        if args.command == "repair":  # a damaged store may not open: repair works on its files
+            from .store import repair_store
+
+            path = args.db if args.db is not None else default_db_path()
+            return _run(args, repair_store(path, emb, durability=args.durability), out)
         with _open(args, emb) as store:
-            return _run(args, store, out)
-    except EvermindError as exc:
-        print(f"evermind: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"evermind: error: {exc}", file=sys.stderr)
-        return 1
+            return _run(args, _scoped(args, store), out)
+    except (EvermindError, UsageError, OSError, KeyboardInterrupt) as exc:
+        return _report(exc, as_json)
+    except Exception as exc:  # noqa: BLE001 (a bug of ours: one line, not a traceback; EVERMIND_DEBUG=1 shows it)
+        if os.environ.get("EVERMIND_DEBUG"):
+            raise
+        return _report(EvermindError(f"internal error ({type(exc).__name__}: {exc}); please report it (run with "
+                                     "EVERMIND_DEBUG=1 for the traceback)."), as_json)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,12 @@ QUERIES = [
 ]
 
 
+_OUT = {"file": sys.stdout, "quiet": False}  # where run_demo prints; quiet with --json (one object at the end)
+
+
 def _say(text: str = "") -> None:
-    print(text, flush=True)
+    if not _OUT["quiet"]:
+        print(text, file=_OUT["file"], flush=True)
 
 
 def _tiny_embedder(seconds: float):
@@ -66,24 +70,35 @@ def _tiny_embedder(seconds: float):
     return embedder_for(model, tok)
 
 
-def run_demo(args=None, *, seconds: float = 8.0) -> int:
+def run_demo(args=None, *, seconds: float = 8.0, out=None) -> int:
     """Run the demo and print what it does; returns a process exit code.
 
     Args:
-        args: the CLI's parsed arguments (uses `keep`: leave the store in ./evermind-demo.db), or None.
+        args: the CLI's parsed arguments (uses `keep`: leave the store in ./evermind-demo.db; `json`: print one
+            JSON object with the model, the recalls and the check instead of prose), or None.
         seconds: training time of the tiny model when no shipped model is installed.
+        out: where to print (default: stdout).
     """
+    import json
+
     from evermind_memory import MemoryStore
     from evermind_memory.embedder import default_embedder
     from evermind_memory.errors import EvermindError
 
+    as_json = bool(getattr(args, "json", False))
+    _OUT.update(file=out or sys.stdout, quiet=as_json)
+    result: dict = {"recalls": []}
+
     try:
         embedder = default_embedder()
+        result["model"] = "shipped"
         _say(f"Using the shipped model {embedder.fingerprint}.")
     except EvermindError:
         _say("No shipped model is installed yet, so this demo trains a tiny one: expect rough, mostly")
         _say("word-overlap recall. The real default model is a separate, larger training run.")
         embedder = _tiny_embedder(seconds)
+        result["model"] = "tiny (trained now)"
+    result["fingerprint"] = embedder.fingerprint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = "evermind-demo.db" if getattr(args, "keep", False) else str(Path(tmp) / "demo.db")
@@ -95,14 +110,22 @@ def run_demo(args=None, *, seconds: float = 8.0) -> int:
             for query in QUERIES:
                 _say()
                 _say(f"recall({query!r}, k=2)")
-                for hit in store.recall(query, k=2):
+                hits = store.recall(query, k=2)
+                for hit in hits:
                     _say(f"  {hit.score:5.2f}  {hit.text}")
+                result["recalls"].append({"query": query, "hits": [{"score": h.score, "text": h.text} for h in hits]})
             _say()
             ada = store.recall("what does Ada like?", k=3, tags={"user": "ada"})
             _say("recall('what does Ada like?', tags={'user': 'ada'}) -> " + "; ".join(h.text for h in ada))
+            result["recalls"].append({"query": "what does Ada like?", "tags": {"user": "ada"},
+                                      "hits": [{"score": h.score, "text": h.text} for h in ada]})
             report = store.check()
             _say(f"check(): {report}")
-    return 0
+            result.update(store=path, remembered=len(FACTS), check={"ok": report.ok, "problems": list(report.problems),
+                                                                    "facts": report.facts, "indexed": report.indexed})
+    if as_json:
+        print(json.dumps(result, ensure_ascii=False), file=_OUT["file"])
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

@@ -28,7 +28,38 @@ class EmbedderMismatch(EvermindError):
 
 
 class StoreLocked(EvermindError):
-    """Another process holds the store's writer lock."""
+    """Another process held the store's write lock for longer than the store's busy_timeout."""
+
+
+class StoreMoved(EvermindError):
+    """A store's database file cannot be used safely through this path: it has another name in use (hard links,
+    a rename while open), or it was deleted or replaced while open."""
+
+
+class StoreCorrupt(EvermindError):
+    """A store's files are damaged: the database (its header, pages, schema or a fact row), its write-ahead log,
+    or sidecar evidence that the database lost its contents. The message names the part; `store.repair()` or
+    `evermind repair PATH` keeps every readable fact and quarantines the rest.
+
+    Attributes:
+        path: the database file.
+        part: which part is damaged ("database", "database header", "schema", "full-text index", "fact row", ...).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, part: str = "database") -> None:
+        super().__init__(message)
+        self.path = path
+        self.part = part
+
+
+class RowDamaged(StoreCorrupt):
+    """One fact row is unreadable (a damaged timestamp, tags or text). Reads that return many facts skip such
+    rows with a StoreWarning; `get()` of one raises this; `check()` counts them; repair fixes or quarantines them."""
+
+
+class StorageError(EvermindError, OSError):
+    """The operating system refused a file operation of the store: permission denied, a read-only or full
+    filesystem, an I/O error. Also an OSError (its errno is kept where there is one)."""
 
 
 class CheckpointError(EvermindError):
@@ -50,6 +81,10 @@ __all__ = [
     "FactNotFound",
     "EmbedderMismatch",
     "StoreLocked",
+    "StoreMoved",
+    "StoreCorrupt",
+    "RowDamaged",
+    "StorageError",
     "CheckpointError",
     "TokenizerError",
     "GpuUnavailable",

@@ -16,6 +16,7 @@ from evermind_memory import cli
 from evermind_memory.embedder import LMEmbedder
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
+from poisoned_embedder import PoisonedEmbedder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     code, out = run(embedder, db, "history", fid, "--json")
     assert [c["op"] for c in json.loads(out)] == ["remember", "forget"]
     code, _ = run(embedder, db, "get", fid)
-    assert code == 1 and "no fact with id" in capsys.readouterr().err
+    assert code == cli.EXIT_NOT_FOUND and "no fact with id" in capsys.readouterr().err
 
 
 def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Path):
@@ -64,26 +65,11 @@ def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Pat
     assert manifest["watermark"] == top and manifest["count"] == 1
 
 
-class PoisonedEmbedder:
-    """The tiny real embedder, except that texts containing "poison" get a NaN vector."""
-
-    def __init__(self, inner: LMEmbedder) -> None:
-        self.inner, self.dimensions, self.fingerprint = inner, inner.dimensions, inner.fingerprint
-
-    def embed(self, text):
-        return self.embed_many([text])[0]
-
-    def embed_many(self, texts):
-        out = self.inner.embed_many(texts)
-        out[["poison" in t for t in texts]] = float("nan")
-        return out
-
-
 def test_remember_reports_a_bad_vector(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(PoisonedEmbedder(embedder), db, "remember", "a poison fact")
     err = capsys.readouterr().err
-    assert code == 1 and out == "" and "evermind: error: flush(): the embedder failed on a remembered fact" in err
+    assert code == cli.EXIT_MODEL and out == "" and "evermind: error: flush(): the embedder failed on a remembered fact" in err
     assert "non-finite" in err
     fid = err.split("first ")[1].split()[0]  # the fact is kept, lexical-only, and check says so
     assert json.loads(run(embedder, db, "recall", "poison", "--mode", "lexical", "--json")[1])[0]["id"] == fid
@@ -131,14 +117,15 @@ def test_export_import_backup(embedder, tmp_path: Path):
 
 def test_errors_are_one_line(embedder, tmp_path: Path, capsys):
     db = tmp_path / "e.db"
-    assert run(embedder, db, "list")[0] == 1
+    assert run(embedder, db, "list")[0] == cli.EXIT_USAGE
     assert "no store at" in capsys.readouterr().err
     run(embedder, db, "remember", "x")
-    assert run(embedder, db, "recall", "x", "-k", "0")[0] == 1
+    assert run(embedder, db, "recall", "x", "-k", "0")[0] == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("evermind: error: recall() expected k >= 1") and err.count("\n") == 1
-    with pytest.raises(SystemExit):
-        cli.main(["remember", "x", "--tag", "novalue"], embedder=embedder)
+    assert cli.main(["remember", "x", "--tag", "novalue"], embedder=embedder) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: evermind remember") and "expected KEY=VALUE, got 'novalue'" in err
 
 
 def test_default_db_path_is_in_user_data_dir():
@@ -155,3 +142,143 @@ def test_real_entry_point_with_model_files(embedder, tmp_path: Path):
     assert p.returncode == 0, p.stderr
     p = subprocess.run([*base, "--json", "recall", "stdin"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and json.loads(p.stdout)[0]["text"] == "from stdin"
+
+
+def test_update_text_tags_and_source(embedder, tmp_path: Path, capsys, monkeypatch):
+    db = tmp_path / "u.db"
+    fid = run(embedder, db, "remember", "Ada likes tea", "--tag", "user=ada")[1].strip()
+    code, out = run(embedder, db, "update", fid, "Ada likes green tea", "--json")
+    fact = json.loads(out)
+    assert code == 0 and fact["text"] == "Ada likes green tea" and fact["tags"] == {"user": "ada"}
+    monkeypatch.setattr("sys.stdin", io.StringIO("Ada likes oolong\n"))
+    assert json.loads(run(embedder, db, "update", fid, "-", "--json")[1])["text"] == "Ada likes oolong"
+    fact = json.loads(run(embedder, db, "update", fid, "--tag", "who=ada", "--source", "chat", "--json")[1])
+    assert fact["tags"] == {"who": "ada"} and fact["source"] == "chat" and fact["text"] == "Ada likes oolong"
+    assert json.loads(run(embedder, db, "update", fid, "--clear-tags", "--json")[1])["tags"] == {}
+    ops = [c["op"] for c in json.loads(run(embedder, db, "history", fid, "--json")[1])]
+    assert ops == ["remember", "update", "update", "update", "update"]
+    assert run(embedder, db, "update", fid)[0] == cli.EXIT_USAGE  # nothing to change
+    assert "expected at least one of text, tags or source" in capsys.readouterr().err
+    assert run(embedder, db, "update", "0" * 32, "x")[0] == cli.EXIT_NOT_FOUND
+
+
+def test_json_errors_are_one_object_on_stderr(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "j.db"
+    run(embedder, db, "remember", "x")
+    capsys.readouterr()
+    code, out = run(embedder, db, "--json", "get", "0" * 32)
+    err = json.loads(capsys.readouterr().err)
+    assert code == 3 and out == "" and err["error"] == "FactNotFound" and err["exit_code"] == 3
+    assert "no fact with id" in err["message"]
+    assert cli.main(["recall", "x", "-k", "many", "--json"]) == cli.EXIT_USAGE  # argparse's own errors too
+    err = json.loads(capsys.readouterr().err)
+    assert err == {"error": "UsageError", "message": "argument -k: invalid int value: 'many'", "exit_code": 2}
+
+
+def test_exit_code_per_error_class():
+    from evermind_memory.errors import (CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError,
+                                        FactNotFound, InvalidInput, RowDamaged, StorageError, StoreCorrupt,
+                                        StoreLocked)
+
+    assert [cli.exit_code(e) for e in (EvermindError("x"), InvalidInput("x"), FactNotFound("x"), StoreLocked("x"),
+                                       EmbedderMismatch("x"), EmbedderOutputInvalid("x"), CheckpointError("x"),
+                                       PermissionError("x"), StorageError("x"), StoreCorrupt("x"), RowDamaged("x"),
+                                       KeyboardInterrupt())] == [1, 2, 3, 4, 5, 5, 5, 6, 6, 7, 7, 130]
+    assert set(cli.EXIT_CODES) == {0, 1, 2, 3, 4, 5, 6, 7, 130}
+    assert all(f"{code:>3}  " in cli.build_parser().format_help() for code in cli.EXIT_CODES)  # documented in --help
+
+
+def test_version_and_help_on_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == "evermind 0.1.0"
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # argparse keeps no public list of subparsers
+    assert {"update", "rebuild", "backup", "mcp", "demo"} <= set(commands)
+    for name, sub in [("evermind", parser), *commands.items()]:
+        for action in sub._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help text"
+
+
+def test_paths_expand_tilde_and_the_default_db_follows_evermind_db(embedder, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out = io.StringIO()
+    assert cli.main(["remember", "in home", "--db", "~/home.db"], embedder=embedder, out=out) == 0
+    assert (tmp_path / "home.db").exists()
+    assert cli.main(["backup", "~/copy.db", "--db", "~/home.db"], embedder=embedder, out=out) == 0
+    assert (tmp_path / "copy.db").exists()
+    monkeypatch.setenv("EVERMIND_DB", "~/env.db")
+    assert cli.default_db_path() == tmp_path / "env.db"
+    assert cli.main(["remember", "via env"], embedder=embedder, out=out) == 0 and (tmp_path / "env.db").exists()
+
+
+def test_importing_the_cli_loads_no_heavy_code():
+    code = ("import sys, evermind_memory.cli as c; c.build_parser().parse_args(['list']); "
+            "print(sorted(m for m in ('numpy', 'hnswlib', 'wgpu', 'mcp', 'sqlite_utils', 'evermind_memory.store', "
+            "'evermind_memory.lm', 'evermind_memory.training', 'evermind_memory.embedder') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_demo_json_is_one_object(capsys):
+    out = io.StringIO()
+    assert cli.main(["demo", "--json"], out=out) == 0
+    result = json.loads(out.getvalue())
+    assert result["model"] == "shipped" and result["check"]["ok"] and result["remembered"] == 8
+    assert len(result["recalls"]) == 6 and all(r["hits"] for r in result["recalls"])
+    first = result["recalls"][0]
+    assert first["query"] == "what does Ada drink?" and "Ada" in first["hits"][0]["text"]
+
+
+def test_python_m_evermind_memory_runs_the_cli():
+    p = subprocess.run([sys.executable, "-m", "evermind_memory", "--version"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0 and p.stdout.strip() == "evermind 0.1.0"
+
+
+def test_filters_scopes_ids_expiry_and_duplicates(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "cli.db"
+    ada = run(embedder, db, "remember", "Ada prefers green tea", "--user", "ada", "--tags", '{"n": 3, "ok": true}')[1].strip()
+    run(embedder, db, "--user", "bob", "remember", "Bob drinks coffee", "--tag", "n=3")
+    assert run(embedder, db, "remember", "own id", "--id", "note-1", "--ttl", "3600")[1].strip() == "note-1"
+    assert run(embedder, db, "remember", "own id, replaced", "--id", "note-1", "--pinned")[1].strip() == "note-1"
+    code, out = run(embedder, db, "--json", "list", "--where", '{"n": {"$gte": 2}}')
+    assert code == 0 and [f["id"] for f in json.loads(out)] == [ada]  # Bob's "3" is a string
+    assert json.loads(run(embedder, db, "--json", "count", "--user", "ada")[1]) == {"count": 1}
+    assert run(embedder, db, "count")[1].strip() == "3"
+    code, out = run(embedder, db, "--json", "recall", "drinks", "--mode", "lexical", "--user", "ada")
+    assert json.loads(out) == []  # Bob's fact is out of Ada's scope
+    code, out = run(embedder, db, "--json", "get", "note-1")
+    got = json.loads(out)
+    assert got["text"] == "own id, replaced" and got["pinned"] is True and got["expires_at"] is None
+    dup = run(embedder, db, "remember", "ada prefers green tea.", "--user", "ada", "--tags", '{"n": 3, "ok": true}',
+              "--dedup")[1].strip()
+    assert dup == ada
+    run(embedder, db, "remember", "ada prefers green tea!", "--user", "ada", "--tags", '{"n": 3, "ok": true}')
+    code, out = run(embedder, db, "--json", "duplicates")
+    assert code == 0 and [p["keep"] for p in json.loads(out)] == [ada]
+    new = run(embedder, db, "supersede", ada, "Ada prefers black tea")[1].strip()
+    assert [c["replaced_by"] for c in json.loads(run(embedder, db, "--json", "history", ada)[1])][-1] == new
+    code, _ = run(embedder, db, "clear")
+    assert code == cli.EXIT_USAGE and "confirm=True" in capsys.readouterr().err
+    assert json.loads(run(embedder, db, "--json", "clear", "--yes", "--user", "bob")[1]) == {"forgotten": 1}
+    code, _ = run(embedder, db, "list", "--where", "{not json")
+    assert code == cli.EXIT_USAGE and "JSON object" in capsys.readouterr().err
+    code, _ = run(embedder, db, "recall", "x", "--where", '{"n": {"$gt": true}}')
+    assert code == cli.EXIT_USAGE and "bools have no order" in capsys.readouterr().err
+
+
+def test_stats_sweep_and_compact(embedder, tmp_path: Path):
+    db = tmp_path / "cli.db"
+    run(embedder, db, "remember", "gone soon", "--ttl", "0.05")
+    fid = run(embedder, db, "remember", "forgotten")[1].strip()
+    run(embedder, db, "forget", fid)
+    import time
+
+    time.sleep(0.1)
+    assert json.loads(run(embedder, db, "--json", "stats")[1])["expired"] == 1
+    assert json.loads(run(embedder, db, "--json", "sweep")[1]) == {"swept": 1}
+    code, out = run(embedder, db, "--json", "compact", "--keep-history-days", "0")
+    stats = json.loads(out)
+    assert code == 0 and stats["facts"] == 0 and stats["free_bytes"] == 0

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .._blas import single_blas
 from ..errors import InvalidInput
 
 FINGERPRINT_FORMAT = "evermind-embedder 1"
@@ -115,6 +116,7 @@ class LMEmbedder:
         ids = list(self.tokenizer.encode(text))[: self.max_tokens]
         return ids if ids else [int(self.tokenizer.bos_id)]
 
+    @single_blas
     def embed(self, text: str) -> np.ndarray:
         """Embed one text.
 
@@ -127,6 +129,7 @@ class LMEmbedder:
             return self._one(self._tokens(text))
         return self.embed_many([text])[0]
 
+    @single_blas
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
         """Embed many texts, batched by token length so padding stays small.
 

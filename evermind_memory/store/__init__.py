@@ -1,9 +1,24 @@
-"""The store: SQLite facts (the truth), the HNSW cache, and MemoryStore joining them with an embedder."""
+"""The store: SQLite (the truth), the HNSW cache over its vectors, and MemoryStore joining them with an embedder.
+
+memory_store.py (the public front), maintaining.py and adapting.py (its maintenance and adaptation methods);
+writer.py (the write paths); selection.py (a call's filters, scope and time as one Selection), filters.py (the
+where language), scope.py (scopes), timing.py (ttl, windows, recency), dedup.py (the duplicate rule);
+backend/ (every SQL statement: the interface in __init__.py, SQLite in sqlite.py and sqlite_session.py, the
+filter compilers in filter_sql.py); vectors.py (the vector cache and its catch-up from the change feed);
+search.py (lexical, vector, hybrid) with lexical.py (which words FTS5 matches) and fusion.py (how the two
+scores combine); embedding.py (the background vector worker); generations.py (the serving model and how it is
+replaced); maintenance.py (check, WAL checkpoints, backup, export/import, sweeper, compaction, stats);
+repair.py (repair, salvage) and damage.py (reads skip damaged rows);
+access.py (who may write); leases.py (which process runs a job now); identity.py (one file, one canonical
+name); index.py (the hnswlib wrapper); lock.py, records.py, validate.py.
+"""
 
 from __future__ import annotations
 
 from .index import IndexConfig
 from .memory_store import MemoryStore
-from .records import Change, CheckReport, Fact, Recall
+from .records import Change, CheckReport, DuplicatePair, Fact, Recall, StoreStats
+from .repair import RepairReport, repair_store
 
-__all__ = ["Change", "CheckReport", "Fact", "IndexConfig", "MemoryStore", "Recall"]
+__all__ = ["Change", "CheckReport", "DuplicatePair", "Fact", "IndexConfig", "MemoryStore", "Recall", "RepairReport",
+           "StoreStats", "repair_store"]

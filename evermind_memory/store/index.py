@@ -17,12 +17,15 @@ import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import hnswlib
 import numpy as np
 
+from .._atomic import fsync_path, write_atomic
+from .._crash import crash_point
 from ..errors import InvalidInput
-from .lock import RWLock, crash_point
+from .lock import RWLock
 
 INDEX_FORMAT = "evermind-hnsw 1"
 SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
@@ -37,18 +40,20 @@ class IndexConfig:
     """HNSW parameters (fixed for the life of an index file).
 
     Args:
-        M: graph degree.
-        ef_construction: build-time beam width.
+        M: graph degree (2..256).
+        ef_construction: build-time beam width (M..10,000).
         ef_search: query-time beam width up to ef_base_size vectors in the graph; above that it grows by
             ef_growth per 10x vectors (see VectorIndex.search_ef). Changed only under the exclusive lock.
         ef_base_size: graph size up to which ef_search is used as it is.
         ef_growth: beam width factor per 10x graph size beyond ef_base_size. Measured on store_speed's vectors
             (M=16, ef_construction=100): a fixed ef 64 gives recall@10 0.984 at 10k vectors but 0.941 at 100k;
             ef 96 gives 0.972 at 100k (128: 0.983), so 1.5 keeps recall@10 >= 0.97 as the store grows.
-        initial_capacity: elements allocated at first; doubled on demand.
+        initial_capacity: elements allocated at first (1..2**20); doubled on demand.
         rebuild_deleted_ratio: rebuild once deleted/total exceeds this (R8).
-        threads: hnswlib threads for bulk adds.
-        seed: hnswlib's level-generator seed.
+        threads: hnswlib threads for bulk adds (1..256).
+        seed: hnswlib's level-generator seed (0..2**63 - 1).
+    Raises:
+        InvalidInput: a value of the wrong type or out of its range (every value here reopens: see _INT_BOUNDS).
     """
 
     M: int = 16
@@ -62,13 +67,49 @@ class IndexConfig:
     seed: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("ef_search", "ef_base_size"):
+        for name, (low, high) in _INT_BOUNDS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidInput(f"IndexConfig.{name} expected an int >= 1, got {value!r}.")
-        growth = self.ef_growth
-        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 1.0 <= growth <= 10.0:
-            raise InvalidInput(f"IndexConfig.ef_growth expected a number from 1.0 to 10.0, got {growth!r}.")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+                raise InvalidInput(f"IndexConfig.{name} expected an int from {low} to {high:,}, got {value!r:.40}"
+                                   f"{_INT_WHY.get(name, '')}.")
+            object.__setattr__(self, name, int(value))
+        for name, (low, high) in _REAL_BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(value) or not low <= value <= high or (name == "rebuild_deleted_ratio" and value <= 0):
+                raise InvalidInput(f"IndexConfig.{name} expected a number from {low} to {high}"
+                                   f"{' (above 0)' if name == 'rebuild_deleted_ratio' else ''}, got {value!r:.40}.")
+            object.__setattr__(self, name, float(value))
+        if self.ef_construction < self.M:
+            raise InvalidInput(f"IndexConfig expected ef_construction >= M (hnswlib raises it to M otherwise, and the "
+                               f"saved index would never match this configuration), got ef_construction="
+                               f"{self.ef_construction}, M={self.M}.")
+
+
+# The bounds keep every configuration openable again: a saved index must pass parse_hnsw_file (M and
+# ef_construction are in its header; max_elements at most 2 * count + 2**20), and no allocation is absurd.
+_INT_BOUNDS = {"M": (2, 256), "ef_construction": (2, 10_000), "ef_search": (1, 100_000), "ef_base_size": (1, 10**9),
+               "initial_capacity": (1, 1 << 20), "threads": (1, 256), "seed": (0, 2**63 - 1)}
+_INT_WHY = {"M": " (hnswlib's graph degree; 2 to 100 is its documented range)",
+            "initial_capacity": " (elements allocated before the first add; the index doubles on demand)"}
+_REAL_BOUNDS = {"ef_growth": (1.0, 10.0), "rebuild_deleted_ratio": (0.0, 1.0)}
+
+
+MAX_INITIAL_BYTES = 1 << 30  # what an index may allocate before its first add (hnswlib allocates capacity up front)
+
+
+def check_index_memory(config: IndexConfig, dim: int) -> None:
+    """Refuse a configuration whose first allocation is absurd for vectors of `dim` (RELIABILITY B).
+
+    Raises:
+        InvalidInput: initial_capacity x bytes per element exceeds MAX_INITIAL_BYTES.
+    """
+    per = (2 * config.M * 4 + 4) + dim * 4 + 8 + config.M * 4  # level 0 links, vector, label; upper links, roughly
+    if config.initial_capacity * per > MAX_INITIAL_BYTES:
+        raise InvalidInput(
+            f"IndexConfig(initial_capacity={config.initial_capacity}, M={config.M}) would allocate "
+            f"{config.initial_capacity * per / 2**30:.1f} GiB for {dim}-dimensional vectors before the first fact; "
+            f"expected at most {MAX_INITIAL_BYTES / 2**30:.0f} GiB. Lower initial_capacity (the index doubles on demand).")
 
 
 def search_ef(config: IndexConfig, elements: int) -> int:
@@ -117,15 +158,16 @@ class VectorIndex:
     Args:
         dim: vector length.
         config: HNSW parameters.
+        capacity: elements to allocate at first (default: config.initial_capacity).
     """
 
-    def __init__(self, dim: int, config: IndexConfig = IndexConfig()) -> None:
+    def __init__(self, dim: int, config: IndexConfig = IndexConfig(), capacity: int | None = None) -> None:
         self.dim = int(dim)
         self.config = config
         self._lock = RWLock()
         self._hnsw = hnswlib.Index(space=SPACE, dim=self.dim)
         self._hnsw.init_index(
-            max_elements=config.initial_capacity, ef_construction=config.ef_construction, M=config.M,
+            max_elements=max(1, capacity or config.initial_capacity), ef_construction=config.ef_construction, M=config.M,
             random_seed=config.seed,
         )
         self._ef = search_ef(config, 0)
@@ -198,7 +240,7 @@ class VectorIndex:
             needed = self._elements + len(labels)
             cap = int(self._hnsw.get_max_elements())
             if needed > cap:
-                new_cap = cap
+                new_cap = max(cap, 1)
                 while new_cap < needed:
                     new_cap *= 2
                 self._hnsw.resize_index(new_cap)
@@ -232,12 +274,15 @@ class VectorIndex:
         self._hnsw.set_ef(self._ef)
 
     # ---- reads (shared) ------------------------------------------------------------------------------------
-    def query(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def query(self, vector: np.ndarray, k: int, allow: Callable[[int], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Approximate top-k by inner product.
 
         Args:
             vector: (D,) float32 unit query.
             k: wanted neighbours (>= 1; clamped to the live count).
+            allow: only labels for which it returns True (hnswlib's filtered search: the graph walk skips the
+                others, so k allowed neighbours come back however few the allowed labels are; single-threaded,
+                where the Python callback is cheap).
         Returns:
             (labels (k',), scores (k',)) best first, k' = min(k, live).
         Raises:
@@ -249,7 +294,7 @@ class VectorIndex:
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             try:
-                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
+                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1, filter=allow)
                 return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
             except RuntimeError:
                 pass
@@ -259,7 +304,7 @@ class VectorIndex:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             self._hnsw.set_ef(max(self._ef, 4 * k_eff, min(self._elements, 4 * k_eff + 256)))
             try:
-                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1)
+                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1, filter=allow)
                 return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
             except RuntimeError as exc:
                 raise SearchFailed(str(exc)) from None
@@ -284,11 +329,15 @@ class VectorIndex:
         final = directory / name
         tmp = directory / (name + ".tmp")
         with self._lock.write():
-            self._hnsw.save_index(str(tmp))
+            try:
+                self._hnsw.save_index(str(tmp))
+            except RuntimeError as exc:  # hnswlib could not open or write the file
+                tmp.unlink(missing_ok=True)
+                raise OSError(f"hnswlib could not write {tmp.name} ({exc})") from None
             count, live, cap = self._elements, len(self._live), int(self._hnsw.get_max_elements())
         try:
             crash_point("index.save.written")
-            _fsync_path(tmp)
+            fsync_path(tmp)
             data = tmp.read_bytes()
             manifest = {
                 **meta,
@@ -296,12 +345,15 @@ class VectorIndex:
                 "ef_construction": self.config.ef_construction, "max_elements": cap, "count": count,
                 "live": live, "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
             }
-            info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
+            try:
+                info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
+            except IndexRejected as exc:
+                raise OSError(f"index file {tmp.name} was not written whole ({exc}); disk full?") from None
             if info.count != count or int((~info.deleted).sum()) != live:
                 raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
             os.replace(tmp, final)
             crash_point("index.save.before_manifest")
-            _write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
+            write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
         except BaseException:
             tmp.unlink(missing_ok=True)
             if name not in _manifest_names(directory / f"{stem}.json"):
@@ -497,59 +549,3 @@ def _manifest_names(path: Path) -> set[str]:
         return {read_manifest(path).get("file")}
     except IndexRejected:
         return set()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _full_fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _full_fsync(fd: int) -> None:
-    try:
-        import fcntl
-
-        if hasattr(fcntl, "F_FULLFSYNC"):  # macOS: fsync alone does not reach the platter
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-    except (ImportError, OSError):
-        pass
-    os.fsync(fd)
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory so a rename in it is durable (no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` with temp file + fsync + rename + directory fsync (R4)."""
-    tmp = path.with_name(path.name + f".{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            _full_fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-write_atomic = _write_atomic

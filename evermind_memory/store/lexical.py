@@ -15,7 +15,7 @@ document frequencies that FTS5's `fts5vocab` table gives without touching the ro
    then, rarely, be left out although OR would rank it in; the store_speed benchmark reports how often.)
 
 The vocabulary table holds porter-stemmed terms, so words are stemmed by a private in-memory FTS5 table with
-the tokenizer of facts_fts (FTS_TOKENIZE, which must stay equal to the one in facts.py's schema).
+the tokenizer of facts_fts (FTS_TOKENIZE, which must stay equal to the one in backend/sqlite.py's schema).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sqlite3
 import threading
 from typing import NamedTuple
 
-FTS_TOKENIZE = "porter unicode61"  # facts_fts's tokenizer (facts.py); stems must come out the same
+FTS_TOKENIZE = "porter unicode61"  # facts_fts's tokenizer (backend/sqlite.py); stems must come out the same
 MAX_TERMS = 64
 COMMON_FRACTION = 0.5  # a word in more than this share of the facts is dropped when the query has rarer words
 OR_BUDGET = 10_000  # postings above which the rows holding every word are tried before the OR query

@@ -1,6 +1,7 @@
-"""Locks: an in-process readers-writer lock (around every hnswlib call, R7) and the cross-process writer
-lock file (`fcntl.flock` on `<db>.lock`, R13), the filesystem check that goes with them (R14: WAL and file
-locks need a local disk), plus the named crash points used by fault-injection tests.
+"""Locks: the in-process readers-writer lock (around every hnswlib call, R7), and the filesystem check that
+goes with SQLite's own locking (R14: WAL and its shared memory need a local disk). Across processes the
+database orders writes and leases pick who runs a job (store/leases.py). The named crash points of
+fault-injection tests are in evermind_memory/_crash.py.
 """
 
 from __future__ import annotations
@@ -8,21 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import threading
-import time
-from pathlib import Path
 from typing import Iterator
 
-from ..errors import StoreLocked
 
-try:  # POSIX only; on other systems the writer lock degrades to in-process exclusion
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
-
-
-# Filesystems where SQLite's WAL shared memory and flock are unreliable (network or FUSE mounts).
+# Filesystems where SQLite's WAL shared memory and its locks are unreliable (network or FUSE mounts).
 REMOTE_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs", "lustre", "gpfs",
     "beegfs", "davfs", "fuse", "fuseblk", "virtiofs",
@@ -102,68 +93,3 @@ class RWLock:
             with self._cond:
                 self._writer = False
                 self._cond.notify_all()
-
-
-class WriterLock:
-    """The one-writer-per-store lock: an exclusive `flock` on a separate `<db>.lock` file.
-
-    Args:
-        path: the lock file.
-        timeout: seconds to wait for another writer to let go.
-    Raises:
-        StoreLocked: still held by someone else after `timeout` seconds.
-    """
-
-    def __init__(self, path: Path, timeout: float) -> None:
-        self.path = Path(path)
-        self._fd: int | None = None
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        deadline = time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            try:
-                if fcntl is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise StoreLocked(
-                        f"{self.path.name} is held by another writer (waited {timeout:g} s). Close the other "
-                        "MemoryStore, open this one with read_only=True, or pass a larger lock_timeout."
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        except OSError:
-            pass  # the pid is informative only
-        self._fd = fd
-
-    def release(self) -> None:
-        """Let go of the lock (idempotent)."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-
-_CRASH_COUNTS: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """Fault injection: SIGKILL this process at the n-th hit of `name` when EVERMIND_CRASH_AT="name:n".
-
-    Costs one environment lookup when unset. Used only by crash tests in child processes.
-    """
-    spec = os.environ.get("EVERMIND_CRASH_AT")
-    if not spec:
-        return
-    point, _, nth = spec.rpartition(":")
-    if point != name:
-        return
-    _CRASH_COUNTS[name] = _CRASH_COUNTS.get(name, 0) + 1
-    if _CRASH_COUNTS[name] >= int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)

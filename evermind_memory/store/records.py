@@ -1,4 +1,4 @@
-"""The frozen dataclasses a MemoryStore returns: Fact, Recall, Change and CheckReport."""
+"""The frozen dataclasses a MemoryStore returns: Fact, Recall, Change, CheckReport, DuplicatePair and StoreStats."""
 
 from __future__ import annotations
 
@@ -11,21 +11,27 @@ class Fact:
     """One stored memory.
 
     Attributes:
-        id: opaque string id.
+        id: opaque string id (chosen by the store, or by the caller with remember(id=...)).
         text: the text as given.
-        tags: exact-match labels (str -> str).
+        tags: labels, str -> str, int, float or bool (filter them with tags= or where=).
         source: where the fact came from (provenance), or None.
         created_at / updated_at: UTC timestamps.
         fingerprint: the embedder fingerprint of the stored vector.
+        expires_at: UTC time after which the fact is gone (ttl / expires_at), or None: never.
+        pinned: kept until forgotten (never expires, not decayed by recency).
+        scope: the scope it was remembered in, e.g. {"user": "ada"} ({} for the whole store's own facts).
     """
 
     id: str
     text: str
-    tags: dict[str, str]
+    tags: dict[str, str | int | float | bool]
     source: str | None
     created_at: datetime
     updated_at: datetime
     fingerprint: str | None = None
+    expires_at: datetime | None = None
+    pinned: bool = False
+    scope: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -33,17 +39,20 @@ class Recall:
     """One recall hit; higher `score` is better (its scale depends on the mode and fusion).
 
     Attributes:
-        id, text, tags, source, created_at, updated_at: as in Fact.
-        score: cosine (vector), BM25 (lexical), fused score (hybrid).
+        id, text, tags, source, created_at, updated_at, expires_at, pinned, scope: as in Fact.
+        score: cosine (vector), BM25 (lexical), fused score (hybrid); times the recency weight when asked for.
     """
 
     id: str
     text: str
     score: float
-    tags: dict[str, str]
+    tags: dict[str, str | int | float | bool]
     source: str | None
     created_at: datetime
     updated_at: datetime
+    expires_at: datetime | None = None
+    pinned: bool = False
+    scope: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -55,14 +64,18 @@ class Change:
         op: "remember", "update", "forget" or "reembed".
         at: UTC timestamp.
         text, tags, source: the fact as it was after the change (None for a forget).
+        replaces: (a remember by supersede) the id of the fact this one replaced.
+        replaced_by: (a forget by supersede) the id of the fact that replaced this one.
     """
 
     seq: int
     op: str
     at: datetime
     text: str | None
-    tags: dict[str, str] | None
+    tags: dict[str, str | int | float | bool] | None
     source: str | None
+    replaces: str | None = None
+    replaced_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,11 @@ class CheckReport:
             so there these are facts the embedder failed on).
         max_seq: the highest change sequence.
         fingerprint: the store's current embedder fingerprint.
+        building: a new generation part way built (a re-embed into another model, an adaptation publish, a
+            rollback), how far, and by whom; None when there is none. Not a problem: the complete current
+            generation serves until the swap, and a build whose process died resumes when a writer with that
+            model opens the store (or at the next adaptation round).
+        damaged_rows: fact rows reads skip because a field cannot be decoded (repair() fixes or quarantines them).
     """
 
     ok: bool
@@ -89,3 +107,52 @@ class CheckReport:
     waiting_vectors: int = 0
     max_seq: int = 0
     fingerprint: str | None = None
+    building: str | None = None
+    damaged_rows: int = 0
+
+
+@dataclass(frozen=True)
+class DuplicatePair:
+    """Two stored facts of one scope, tags and source of which the newer repeats the older (`duplicates()`).
+
+    Attributes:
+        keep: the older fact's id (what remember(dedup=True) would have returned).
+        drop: the newer fact's id (forget it, or supersede the older one with it).
+        keep_text, drop_text: their texts.
+        cosine: cosine of their vectors.
+        overlap: Jaccard overlap of their content words.
+        reason: why the rule calls them duplicates.
+    """
+
+    keep: str
+    drop: str
+    keep_text: str
+    drop_text: str
+    cosine: float
+    overlap: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What a store holds and what it costs on disk (`stats()`); `compact()` brings the history and free pages down.
+
+    Attributes:
+        facts: live facts (not expired) in the handle's scope.
+        expired: facts past their expiry that sweep() has not removed yet (the whole store).
+        pinned: pinned facts (the whole store).
+        changes: rows of history (the whole store); each remember/update keeps its text.
+        forgotten: ids whose history remains after they were forgotten (compact(keep_history=...) prunes them).
+        db_bytes, wal_bytes, index_bytes: the database file, its write-ahead log and the HNSW snapshot.
+        free_bytes: pages inside the database file that are free (reused by new writes; VACUUM returns them).
+    """
+
+    facts: int
+    expired: int
+    pinned: int
+    changes: int
+    forgotten: int
+    db_bytes: int
+    wal_bytes: int
+    index_bytes: int
+    free_bytes: int

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from datetime import datetime
+from typing import Any, Iterator, Mapping
 
 from ..errors import InvalidInput
 
 MAX_TEXT_CHARS = 100_000
 MAX_TAGS = 32
 MAX_TAG_VALUE_CHARS = 512
+MAX_SAFE_INT = 2**53 - 1  # typed tag ints: exact as doubles, so numbers compare alike in SQLite, PostgreSQL, Python
 MAX_SOURCE_CHARS = 256
 MAX_ID_CHARS = 128
 K_MAX = 1000
@@ -56,6 +58,20 @@ def check_text(text: Any, what: str = "text") -> str:
     return text
 
 
+def _tag_items(tags: Any, what: str, expected: str) -> Iterator[tuple[str, Any]]:
+    """(key, value) of a tags mapping whose size and keys are checked; values are the caller's to check."""
+    if not isinstance(tags, Mapping):
+        raise InvalidInput(f"{what} expected a dict of {expected}, got {type(tags).__name__}.")
+    if len(tags) > MAX_TAGS:
+        raise InvalidInput(f"{what} expected at most {MAX_TAGS} tags, got {len(tags)}.")
+    for key, value in tags.items():
+        if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
+            raise InvalidInput(
+                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'user', 'topic.sub'), got {key!r:.80}."
+            )
+        yield key, value
+
+
 def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
     """Tags: None or a mapping of short keys ([A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}) to str values.
 
@@ -66,16 +82,8 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
     """
     if tags is None:
         return {}
-    if not isinstance(tags, Mapping):
-        raise InvalidInput(f"{what} expected a dict of str -> str, got {type(tags).__name__}.")
-    if len(tags) > MAX_TAGS:
-        raise InvalidInput(f"{what} expected at most {MAX_TAGS} tags, got {len(tags)}.")
     out: dict[str, str] = {}
-    for key, value in tags.items():
-        if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
-            raise InvalidInput(
-                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'user', 'topic.sub'), got {key!r:.80}."
-            )
+    for key, value in _tag_items(tags, what, "str -> str"):
         if not isinstance(value, str):
             raise InvalidInput(f"{what}[{key!r}] expected a str value, got {type(value).__name__} {value!r:.40}.")
         if len(value) > MAX_TAG_VALUE_CHARS:
@@ -83,6 +91,70 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
         _plain_string(value, f"{what}[{key!r}]")
         out[key] = value
     return out
+
+
+def check_typed_tags(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool]:
+    """Typed tags (issue 20): None or a mapping of short keys to str, int, float or bool values.
+
+
+    Returns:
+        a plain dict (a copy), {} for None.
+    Raises:
+        InvalidInput: not a mapping, too many, a bad key, a bad value (see `check_tag_value`).
+    """
+    if tags is None:
+        return {}
+    return {key: check_tag_value(value, f"{what}[{key!r}]")
+            for key, value in _tag_items(tags, what, "str -> str, int, float or bool")}
+
+
+def value_type(value: Any) -> str:
+    """The type a tag or filter value compares as: "bool", "number", "str" or "time" ("" for anything else)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, datetime):
+        return "time"
+    return ""
+
+
+def _show(value: Any) -> str:
+    """A value as an error message shows it: its repr (cut short) and its type."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def check_tag_value(value: Any, what: str) -> str | int | float | bool:
+    """One typed tag value: a str (<= MAX_TAG_VALUE_CHARS, no NUL), an int within +-MAX_SAFE_INT, a finite
+    float, or a bool. Ints are capped so that every number compares exactly as a double in any database.
+
+    Raises:
+        InvalidInput: another type, a NaN or infinite float, an int too large to compare exactly, a bad string.
+    """
+    kind = value_type(value)
+    if kind == "str":
+        if len(value) > MAX_TAG_VALUE_CHARS:
+            raise InvalidInput(f"{what} expects a string of at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
+        _plain_string(value, what)
+        return value
+    if kind == "bool":
+        return value
+    if kind == "number":
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInput(f"{what} expects a finite number, got {value!r}; NaN and infinities cannot be compared.")
+        if isinstance(value, int) and abs(value) > MAX_SAFE_INT:
+            raise InvalidInput(
+                f"{what} expects an int within +-(2**53 - 1) (exact as a double in every database), got {value}; "
+                "store larger numbers as strings."
+            )
+        return value if type(value) in (int, float) else (int(value) if isinstance(value, int) else float(value))
+    hint = " Store times in tags as ISO 8601 strings (they order as strings)." if kind == "time" else ""
+    raise InvalidInput(f"{what} expects a str, int, float or bool, got {_show(value)}.{hint}")
 
 
 def check_source(source: Any) -> str | None:
@@ -148,6 +220,17 @@ def check_min_score(min_score: Any) -> float | None:
     if not math.isfinite(min_score):
         raise InvalidInput(f"recall() expected a finite min_score, got {min_score!r}.")
     return float(min_score)
+
+
+def check_flag(value: Any, name: str, method: str) -> bool:
+    """A bool argument (not 0/1, not a string).
+
+    Raises:
+        InvalidInput: anything else.
+    """
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{method}() expected {name} to be True or False, got {value!r:.40}.")
+    return value
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -> str:

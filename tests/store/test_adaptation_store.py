@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from evermind_memory import MemoryStore
+from evermind_memory.adaptation import AdaptationHooks, AdaptationPolicy
 from evermind_memory.errors import EmbedderMismatch, EvermindError, InvalidInput
 from evermind_memory.lm.adapter import LoRAWeights
-from evermind_memory.training.adaptation import AdaptationHooks, AdaptationPolicy
 from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k
 
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
@@ -253,7 +253,7 @@ def test_adaptation_refused_where_it_cannot_work(db_path: Path, embedder, filled
 
 # ---- kill -9 at the named points of a publish (child processes) ------------------------------------------
 ADAPT_CHILD = CHILD_PRELUDE + """
-from evermind_memory.training.adaptation import AdaptationPolicy
+from evermind_memory.adaptation import AdaptationPolicy
 policy = AdaptationPolicy(steps=4, batch_size=8, gate_tolerance=1.0, min_probe=4, max_probe=4, gate_corpus=8,
                           reembed_batch=8, min_facts=8)
 with MemoryStore(db, emb) as store:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from evermind_memory import FactNotFound, MemoryStore
+from evermind_memory.adaptation import AdaptationPolicy
 from evermind_memory.errors import EvermindError, InvalidInput
 from evermind_memory.store import memory_store as memory_store_module
-from evermind_memory.store.facts import SCHEMA_VERSION
-from evermind_memory.training.adaptation import AdaptationPolicy
+from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
 WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats", "lazy dogs", "news at eight"]
@@ -83,16 +83,19 @@ def test_only_the_newest_judgements_are_kept(db_path: Path, embedder, monkeypatc
         assert [q for q, _, _ in judged(db_path)] == ["query 2", "query 3", "query 4"]
 
 
-def test_a_first_release_store_migrates_to_schema_2(db_path: Path, embedder) -> None:
+def test_a_first_release_store_migrates_to_the_current_schema(db_path: Path, embedder) -> None:
     with MemoryStore(db_path, embedder) as store:
         fid = store.remember("Ada drinks green tea")
-    with sqlite3.connect(db_path) as conn:  # what schema 1 looked like: no feedback table
+    with sqlite3.connect(db_path) as conn:  # what schema 1 looked like: no feedback (2), leases or owners (3)
         conn.execute("DROP TABLE feedback")
+        conn.execute("DROP TABLE leases")
+        conn.execute("DROP INDEX facts_waiting")
+        conn.execute("ALTER TABLE facts DROP COLUMN owner")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with pytest.raises(EvermindError, match="schema version 1"):
         MemoryStore(db_path, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(db_path, embedder) as store:
-        assert store.info()["schema_version"] == SCHEMA_VERSION == 2
+        assert store.info()["schema_version"] == SCHEMA_VERSION == 4
         assert store.get(fid).text == "Ada drinks green tea"
         store.feedback("tea", fid)
         assert store.info()["feedback"] == 1 and store.check().ok

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, MemoryStore, Recall
-from evermind_memory.store.facts import SCHEMA_VERSION
+from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 from store_helpers import recall_at_k
 
 TEXTS = [
@@ -264,7 +264,7 @@ def test_fingerprint_change_reembeds_without_mixing(db_path: Path, embedder, oth
         assert top[0].id == ids[5] and top[0].score == pytest.approx(1.0, abs=1e-5)
         want = other_embedder.embed_many([store.get(h.id).text for h in top]) @ other_embedder.embed(TEXTS[5])
         assert np.allclose([h.score for h in top], want, atol=1e-5)  # every score from the new model
-        assert [c.op for c in store.history(ids[0])] == ["remember", "reembed"]
+        assert [c.op for c in store.history(ids[0])] == ["remember"]  # a model swap changes no fact
         assert store.check().ok
 
 
@@ -292,14 +292,15 @@ def test_reader_sees_writer_commits(db_path: Path, embedder):
             assert reader.check().ok
 
 
-def test_second_writer_gets_store_locked(db_path: Path, embedder):
-    from evermind_memory import StoreLocked
-
-    with MemoryStore(db_path, embedder):
-        with pytest.raises(StoreLocked, match="held by another writer"):
-            MemoryStore(db_path, embedder, lock_timeout=0.2)
-    with MemoryStore(db_path, embedder, lock_timeout=0.2):
-        pass
+def test_two_writers_on_one_path_share_it(db_path: Path, embedder):
+    with MemoryStore(db_path, embedder) as first, MemoryStore(db_path, embedder) as second:
+        a = first.remember("from the first writer")
+        b = second.remember("from the second writer")
+        second.flush()  # its vector: each writer embeds its own facts (in the background)
+        for s in (first, second):
+            s.flush()
+            assert {f.id for f in s.list()} == {a, b}
+            assert s.recall("from the second writer", k=1, mode="vector")[0].id == b
 
 
 def test_closed_store_refuses(db_path: Path, embedder):
@@ -355,7 +356,7 @@ def test_info_reports_sqlite_and_durability(tmp_path: Path, embedder):
     with MemoryStore(tmp_path / "f.db", embedder, durability="full") as store:
         info = store.info()
         assert info["durability"] == "full" and info["sqlite_version"] == sqlite3.sqlite_version
-        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 2
+        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 4
 
 
 def test_not_a_store_and_newer_schema_are_refused(tmp_path: Path, embedder):

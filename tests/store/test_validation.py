@@ -82,9 +82,10 @@ def test_bad_text_in_a_batch_stores_nothing(store: MemoryStore):
         ({"has space": "x"}, "keys must match"),
         ({"k" * 65: "x"}, "keys must match"),
         ({1: "x"}, "keys must match"),
-        ({"user": 1}, "expected a str value"),
-        ({"user": None}, "expected a str value"),
-        ({"user": True}, "expected a str value"),
+        ({"user": None}, "expects a str, int, float or bool"),
+        ({"user": [1]}, "expects a str, int, float or bool"),
+        ({"user": float("nan")}, "finite number"),
+        ({"user": 2**60}, r"int within \+-\(2\*\*53 - 1\)"),
         ({"user": "a\x00"}, "NUL"),
         ({"user": "\udfff"}, "lone surrogate"),
         ({"user": "x" * 513}, "at most 512"),
@@ -154,7 +155,7 @@ def test_unknown_ids_are_fact_not_found(store: MemoryStore):
 
 def test_forget_where_needs_a_filter(store: MemoryStore):
     store.remember("x")
-    with pytest.raises(InvalidInput, match="expected tags or source"):
+    with pytest.raises(InvalidInput, match="expected tags, where, source, since or until"):
         store.forget_where()
     assert len(store) == 1
 

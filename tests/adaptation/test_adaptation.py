@@ -13,7 +13,7 @@ from evermind_memory.errors import CheckpointError, InvalidInput
 from evermind_memory.lm.adapter import LoRAWeights, adapter_digest, merge_adapter
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
-from evermind_memory.training.adaptation import (
+from evermind_memory.adaptation import (
     AdaptationPolicy, AdapterHistory, anchor_loss_and_grad, check_hooks, contrastive_loss_and_grad, default_targets,
     fit_adapter, gate_candidate, pad_batch, query_view, retrieval_loss_and_grad, split_probe, text_span, token_span,
     word_weights,

@@ -1,0 +1,200 @@
+"""When an adaptation round runs and what it fits (AdaptationPolicy), and the hooks agent code sets on it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import InvalidInput
+
+VIEWS = ("rare-span-memory", "words-memory", "span-memory", "two-spans")
+NEGATIVES = ("store", "batch")
+
+
+@dataclass(frozen=True)
+class AdaptationPolicy:
+    """When a background round runs, what it fits, and how strict the gate is.
+
+    Args:
+        min_new_facts: a round starts once this many memories were remembered since the last round.
+        min_interval_s: and at least this many seconds passed since the last round ended.
+        max_cpu_seconds: training stops after this much CPU time of the adaptation thread (the gate and the
+            re-embedding always finish; their time is reported separately).
+        rank: LoRA rank R.
+        alpha: LoRA scale numerator (update = alpha / R * B @ A).
+        targets: 2-D weights to adapt; None picks the tied embedding plus the pooling attention (or the last
+            layer's shared expert when the model has no pooling attention).
+        lr: AdamW learning rate (the peak, with a schedule). 3e-3, chosen on the maxima dev domain (domain /
+            general ndcg@10 change): memories only +0.053 / -0.002 at 6e-3, +0.044 / -0.003 at 4e-3, +0.042 /
+            -0.000 at 3e-3; with feedback -0.010, -0.007 and -0.003 general at the same gain (+0.076..+0.088).
+            Feedback moves the model off general text; the smaller step keeps that within bounds
+            (benchmarks/results/adaptation_gain_dev.txt).
+        lr_schedule: "cosine": lr * (1 + cos(pi * progress)) / 2, progress being the larger of the share of
+            steps done and the share of max_cpu_seconds spent (the round ends at lr ~ 0 whichever budget binds,
+            which keeps the general-purpose drift of the last noisy steps small); "constant": lr throughout.
+        steps: at most this many optimizer steps per round (max_cpu_seconds usually binds first).
+        batch_size: memories per contrastive batch.
+        views: the short query-like view of a memory. "rare-span-memory": a contiguous run of
+            query_min_words..query_max_words words around a word drawn with weight idf ** query_idf_power
+            (idf over the training memories: the words a person searching for that memory would type);
+            "span-memory": such a run anywhere; "words-memory": that many words drawn by that weight, kept
+            in their order; "two-spans": two random token spans of the memory, a quarter to all of it
+            (symmetric, the first design; "batch" negatives only).
+        query_min_words, query_max_words: length range of the short view.
+        query_idf_power: sharpness of the rare-word weighting (0: any word).
+        train_tokens: memory views are cut to this many tokens in training ("batch" negatives).
+        negatives: "store": the short view is scored against the current vectors of all the training memories
+            (fixed targets, its own memory the positive): each step trains retrieval over the real store and
+            the memories need no forward pass; "batch": symmetric in-batch InfoNCE between the short view and
+            the memory, both through the model. "store" needs the memories' vectors (else "batch" is used).
+        anchor_weight: weight of 1 - cos(candidate vector, current vector) on anchor_batch whole memories per
+            step: the memories stay where the index has them while the short views learn to reach them.
+        anchor_batch: memories per step in the anchor term.
+        lm_batch: memories per next-token batch.
+        lm_weight: weight of the next-token loss (0 by default: the shipped model is an embedder, its tied
+            head serves no recall, and the full-vocabulary softmax made a step ~4x slower without moving the
+            vectors; see benchmarks/results/adaptation_gain_*).
+        contrastive_weight: weight of the contrastive (retrieval) loss.
+        query_weight: weight of the logged-query term (real queries from the store's query log, each trained to
+            retrieve the memory it confidently found or was marked useful; see MemoryStore(query_log=...)).
+        query_batch: logged queries per step in that term.
+        temperature: contrastive softmax temperature (the shipped model was trained at 0.05; 0.03 broke it).
+        max_grad_norm: global gradient clipping.
+        probe_fraction: share of memories held out of training for the gate.
+        min_probe, max_probe: bounds on the number of held-out probe memories.
+        probe_k: the gate compares recall@probe_k.
+        gate_corpus: probes plus distractors searched by the gate (at most this many memories).
+        gate_tolerance: the candidate's probe recall may be at most this much below the current model's.
+            0.01 by default: one probe of 256 is 0.0039, and with d probes changing hands the paired difference
+            has a sampling standard error of about sqrt(d) / n (0.006 for d = 2), so a tolerance of 0 refused
+            candidates over one flipped probe (0.9922 -> 0.9883) whose general recall was within 0.003.
+        max_mean_cosine: a candidate whose mean pairwise cosine exceeds this (and the current model's by
+            more than 0.02) is degenerate.
+        min_facts: no round on fewer memories than this.
+        max_memories: at most this many memories (a seeded sample) are used for training.
+        reembed_batch: memories per re-embedding transaction.
+        poll_seconds: how often the background thread checks whether a round is due.
+        seed: seeds the adapter init, the batches, the spans and the probe split.
+    Raises:
+        InvalidInput: a value is out of range or of the wrong type.
+    """
+
+    min_new_facts: int = 100
+    min_interval_s: float = 600.0
+    max_cpu_seconds: float = 25.0
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] | None = None
+    lr: float = 3e-3
+    lr_schedule: str = "cosine"
+    steps: int = 400
+    batch_size: int = 64
+    views: str = "rare-span-memory"
+    query_min_words: int = 1
+    query_max_words: int = 5
+    query_idf_power: float = 4.0
+    train_tokens: int = 128
+    negatives: str = "store"
+    anchor_weight: float = 3.0
+    anchor_batch: int = 8
+    lm_batch: int = 8
+    lm_weight: float = 0.0
+    contrastive_weight: float = 1.0
+    query_weight: float = 1.0
+    query_batch: int = 32
+    temperature: float = 0.05
+    max_grad_norm: float = 1.0
+    probe_fraction: float = 0.1
+    min_probe: int = 8
+    max_probe: int = 256
+    probe_k: int = 10
+    gate_corpus: int = 1024
+    gate_tolerance: float = 0.01
+    max_mean_cosine: float = 0.99
+    min_facts: int = 16
+    max_memories: int = 50_000
+    reembed_batch: int = 256
+    poll_seconds: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        ints = {"min_new_facts": (0, 10**9), "rank": (1, 4096), "steps": (0, 10**7), "batch_size": (2, 65_536),
+                "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "train_tokens": (2, 65_536),
+                "anchor_batch": (1, 65_536), "query_batch": (1, 65_536),
+                "lm_batch": (1, 65_536), "min_probe": (1, 10**6), "max_probe": (1, 10**6), "probe_k": (1, 1000),
+                "gate_corpus": (2, 10**6), "min_facts": (2, 10**9), "max_memories": (2, 10**9),
+                "reembed_batch": (1, 100_000), "seed": (0, 2**63 - 1)}
+        for name, (lo, hi) in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+                raise InvalidInput(f"AdaptationPolicy expected {name} an int in [{lo}, {hi}], got {value!r}.")
+        reals = {"min_interval_s": (0.0, 1e9), "max_cpu_seconds": (0.0, 1e9), "alpha": (1e-9, 1e9),
+                 "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6), "query_weight": (0.0, 1e6),
+                 "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0),
+                 "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
+                 "gate_tolerance": (0.0, 1.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
+        for name, (lo, hi) in reals.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(value) or not lo <= value <= hi:
+                raise InvalidInput(f"AdaptationPolicy expected {name} a finite number in [{lo}, {hi}], got {value!r}.")
+        if self.targets is not None:
+            if isinstance(self.targets, str) or not all(isinstance(t, str) and t for t in self.targets) \
+                    or not self.targets or len(set(self.targets)) != len(self.targets):
+                raise InvalidInput(f"AdaptationPolicy expected targets a tuple of distinct names or None, got {self.targets!r}.")
+            object.__setattr__(self, "targets", tuple(self.targets))
+        if self.views not in VIEWS:
+            raise InvalidInput(f"AdaptationPolicy expected views one of {VIEWS}, got {self.views!r}.")
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise InvalidInput(f"AdaptationPolicy expected lr_schedule 'cosine' or 'constant', got {self.lr_schedule!r}.")
+        if self.negatives not in NEGATIVES:
+            raise InvalidInput(f"AdaptationPolicy expected negatives one of {NEGATIVES}, got {self.negatives!r}.")
+        if self.query_min_words > self.query_max_words:
+            raise InvalidInput(f"AdaptationPolicy expected query_min_words <= query_max_words, got "
+                               f"{self.query_min_words} > {self.query_max_words}.")
+        if self.min_probe > self.max_probe:
+            raise InvalidInput(f"AdaptationPolicy expected min_probe <= max_probe, got {self.min_probe} > {self.max_probe}.")
+
+
+@dataclass
+class AdaptationHooks:
+    """Callbacks for agent code; each runs in the thread doing the round. A hook that raises fails the round.
+
+    on_round_start(): a round begins (before training).
+    on_adapted(report): a candidate was fitted and gated (report.gate.passed says whether it goes on).
+    before_swap(report) -> bool: the new generation is embedded and indexed; return False to veto the swap.
+    on_reindexed(report): the new generation serves.
+    on_error(exc): the background thread failed; it stops and `join()` re-raises exc.
+    """
+
+    on_round_start: Callable[[], Any] | None = None
+    on_adapted: Callable[[Any], Any] | None = None
+    before_swap: Callable[[Any], Any] | None = None
+    on_reindexed: Callable[[Any], Any] | None = None
+    on_error: Callable[[BaseException], Any] | None = None
+
+
+def check_hooks(hooks: Any) -> AdaptationHooks:
+    """Accept None, an AdaptationHooks, or a dict of hook name -> callable.
+
+    Raises:
+        InvalidInput: an unknown hook name or a value that is not callable.
+    """
+    if hooks is None:
+        return AdaptationHooks()
+    if isinstance(hooks, dict):
+        known = {f.name for f in fields(AdaptationHooks)}
+        unknown = sorted(set(hooks) - known)
+        if unknown:
+            raise InvalidInput(f"hooks got unknown names {unknown}; expected some of {sorted(known)}.")
+        hooks = AdaptationHooks(**hooks)
+    if not isinstance(hooks, AdaptationHooks):
+        raise InvalidInput(f"hooks expected an AdaptationHooks or a dict, got {type(hooks).__name__}.")
+    for f in fields(hooks):
+        value = getattr(hooks, f.name)
+        if value is not None and not callable(value):
+            raise InvalidInput(f"hooks.{f.name} must be callable or None, got {type(value).__name__}.")
+    return hooks

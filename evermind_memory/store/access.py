@@ -1,0 +1,66 @@
+"""What this process may do with a store, decided once when it opens: the one place that answers "who may write".
+
+Any number of processes open a store read-write; the database serialises their commits, and the jobs that
+must run in one process at a time are claimed through leases (store/leases.py). `read_only=True` opens a
+reader: no writes, no snapshot saves, no background jobs. An in-memory store has one writer and no file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import EvermindError
+
+
+@dataclass(frozen=True)
+class Access:
+    """One process's rights on one store.
+
+    Args:
+        path: the database path (canonical, see store/identity.py), or ":memory:".
+        read_only: opened with read_only=True.
+        background_embedding: the caller asked for background embedding.
+    """
+
+    path: str
+    read_only: bool
+    background_embedding: bool
+
+    @property
+    def memory(self) -> bool:
+        """An in-memory store: nothing on disk, no other process."""
+        return self.path == ":memory:"
+
+    @property
+    def writes(self) -> bool:
+        """May commit changes (facts, vectors, meta)."""
+        return not self.read_only
+
+    @property
+    def saves_index(self) -> bool:
+        """May write the HNSW snapshot and its manifest beside the database (compare-and-swap on the watermark)."""
+        return not self.read_only and not self.memory
+
+    @property
+    def embeds_in_background(self) -> bool:
+        """remember() commits and returns; a background thread embeds (a writer that asked for it)."""
+        return self.background_embedding and not self.read_only
+
+    @property
+    def embeds_waiting(self) -> bool:
+        """Takes over the facts whose owner died before embedding them (at open, and from the vector thread)."""
+        return not self.read_only
+
+    @property
+    def runs_jobs(self) -> bool:
+        """May claim leases: WAL checkpoints, re-embeds into a new generation, adaptation rounds."""
+        return not self.read_only
+
+    def require_writer(self, method: str) -> None:
+        """Raise unless this process may write.
+
+        Raises:
+            EvermindError: a read-only store.
+        """
+        if self.read_only:
+            raise EvermindError(f"{method}() needs a writer; {self.path} was opened with read_only=True.")

@@ -1,0 +1,301 @@
+"""Text -> vectors for the store, and the background vector worker.
+
+With background embedding (the default) `remember()` commits a fact without a vector and queues it here; a
+daemon thread embeds the queue in batches outside the write mutex, stores each batch and mirrors it into the
+vector cache. A caller that needs the vectors (vector recall, flush, check, close) drains the queue itself. A
+text the embedder fails on keeps no vector: the failure is reported once (flush or the next vector recall)
+and the fact is retried at the next open. When the queue reaches PENDING_MAX, remember() embeds in the caller
+(back-pressure).
+
+Each waiting fact names its owner (the open store that remembered it, store/leases.Owner). A fact whose
+owner died (kill -9, a closed store whose embedder failed on it) is adopted by any other writer: at open, at
+flush(), and whenever the vector thread wakes. Storing a vector is idempotent (only a fact still waiting with
+the same text gets it), so a fact is never embedded twice into the store, whoever embeds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._blas import single_blas
+from .._crash import crash_point
+from ..errors import EmbedderOutputInvalid, EvermindError
+from .backend import Backend, WaitingRow, utc_now
+from .leases import Owner, owner_alive
+from .vectors import Generation, VectorCache
+
+EMBED_CHUNK = 256
+PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)
+PENDING_BATCH = 256  # facts per background embedding transaction
+PROBE_TEXT = "evermind probe"  # embedded once at open, so a broken embedder fails there (not in the vector thread)
+WAKE_S = 2.0  # an idle vector thread wakes this often to adopt facts a dead process left waiting
+
+
+def checked(vectors: Any, count: int, dim: int, *, what: str = "embed_many") -> np.ndarray:
+    """The embedder's output as a checked (count, dim) float32 matrix of unit rows (embedder.checked_vectors)."""
+    from ..embedder.base import checked_vectors  # (imported when first used: `import evermind_memory.store` stays light)
+
+    return checked_vectors(vectors, count, dim, what=what)
+
+
+@single_blas
+def embed_texts(embedder: Any, texts: Sequence[str], dim: int) -> np.ndarray:
+    """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK.
+
+    Raises:
+        EmbedderOutputInvalid: a bad vector. Any exception of the embedder itself.
+    """
+    out = np.zeros((len(texts), dim), dtype=np.float32)  # (N, D)
+    for start in range(0, len(texts), EMBED_CHUNK):
+        chunk = list(texts[start : start + EMBED_CHUNK])
+        out[start : start + len(chunk)] = checked(embedder.embed_many(chunk), len(chunk), dim)
+    return out
+
+
+@single_blas
+def embed_query(embedder: Any, text: str, dim: int) -> np.ndarray:
+    """(D,) the checked vector of one query."""
+    return checked(embedder.embed(text), 1, dim, what="embed")[0]  # (D,)
+
+
+def embed_serving(cache: VectorCache, texts: Sequence[str], earlier: tuple[Generation, np.ndarray] | None = None
+                  ) -> tuple[Generation, np.ndarray]:
+    """(generation, vectors (N, D)) of `texts` by the serving model.
+
+    Call once before taking the write mutex, then again under it with that result as `earlier`: the texts are
+    embedded a second time only if a generation swap changed the model meanwhile.
+    """
+    gen = cache.current
+    if earlier is not None and earlier[0].fingerprint == gen.fingerprint:
+        return earlier
+    return gen, embed_texts(gen.embedder, texts, cache.dim)
+
+
+def probe_embedder(embedder: Any, dim: int) -> None:
+    """Embed PROBE_TEXT through embed and embed_many once, so a broken embedder fails at open.
+
+    Raises:
+        EmbedderOutputInvalid: a bad vector. EvermindError: the embedder raised (chained).
+    """
+    for what, call in (("embed", lambda: embedder.embed(PROBE_TEXT)),
+                       ("embed_many", lambda: embedder.embed_many([PROBE_TEXT]))):
+        try:
+            checked(call(), 1, dim, what=what)
+        except EmbedderOutputInvalid as exc:
+            raise EmbedderOutputInvalid(f"MemoryStore() probed the embedder at open: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 (any embedder's own error, named and chained)
+            raise EvermindError(
+                f"MemoryStore() probed the embedder at open and embedder.{what}({PROBE_TEXT!r}) raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+class VectorWorker:
+    """The queue of facts waiting for a vector, the thread that embeds it, and the failures to report.
+
+    Thread-safe. The thread holds its owner (the MemoryStore) only while draining, so a store dropped without
+    close() is still collected; its finaliser calls signal_stop() and what was waiting is embedded at the next
+    open.
+
+    Args:
+        db: the backend.
+        cache: the vector cache the vectors are mirrored into (its current generation embeds them).
+        owner: the object whose lifetime bounds the thread.
+        holder: the store's lease owner, named by the facts it must embed.
+    """
+
+    def __init__(self, db: Backend, cache: VectorCache, owner: Any, holder: Owner) -> None:
+        self._db = db
+        self._cache = cache
+        self._owner = weakref.ref(owner)
+        self.holder = holder
+        self._waiting: dict[int, tuple[str, str]] = {}  # rid -> (id, text), oldest first
+        self._cv = threading.Condition()
+        self._drain_lock = threading.Lock()  # one drainer at a time: the worker or a caller that waits
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.vector_error: str | None = None  # the last background failure, for info() (kept until close)
+        self._failures: list[tuple[str, BaseException]] = []  # (fact id, why) not yet raised
+
+    # ---- the queue -----------------------------------------------------------------------------------------
+    def add(self, rid: int, fact_id: str, text: str) -> int:
+        """Queue one committed fact; returns how many now wait."""
+        with self._cv:
+            self._waiting[rid] = (fact_id, text)
+            self._cv.notify_all()
+            return len(self._waiting)
+
+    def extend(self, rows: Sequence[WaitingRow]) -> None:
+        """Queue facts found waiting at open (a crash, or an embedder that failed on them)."""
+        with self._cv:
+            self._waiting.update((r.rid, (r.id, r.text)) for r in rows)
+
+    def wait(self) -> None:
+        """Embed and index every fact still waiting for its vector (read-your-writes for vector recall)."""
+        if self._waiting:
+            self.drain()
+
+    def adopt_orphans(self) -> int:
+        """Take over the facts waiting for a vector whose owner is gone (killed, or closed with them waiting);
+        returns how many were queued here."""
+        with self._db.reading() as r:
+            owners = r.waiting_owners()
+            serving = r.meta("fingerprint")
+        if serving not in (None, self._cache.current.fingerprint):
+            return 0  # this process has not followed a model swap yet: leave them to one that has
+        dead = [o for o in owners if o != self.holder.token and owner_alive(o) is False]
+        adopted: list[WaitingRow] = []
+        for old in dead:
+            with self._db.transaction() as tx:  # one process wins each owner's facts: the update names the old owner
+                adopted += tx.adopt_waiting(old, self.holder.token)
+        if adopted:
+            self.extend(adopted)
+        return len(adopted)
+
+    # ---- the thread ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the thread unless it runs."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            with self._cv:
+                if self._thread is None or not self._thread.is_alive():
+                    self._stop = False
+                    self._thread = threading.Thread(target=VectorWorker._run, args=(self._owner, weakref.ref(self)),
+                                                    name="evermind-vectors", daemon=True)
+                    self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether a thread was started (and not stopped since)."""
+        return self._thread is not None
+
+    @staticmethod
+    def _run(owner_ref: "weakref.ref[Any]", worker_ref: "weakref.ref[VectorWorker]") -> None:
+        worker = worker_ref()
+        if worker is None:
+            return
+        cv = worker._cv
+        del worker
+        while True:
+            sweep = False
+            with cv:
+                while True:
+                    owner, worker = owner_ref(), worker_ref()
+                    if owner is None or worker is None or worker._stop:
+                        return
+                    if worker._waiting or sweep:
+                        break
+                    del owner, worker
+                    sweep = not cv.wait(timeout=WAKE_S)  # woke by itself: look for facts a dead process left
+            try:
+                if sweep:
+                    worker.adopt_orphans()
+                worker.drain()
+            except Exception as exc:  # noqa: BLE001 (e.g. SQLite refused the write: retry later, keep the facts)
+                worker.vector_error = f"{type(exc).__name__}: {exc}"
+                with cv:
+                    cv.wait(timeout=1.0)
+            finally:
+                del owner, worker
+
+    def signal_stop(self) -> None:
+        """Ask the thread to end (without waiting)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+    def stop(self) -> None:
+        """End the thread and wait for it."""
+        self.signal_stop()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._thread = None
+
+    # ---- embedding -----------------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Embed waiting facts in batches outside the write mutex, then store and index each batch."""
+        db, cache = self._db, self._cache
+        with self._drain_lock:
+            while True:
+                with self._cv:
+                    batch = list(itertools.islice(self._waiting.items(), PENDING_BATCH))
+                if not batch:
+                    return
+                gen = cache.current
+                rids = [rid for rid, _ in batch]
+                ids = [fid for _, (fid, _) in batch]
+                texts = [text for _, (_, text) in batch]
+                vectors, failed = self._embed(texts, gen.embedder)  # (b, D)
+                with db.write_mutex:
+                    if gen.fingerprint != cache.current.fingerprint:
+                        continue  # the model was swapped meanwhile: embed this batch again with the new one
+                    with db.transaction() as tx:
+                        before = tx.max_seq()
+                        if tx.meta("fingerprint") not in (None, gen.fingerprint):
+                            # another process swapped models and this one has not followed yet: leave the
+                            # facts waiting, for any writer that serves the new model
+                            tx.adopt_waiting(self.holder.token, None)
+                            current, keep, pairs, top = [], [], [], before
+                        else:
+                            still = tx.still_waiting(rids)  # not forgotten or updated since
+                            current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
+                            keep = [i for i in current if i not in failed]
+                            pairs = tx.set_vectors([(rids[i], ids[i], None) for i in keep], vectors[keep],
+                                                   gen.fingerprint, utc_now())
+                            top = tx.max_seq()
+                    crash_point("remember.vectors_committed")
+                    cache.apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [], before, top)
+                with self._cv:
+                    for i in current:
+                        if i in failed:  # reported once by flush() or a vector/hybrid recall
+                            self._failures.append((ids[i], failed[i]))
+                            self.vector_error = (f"the embedder failed on fact {ids[i]}: "
+                                                 f"{type(failed[i]).__name__}: {failed[i]}")
+                    for rid in rids:
+                        self._waiting.pop(rid, None)
+                    self._cv.notify_all()
+
+    def _embed(self, texts: list[str], embedder: Any) -> tuple[np.ndarray, dict[int, BaseException]]:
+        """Vectors (b, D) of texts, and {position: error} for the texts the embedder fails on (their rows
+        are zero; those facts keep no vector). A failing batch is retried one text at a time."""
+        dim = self._cache.dim
+        try:
+            return embed_texts(embedder, texts, dim), {}
+        except Exception as exc:  # noqa: BLE001 (any embedder's error: find the texts it fails on)
+            if len(texts) == 1:
+                return np.zeros((1, dim), dtype=np.float32), {0: exc}
+        vectors = np.zeros((len(texts), dim), dtype=np.float32)  # (b, D)
+        failed: dict[int, BaseException] = {}
+        for i, text in enumerate(texts):  # (only after a batch failed: bisecting would save calls, not clarity)
+            one, bad = self._embed([text], embedder)
+            vectors[i] = one[0]
+            if bad:
+                failed[i] = bad[0]
+        return vectors, failed
+
+    def raise_failures(self, method: str) -> None:
+        """Raise (once) for the facts the background embedding failed on since the last report.
+
+        Raises:
+            EmbedderOutputInvalid: the embedder gave a bad vector. EvermindError: it raised (chained).
+        """
+        with self._cv:
+            failures, self._failures = self._failures, []
+        if not failures:
+            return
+        fid, first = failures[0]
+        many = f"{len(failures)} remembered facts" if len(failures) > 1 else "a remembered fact"
+        message = (
+            f"{method}(): the embedder failed on {many}, first {fid} ({type(first).__name__}: {first}). "
+            "They are stored and found by lexical recall, but have no vector; check() lists them. Fix the "
+            "embedder and call reembed(), or update()/forget() them."
+        )
+        if isinstance(first, EmbedderOutputInvalid):
+            raise EmbedderOutputInvalid(message) from first
+        raise EvermindError(message) from first

@@ -1,0 +1,291 @@
+"""MemoryStore's maintenance methods: rebuild_index, reembed, check, repair, backup, export, import_, sweep,
+compact, stats and duplicates. They check their arguments here and hand the work to maintenance.py (and the vector cache,
+generations and writer). MemoryStore inherits them; nothing else uses this class.
+
+Whole-store work (rebuild_index, reembed, check, repair, compact) needs the handle that opened the store, not a scope
+view; backup copies every fact, so it also needs an unscoped one. export, import_, sweep, stats and duplicates
+act on the handle's scope.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
+from . import maintenance
+from .generations import REEMBED_BATCH
+from .records import CheckReport, DuplicatePair, StoreStats
+from .repair import RepairReport
+from .selection import select
+from .timing import check_retention
+from .validate import MAX_LIST_LIMIT, check_flag, check_int
+
+
+class MaintenanceMethods:
+    """The maintenance part of MemoryStore's public API (a mixin: it uses the store's guards and parts)."""
+
+    _scope: str
+    _db: Any
+    _vectors: Any
+    _worker: Any
+    _gens: Any
+    _access: Any
+    _search: Any
+    _writer: Any
+    _checkpoints: Any
+    _leases: Any
+    _reopen_args: Any
+
+    def rebuild_index(self) -> int:
+        """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
+
+        Thread-safe; recalls keep using the old index until the swap.
+
+        Returns:
+            how many vectors the new index holds.
+        """
+        self._check_usable()
+        self._check_owner("rebuild_index")
+        self._worker.wait()
+        return self._vectors.rebuild("rebuild_index() was called")
+
+    def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
+        """Re-embed facts whose vector came from another embedder (every fact with force=True).
+
+        Resumable: each batch is one transaction, so an interrupted run continues where it stopped. Vectors of
+        the serving model replace others in place (every process follows batch by batch); to change the model,
+        open the store with the new embedder instead (a generation built beside the serving one).
+        Thread-safe (writes are serialised; recalls continue).
+
+        Args:
+            force: re-embed every fact, not only stale ones.
+            batch_size: facts per transaction.
+        Returns:
+            how many facts were re-embedded.
+        Raises:
+            StoreLocked: another process is re-embedding or building a generation right now.
+        """
+        self._check_writable("reembed")
+        self._check_owner("reembed")
+        force = check_flag(force, "force", "reembed")
+        batch_size = check_int(batch_size, "batch_size", 1, 100_000, "reembed")
+        with self._gens.claimed() as mine:
+            if not mine:
+                raise StoreLocked("reembed(): another process is re-embedding this store or building a new "
+                                  "generation; try again when it has finished.")
+            return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
+
+    def check(self) -> CheckReport:
+        """Check SQLite integrity, FTS, fact rows, vectors and the index against SQLite; report, never raise.
+
+        A part that cannot be checked (a damaged page, a closed store) is itself reported as a problem.
+        Thread-safe.
+
+        Returns:
+            CheckReport (ok is True when nothing is wrong).
+        Raises:
+            InvalidInput: a scope view (check the store that opened it).
+        """
+        self._check_owner("check")
+        try:
+            self._check_usable()
+        except EvermindError as exc:
+            return CheckReport(ok=False, problems=(str(exc),))
+        early = []
+        for step in ((self._worker.wait,) if self._access.writes else ()) + (self._vectors.catch_up,):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 (reported, never raised)
+                early.append(f"{type(exc).__name__}: {exc}")
+        try:
+            building = self._gens.build_progress()
+        except Exception:  # noqa: BLE001
+            building = None
+        report = maintenance.check(self._db, self._vectors, self._worker, self._access, building)
+        if early:
+            report = replace(report, ok=False, problems=tuple(early) + report.problems)
+        return report
+
+    def repair(self) -> RepairReport:
+        """Repair this store: keep every readable fact, fix or quarantine damaged rows, rebuild what is derived.
+
+        In place when SQLite's own structure is sound (one transaction; other processes may stay open): damaged
+        fact rows get their fields back from the change log (or U+FFFD for undecodable bytes) or go to the
+        `quarantine` table with the reason; damaged vectors are cleared and embedded again; tag rows, the
+        full-text index and the HNSW index are rebuilt. When the file itself is damaged, the store is closed, its
+        files copied into `<db>.damaged-<time>/`, the readable rows salvaged into a new file (facts whose rows
+        are lost come back from the change log) and the store reopened: that needs every other process closed.
+        See store/repair.py.
+
+        Returns:
+            RepairReport (its ok is True when check() passes afterwards).
+        Raises:
+            StoreLocked: salvage is needed and another process has the store open (this store stays open).
+            StoreCorrupt: salvage could not build a sound file (the original is left as it was).
+            InvalidInput: a scope view (repair the store that opened it).
+        """
+        from .repair import report_of, salvage_store
+
+        self._check_writable("repair")
+        self._check_owner("repair")
+        before = self.check().problems
+        if not before:
+            return RepairReport(path=self._access.path, mode="nothing to repair", facts=len(self),
+                                indexed=self._vectors.current.index.live_count)
+        if self._access.memory:
+            raise EvermindError("repair() needs a store file; an in-memory store has nothing to salvage.")
+        try:
+            counts, found = self._db.repair_rows(self._dim)
+        except StoreCorrupt as exc:
+            counts, found = None, [str(exc)]
+        if counts is not None and found == ["ok"]:
+            self._vectors.rebuild("repair()")
+            try:
+                self.flush()  # adopts the facts whose vectors were cleared, embeds them
+            except EvermindError:
+                pass  # the embedder failed on some: the report's check says which
+            return report_of(self._access.path, "in place", counts, self, before)
+        path, embedder, options = self._reopen_args
+        self.close()
+        try:
+            return salvage_store(self._access.path, embedder, before, **{k: v for k, v in options.items()
+                                                                          if k not in ("read_only", "namespace")})
+        finally:
+            self.__init__(path, embedder, **options)
+
+    def backup(self, dest: str | os.PathLike) -> Path:
+        """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).
+
+        The index is not copied (it is rebuilt on first open). Thread-safe.
+
+        Args:
+            dest: a new file path (must not exist; its directory must).
+        Returns:
+            the destination path.
+        Raises:
+            InvalidInput: dest exists or its directory is missing; a scoped handle (the copy holds every
+                scope: export() writes one scope's facts).
+        """
+        self._check_usable()
+        self._check_owner("backup")
+        if self._scope:
+            raise InvalidInput("backup() copies every fact of every scope; call it on a store opened without "
+                               "namespace=, or export() this scope's facts.")
+        return maintenance.backup(self._db, dest)
+
+    def export(self, path: str | os.PathLike) -> int:
+        """Write this scope's facts as JSON lines (id, text, tags, source, created_at, updated_at, expires_at,
+        pinned, scope; no vectors, no expired facts).
+
+        Thread-safe; written to a temp file and renamed, so a crash leaves no half file.
+
+        Args:
+            path: the JSONL file to write (replaced if it exists).
+        Returns:
+            how many facts were written.
+        """
+        self._check_usable()
+        return maintenance.export(self._db, path, select("export", self._scope))
+
+    def import_(self, path: str | os.PathLike) -> int:
+        """Add the facts of a JSONL export (ids, timestamps and scopes kept; ids already present are skipped).
+
+        A record without a scope lands in this handle's scope; one with a scope must lie in it. One
+        transaction: on any bad line nothing is imported. Thread-safe.
+
+        Args:
+            path: a file written by export().
+        Returns:
+            how many facts were added.
+        Raises:
+            InvalidInput: a line is not a valid fact, or its scope is outside this handle's (the line is named).
+        """
+        self._check_writable("import_")
+        records = maintenance.read_export(path, self._scope)
+        added = maintenance.import_records(self._db, self._vectors, records)
+        if any(rec.expires_at is not None for rec in records):
+            self._start_sweeper(None)
+        return added
+
+    def sweep(self) -> int:
+        """Delete this scope's expired facts now, through forget (each keeps its history).
+
+        Reads leave expired facts out whether or not they were swept; sweeping frees their space. A writer whose
+        store has expiring facts also sweeps in a background thread every minute. Thread-safe.
+
+        Returns:
+            how many facts were deleted.
+        """
+        self._check_writable("sweep")
+        return self._writer.sweep(self._scope, datetime.now(timezone.utc))
+
+    def _sweep_expired(self) -> int:
+        """The background sweeper's pass: every expired fact of the store, by one writer process per interval
+        (the "sweep" lease is left to expire, so the other processes' sweepers skip that round)."""
+        if not self._leases.claim(maintenance.SWEEP_LEASE, maintenance.SWEEP_INTERVAL):
+            return 0
+        return self._writer.sweep("", datetime.now(timezone.utc))
+
+    def compact(self, *, keep_history: Any = maintenance.KEEP_HISTORY, vacuum: bool = True) -> StoreStats:
+        """Keep the disk bounded: sweep expired facts, delete the history of facts forgotten more than
+        `keep_history` ago, merge the full-text index, VACUUM the file and rebuild the vector index without its
+        deleted elements.
+
+        History of live facts is never pruned; nor is the newest change (the change feed's head). A reader in
+        another process whose index predates the pruned changes rebuilds it when it next catches up. VACUUM
+        needs free disk space about the size of the file and waits for readers' transactions. Thread-safe
+        (writes wait while it runs).
+
+        Args:
+            keep_history: seconds or a timedelta (>= 0; default 30 days): how long a forgotten fact's history
+                stays readable through history().
+            vacuum: give the free pages back to the file system (False: SQLite reuses them for new writes).
+        Returns:
+            stats() after compacting.
+        Raises:
+            InvalidInput: a bad keep_history or vacuum; a scope view.
+        """
+        self._check_writable("compact")
+        self._check_owner("compact")
+        keep = check_retention(keep_history, "keep_history")
+        vacuum = check_flag(vacuum, "vacuum", "compact")
+        self.flush()
+        self._sweep_expired()
+        maintenance.prune_history(self._db, keep)
+        if vacuum:
+            self._db.vacuum()
+            self._checkpoints.now()  # the file shrinks once the WAL holding the rewritten pages is copied back
+        index = self._vectors.current.index
+        if index.element_count > index.live_count:
+            self._vectors.rebuild("compact() was called")
+        return self.stats()
+
+    def stats(self) -> StoreStats:
+        """What the store holds and its size on disk (facts counted in this scope; the rest for the whole file).
+
+        Thread-safe.
+        """
+        self._check_usable()
+        index = None if self._access.memory else Path(self._access.path).resolve()
+        return maintenance.stats(self._db, self._vectors, select("stats", self._scope), index)
+
+    def duplicates(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
+                   limit: int = 100) -> list[DuplicatePair]:
+        """Pairs of stored facts of which the newer repeats the older, by remember(dedup=True)'s rule. Thread-safe.
+
+        Each newer fact of this scope (filtered as in list()) is compared with its nearest older facts of the
+        same scope, tags and source, and listed once, with its best match. Forget `drop` (or supersede).
+
+        Returns:
+            list of DuplicatePair (at most `limit`, 1..100,000), in the order the newer facts were remembered.
+        """
+        self._check_usable()
+        limit = check_int(limit, "limit", 1, MAX_LIST_LIMIT, "duplicates")
+        sel = select("duplicates", self._scope, tags=tags, where=where, source=source)
+        self.flush()
+        with self._vectors.serving() as gen:
+            return maintenance.duplicate_pairs(self._db, self._search, gen, sel, limit)

@@ -1,0 +1,306 @@
+"""The vector cache: the HNSW index over the vectors in SQLite, kept up to date from the change feed.
+
+The truth is the backend (facts, vectors, fingerprints, the change sequence); this process's index is a cache
+of it. The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a
+rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
+up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
+(R6) and checked against SQLite, else rebuilt. A snapshot is saved with compare-and-swap on the watermark, so
+a stale process never overwrites a newer index (R13). Any number of processes write the store: each one's
+index follows every process's commits through the same feed. Model changes themselves are in generations.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .._crash import crash_point
+from ..errors import InvalidInput
+from .access import Access
+from .backend import Backend
+from .index import IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .leases import Leases
+from .lock import RWLock
+
+SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
+SNAPSHOT_LEASE = "snapshot"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What answers vector recall: a model, the fingerprint its vectors carry, and the index over them.
+
+    Attributes:
+        embedder: the model that embeds queries (and new facts).
+        fingerprint: its fingerprint; only vectors carrying it are in the index.
+        index: the HNSW cache.
+        watermark: the highest change seq the index reflects.
+    """
+
+    embedder: Any
+    fingerprint: str
+    index: VectorIndex
+    watermark: int
+
+
+def build_index(dim: int, config: IndexConfig, labels: np.ndarray, vectors: np.ndarray) -> VectorIndex:
+    """A new index holding `vectors` (N, D) under `labels` (N,), with room for a quarter more."""
+    cap = max(config.initial_capacity, len(labels) + len(labels) // 4)
+    index = VectorIndex(dim, config, capacity=cap)
+    index.add(labels, vectors)
+    return index
+
+
+class VectorCache:
+    """This process's index of one store, and the lock that keeps a recall on one generation.
+
+    Thread-safety: catch_up, apply, advance, rebuild and save run under the backend's write mutex (they take
+    it, or their caller holds it); recalls hold `serving()` for their whole run and a model swap holds
+    `swapping()`, so a recall never sees half of a swap.
+
+    Args:
+        db: the backend.
+        access: what this process may do (whether it saves snapshots).
+        dim: vector length.
+        config: HNSW parameters.
+        embedder: the model that serves at first.
+        fingerprint: its fingerprint.
+        leases: the store's leases (a snapshot save holds "snapshot", so two processes never save at once).
+    """
+
+    def __init__(self, db: Backend, access: Access, *, dim: int, config: IndexConfig, embedder: Any,
+                 fingerprint: str, leases: Leases | None = None) -> None:
+        self._db = db
+        self._leases = leases
+        self._access = access
+        self.dim = dim
+        self.config = config
+        self.store_id: str | None = None  # set at open, from the database: the manifest must name the same store
+        self.status = "new"
+        self._gen = Generation(embedder, fingerprint, VectorIndex(dim, config), 0)
+        self._saved_watermark = -1
+        self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively
+
+    # ---- the serving generation ----------------------------------------------------------------------------
+    @property
+    def current(self) -> Generation:
+        """The serving generation (a value: read it once and use that)."""
+        return self._gen
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[Generation]:
+        """Hold the shared side: the generation yielded stays the serving one until the block ends."""
+        with self._lock.read():
+            yield self._gen
+
+    def swapping(self) -> Any:
+        """The exclusive side: recalls wait while the holder installs a new generation."""
+        return self._lock.write()
+
+    def install(self, generation: Generation, status: str) -> None:
+        """Serve `generation` from now on (the caller holds the write mutex, and swapping() for a model change)."""
+        self._gen = generation
+        self.status = status
+
+    def advance(self, before: int, top: int) -> None:
+        """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top`, or
+        catch up through the change feed when another process committed since our watermark (write mutex held)."""
+        if self._gen.watermark != before:
+            self.catch_up()
+            return
+        self._gen = replace(self._gen, watermark=top)
+
+    # ---- keeping up with the database ----------------------------------------------------------------------
+    def load(self) -> None:
+        """Load the saved snapshot if it validates, replay newer changes, verify it against SQLite, else rebuild."""
+        if self._access.memory:
+            self.rebuild("new in-memory store")
+            return
+        directory, stem = self._files()
+        with self._db.reading() as r:
+            top = r.max_seq()
+        try:
+            index, manifest = VectorIndex.load(directory, stem, expect=self.expect(), config=self.config, max_seq=top)
+        except IndexRejected as exc:
+            self.rebuild(str(exc))
+            return
+        except (OSError, RuntimeError, MemoryError) as exc:  # hnswlib refusing a file we validated, or I/O
+            self.rebuild(f"index could not be loaded ({exc})")
+            return
+        self._gen = replace(self._gen, index=index, watermark=manifest["watermark"])
+        self._saved_watermark = manifest["watermark"]
+        replayed = self.catch_up(verify=True)
+        if replayed is None:
+            return
+        self.status = f"loaded (replayed {replayed} changes)"
+        if replayed >= SAVE_AFTER_REPLAY and self._access.saves_index:
+            self.save()
+
+    def catch_up(self, *, verify: bool = False) -> int | None:
+        """Replay the changes after the watermark (R3); every process does this before it answers.
+
+        Args:
+            verify: also compare the result with every vector in SQLite (after loading a snapshot).
+        Returns:
+            how many changes were replayed, or None when the index disagreed and was rebuilt.
+        """
+        db = self._db
+        if not verify:
+            with db.reading() as r:
+                if r.max_seq() <= self._gen.watermark:
+                    return 0
+        with db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
+            gen = self._gen
+            with db.snapshot() as r:
+                top = r.max_seq()
+                changes = r.changes_after(gen.watermark, top)
+                added = [c.seq for c in changes if c.vector_added]
+                removed = [c.label_removed for c in changes if c.label_removed is not None]
+                labels, vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
+                if verify:
+                    truth_labels, truth_vecs = r.vectors(gen.fingerprint, self.dim)
+                reason = pruned_past(r, gen.watermark)
+            if reason is not None:
+                self.rebuild(reason)
+                return None
+            try:
+                gen.index.mark_deleted(removed)
+                fresh = np.array([label not in gen.index for label in labels.tolist()], dtype=bool)  # (N,)
+                gen.index.add(labels[fresh], vectors[fresh])
+                self._gen = replace(gen, watermark=top)
+            except (InvalidInput, RuntimeError, MemoryError) as exc:
+                reason = f"replay failed ({exc})"
+            if verify and reason is None:
+                reason = disagreement(gen.index, truth_labels, truth_vecs)
+            if reason is not None:
+                self.rebuild(reason)
+                return None
+            if changes:
+                self._rebuild_if_sparse()
+        return len(changes)
+
+    def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], before: int, top: int) -> None:
+        """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
+        (N,), retire `removed`, advance to `top`; rebuild if the index refuses or holds too many deleted.
+
+        `before` is the head of the change feed when the change's transaction began. When the watermark is
+        behind it, another process committed in between: replay the feed instead (our change is in it), so the
+        watermark never moves past a change this index has not seen."""
+        gen = self._gen
+        if gen.watermark != before:
+            self.catch_up()
+            return
+        try:
+            if removed:  # (the index calls take a lock and validate even when there is nothing to do)
+                gen.index.mark_deleted(removed)
+            if len(added):
+                gen.index.add(added, vectors)
+            self._gen = replace(gen, watermark=top)
+        except (InvalidInput, RuntimeError, MemoryError) as exc:
+            self.rebuild(f"index update failed ({exc})")
+            return
+        self._rebuild_if_sparse()
+
+    def _rebuild_if_sparse(self) -> None:
+        index = self._gen.index
+        if index.element_count >= 64 and index.deleted_ratio() > self.config.rebuild_deleted_ratio:
+            self.rebuild("too many deleted elements")
+
+    def rebuild(self, reason: str, *, model: tuple[Any, str] | None = None) -> int:
+        """Build a fresh index from the vectors in SQLite and serve it; save it when this process may.
+
+        Args:
+            reason: shown in info()["index_status"].
+            model: (embedder, fingerprint) to serve from now on (another process swapped models); None: the same.
+        Returns:
+            how many vectors the new index holds.
+        """
+        with self._db.write_mutex:
+            embedder, fingerprint = model or (self._gen.embedder, self._gen.fingerprint)
+            with self._db.snapshot() as r:
+                top = r.max_seq()
+                labels, vectors = r.vectors(fingerprint, self.dim)
+            index = build_index(self.dim, self.config, labels, vectors)
+            crash_point("rebuild.before_swap")
+            self.install(Generation(embedder, fingerprint, index, top), f"rebuilt ({reason})")
+            if self._access.saves_index:
+                self.save()
+            return len(labels)
+
+    # ---- snapshots on disk ---------------------------------------------------------------------------------
+    def expect(self) -> dict:
+        """The manifest fields a snapshot must carry to be this store's, of this generation."""
+        return {"store_id": self.store_id, "fingerprint": self._gen.fingerprint, "dim": self.dim}
+
+    def _files(self) -> tuple[Path, str]:
+        path = Path(self._access.path)
+        return path.resolve().parent, path.name
+
+    def save(self) -> None:
+        """Persist the index unless the snapshot on disk is already newer (compare-and-swap, R13).
+
+        The compare and the swap run under the "snapshot" lease, so two processes never interleave them; when
+        another process is saving right now, this save is skipped (the index is a cache: the next open replays).
+        """
+        if not self._access.saves_index:
+            return
+        leases = self._leases
+        if leases is not None and not leases.claim(SNAPSHOT_LEASE):
+            return
+        try:
+            self._save()
+        finally:
+            if leases is not None:
+                leases.release(SNAPSHOT_LEASE)
+
+    def _save(self) -> None:
+        directory, stem = self._files()
+        with self._db.write_mutex:
+            gen = self._gen
+            try:
+                on_disk = read_manifest(directory / f"{stem}.json")
+                with self._db.reading() as r:
+                    top = r.max_seq()
+                newer = on_disk.get("watermark")
+                if (on_disk.get("store_id") == self.store_id and on_disk.get("fingerprint") == gen.fingerprint
+                        and isinstance(newer, int) and gen.watermark < newer <= top):
+                    return  # a newer snapshot is already saved: never regress the index (R13)
+            except IndexRejected:
+                pass
+            gen.index.save(directory, stem, {**self.expect(), "watermark": gen.watermark})
+            self._saved_watermark = gen.watermark
+
+    @property
+    def unsaved(self) -> bool:
+        """Whether the index moved since it was last loaded or saved."""
+        return self._gen.watermark != self._saved_watermark
+
+
+def pruned_past(r: Any, watermark: int) -> str | None:
+    """Why an index at `watermark` cannot replay the change feed: compact() pruned changes after it (meta
+    `history_pruned`, the highest seq pruned), so a forget may be missing; None when it can."""
+    pruned = int(r.meta("history_pruned") or 0)
+    return None if pruned <= watermark else f"history was compacted past this index (seq {pruned} > {watermark})"
+
+
+def disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) -> str | None:
+    """Why a freshly loaded and replayed index disagrees with SQLite (labels or any stored vector), or None."""
+    info, index.file_info = index.file_info, None
+    live = index.live_labels()
+    truth = set(labels.tolist())
+    if live != truth:
+        return f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)"
+    if info is not None and info.count:
+        order = np.argsort(info.labels)  # (N,)
+        file_labels = info.labels[order].astype(np.int64)  # (N,)
+        pos = np.searchsorted(file_labels, labels)  # (M,)
+        pos = np.minimum(pos, len(file_labels) - 1)  # (M,)
+        in_file = file_labels[pos] == labels  # (M,) labels the file holds (the rest came from replay)
+        file_vecs = info.vectors[order][pos[in_file]]  # (m, D)
+        if not np.array_equal(file_vecs, vectors[in_file]):
+            return "index vectors disagree with SQLite"
+    return None

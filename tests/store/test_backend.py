@@ -1,0 +1,35 @@
+"""The SQLite backend implements the whole interface the store is written against (store/backend/__init__.py),
+with the same parameters, so a second backend has one list to implement and the store no hidden extras."""
+
+from __future__ import annotations
+
+import inspect
+
+from evermind_memory.store.backend import Backend, Reads, Writes
+from evermind_memory.store.backend.sqlite import SQLiteBackend
+from evermind_memory.store.backend.sqlite_session import SQLiteSession
+
+
+def interface(protocol: type) -> dict[str, inspect.Signature]:
+    names = {n for klass in protocol.__mro__ if klass.__name__ in ("Reads", "Writes", "Backend")
+             for n, v in vars(klass).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    return {n: inspect.signature(getattr(protocol, n)) if callable(getattr(protocol, n)) else None for n in names}
+
+
+def parameters(sig: inspect.Signature | None) -> list[tuple[str, object]]:
+    return [] if sig is None else [(p.name, p.kind) for p in sig.parameters.values()]
+
+
+def test_the_sqlite_session_implements_reads_and_writes() -> None:
+    wanted = interface(Writes)
+    assert set(interface(Reads)) < set(wanted) and {"insert", "lexical", "changes_after"} <= set(wanted)
+    for name, sig in wanted.items():
+        assert parameters(inspect.signature(getattr(SQLiteSession, name))) == parameters(sig), name
+
+
+def test_the_sqlite_backend_implements_backend() -> None:
+    wanted = interface(Backend)
+    assert {"reading", "snapshot", "transaction", "close", "closed"} <= set(wanted)
+    for name, sig in wanted.items():
+        got = getattr(SQLiteBackend, name)
+        assert isinstance(got, property) if sig is None else parameters(inspect.signature(got)) == parameters(sig), name

@@ -1,0 +1,223 @@
+"""Issue 18: damaged rows never block the rest, configurations and imports are refused clearly, and a fact whose
+vector is still pending is ranked on its words. In process (nothing here kills or corrupts beyond one row)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from evermind_memory import EvermindError, InvalidInput, MemoryStore, RowDamaged, StoreWarning
+from evermind_memory.store import IndexConfig, repair_store
+from store_helpers import CORPUS
+
+
+def _damage(db: Path, sql: str, *params) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute(sql, params)
+    conn.commit()
+    conn.close()
+
+
+def test_a_damaged_row_is_skipped_reported_and_repaired(db_path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(CORPUS)
+    _damage(db_path, "UPDATE facts SET created_at = '2024-13-45T00:00:00+00:00' WHERE id = ?", ids[2])
+    with MemoryStore(db_path, embedder) as store:
+        with pytest.warns(StoreWarning, match="skipped 1 damaged fact row"):
+            listed = store.list()
+        assert [f.id for f in listed] == ids[:2] + ids[3:]
+        with pytest.raises(RowDamaged, match="created_at"):
+            store.get(ids[2])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StoreWarning)
+            assert store.recall("Paris capital France", k=3)  # the rest still answers
+        report = store.check()
+        assert not report.ok and report.damaged_rows == 1
+        fixed = store.repair()
+        assert fixed.mode == "in place" and fixed.fixed == 1 and fixed.ok and fixed.facts == len(CORPUS)
+        assert store.get(ids[2]).text == CORPUS[2]  # its time came back from the change log
+        assert store.check().ok
+
+
+def test_a_nan_vector_does_not_stop_a_writer_opening(db_path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(CORPUS)
+    conn = sqlite3.connect(db_path)
+    blob = bytearray(conn.execute("SELECT vector FROM facts WHERE id = ?", (ids[1],)).fetchone()[0])
+    blob[0:4] = b"\x00\x00\xc0\x7f"
+    conn.execute("UPDATE facts SET vector = ? WHERE id = ?", (bytes(blob), ids[1]))
+    conn.commit()
+    conn.close()
+    for _ in range(2):  # it opens again and again (it used to never open)
+        with MemoryStore(db_path, embedder) as store:
+            assert store.info()["indexed"] == len(CORPUS) - 1
+            assert any("vector is damaged" in p for p in store.check().problems)
+    report = repair_store(db_path, embedder)
+    assert report.vectors_cleared == 1 and report.ok and report.indexed == len(CORPUS)
+
+
+def test_an_emptied_database_is_an_error_not_a_new_store(db_path, embedder):
+    from evermind_memory import StoreCorrupt
+
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(CORPUS)
+    db_path.write_bytes(b"")
+    with pytest.raises(StoreCorrupt, match="is empty, but") as err:
+        MemoryStore(db_path, embedder)
+    assert err.value.part == "database (empty file)"
+    report = repair_store(db_path, embedder)  # explicit: starts over, keeping the damaged files aside
+    assert report.mode == "salvaged" and report.facts == 0 and Path(report.kept_aside).is_dir()
+
+
+class _Gated:
+    """A real embedder whose embed_many waits on `gate` for texts holding `word` (a vector still being made)."""
+
+    def __init__(self, inner, word: str) -> None:
+        self.inner, self.word, self.gate = inner, word, threading.Event()
+        self.dimensions, self.fingerprint = inner.dimensions, inner.fingerprint
+
+    def embed(self, text):
+        return self.inner.embed(text)
+
+    def embed_many(self, texts):
+        if any(self.word in t for t in texts):
+            self.gate.wait(60)
+        return self.inner.embed_many(texts)
+
+
+@pytest.mark.parametrize("fusion", ["score", "rrf"])
+def test_a_pending_fact_is_ranked_on_its_words(db_path, embedder, fusion):
+    gated = _Gated(embedder, "zanzibarqux")
+    writer = MemoryStore(db_path, gated)
+    try:
+        writer.remember_many([f"{text} (note {i})" for i in range(6) for text in CORPUS])
+        fid = writer.remember("the zanzibarqux ledger is kept in drawer seven")  # its vector waits on the gate
+        with MemoryStore(db_path, embedder, read_only=True) as reader:
+            assert reader.info()["waiting_vectors"] == 1
+            hits = reader.recall("zanzibarqux ledger", k=3, fusion=fusion)
+            assert hits and hits[0].id == fid, [h.text for h in hits]
+    finally:
+        gated.gate.set()
+        writer.close()
+
+
+# ---- configurations ------------------------------------------------------------------------------------------
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                st.text(max_size=5), st.integers(0, 300))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.fixed_dictionaries({}, optional={name: ANY for name in IndexConfig.__dataclass_fields__}))
+def test_index_config_fuzz_is_refused_or_reopens(tmp_path, embedder, fields):
+    try:
+        config = IndexConfig(**fields)
+    except InvalidInput as exc:
+        assert "IndexConfig" in str(exc)
+        return
+    db = tmp_path / f"c{abs(hash(json.dumps(fields, default=str))) % 10**9}.db"
+    try:
+        with MemoryStore(db, embedder, index_config=config) as store:
+            store.remember_many(CORPUS[:4])
+    except InvalidInput as exc:  # too much memory for this dimension: refused before allocating
+        assert "GiB" in str(exc)
+        return
+    with MemoryStore(db, embedder, index_config=config) as store:  # a configuration that opened reopens
+        assert store.info()["index_status"].startswith("loaded")
+        assert len(store.recall("tea", k=2, mode="vector")) == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.fixed_dictionaries({}, optional={name: ANY for name in ("rank", "lr", "steps", "batch_size", "temperature",
+                                                                   "probe_fraction", "seed", "views", "min_facts")}))
+def test_adaptation_policy_fuzz_is_refused_clearly(fields):
+    from evermind_memory.adaptation import AdaptationPolicy
+
+    try:
+        policy = AdaptationPolicy(**fields)
+    except InvalidInput:
+        return
+    for name, value in fields.items():
+        if isinstance(value, float):
+            assert math.isfinite(value)
+        assert getattr(policy, name) == value
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({"vocab_size": ANY}, optional={name: ANY for name in ("d_model", "n_layers", "top_k",
+                                                                                  "n_experts", "attn_heads")}))
+def test_lm_config_fuzz_is_refused_clearly(fields):
+    from evermind_memory.lm.model import LMConfig
+
+    try:
+        LMConfig(**fields)
+    except InvalidInput:
+        pass
+
+
+@pytest.mark.parametrize("kwargs", [dict(index_config={"M": 8}), dict(durability="fast"), dict(busy_timeout=-1),
+                                    dict(busy_timeout=float("nan")), dict(read_only="yes")])
+def test_store_arguments_are_refused_clearly(tmp_path, embedder, kwargs):
+    with pytest.raises(InvalidInput):
+        MemoryStore(tmp_path / "a.db", embedder, **kwargs)
+    assert not (tmp_path / "a.db.lock").exists()
+
+
+# ---- imports -------------------------------------------------------------------------------------------------
+GOOD = {"id": "f1", "text": "imported fact", "tags": {}, "source": None, "created_at": "2024-01-02T03:04:05+00:00"}
+
+
+@pytest.mark.parametrize("content", [
+    b"\xff\xfe not utf-8\n",
+    json.dumps({**GOOD, "created_at": "2024-13-01T00:00:00+00:00"}).encode() + b"\n",
+    json.dumps({**GOOD, "created_at": "2024-02-30T00:00:00"}).encode() + b"\n",
+    b"[" * 100_000 + b"\n",
+    b'{"text": "a", "tags": ' + b'{"a":' * 5000 + b"1" + b"}" * 5001 + b"\n",
+    json.dumps({**GOOD, "text": "nul\u0000inside"}).encode() + b"\n",
+    json.dumps({**GOOD, "tags": {"k": [5]}}).encode() + b"\n",  # (a number is a tag value since schema 4; a list is not)
+    b"x" * (5 << 20) + b"\n",
+])
+def test_a_bad_import_is_invalid_input_and_imports_nothing(store, tmp_path, content):
+    store.remember("already here")
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(json.dumps({**GOOD, "id": "ok1"}).encode() + b"\n" + content)
+    with pytest.raises(InvalidInput, match="line 2"):
+        store.import_(path)
+    assert [f.text for f in store.list()] == ["already here"]
+
+
+def test_import_of_a_missing_or_directory_path_is_clear(store, tmp_path):
+    with pytest.raises(InvalidInput, match="no file"):
+        store.import_(tmp_path / "missing.jsonl")
+    with pytest.raises(InvalidInput, match="directory"):
+        store.import_(tmp_path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300) | st.text(st.characters(exclude_categories=()), max_size=200).map(
+    lambda t: t.encode("utf-8", "surrogatepass")))
+def test_import_fuzz_is_invalid_input_or_imports(store, tmp_path, data):
+    before = len(store)
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(data)
+    try:
+        added = store.import_(path)
+    except InvalidInput:
+        assert len(store) == before  # one transaction: nothing on any bad line
+        return
+    assert len(store) == before + added
+
+
+def test_close_never_raises_and_check_never_raises_on_a_closed_store(db_path, embedder):
+    store = MemoryStore(db_path, embedder)
+    store.remember("x")
+    store.close()
+    store.close()
+    report = store.check()
+    assert not report.ok and "closed" in report.problems[0]
