@@ -16,8 +16,6 @@ import math
 import os
 import stat
 import struct
-import sys
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from evermind_memory._atomic import atomic_write
 from evermind_memory.errors import CheckpointError, InvalidInput
 
 __all__ = [
@@ -179,30 +178,6 @@ def encode_tensor_bytes(
     return bytes(out)
 
 
-def _fsync(fd: int) -> None:
-    # macOS's fsync does not flush the drive cache; F_FULLFSYNC does (SQLite's fullfsync).
-    if sys.platform == "darwin":
-        import fcntl
-
-        if hasattr(fcntl, "F_FULLFSYNC"):
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-    os.fsync(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # Windows cannot open directories; its rename is already durable enough
-        return
-    try:
-        _fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_tensor_file(
     path: str | os.PathLike[str],
     *,
@@ -229,14 +204,8 @@ def write_tensor_file(
         CheckpointError: the file system refused the write (an existing file is left as it was).
     """
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); check that the directory exists.") from e
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path) as f:
             crc = 0
             expected = 0
             for chunk in _encode_chunks(magic=magic, kind=kind, meta=meta, tensors=tensors, fp16=fp16):
@@ -246,20 +215,12 @@ def write_tensor_file(
             f.write(_TRAILER.pack(crc))
             expected += _TRAILER.size
             f.flush()
-            _fsync(f.fileno())
             size = os.fstat(f.fileno()).st_size
-        if size != expected:  # a short write that no layer reported
-            raise OSError(f"wrote {size} bytes, expected {expected}; the disk may be full")
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError):
-            raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); the old file is unchanged.") from e
-        raise
-    _fsync_dir(directory)
+            if size != expected:  # a short write that no layer reported
+                raise OSError(f"wrote {size} bytes, expected {expected}; the disk may be full")
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); the old file, if any, is unchanged. "
+                              "Check that the directory exists and has free space.") from e
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

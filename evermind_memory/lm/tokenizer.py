@@ -11,15 +11,14 @@ import hashlib
 import json
 import operator
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 from itertools import chain
-from pathlib import Path
 
 import regex
 
+from .._atomic import write_atomic
 from ..errors import InvalidInput, TokenizerError
 from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE, DECODE_ERRORS, learn_merges, text_bytes
 
@@ -478,26 +477,8 @@ class BPETokenizer:
         Raises:
             OSError: if the file cannot be written (the old file, if any, is left intact).
         """
-        path = Path(path)
         data = (json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with open(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        try:
-            fd = os.open(path.parent, os.O_RDONLY)
-        except OSError:
-            return  # platforms without directory fds (Windows)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(path, data)
 
     def digest(self) -> str:
         """Hex sha256 of the canonical serialisation (pattern, tokens, merges, specials, roles).

@@ -37,7 +37,6 @@ from .access import Access
 from .backend import Backend, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
 from .leases import Heartbeat, Leases
-from .search import DEFAULT_HYBRID_WEIGHT
 from .vectors import Generation, VectorCache, build_index
 
 # Adaptation state in the database (the truth): the active adapter, the base model it sits on, a publish in
@@ -60,33 +59,24 @@ def is_lm_embedder(embedder: Any) -> bool:
 
 
 def resolve_embedder(embedder: Any = None, adapter: Any = None) -> Any:
-    """The store's one way to obtain an embedder: the shipped default, the one given, or one plus an adapter.
+    """The store's one way to obtain an embedder, through embedder/loader.py: the shipped default (its weights
+    read at the first embed), the one given, or one plus an adapter.
 
     Args:
         embedder: the embedder to use; None for the shipped default model.
-        adapter: lm.adapter.LoRAWeights fitted on embedder.model: merge it into a new LMEmbedder whose
+        adapter: lm.adapter.LoRAWeights fitted on embedder.model: merged into a new LMEmbedder whose
             fingerprint covers the adapter (R11); `embedder` itself is not changed.
     Returns:
         the embedder.
     Raises:
         InvalidInput: the adapter does not fit the model or the merged weights are not finite.
-        EvermindError, CheckpointError: no default model is shipped, or its files are damaged.
+        EvermindError, CheckpointError: no default model is shipped, or its card is damaged.
     """
+    from ..embedder.loader import adapted_embedder, default_embedder
+
     if embedder is None:
-        from ..embedder import default_embedder
-
         embedder = default_embedder()
-    if adapter is None:
-        return embedder
-    from ..embedder import LMEmbedder
-    from ..lm.adapter import adapter_digest, merge_adapter
-
-    return LMEmbedder(
-        merge_adapter(embedder.model, adapter), embedder.tokenizer, max_tokens=embedder.max_tokens,
-        adapter_digest=adapter_digest(adapter),
-        hybrid_weight=getattr(embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
-        batch_size=getattr(embedder, "batch_size", 64),
-    )
+    return embedder if adapter is None else adapted_embedder(embedder, adapter)
 
 
 class PublishReport(Protocol):
