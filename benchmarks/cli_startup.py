@@ -1,12 +1,15 @@
 """Start-up time of `evermind` commands, side by side with a bare interpreter (the floor no command can beat).
 
 Each command runs `--runs` times as a fresh `python -m evermind_memory ...` process on a store of 100 facts;
-the table gives the median and best wall time and the median CPU time (steadier on a shared machine). A second table lists the costliest imports of one command
-(`python -X importtime`, cumulative), to show where the time goes. Commands that need no model should start
-in under 0.3 s; today MemoryStore() loads and probes the model when it opens, so those that open a store do
-not yet (see the "open" rows).
+after one warm-up run that caches the bytecode (as `pip install` does), the table gives the median and best wall
+time and the median CPU time (steadier on a shared machine). With
+`--baseline DIR` (another checkout of the repository, e.g. `git archive <commit> | tar -x -C DIR`) every
+command also runs on that code, alternating run by run with this checkout so both see the same machine load.
+A second table lists the costliest imports of one command (`python -X importtime`, cumulative), to show where
+the time goes. Commands that need no model (get, list, history, info, count, stats, check, export) should start
+in under 0.3 s: they open the store without reading the model's weights (the "open" rows).
 
-    python benchmarks/cli_startup.py [--runs 7] [--profile list] [--json results.json]
+    python benchmarks/cli_startup.py [--runs 7] [--profile list] [--baseline DIR] [--json results.json]
 """
 
 from __future__ import annotations
@@ -23,30 +26,43 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
 
 
-def timed_runs(argv: list[str], runs: int) -> tuple[list[float], list[float]]:
-    """Wall seconds and CPU seconds (user + system) of `runs` fresh processes (each must exit 0).
+def env_for(code: Path) -> dict[str, str]:
+    """The environment that makes `python -m evermind_memory` run the package of the checkout `code`.
+
+    Bytecode is cached (PYTHONDONTWRITEBYTECODE dropped), as after `pip install`: otherwise every run compiles
+    every module from source, which costs more than importing them.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(code), "OPENBLAS_NUM_THREADS": "1"}
+
+
+def timed_run(argv: list[str], code: Path) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one fresh process running the checkout `code` (it must
+    exit 0). It runs in that folder: `python -m` and `-c` put the working directory ahead of PYTHONPATH.
 
     CPU time is the steadier figure on a shared machine: other processes stretch wall time, not CPU time.
     """
-    walls, cpus = [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        p = subprocess.run(argv, capture_output=True, text=True, env=ENV)
-        walls.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-        if p.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
-    return walls, cpus
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env_for(code), cwd=code)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def summary(runs: list[tuple[float, float]]) -> dict[str, float]:
+    walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+    return {"median_s": statistics.median(walls), "best_s": min(walls), "cpu_median_s": statistics.median(cpus)}
 
 
 def import_profile(argv: list[str], top: int = 10) -> list[tuple[str, float]]:
     """The `top` modules with the largest cumulative import time (seconds) while running argv."""
-    p = subprocess.run([sys.executable, "-X", "importtime", *argv[1:]], capture_output=True, text=True, env=ENV)
+    p = subprocess.run([sys.executable, "-X", "importtime", *argv[1:]], capture_output=True, text=True,
+                       env=env_for(REPO), cwd=REPO)
     rows = []
     for line in p.stderr.splitlines():
         if line.startswith("import time:") and "|" in line and "cumulative" not in line:
@@ -60,10 +76,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="processes per command (median reported)")
     parser.add_argument("--profile", default="list", help="command whose imports are broken down")
+    parser.add_argument("--baseline", type=Path, help="another checkout to time side by side (alternating runs)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
 
     py = sys.executable
+    codes = {"this": REPO, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "bench.db")
         from evermind_memory import MemoryStore
@@ -78,23 +96,36 @@ def main() -> None:
             ("evermind --help", [*ev, "--help"], "none"),
             ("evermind mcp --help", [*ev, "mcp", "--help"], "none"),
             ("import evermind_memory.store", [py, "-c", "import evermind_memory.store"], "store code"),
-            ("load the shipped model", [py, "-c", "from evermind_memory.embedder import default_embedder as d; d()"],
-             "model"),
+            ("load the shipped model", [py, "-c", "from evermind_memory.embedder import default_embedder as d; "
+                                        "getattr(d(), 'load', lambda: None)()"], "model"),
             ("evermind get ID", [*ev, "get", ids[0]], "open"),
             ("evermind list", [*ev, "list"], "open"),
             ("evermind history ID", [*ev, "history", ids[0]], "open"),
             ("evermind info", [*ev, "info"], "open"),
+            ("evermind count", [*ev, "count"], "open"),
+            ("evermind stats", [*ev, "stats"], "open"),
+            ("evermind check", [*ev, "check"], "open"),
+            ("evermind export", [*ev, "export", str(Path(tmp) / "export.jsonl")], "open"),
             ("evermind recall --mode lexical", [*ev, "recall", "topic", "--mode", "lexical"], "open"),
             ("evermind recall (hybrid)", [*ev, "recall", "topic"], "open + embed"),
         ]
         results = []
-        print(f"{'command':<34} {'loads':<13} {'wall median s':>13} {'wall best s':>11} {'cpu median s':>12}")
+        head = "".join(f" {name + ' wall median s':>22} {name + ' cpu median s':>22}" for name in codes)
+        print(f"{'command':<34} {'loads':<13}{head}")
         for name, argv, loads in cases:
-            walls, cpus = timed_runs(argv, args.runs)
-            row = {"command": name, "loads": loads, "median_s": statistics.median(walls), "best_s": min(walls),
-                   "cpu_median_s": statistics.median(cpus)}
+            runs: dict[str, list[tuple[float, float]]] = {code: [] for code in codes}
+            for path in codes.values():
+                timed_run(argv, path)  # warm-up: writes the bytecode caches, fills the page cache
+            for _ in range(args.runs):
+                for code, path in codes.items():  # alternating, so both see the same load
+                    runs[code].append(timed_run(argv, path))
+            row = {"command": name, "loads": loads, **summary(runs["this"])}
+            if "baseline" in runs:
+                row["baseline"] = summary(runs["baseline"])
             results.append(row)
-            print(f"{name:<34} {loads:<13} {row['median_s']:>13.3f} {row['best_s']:>11.3f} {row['cpu_median_s']:>12.3f}")
+            cells = "".join(f" {s['median_s']:>22.3f} {s['cpu_median_s']:>22.3f}"
+                            for s in [row, *([row["baseline"]] if "baseline" in row else [])])
+            print(f"{name:<34} {loads:<13}{cells}")
         profiled = [*ev, *{"list": ["list"], "get": ["get", ids[0]], "help": ["--help"]}.get(args.profile, [args.profile])]
         profile = import_profile(profiled)
     load = os.getloadavg()[0]
@@ -103,8 +134,9 @@ def main() -> None:
     for name, seconds in profile:
         print(f"  {name:<40} {seconds:>7.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"runs": args.runs, "python": sys.version.split()[0], "load_average": load, "results": results,
-                                         "imports": dict(profile)}, indent=2))
+        args.json.write_text(json.dumps({"runs": args.runs, "python": sys.version.split()[0], "load_average": load,
+                                         "baseline": str(args.baseline) if args.baseline else None,
+                                         "results": results, "imports": dict(profile)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ tokenizer is trained on the documents.
 
     python benchmarks/embed_speed.py [--threads 2] [--docs 1000] [--repeats 3] [--queries 300]
                                      [--teacher DIR] [--json results.json]
+                                     [--model NAME=MODEL.evlm,TOKENIZER.json ...] [--config NAME=C,H[,L]]
+
+--model adds a trained checkpoint (with its own tokenizer; `--model shipped` adds the packaged model) and
+--config a random-weight shape (V=16384, K=4, E=4, top-2, attn_heads=4, C channels, H expert hidden, L layers,
+default 4); with either, the two default configs are left out unless --with-defaults. Every row is timed on the
+same documents (chosen by the shipped tokenizer's count when a --model is given) beside MiniLM.
 """
 
 from __future__ import annotations
@@ -68,6 +74,20 @@ def paragraphs() -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _shipped_tokenizer() -> BPETokenizer:
+    return BPETokenizer.load(REPO / "evermind_memory" / "models" / "tokenizer.json")
+
+
+def _trained(files: str):
+    """An embedder over a checkpoint: 'shipped' (the packaged model) or 'MODEL.evlm,TOKENIZER.json'."""
+    from evermind_memory.embedder import default_embedder, load_embedder
+
+    if files == "shipped":
+        return default_embedder().load()
+    model, tokenizer = files.split(",")
+    return load_embedder(model, tokenizer)
+
+
 def percentiles(samples: list[float]) -> tuple[float, float]:
     """(p50, p99) of durations in seconds, in milliseconds."""
     ms = np.array(samples) * 1000.0
@@ -103,11 +123,14 @@ def main() -> None:
     ap.add_argument("--teacher", default=None, help="all-MiniLM-L6-v2 directory")
     ap.add_argument("--no-minilm", action="store_true", help="skip MiniLM")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--model", action="append", default=[], help="NAME=MODEL.evlm,TOKENIZER.json or shipped")
+    ap.add_argument("--config", action="append", default=[], help="NAME=C,H[,L]: a random-weight shape")
+    ap.add_argument("--with-defaults", action="store_true", help="keep the C=128/C=256 rows with --model/--config")
     args = ap.parse_args()
 
     load_start = os.getloadavg()
     paras = paragraphs()
-    tok = BPETokenizer.train(paras, 4096)
+    tok = _shipped_tokenizer() if args.model else BPETokenizer.train(paras, 4096)
     counts = np.array([len(tok.encode(p)) for p in paras])
     pool = [p for p, n in zip(paras, counts) if DOC_TOKENS[0] <= n <= DOC_TOKENS[1]]
     if not pool:
@@ -118,7 +141,16 @@ def main() -> None:
     query = next((" ".join(words[i : i + n]) for n in (6, 5, 4, 3) for i in range(0, len(words), 7)
                   if len(tok.encode(" ".join(words[i : i + n]))) == QUERY_TOKENS), " ".join(words[:QUERY_TOKENS]))
 
-    embedders = {name: LMEmbedder(EvermindLM(cfg, seed=0), tok) for name, cfg in CONFIGS.items()}
+    configs = dict(CONFIGS) if args.with_defaults or not (args.model or args.config) else {}
+    for spec in args.config:
+        name, _, dims = spec.partition("=")
+        c, h, *rest = (int(x) for x in dims.split(","))
+        configs[name] = LMConfig(vocab_size=16384, d_model=c, n_layers=rest[0] if rest else 4, conv_kernel=4,
+                                 hidden_dim=h, n_experts=4, top_k=2, attn_heads=4)
+    embedders = {name: LMEmbedder(EvermindLM(cfg, seed=0), tok) for name, cfg in configs.items()}
+    for spec in args.model:
+        name, _, files = spec.partition("=")
+        embedders[name] = _trained(files or name)
     minilm = None if args.no_minilm else load_minilm(args.teacher, args.threads)
     runners = {name: e.embed_many for name, e in embedders.items()}
     singles = {name: e.embed for name, e in embedders.items()}
@@ -143,7 +175,8 @@ def main() -> None:
         for name in embedders:
             results[name]["x_minilm"] = rates[name] / rates["MiniLM"]
     meta = {
-        "configs": {n: c.to_dict() for n, c in CONFIGS.items()}, "docs": len(docs),
+        "configs": {n: e.model.config.to_dict() for n, e in embedders.items()},
+        "fingerprints": {n: e.fingerprint for n, e in embedders.items()}, "docs": len(docs),
         "doc_tokens_mean": doc_tokens, "query": query, "query_tokens": QUERY_TOKENS, "repeats": args.repeats,
         "torch_threads": args.threads if minilm is not None else None,
         "blas": "numpy default (OPENBLAS_NUM_THREADS=%s)" % os.environ.get("OPENBLAS_NUM_THREADS", "unset"),
@@ -158,10 +191,10 @@ def main() -> None:
 
     print(f"Embedding speed: {len(docs)} docs of {DOC_TOKENS[0]}-{DOC_TOKENS[1]} tokens (mean {doc_tokens:.1f}), "
           f"best of {args.repeats}; query of {QUERY_TOKENS} tokens; load avg {load_start[0]:.2f} -> {load_end[0]:.2f}")
-    print(f"{'model':<10}{'docs/s':>10}{'x MiniLM':>10}{'query p50 ms':>15}{'query p99 ms':>15}")
+    print(f"{'model':<12}{'docs/s':>10}{'x MiniLM':>10}{'query p50 ms':>15}{'query p99 ms':>15}")
     for name, r in results.items():
-        x = f"{r['x_minilm']:.1f}" if "x_minilm" in r else "-"
-        print(f"{name:<10}{r['docs_per_s']:>10.0f}{x:>10}{r['query_ms_p50']:>15.3f}{r['query_ms_p99']:>15.3f}")
+        x = f"{r['x_minilm']:.2f}" if "x_minilm" in r else "-"
+        print(f"{name:<12}{r['docs_per_s']:>10.0f}{x:>10}{r['query_ms_p50']:>15.3f}{r['query_ms_p99']:>15.3f}")
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
 

@@ -4,7 +4,7 @@ Section `matmul`: C = A @ B for square float32 matrices (default 4096^3 and 8192
 device, R products go into one submit, and the wall clock runs until the queue drains.
 Section `lm`: EvermindLM (medium config of the foundation issue: V=16384, C=256, L=6, K=4, H=512, E=8,
 top-2; B=16 sequences of T=128 random tokens) trained with forward, backward, clip and AdamW resident on the
-GPU (gpu/model.py GpuTrainer), beside our numpy LMTrainer on --cpu-threads cores (BLAS pinned before numpy
+GPU (gpu/trainer.py GpuTrainer), beside our numpy LMTrainer on --cpu-threads cores (BLAS pinned before numpy
 loads) and the same architecture in PyTorch CUDA (dense experts, fused AdamW, TF32 off) when available;
 training tokens/s = B*T per step, and embed docs/s (mean-pooled, L2-normalised; GpuLM.embed_batch). The
 step-0 losses and the GPU-vs-numpy embedding difference are printed as a check. --quick runs tiny sizes (CI,
@@ -154,7 +154,8 @@ def bench_numpy_lm(cfg: Any, b: int, t: int, steps: int, docs: list[list[int]]) 
 
 def bench_gpu_lm(cfg: Any, b: int, t: int, steps: int, docs: list[list[int]]) -> dict[str, Any]:
     """GpuTrainer steps (one submit each, synchronous read of loss and norm) and GpuLM.embed_batch docs/s."""
-    from evermind_memory.gpu.model import GpuLM, GpuTrainer  # noqa: PLC0415
+    from evermind_memory.gpu.model import GpuLM  # noqa: PLC0415
+    from evermind_memory.gpu.trainer import GpuTrainer  # noqa: PLC0415
     from evermind_memory.lm.model import EvermindLM  # noqa: PLC0415
 
     model = EvermindLM(cfg, seed=0)

@@ -122,7 +122,7 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="print results as JSON (errors: one JSON object on stderr)")
     p.add_argument("--model", type=_path, default=argparse.SUPPRESS, metavar="PATH",
-                   help="EvermindLM checkpoint to embed with (default: the shipped model)")
+                   help="model file (.evlm, EvermindLM or sequence backbone) to embed with (default: the shipped model)")
     p.add_argument("--tokenizer", type=_path, default=argparse.SUPPRESS, metavar="PATH",
                    help="BPE tokenizer JSON that goes with --model")
     p.add_argument("--durability", choices=("normal", "full"), default=argparse.SUPPRESS,
@@ -316,11 +316,9 @@ def _embedder(args: argparse.Namespace, given: Any) -> Any:
         return None  # the store's default (the shipped model)
     if args.model is None or args.tokenizer is None:
         raise InvalidInput("--model and --tokenizer go together: pass both, or neither for the shipped model.")
-    from .embedder import LMEmbedder
-    from .lm.model import EvermindLM
-    from .lm.tokenizer import BPETokenizer
+    from .embedder.loader import load_embedder
 
-    return LMEmbedder(EvermindLM.load(args.model), BPETokenizer.load(args.tokenizer))
+    return load_embedder(args.model, args.tokenizer)
 
 
 def _open(args: argparse.Namespace, embedder: Any):

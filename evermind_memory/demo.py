@@ -42,8 +42,8 @@ def _say(text: str = "") -> None:
 
 
 def _tiny_embedder(seconds: float):
-    """Train a tokenizer and a tiny EvermindLM on the bundled text; return an LMEmbedder over them."""
-    from evermind_memory.embedder import LMEmbedder
+    """Train a tokenizer and a tiny EvermindLM on the bundled text; return an embedder over them."""
+    from evermind_memory.embedder import embedder_for
     from evermind_memory.lm import BPETokenizer, EvermindLM, LMConfig
     from evermind_memory.training import LMTrainer, TrainConfig
 
@@ -67,7 +67,7 @@ def _tiny_embedder(seconds: float):
     prompt = "The cat sat on the"
     ids = model.generate(tok.encode(prompt, add_bos=True), 16, temperature=0.8, seed=0, stop_token=tok.eos_id)
     _say(f"  generate({prompt!r}) -> {prompt + tok.decode(ids)!r}")
-    return LMEmbedder(model, tok)
+    return embedder_for(model, tok)
 
 
 def run_demo(args=None, *, seconds: float = 8.0, out=None) -> int:

@@ -19,6 +19,7 @@ positive's teacher score) and adds one of them per row to the query->doc contras
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -206,6 +207,11 @@ def main() -> None:
     ap.add_argument("--exclude", default=None,
                     help="a JSONL of pairs (e.g. the fusion dev set) whose docs and queries training must not see")
     ap.add_argument("--limit", type=int, default=0, help="use only this many pairs and passages (smoke tests)")
+    ap.add_argument("--augment", action="store_true",
+                    help="add title, summary and question pairs made from the training rows (recipe/augment_pairs.py)")
+    ap.add_argument("--export-at-budget", action="store_true",
+                    help="export when the time budget ends the call, even before the planned steps (runs that share "
+                         "a GPU with others, where --fit-budget's estimate can be off)")
     ap.add_argument("--fit-budget", action="store_true",
                     help="on a fresh run, time the first 20 steps and lower --steps to what fits the time budget")
     args = ap.parse_args()
@@ -238,6 +244,13 @@ def main() -> None:
         print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
     if args.limit:
         pairs, passages = pairs[: args.limit], passages[: args.limit]
+    if args.augment:
+        from augment_pairs import augment
+
+        extra = augment(pairs, passages, seed=args.seed)
+        pairs = pairs + extra
+        kinds = {k: sum(r["source"] == k for r in extra) for k in sorted({r["source"] for r in extra})}
+        print(f"augmented with {len(extra)} pairs: {kinds}", flush=True)
     eval_sets_raw = {p.stem: read_jsonl(p) for p in sorted((corpus / "eval").glob("*.jsonl"))}
     text_id: dict[str, int] = {}
 
@@ -261,7 +274,8 @@ def main() -> None:
 
     cache_dir = Path(args.cache or args.state)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    cache = cache_dir / f"tokens-{args.max_tokens}.npz"
+    digest = hashlib.sha1("\x00".join(texts).encode("utf-8")).hexdigest()[:12]  # the caches fit this text table only
+    cache = cache_dir / f"tokens-{args.max_tokens}-{digest}.npz"
     if cache.exists():
         z = np.load(cache, allow_pickle=False)
         tok_mat, tok_len = z["mat"], z["len"]
@@ -271,7 +285,7 @@ def main() -> None:
         tok_mat, tok_len = tokenise_all(texts, args.tokenizer, args.max_tokens)
         np.savez(cache, mat=tok_mat, len=tok_len)
         print(f"tokenised {len(texts)} texts in {time.time() - t0:.0f}s, mean length {tok_len.mean():.1f}", flush=True)
-    tcache = cache_dir / "teacher.npy"
+    tcache = cache_dir / f"teacher-{digest}.npy"
     if tcache.exists():
         teach = np.load(tcache, allow_pickle=False)
     else:
@@ -427,7 +441,10 @@ def main() -> None:
     np.savez(state / "train_state.tmp.npz", **arrays)
     os.replace(state / "train_state.tmp.npz", st_file)
     print(f"saved state at step {step}", flush=True)
-    if step >= args.steps:
+    if step >= args.steps or args.export_at_budget:
+        if step < args.steps:
+            print(f"exporting at step {step} of {args.steps} planned (time budget)", flush=True)
+            history.append({"cut_at_step": step, "planned_steps": args.steps})
         export(model, cfg, tok, args, history, out)
 
 
@@ -452,7 +469,7 @@ def init_from_checkpoint(args, vocab_size: int) -> tuple[LMConfig, dict[str, np.
 
     Raises SystemExit when an architecture flag or the tokenizer's vocabulary disagrees with the checkpoint.
     """
-    from evermind_memory.lm.checkpoint import load_model
+    from evermind_memory.lm.model import load_model
 
     cfg, params = load_model(args.init)  # fp16 on disk, float32 here
     if args.hidden == 0:
@@ -520,7 +537,7 @@ def mine_hard_negatives(pair_q: np.ndarray, pair_d: np.ndarray, teach_t: torch.T
 
 def export(model: MirrorLM, cfg, tok: BPETokenizer, args, history: list[dict], out: Path) -> None:
     """Write the fp16 checkpoint, the tokenizer, golden vectors (mirror on CPU, fp32) and the training log."""
-    from evermind_memory.lm.checkpoint import load_model, save_model
+    from evermind_memory.lm.model import load_model, save_model
 
     params = model.to_numpy_params()
     save_model(out / "model.evlm", cfg, params, fp16=True)

@@ -1,15 +1,18 @@
 """Import hygiene of the store and adaptation (issue 17): `import evermind_memory.store` stays light (no model, no
-training, no GPU), adaptation never imports the store, each module imports on its own in a fresh interpreter, and
-no module-level import cycle runs through store/ or adaptation/."""
+training, no GPU), opening a store and the commands that need no model never import the model code nor read its
+weights, adaptation never imports the store, each module imports on its own in a fresh interpreter, and no
+module-level import cycle runs through store/ or adaptation/."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import evermind_memory
+from evermind_memory import MemoryStore
 
 PACKAGE = Path(evermind_memory.__file__).parent
 HEAVY = ("evermind_memory.training", "evermind_memory.adaptation", "evermind_memory.lm.model", "evermind_memory.gpu",
@@ -53,6 +56,51 @@ def test_importing_the_store_loads_no_model_training_or_gpu() -> None:
     loaded = loaded_after("import evermind_memory.store")
     assert "evermind_memory.store.memory_store" in loaded
     assert sorted(m for m in loaded if m.startswith(HEAVY)) == []
+
+
+# In a fresh interpreter that records every file it opens: the public API opens the store and reads from it, then
+# the CLI runs the commands that need no model (forget last: a writer), and the child prints what it loaded.
+MODEL_FREE = """
+import io, json, os, sys
+opened = []
+sys.addaudithook(lambda event, args: opened.append(os.fsdecode(args[0]))
+                 if event == "open" and isinstance(args[0], (str, bytes)) else None)
+from evermind_memory import MemoryStore
+from evermind_memory.cli import main
+from evermind_memory.embedder import default_embedder
+
+db, first, second, export = sys.argv[1:]
+with MemoryStore(db) as store:
+    got = {"get": store.get(first).text, "listed": len(store.list()), "count": store.count()}
+codes = {}
+for command in (["list"], ["get", first], ["history", first], ["count"], ["info"], ["stats"], ["check"],
+                ["export", export], ["forget", second], ["list", "--json"]):
+    out = io.StringIO()
+    codes[command[0]] = main(["--db", db, *command], out=out)
+got["cli_list"] = [fact["id"] for fact in json.loads(out.getvalue())]
+print(json.dumps({"got": got, "codes": codes, "loaded": sorted(sys.modules), "opened": opened,
+                  "weights_read": default_embedder().loaded}))
+"""
+
+
+def test_opening_a_store_and_model_free_commands_read_no_weights(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    with MemoryStore(db) as store:  # the shipped model, as every user gets it
+        ids = store.remember_many(["Ada's flight is on Tuesday", "Bob drinks black coffee", "the server restarts at 3"])
+    run = subprocess.run([sys.executable, "-c", MODEL_FREE, str(db), ids[0], ids[1], str(tmp_path / "out.jsonl")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert result["got"] == {"get": "Ada's flight is on Tuesday", "listed": 3, "count": 3,
+                             "cli_list": [ids[0], ids[2]]}  # the commands did run: forget removed ids[1]
+    assert set(result["codes"].values()) == {0}, result["codes"]
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
+    heavy = HEAVY + ("evermind_memory.lm", "sqlite_utils")  # sqlite_utils: only to create a new store's schema
+    assert sorted(m for m in result["loaded"] if m.startswith(heavy)) == []
+    model_files = {"model.evlm", "tokenizer.json"}
+    assert [p for p in result["opened"] if Path(p).name in model_files] == []
+    assert any(Path(p).name == "model.json" for p in result["opened"])  # the card: what the model is, no weights
+    assert result["weights_read"] is False
 
 
 def test_adaptation_never_imports_the_store() -> None:

@@ -1,19 +1,72 @@
-"""One loader for an embedder from files: the model file's header says which backbone it holds (EvermindLM
-or a SequenceBackbone), and the matching embedder wraps it with the tokenizer.
+"""The one place embedders are built: the shipped model (lazily), a model + tokenizer pair (objects or files,
+either backbone) and a base embedder + LoRA adapter.
+
+    default_embedder()                         the shipped model; weights read on the first embed
+    load_embedder("m.evlm", "tokenizer.json")  files; the model file's header says which backbone
+    embedder_for(model, tokenizer)             objects already in memory (a freshly trained model)
+    adapted_embedder(base, weights)            base + LoRA adapter merged; the fingerprint covers it
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from importlib import resources
 from typing import Any
 
 from ..errors import InvalidInput
-from .lm_embedder import LMEmbedder
+from .lazy import LazyEmbedder
+from .lm_embedder import DEFAULT_BATCH, LMEmbedder
 from .sequence_embedder import SequenceEmbedder
+from .shipped import card, shipped_file
+
+DEFAULT_HYBRID_WEIGHT = 2.0  # for a model without a calibrated weight (the shipped card carries its own)
+
+
+def _check_tokenizer(tokenizer: Any, where: str) -> None:
+    if not all(hasattr(tokenizer, a) for a in ("encode", "digest", "bos_id")):
+        raise InvalidInput(f"{where} expected a BPETokenizer or a tokenizer.json path, got {type(tokenizer).__name__}.")
+
+
+def embedder_for(
+    model: Any, tokenizer: Any, *, max_tokens: int = 128, hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
+    adapter: Any = None,
+) -> LMEmbedder | SequenceEmbedder:
+    """Wrap a model already in memory with its tokenizer as an embedder.
+
+    Args:
+        model: an EvermindLM or a SequenceBackbone.
+        tokenizer: its BPETokenizer.
+        max_tokens: texts are truncated to this many tokens.
+        hybrid_weight: weight of the cosine score against BM25 in hybrid recall.
+        adapter: lm.adapter.LoRAWeights to merge into an EvermindLM, or None.
+    Returns:
+        An LMEmbedder (EvermindLM) or a SequenceEmbedder (SequenceBackbone).
+    Raises:
+        InvalidInput: an unknown model type, a tokenizer without encode/digest/bos_id, an adapter on a
+            sequence backbone, or an adapter that does not fit the model.
+    """
+    from ..lm.model import EvermindLM
+    from ..lm.sequence import SequenceBackbone
+
+    _check_tokenizer(tokenizer, "embedder_for")
+    if isinstance(model, SequenceBackbone):
+        if adapter is not None:
+            raise InvalidInput("LoRA adapters apply to EvermindLM models only; this is a sequence backbone.")
+        return SequenceEmbedder(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight)
+    if not isinstance(model, EvermindLM):
+        raise InvalidInput(f"embedder_for expected an EvermindLM or a SequenceBackbone, got {type(model).__name__}.")
+    if adapter is None:
+        return LMEmbedder(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight)
+    from ..lm.adapter import adapter_digest, merge_adapter
+
+    return LMEmbedder(merge_adapter(model, adapter), tokenizer, max_tokens=max_tokens,
+                      adapter_digest=adapter_digest(adapter), hybrid_weight=hybrid_weight)
 
 
 def load_embedder(
-    path: str | os.PathLike[str], tokenizer: Any, *, max_tokens: int = 128, hybrid_weight: float = 2.0
+    path: str | os.PathLike[str], tokenizer: Any, *, max_tokens: int = 128,
+    hybrid_weight: float = DEFAULT_HYBRID_WEIGHT, adapter: Any = None,
 ) -> LMEmbedder | SequenceEmbedder:
     """Load a model checkpoint (.evlm) of either backbone as an embedder.
 
@@ -22,29 +75,76 @@ def load_embedder(
         tokenizer: a BPETokenizer, or the path of its tokenizer.json.
         max_tokens: texts are truncated to this many tokens.
         hybrid_weight: weight of the cosine score against BM25 in hybrid recall.
+        adapter: LoRAWeights, or the path of an adapter file (lm.adapter.save_adapter), to merge; or None.
     Returns:
         An LMEmbedder for an EvermindLM file, a SequenceEmbedder for a sequence-backbone file.
     Raises:
-        CheckpointError: the model or tokenizer file is missing, damaged or of an unknown kind.
+        CheckpointError: the model, tokenizer or adapter file is missing, damaged or of an unknown kind.
         InvalidInput: tokenizer is neither a tokenizer nor a path, or does not fit the model.
 
     Example:
         store = MemoryStore("agent.db", embedder=load_embedder("seq.evlm", "tokenizer.json"))
     """
-    from ..lm.checkpoint import load_backbone
+    from ..lm.backbone import load_backbone
     from ..lm.model import EvermindLM, LMConfig
     from ..lm.sequence import SequenceBackbone
     from ..lm.tokenizer import BPETokenizer
 
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = BPETokenizer.load(tokenizer)
-    if not all(hasattr(tokenizer, a) for a in ("encode", "digest", "bos_id")):
-        raise InvalidInput(
-            f"load_embedder expected a BPETokenizer or a tokenizer.json path, got {type(tokenizer).__name__}."
-        )
+    _check_tokenizer(tokenizer, "load_embedder")
     config, params = load_backbone(path)
-    if isinstance(config, LMConfig):
-        return LMEmbedder(EvermindLM.from_params(config, params), tokenizer, max_tokens=max_tokens,
-                          hybrid_weight=hybrid_weight)
-    return SequenceEmbedder(SequenceBackbone(config, params), tokenizer, max_tokens=max_tokens,
-                            hybrid_weight=hybrid_weight)
+    model = EvermindLM.from_params(config, params) if isinstance(config, LMConfig) else SequenceBackbone(config, params)
+    if isinstance(adapter, (str, os.PathLike)):
+        from ..lm.adapter import load_adapter
+
+        adapter = load_adapter(adapter, model=model)
+    return embedder_for(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight, adapter=adapter)
+
+
+def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
+    """An LMEmbedder running base + LoRA adapter (merged), its fingerprint covering the adapter (R11).
+
+    Args:
+        base: the base LMEmbedder (or the default LazyEmbedder, which loads here).
+        weights: lm.adapter.LoRAWeights fitted on base.model.
+    Returns:
+        A new LMEmbedder with base's tokenizer, max_tokens, hybrid weight and batch size (base is not changed).
+    Raises:
+        InvalidInput: the adapter does not fit the model or the merged weights are not finite.
+    """
+    from ..lm.adapter import adapter_digest, merge_adapter
+
+    return LMEmbedder(
+        merge_adapter(base.model, weights), base.tokenizer, max_tokens=base.max_tokens,
+        adapter_digest=adapter_digest(weights),
+        hybrid_weight=getattr(base, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
+        batch_size=getattr(base, "batch_size", DEFAULT_BATCH),
+    )
+
+
+def _load_shipped(meta: dict[str, Any]) -> LMEmbedder | SequenceEmbedder:
+    with resources.as_file(shipped_file(meta["model_file"])) as model_path, \
+            resources.as_file(shipped_file(meta["tokenizer_file"])) as tok_path:
+        return load_embedder(model_path, tok_path, max_tokens=int(meta["max_tokens"]),
+                             hybrid_weight=float(meta["hybrid_weight"]))
+
+
+@functools.lru_cache(maxsize=1)
+def default_embedder() -> LazyEmbedder:
+    """The shipped default embedder, one per process; its weights are read on the first embed.
+
+    `fingerprint`, `dimensions`, `max_tokens` and `hybrid_weight` come from the model card (model.json), so
+    opening a store or running a command that needs no vectors does not load the model. The first embed
+    (from any thread) reads model.evlm and tokenizer.json once and checks that they give the card's fingerprint.
+
+    Returns:
+        A LazyEmbedder over the shipped model.
+    Raises:
+        EvermindError: no default model is shipped in this installation.
+        CheckpointError: the card is damaged (here), or the files are (at the first embed).
+    """
+    meta = card()
+    return LazyEmbedder(fingerprint=meta["fingerprint"], dimensions=int(meta["config"]["d_model"]),
+                        load=functools.partial(_load_shipped, meta), max_tokens=int(meta["max_tokens"]),
+                        hybrid_weight=float(meta["hybrid_weight"]))

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..errors import InvalidInput
-from ..lm.sequence import SequenceBackbone
+
+if TYPE_CHECKING:  # the backbone's module is imported when an embedder is built, not with this package
+    from ..lm.sequence import SequenceBackbone
 
 FINGERPRINT_FORMAT = "evermind-seq-embedder 1"
 POOLING = "mean-real-tokens-l2"
@@ -53,6 +55,8 @@ class SequenceEmbedder:
         hybrid_weight: float = 2.0,
         batch_size: int = DEFAULT_BATCH,
     ) -> None:
+        from ..lm.sequence import SequenceBackbone
+
         if not isinstance(backbone, SequenceBackbone):
             raise InvalidInput(f"SequenceEmbedder expected a SequenceBackbone, got {type(backbone).__name__}.")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:

@@ -1,7 +1,7 @@
 """The one wgpu device the GPU path uses: lazy adapter choice, pipelines, buffers and command batches.
 
 Picks a high-performance adapter first and falls back to any adapter wgpu finds (Mesa's software Vulkan
-included); `EVERMIND_GPU=0` turns the GPU path off. Kernel maths lives in `kernels/*.wgsl` and `ops.py`;
+included); `EVERMIND_GPU=0` turns the GPU path off. Kernel maths lives in `kernels/*.wgsl` and `ops/`;
 this file only owns resources: a pipeline cache, a small buffer pool and the binding-size limit.
 """
 

@@ -1,15 +1,15 @@
 """EvermindLM resident on the GPU: loss, exact gradients, AdamW steps, logits and pooled embeddings in WGSL.
 
 Weights, moments and activations stay on the device; a batch shape's commands are recorded once into a plan
-and replayed, so a training step is one submit and one 48-byte read back. Routed experts run densely beside
-the shared one (an unchosen expert has gate 0: it adds and receives nothing, as lm/model.py's sparse dispatch)."""
+and replayed (gpu/plan.py), so a training step is one submit and one 48-byte read back (gpu/trainer.py).
+Routed experts run densely beside the shared one (an unchosen expert has gate 0: it adds and receives
+nothing, as lm/model.py's sparse dispatch)."""
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,192 +17,17 @@ import numpy as np
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import GpuBuffer, GpuDevice, get_device
 from evermind_memory.lm.layers import RMS_EPS
+from evermind_memory.gpu.plan import _layout, _pack, _Plan, _unpack, _view
 from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes
 
-__all__ = ["GpuLM", "GpuTrainer", "StepResult"]
+__all__ = ["GpuLM"]
 
 _MAX_EXPERTS = 64  # moe_route.wgsl keeps a 64-bit "chosen" mask per row
 _POOL_MAX_T = 1024  # pool_attention.wgsl keeps one query's scores in workgroup memory
-_SUMSQ_CHUNK = 4096  # elements per workgroup of sum_squares.partial
 _HEAD_CHUNK_BYTES = 256 * 1024 * 1024  # logits of one head chunk (rows x V float32), at most
 _EMBED_SEQS = 64  # sequences per embed_batch forward, at most
 _EMBED_TOKENS = 16384  # padded positions per embed_batch forward, at most
 _PLAN_CACHE = 4  # batch shapes whose plans (and activation buffers) are kept per kind
-
-
-# ==== the device layout of the parameters =================================================================
-
-@dataclass(frozen=True)
-class _Tensor:
-    """One device tensor: canonical parameters packed side by side (AdamW is elementwise, so packing is free)."""
-
-    name: str
-    shape: tuple[int, ...]
-    members: tuple[str, ...]  # canonical names in packing order
-    how: str  # "same" (one member), "cols" (concatenated columns), "rows" (concatenated rows), "stack"
-    decay: bool  # 2-D weights decay; norm gains and biases do not (as LMTrainer's no_decay)
-
-
-def _layout(config: LMConfig) -> list[_Tensor]:
-    """Device tensors in a fixed order. Per layer the shared expert is group 0 and expert e is group 1 + e."""
-    shapes = param_shapes(config)
-    c, h, g = config.d_model, config.hidden_dim, config.n_experts + 1
-    out = [_Tensor("emb", shapes["emb"], ("emb",), "same", True)]
-    for layer in range(config.n_layers):
-        p = f"layers.{layer}."
-        groups = [p + "shared"] + [f"{p}expert{e}" for e in range(config.n_experts)]
-        for local in ("conv_norm", "conv", "moe_norm", "router"):
-            out.append(_Tensor(p + local, shapes[p + local], (p + local,), "same", len(shapes[p + local]) >= 2))
-        out.append(_Tensor(p + "w1", (c, g * h), tuple(x + ".w1" for x in groups), "cols", True))
-        out.append(_Tensor(p + "b1", (g * h,), tuple(x + ".b1" for x in groups), "rows", False))
-        out.append(_Tensor(p + "w2", (g * h, c), tuple(x + ".w2" for x in groups), "rows", True))
-        out.append(_Tensor(p + "b2", (g, c), tuple(x + ".b2" for x in groups), "stack", False))
-    for local in ("attn_norm", "wqkv", "wo", "out_norm"):
-        name = "pool." + local
-        if name in shapes:
-            out.append(_Tensor(name, shapes[name], (name,), "same", len(shapes[name]) >= 2))
-    return out
-
-
-def _pack(t: _Tensor, params: Mapping[str, np.ndarray]) -> np.ndarray:
-    parts = [np.asarray(params[m], dtype=np.float32) for m in t.members]
-    if t.how == "same":
-        return np.ascontiguousarray(parts[0])  # (shape)
-    if t.how == "cols":
-        return np.concatenate(parts, axis=1)  # (C, G*H)
-    if t.how == "rows":
-        return np.concatenate(parts, axis=0)  # (G*H,) or (G*H, C)
-    return np.stack(parts, axis=0)  # (G, C)
-
-
-def _unpack(t: _Tensor, arr: np.ndarray) -> dict[str, np.ndarray]:
-    if t.how == "same":
-        return {t.members[0]: arr}
-    if t.how == "cols":
-        parts = np.split(arr, len(t.members), axis=1)  # G x (C, H)
-    elif t.how == "rows":
-        parts = np.split(arr, len(t.members), axis=0)  # G x (H,) or (H, C)
-    else:
-        parts = list(arr)  # G x (C,)
-    return {m: np.ascontiguousarray(p) for m, p in zip(t.members, parts)}
-
-
-# ==== a replayable command list ===========================================================================
-
-class _Plan:
-    """Dispatches, clears and copies with their bind groups made once; `record` replays them into an encoder.
-
-    Buffers made through the plan are owned by it and go back to the device pool on `release`.
-    """
-
-    def __init__(self, dev: GpuDevice) -> None:
-        self.dev = dev
-        self.cmds: list[tuple] = []
-        self.owned: list[GpuBuffer] = []
-        self.inputs: dict[str, GpuBuffer] = {}  # buffers the host writes before each replay
-
-    # -- buffers
-    def buffer(self, nbytes: int, name: str | None = None) -> GpuBuffer:
-        buf = self.dev.storage(max(int(nbytes), 4))
-        self.owned.append(buf)
-        if name is not None:
-            self.inputs[name] = buf
-        return buf
-
-    def uniform(self, values: Sequence[tuple[str, float | int]]) -> GpuBuffer:
-        raw = _uniform_bytes(values)
-        wgpu = self.dev.wgpu
-        buf = self.dev.acquire(len(raw), wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
-        self.dev.raw.queue.write_buffer(buf.raw, 0, raw)
-        self.owned.append(buf)
-        return buf
-
-    def release(self) -> None:
-        for buf in self.owned:
-            self.dev.release(buf)
-        self.owned.clear()
-        self.cmds.clear()
-
-    # -- commands
-    def dispatch(self, kernel: str, entry: str, bindings: Mapping[int, Any], groups: Sequence[int],
-                 constants: Mapping[str, float | int | bool] | None = None) -> None:
-        dev = self.dev
-        g = [int(x) for x in groups] + [1] * (3 - len(groups))
-        if min(g) <= 0:
-            return
-        if max(g) > dev.max_groups_per_dim:
-            raise InvalidInput(f"{kernel}.{entry} asks for {g} workgroups; the device allows "
-                               f"{dev.max_groups_per_dim} per dimension; use smaller batches")
-        pipeline = dev.pipeline(kernel, entry, constants)
-        entries = []
-        for idx, spec in sorted(bindings.items()):
-            buf, offset, size = spec if isinstance(spec, tuple) else (spec, 0, max(spec.nbytes, 4))
-            size = -(-int(size) // 4) * 4
-            if size > dev.max_binding_bytes and not (buf.usage & dev.wgpu.BufferUsage.UNIFORM):
-                raise InvalidInput(
-                    f"binding {idx} of {kernel}.{entry} covers {size} bytes but the device allows "
-                    f"{dev.max_binding_bytes} per storage binding; use smaller batches (B * T) for this model"
-                )
-            entries.append({"binding": idx, "resource": {"buffer": buf.raw, "offset": int(offset), "size": size}})
-        group = dev.raw.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-        self.cmds.append(("d", pipeline, group, tuple(g)))
-
-    def fold(self, n_groups: int) -> tuple[int, int]:
-        lim = self.dev.max_groups_per_dim
-        return (n_groups, 1) if n_groups <= lim else (lim, -(-n_groups // lim))
-
-    def clear(self, buf: GpuBuffer, offset: int = 0, size: int | None = None) -> None:
-        size = buf.nbytes - offset if size is None else size
-        self.cmds.append(("c", buf.raw, int(offset), -(-int(size) // 4) * 4))
-
-    def copy(self, src: GpuBuffer, dst: GpuBuffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
-        self.cmds.append(("p", src.raw, int(src_offset), dst.raw, int(dst_offset), -(-int(nbytes) // 4) * 4))
-
-    def record(self, encoder: Any) -> None:
-        cpass = None
-        for cmd in self.cmds:
-            if cmd[0] == "d":
-                if cpass is None:
-                    cpass = encoder.begin_compute_pass()
-                cpass.set_pipeline(cmd[1])
-                cpass.set_bind_group(0, cmd[2])
-                cpass.dispatch_workgroups(*cmd[3])
-                continue
-            if cpass is not None:
-                cpass.end()
-                cpass = None
-            if cmd[0] == "c":
-                if cmd[3] > 0:
-                    encoder.clear_buffer(cmd[1], cmd[2], cmd[3])
-            elif cmd[5] > 0:
-                encoder.copy_buffer_to_buffer(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5])
-        if cpass is not None:
-            cpass.end()
-
-    # -- kernels (sizes go into static uniforms; every buffer is a GpuBuffer or (buffer, offset, size))
-    def matmul(self, a: Any, b: Any, c: Any, m: int, n: int, k: int, *, trans_a: bool = False,
-               trans_b: bool = False, bias: Any = None, accumulate: bool = False, zero: Any = None) -> None:
-        vec4 = m % 4 == 0 and n % 4 == 0 and k % 4 == 0
-        tile = 128 if vec4 else 64
-        consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None, "ACCUMULATE": accumulate}
-        dims = self.uniform([("u", m), ("u", n), ("u", k), ("u", 0)])
-        self.dispatch("matmul_vec4" if vec4 else "matmul", "main",
-                      {0: dims, 1: a, 2: b, 3: bias if bias is not None else zero, 4: c},
-                      (-(-n // tile), -(-m // tile), 1), consts)
-
-    def elementwise(self, kernel: str, entry: str, bindings: Mapping[int, Any], n: int,
-                    constants: Mapping[str, Any] | None = None) -> None:
-        self.dispatch(kernel, entry, bindings, self.fold(-(-n // 256)), constants)
-
-
-def _uniform_bytes(values: Sequence[tuple[str, float | int]]) -> bytes:
-    codes = {"u": "<u4", "i": "<i4", "f": "<f4"}
-    raw = b"".join(np.array([v], dtype=codes[kind]).tobytes() for kind, v in values)
-    return raw + b"\0" * (-len(raw) % 16)
-
-
-def _view(buf: GpuBuffer, offset_elems: int, n_elems: int) -> tuple[GpuBuffer, int, int]:
-    return (buf, 4 * int(offset_elems), 4 * max(int(n_elems), 1))
 
 
 class _Layer(NamedTuple):
@@ -230,15 +55,6 @@ class _Acts(NamedTuple):
     gmat: GpuBuffer  # (N, G) dense gates, G = E + 1
     h: GpuBuffer  # (N, G*H) relu of the stacked first layer
     hs: GpuBuffer  # (N, G*H) h times its gate
-
-
-class StepResult(NamedTuple):
-    """What one training step did."""
-
-    loss: float  # token-weighted mean next-token loss of the step's batches
-    grad_norm: float  # global gradient norm before clipping (as LMTrainer records it)
-    applied: bool  # False when the step was dropped (a non-finite gradient)
-    tokens: int  # predicted positions trained on
 
 
 # ==== the model ===========================================================================================
@@ -771,201 +587,3 @@ def _round_len(t: int) -> int:
     """Padded length of an embedding bucket: about four plan shapes per doubling of the length."""
     q = 8 if t <= 64 else 1 << (t.bit_length() - 3)
     return -(-t // q) * q
-
-
-# ==== training ============================================================================================
-
-class GpuTrainer:
-    """The device half of `LMTrainer(device="gpu")`: one optimizer step per call with weights, gradients and
-    AdamW moments resident on the GPU (forward, backward, global-norm clip and AdamW in one submit).
-
-    It mirrors `LMTrainer._train_step` for a plain EvermindLM: token-weighted accumulation over the window's
-    micro-batches, clip to `config.clip`, decoupled decay on 2-D weights only, the trust region and the
-    whole-step drop on a non-finite gradient. Mixed precision is not supported here (fp32 on the device);
-    `checkpoint` and `shards` do not change the result, so they are accepted and ignored.
-
-    LMTrainer integration (trainer.py, owner: training helper), with `self._gpu = None` by default:
-        __init__:            if device == "gpu": self._gpu = GpuTrainer(model, config, self.optimizers)
-        _train_step, first:  if self._gpu is not None: return self._gpu.trainer_step(self, batches, lr)
-        fit (finally:), and before _eval_loss / save_training_checkpoint:  if self._gpu: self._gpu.pull()
-        load_training_checkpoint, at the end:                              if self._gpu: self._gpu.push()
-    Not thread-safe.
-    """
-
-    def __init__(self, model: EvermindLM, config: Any, optimizers: Sequence[Any] | None = None, *,
-                 device: GpuDevice | None = None) -> None:
-        """Upload the model (and the optimizers' moments, when given) to the device.
-
-        Args:
-            model: the EvermindLM trained in place (its params are written back by `pull`).
-            config: a training.trainer.TrainConfig (lr schedule is passed per step; betas, eps,
-                weight_decay, max_delta and clip are read here).
-            optimizers: the trainer's AdamW instances (their moments and step count are the starting state,
-                and `pull` writes back into them); None starts from zero moments.
-            device: the GPU device; None opens the process-wide one.
-
-        Raises:
-            InvalidInput: a model other than an EvermindLM, or mixed precision asked for.
-            GpuUnavailable: no GPU device.
-        """
-        if not isinstance(model, EvermindLM):
-            raise InvalidInput(f"the GPU trainer needs an EvermindLM, got {type(model).__name__}; "
-                               "train LoRA adapters on the CPU path (device='cpu').")
-        if getattr(config, "mixed_precision", False):
-            raise InvalidInput("the GPU trainer runs in float32; set TrainConfig(mixed_precision=False) "
-                               "or train on the CPU path.")
-        self.model = model
-        self.config = config
-        self.optimizers = list(optimizers or [])
-        self.gpu = GpuLM.from_model(model, device=device)
-        dev = self.gpu.dev
-        sizes = [int(np.prod(t.shape)) for t in self.gpu._layout]
-        self._m = [dev.storage(n * 4) for n in sizes]
-        self._v = [dev.storage(n * 4) for n in sizes]
-        self.t = 0
-        align = int(dev.raw.limits.get("min-uniform-buffer-offset-alignment", 256))
-        self._stride = -(-48 // align) * align
-        u = dev.wgpu.BufferUsage
-        self._hp = dev.acquire(self._stride * len(sizes), u.UNIFORM | u.COPY_DST)
-        self._ctl, self._flag = dev.storage(16), dev.storage(16)  # [scale, norm], [drop flag]
-        self._staging = dev.acquire(48, u.MAP_READ | u.COPY_DST)
-        self._opt = self._build_optimizer(sizes)
-        self.push()
-
-    def _build_optimizer(self, sizes: list[int]) -> _Plan:
-        """Global norm + clip scale, scale the grads, AdamW check then apply; stats copied for the read back."""
-        gpu = self.gpu
-        plan = _Plan(gpu.dev)
-        grads = gpu._grad_buffers()
-        n_part = [-(-n // _SUMSQ_CHUNK) for n in sizes]
-        slots = np.concatenate([[0], np.cumsum(n_part)]).astype(int)  # (n_tensors + 1,)
-        partials = plan.buffer(int(slots[-1]) * 4)
-        ctl, flag = self._ctl, self._flag
-        for g, n, slot in zip(grads, sizes, slots):
-            u = plan.uniform([("u", n), ("u", int(slot)), ("u", 0), ("u", 0)] + [("f", 0.0)] * 4)
-            plan.dispatch("sum_squares", "partial", {0: u, 1: g, 2: partials}, plan.fold(-(-n // _SUMSQ_CHUNK)))
-        clip = float(getattr(self.config, "clip", 0.0))
-        fin = plan.uniform([("u", 0), ("u", 0), ("u", int(slots[-1])), ("u", 0), ("f", 1.0), ("f", clip),
-                            ("f", 0.0), ("f", 0.0)])
-        plan.dispatch("sum_squares", "finish", {0: fin, 2: partials, 3: ctl, 4: flag}, (1, 1, 1))
-        for g, n in zip(grads, sizes):
-            u = plan.uniform([("u", n), ("u", 0), ("u", 0), ("u", 0)] + [("f", 0.0)] * 4)
-            plan.elementwise("sum_squares", "scale", {0: u, 3: ctl, 5: g}, n)
-        hp = [(self._hp, i * self._stride, 48) for i in range(len(sizes))]
-        for i, n in enumerate(sizes):
-            plan.elementwise("adamw_update", "check", {0: hp[i], 2: grads[i], 3: self._m[i], 4: self._v[i], 5: flag}, n)
-        for i, n in enumerate(sizes):
-            plan.elementwise("adamw_update", "apply", {0: hp[i], 1: gpu._params[i], 2: grads[i], 3: self._m[i],
-                                                       4: self._v[i], 5: flag}, n)
-        plan.copy(self._ctl, self._staging, 16)
-        plan.copy(self._flag, self._staging, 16, dst_offset=16)
-        plan.copy(gpu._loss, self._staging, 16, dst_offset=32)
-        return plan
-
-    def _write_hyper(self, lr: float, t: int) -> None:
-        cfg = self.config
-        b1, b2 = (float(x) for x in cfg.betas)
-        rows = np.zeros((len(self.gpu._layout), self._stride // 4), dtype=np.float32)  # (n_tensors, stride/4)
-        rows[:, 0] = np.array([int(np.prod(tt.shape)) for tt in self.gpu._layout], dtype=np.uint32).view(np.float32)
-        rows[:, 1] = lr
-        rows[:, 2], rows[:, 3], rows[:, 4] = b1, b2, float(cfg.eps)
-        rows[:, 5] = [float(cfg.weight_decay) if tt.decay else 0.0 for tt in self.gpu._layout]
-        rows[:, 6], rows[:, 7] = b1 ** t, b2 ** t
-        rows[:, 8] = float(cfg.max_delta)
-        rows[:, 9] = 1.0  # the clip scale is already applied to the gradients by sum_squares.scale
-        self.gpu.dev.raw.queue.write_buffer(self._hp.raw, 0, rows)
-
-    def step(self, batches: Sequence[tuple[Any, Any]], lr: float) -> StepResult:
-        """One optimizer step over a window of micro-batches, resident on the device.
-
-        Args:
-            batches: (tokens (B, T), lengths (B,) or None) per micro-batch; their gradients are summed
-                weighted by predicted positions (one batch of all of them).
-            lr: learning rate of this step.
-
-        Returns:
-            StepResult(loss, grad_norm, applied, tokens).
-
-        Raises:
-            InvalidInput: bad batches, or no sequence with two or more tokens.
-        """
-        if not batches:
-            raise InvalidInput("step() expected at least one (tokens, lengths) batch, got none.")
-        self._write_hyper(float(lr), self.t + 1)
-        total = self.gpu._record_batches(batches, "step()", tail=self._opt.record)
-        st = self._staging.raw
-        st.map_sync(self.gpu.dev.wgpu.MapMode.READ, 0, self._staging.capacity)
-        try:
-            raw = np.frombuffer(st.read_mapped(0, 48), dtype=np.uint8).copy()  # (48,)
-        finally:
-            st.unmap()
-        ctl = raw.view(np.float32)  # (12,)
-        applied = int(raw[16:20].view(np.uint32)[0]) == 0
-        if applied:
-            self.t += 1
-        return StepResult(float(ctl[8]), float(ctl[1]), applied, total)
-
-    def trainer_step(self, trainer: Any, batches: Sequence[tuple[np.ndarray, np.ndarray, int]], lr: float) -> float:
-        """`LMTrainer._train_step` on the device: the step plus the trainer's history; returns the loss.
-
-        Args:
-            trainer: the LMTrainer whose history is updated.
-            batches: its (tokens, lengths, n_pred) micro-batches.
-            lr: learning rate of this step.
-
-        Returns:
-            The step's token-weighted mean loss.
-        """
-        res = self.step([(tok, lens) for tok, lens, _ in batches], lr)
-        h = trainer.history
-        h.losses.append(res.loss)
-        h.lrs.append(lr)
-        h.grad_norms.append(res.grad_norm)
-        h.tokens += res.tokens
-        if not res.applied:
-            h.skipped += 1
-        return res.loss
-
-    def pull(self) -> None:
-        """Copy the device weights into model.params (in place) and the moments and step count into the optimizers."""
-        dev = self.gpu.dev
-        params = self.gpu.to_params()
-        for name, arr in params.items():
-            self.model.params[name][...] = arr
-        if not self.optimizers:
-            return
-        m: dict[str, np.ndarray] = {}
-        v: dict[str, np.ndarray] = {}
-        for t, mb, vb in zip(self.gpu._layout, self._m, self._v):
-            m.update(_unpack(t, dev.read(mb, np.float32, t.shape)))
-            v.update(_unpack(t, dev.read(vb, np.float32, t.shape)))
-        for opt in self.optimizers:
-            for name in opt.owned:
-                opt.m[name][...] = m[name]
-                opt.v[name][...] = v[name]
-            opt.t = self.t
-
-    def push(self) -> None:
-        """Upload model.params and the optimizers' moments and step count (after a checkpoint load)."""
-        dev = self.gpu.dev
-        self.gpu.load_params(self.model.params)
-        shapes = param_shapes(self.gpu.config)
-        m = {n: np.zeros(s, dtype=np.float32) for n, s in shapes.items()}  # (per param)
-        v = {n: np.zeros(s, dtype=np.float32) for n, s in shapes.items()}  # (per param)
-        self.t = 0
-        for opt in self.optimizers:
-            for name in opt.owned:
-                m[name], v[name] = opt.m[name], opt.v[name]
-            self.t = int(opt.t)
-        for t, mb, vb in zip(self.gpu._layout, self._m, self._v):
-            dev.write(mb, _pack(t, m))
-            dev.write(vb, _pack(t, v))
-
-    def close(self) -> None:
-        """Give the device buffers back (weights are not pulled first)."""
-        dev = self.gpu.dev
-        self._opt.release()
-        for buf in self._m + self._v + [self._hp, self._ctl, self._flag, self._staging]:
-            dev.release(buf)
-        self.gpu.close()
-

@@ -2,13 +2,24 @@
 (plus `regex` for pre-tokenizing).
 
 Checkpoints (lm.checkpoint) and the inference side of LoRA adapters (lm.adapter) live here too, so that
-loading an adapted model never imports `training`.
+loading an adapted model never imports `training`. The names below are imported when first used, so importing
+one submodule (the tokenizer, the checkpoint format) does not import the models.
 """
 
 from __future__ import annotations
 
-from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes
-from evermind_memory.lm.sequence import SequenceBackbone, SequenceModelConfig
-from evermind_memory.lm.tokenizer import BPETokenizer
+from importlib import import_module
+from typing import Any
+
+_LAZY = {"EvermindLM": "model", "LMConfig": "model", "param_shapes": "model", "SequenceBackbone": "sequence",
+         "SequenceModelConfig": "sequence", "BPETokenizer": "tokenizer"}
 
 __all__ = ["BPETokenizer", "EvermindLM", "LMConfig", "SequenceBackbone", "SequenceModelConfig", "param_shapes"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

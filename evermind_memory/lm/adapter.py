@@ -25,6 +25,7 @@ from evermind_memory.lm.checkpoint import (
     read_tensor_file,
     write_tensor_file,
 )
+from evermind_memory.lm.model import EvermindLM
 
 __all__ = [
     "ADAPTER_MAGIC",
@@ -268,8 +269,6 @@ def merge_adapter(model: Any, weights: LoRAWeights) -> Any:
     Raises:
         InvalidInput: the adapter is malformed or does not fit the model.
     """
-    from evermind_memory.lm.model import EvermindLM  # lazy: model imports the checkpoint layer
-
     if not isinstance(model, EvermindLM):
         raise InvalidInput(f"merge_adapter expected an EvermindLM, got {type(model).__name__}.")
     return EvermindLM.from_params(model.config, adapted_params(model.params, weights))

@@ -1,15 +1,18 @@
 """Bidirectional multi-head self-attention: the embedder's long-range mixing block.
 
 EvermindLM's conv layers see only a short causal window; before pooling, the embedder lets every real
-position attend to every other real position once. This file holds that block's forward/backward pair.
-Norm and residual are composed by the model. Shape letters as in model.py, plus N heads and D = C // N.
+position attend to every other real position once. This file holds that block's forward/backward pair and the
+pooling block built from it (norm, attention, residual, norm, mean). Shape letters as in model.py, plus N
+heads and D = C // N.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
+
+from evermind_memory.lm.layers import rmsnorm_backward, rmsnorm_forward
 
 _MASKED = -1e9  # added to scores of padded keys; exp() underflows to exactly 0 in float32 and float64
 
@@ -83,3 +86,50 @@ def attention_backward(dy, cache: AttentionCache, wqkv, wo, n_heads):
     dwqkv = x.reshape(B * T, C).T @ dqkv  # (C, 3C)
     dx = (dqkv @ wqkv.T).reshape(B, T, C)  # (B, T, C)
     return dx, dwqkv, dwo
+
+
+# ── the embedder's pooling block: [h += attn(norm(h)); h = norm(h)] when heads, then mean ──────────────
+
+
+def pool_forward(
+    params: Mapping[str, np.ndarray], h: np.ndarray, lengths: np.ndarray, heads: int, keep_cache: bool
+) -> tuple[np.ndarray, Any]:
+    """The embedder's pooling over final hidden states; heads=0 means a plain mean over real positions.
+
+    h is (B, T, C) with zeros at padded positions; returns the unnormalised (B, C) mean and a cache
+    (None for the inner block unless keep_cache).
+    """
+    b, t, c = h.shape
+    real = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
+    if not heads:
+        return h.sum(axis=1) / lengths[:, None].astype(h.dtype), (real, None)  # (B, C)
+    a, norm1 = rmsnorm_forward(h.reshape(b * t, c), params["pool.attn_norm"])  # (B*T, C)
+    y, attn = attention_forward(a.reshape(b, t, c), params["pool.wqkv"], params["pool.wo"], lengths,
+                                heads)  # (B, T, C)
+    o, norm2 = rmsnorm_forward((h + y).reshape(b * t, c), params["pool.out_norm"])  # (B*T, C)
+    o = o.reshape(b, t, c) * real[..., None]  # (B, T, C): padded queries never reach the mean
+    pooled = o.sum(axis=1) / lengths[:, None].astype(h.dtype)  # (B, C)
+    return pooled, ((real, (norm1, attn, norm2)) if keep_cache else (real, None))
+
+
+def pool_backward(
+    params: Mapping[str, np.ndarray], dpooled: np.ndarray, lengths: np.ndarray, cache: Any, heads: int,
+    grads: dict, need: frozenset[str] | None = None,
+) -> np.ndarray:
+    """Backward of `pool_forward`: fills the pool.* grads (those in need, when given); returns dh (B, T, C)."""
+    real, inner = cache
+    b, t = real.shape
+    c = dpooled.shape[1]
+    do = (dpooled / lengths[:, None].astype(dpooled.dtype))[:, None, :] * real[..., None]  # (B, T, C)
+    if not heads:
+        return do
+    norm1, attn, norm2 = inner
+    found = {}
+    dz, found["pool.out_norm"] = rmsnorm_backward(
+        do.reshape(b * t, c), norm2, gain_grad=need is None or "pool.out_norm" in need)  # (B*T, C)
+    da, found["pool.wqkv"], found["pool.wo"] = attention_backward(
+        dz.reshape(b, t, c), attn, params["pool.wqkv"], params["pool.wo"], heads)  # (B, T, C)
+    dh, found["pool.attn_norm"] = rmsnorm_backward(
+        da.reshape(b * t, c), norm1, gain_grad=need is None or "pool.attn_norm" in need)  # (B*T, C)
+    grads.update({n: g for n, g in found.items() if need is None or n in need})
+    return (dh + dz).reshape(b, t, c)  # residual: z = h + y

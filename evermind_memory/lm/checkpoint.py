@@ -3,8 +3,8 @@
 Layout (little-endian): magic (8 bytes) | format version (u32) | header length (u32) | JSON header |
 zero padding to 64 bytes | tensor data (each tensor 64-byte aligned) | CRC-32 of everything before it (u32).
 Files are written atomically (RELIABILITY R4) and checked, size first, before any tensor memory exists (R15).
-A model file holds an EvermindLM (meta {"config"}) or a SequenceBackbone (meta {"backbone": "sequence",
-"config"}); `load_backbone` reads either.
+This module is the container only: it imports no model. Model files (lm.model_file), LoRA adapters
+(lm.adapter) and row deltas (lm.delta) are laid out on top of it, each with its own magic.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import math
 import os
 import stat
 import struct
-import sys
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from evermind_memory._atomic import atomic_write
 from evermind_memory.errors import CheckpointError, InvalidInput
 
 __all__ = [
@@ -41,13 +40,6 @@ __all__ = [
     "encode_tensor_bytes",
     "decode_tensor_bytes",
     "file_sha256",
-    "save_model",
-    "load_model",
-    "save_sequence_model",
-    "load_sequence_model",
-    "load_backbone",
-    "export_delta",
-    "apply_delta",
 ]
 
 FORMAT_VERSION = 1
@@ -186,30 +178,6 @@ def encode_tensor_bytes(
     return bytes(out)
 
 
-def _fsync(fd: int) -> None:
-    # macOS's fsync does not flush the drive cache; F_FULLFSYNC does (SQLite's fullfsync).
-    if sys.platform == "darwin":
-        import fcntl
-
-        if hasattr(fcntl, "F_FULLFSYNC"):
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-    os.fsync(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # Windows cannot open directories; its rename is already durable enough
-        return
-    try:
-        _fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_tensor_file(
     path: str | os.PathLike[str],
     *,
@@ -236,14 +204,8 @@ def write_tensor_file(
         CheckpointError: the file system refused the write (an existing file is left as it was).
     """
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); check that the directory exists.") from e
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path) as f:
             crc = 0
             expected = 0
             for chunk in _encode_chunks(magic=magic, kind=kind, meta=meta, tensors=tensors, fp16=fp16):
@@ -253,20 +215,12 @@ def write_tensor_file(
             f.write(_TRAILER.pack(crc))
             expected += _TRAILER.size
             f.flush()
-            _fsync(f.fileno())
             size = os.fstat(f.fileno()).st_size
-        if size != expected:  # a short write that no layer reported
-            raise OSError(f"wrote {size} bytes, expected {expected}; the disk may be full")
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError):
-            raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); the old file is unchanged.") from e
-        raise
-    _fsync_dir(directory)
+            if size != expected:  # a short write that no layer reported
+                raise OSError(f"wrote {size} bytes, expected {expected}; the disk may be full")
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); the old file, if any, is unchanged. "
+                              "Check that the directory exists and has free space.") from e
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -538,370 +492,3 @@ def decode_tensor_bytes(
     return _read_stream(
         io.BytesIO(view), len(view), label, magic=magic, kind=kind, max_bytes=max_bytes, dtypes=dtypes, check=check
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# models
-
-
-def _model_api() -> tuple[Any, Callable[[Any], dict[str, tuple[int, ...]]]]:
-    from evermind_memory.lm.model import LMConfig, param_shapes  # lazy: model imports this module
-
-    return LMConfig, param_shapes
-
-
-def save_model(
-    path: str | os.PathLike[str], config: Any, params: Mapping[str, np.ndarray], *, fp16: bool = False
-) -> None:
-    """Save a model's config and parameters atomically (temp file + fsync + rename).
-
-    Args:
-        path: destination file (conventionally *.evlm).
-        config: the LMConfig.
-        params: name -> array, exactly the names and shapes of param_shapes(config).
-        fp16: store weights as float16 (half the size; loaded back as float32).
-
-    Raises:
-        InvalidInput: params do not match the config, are not finite floats, or cannot be stored.
-        CheckpointError: the file system refused the write (an existing file is left as it was).
-    """
-    LMConfig, param_shapes = _model_api()
-    if not isinstance(config, LMConfig):
-        raise InvalidInput(f"save_model expected an LMConfig, got {type(config).__name__}.")
-    shapes = param_shapes(config)
-    _check_params_for_save("save_model", shapes, params)
-    ordered = {name: params[name] for name in shapes}
-    write_tensor_file(path, magic=MODEL_MAGIC, kind=MODEL_KIND, meta={"config": config.to_dict()},
-                      tensors=ordered, fp16=fp16)
-
-
-def _sequence_api() -> tuple[Any, Callable[[Any], dict[str, tuple[int, ...]]]]:
-    from evermind_memory.lm.sequence import SequenceModelConfig, sequence_param_shapes  # lazy, as _model_api
-
-    return SequenceModelConfig, sequence_param_shapes
-
-
-SEQUENCE_BACKBONE = "sequence"  # meta["backbone"] of a SequenceBackbone file; files without the key are EvermindLM
-
-
-def _check_params_for_save(
-    what: str, shapes: Mapping[str, tuple[int, ...]], params: Mapping[str, np.ndarray]
-) -> None:
-    missing = [n for n in shapes if n not in params]
-    extra = [n for n in params if n not in shapes]
-    if missing or extra:
-        raise InvalidInput(f"{what}: params do not match the config: missing {missing}, unexpected {extra}.")
-    for name, shape in shapes.items():
-        if np.shape(params[name]) != tuple(shape):
-            raise InvalidInput(
-                f"{what}: params[{name!r}] has shape {np.shape(params[name])}, the config needs {tuple(shape)}."
-            )
-        arr = np.asarray(params[name])
-        if arr.dtype.kind != "f":
-            raise InvalidInput(f"{what}: params[{name!r}] has dtype {arr.dtype}; expected float.")
-        if not np.all(np.isfinite(arr)):
-            raise InvalidInput(f"{what}: params[{name!r}] holds NaN or Inf; refusing to save a broken model.")
-
-
-def save_sequence_model(
-    path: str | os.PathLike[str], config: Any, params: Mapping[str, np.ndarray], *, fp16: bool = False
-) -> None:
-    """Save a SequenceBackbone's config and parameters atomically, in the model file format.
-
-    The header meta is {"backbone": "sequence", "config": SequenceModelConfig fields}; EvermindLM files
-    have no "backbone" key.
-
-    Args:
-        path: destination file (conventionally *.evlm).
-        config: the SequenceModelConfig.
-        params: name -> array, exactly the names and shapes of sequence_param_shapes(config).
-        fp16: store weights as float16 (half the size; loaded back as float32).
-
-    Raises:
-        InvalidInput: params do not match the config, are not finite floats, or cannot be stored.
-        CheckpointError: the file system refused the write (an existing file is left as it was).
-    """
-    SequenceModelConfig, shapes_of = _sequence_api()
-    if not isinstance(config, SequenceModelConfig):
-        raise InvalidInput(f"save_sequence_model expected a SequenceModelConfig, got {type(config).__name__}.")
-    shapes = shapes_of(config)
-    _check_params_for_save("save_sequence_model", shapes, params)
-    write_tensor_file(path, magic=MODEL_MAGIC, kind=MODEL_KIND,
-                      meta={"backbone": SEQUENCE_BACKBONE, "config": config.to_dict()},
-                      tensors={name: params[name] for name in shapes}, fp16=fp16)
-
-
-def _backbone_of(meta: dict[str, Any], label: str) -> str:
-    """"evermind-lm" or "sequence" from a model header's meta; CheckpointError for anything else."""
-    if "backbone" not in meta:
-        if set(meta) != {"config"} or not isinstance(meta["config"], dict):
-            raise CheckpointError(
-                f"{label}: header meta should hold exactly a 'config' object, got keys {sorted(meta)}."
-            )
-        return "evermind-lm"
-    if set(meta) != {"backbone", "config"} or not isinstance(meta["config"], dict):
-        raise CheckpointError(
-            f"{label}: header meta should hold exactly 'backbone' and a 'config' object, got keys {sorted(meta)}."
-        )
-    if meta["backbone"] != SEQUENCE_BACKBONE:
-        raise CheckpointError(
-            f"{label}: unknown backbone {meta['backbone']!r:.60} (this version knows EvermindLM files, with no "
-            f"'backbone' key, and {SEQUENCE_BACKBONE!r}); it was written by another version of evermind_memory."
-        )
-    return SEQUENCE_BACKBONE
-
-
-def _load_any(
-    path: str | os.PathLike[str], max_bytes: int, allowed: tuple[str, ...]
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Read a model file of one of the `allowed` backbones; config type and tensors checked before reading."""
-    label = os.fspath(path)
-    found: dict[str, Any] = {}
-
-    def check(meta: dict[str, Any], specs: dict[str, TensorSpec]) -> None:
-        backbone = _backbone_of(meta, label)
-        if backbone not in allowed:
-            how = ("load_sequence_model(), SequenceBackbone.load() or embedder.load_embedder()"
-                   if backbone == SEQUENCE_BACKBONE else "load_model(), EvermindLM.load() or embedder.load_embedder()")
-            raise CheckpointError(
-                f"{label}: holds a {backbone} backbone, not {' or '.join(allowed)}; read it with {how}."
-            )
-        config_cls, shapes_of = _model_api() if backbone == "evermind-lm" else _sequence_api()
-        try:
-            config = config_cls.from_dict(meta["config"])
-        except (InvalidInput, TypeError, ValueError, KeyError) as e:
-            raise CheckpointError(f"{label}: invalid model config in header: {e}") from e
-        shapes = shapes_of(config)
-        missing = [n for n in shapes if n not in specs]
-        extra = [n for n in specs if n not in shapes]
-        if missing or extra:
-            raise CheckpointError(
-                f"{label}: tensors do not match the config: missing {missing}, unexpected {extra}. "
-                "The file is damaged or was written for another architecture."
-            )
-        for name, shape in shapes.items():
-            if specs[name][1] != tuple(shape):
-                raise CheckpointError(
-                    f"{label}: tensor {name!r} has shape {specs[name][1]}, the config needs {tuple(shape)}."
-                )
-        found["config"], found["shapes"] = config, shapes
-
-    _, tensors = read_tensor_file(path, magic=MODEL_MAGIC, kind=MODEL_KIND, max_bytes=max_bytes, check=check)
-    for name, arr in tensors.items():
-        if not np.all(np.isfinite(arr)):
-            raise CheckpointError(f"{label}: tensor {name!r} holds NaN or Inf; the checkpoint is broken.")
-    return found["config"], {name: tensors[name] for name in found["shapes"]}
-
-
-def load_model(
-    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Load and validate an EvermindLM checkpoint written by save_model.
-
-    The tensor set and every shape are checked against param_shapes(config) before any weights are read.
-
-    Args:
-        path: the checkpoint file.
-        max_bytes: refuse files larger than this.
-
-    Returns:
-        (config, params): the LMConfig and name -> float32 array in param_shapes order.
-
-    Raises:
-        CheckpointError: missing, unreadable, corrupt, truncated, of another format or backbone, inconsistent
-            with its config, or holding non-finite weights.
-    """
-    return _load_any(path, max_bytes, ("evermind-lm",))
-
-
-def load_sequence_model(
-    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Load and validate a SequenceBackbone checkpoint written by save_sequence_model.
-
-    Args:
-        path: the checkpoint file.
-        max_bytes: refuse files larger than this.
-
-    Returns:
-        (config, params): the SequenceModelConfig and name -> float32 array in sequence_param_shapes order.
-
-    Raises:
-        CheckpointError: as load_model, or the file holds an EvermindLM.
-    """
-    return _load_any(path, max_bytes, (SEQUENCE_BACKBONE,))
-
-
-def load_backbone(
-    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Load a model file of either backbone; the header's meta says which.
-
-    Args:
-        path: the checkpoint file.
-        max_bytes: refuse files larger than this.
-
-    Returns:
-        (config, params): an LMConfig (EvermindLM) or a SequenceModelConfig, and its float32 params.
-
-    Raises:
-        CheckpointError: as load_model.
-    """
-    return _load_any(path, max_bytes, ("evermind-lm", SEQUENCE_BACKBONE))
-
-
-# ----------------------------------------------------------------------------------------------
-# row deltas
-
-
-def _as_rows(arr: np.ndarray) -> np.ndarray:
-    """A tensor as (rows, cols): 2-D as is, 0-/1-D as one row, N-D split on the first axis."""
-    return arr.reshape(1, arr.size) if arr.ndim <= 1 else arr.reshape(arr.shape[0], math.prod(arr.shape[1:]))
-
-
-def _params_digest(params: Mapping[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in params:
-        arr = np.asarray(params[name], dtype="<f4", order="C")
-        h.update(json.dumps([name, list(arr.shape)]).encode("utf-8"))
-        h.update(memoryview(arr.reshape(-1).view(np.uint8)))
-    return h.hexdigest()
-
-
-def _as_float32_params(params: Any, what: str) -> dict[str, np.ndarray]:
-    if not isinstance(params, Mapping):
-        raise InvalidInput(f"{what} must be a dict of name -> array, got {type(params).__name__}.")
-    out = {}
-    for name, value in params.items():
-        arr = np.asarray(value)
-        if arr.dtype.kind != "f":
-            raise InvalidInput(f"{what}[{name!r}] has dtype {arr.dtype}; expected a float array.")
-        out[name] = np.asarray(arr, dtype=np.float32, order="C")
-    return out
-
-
-def export_delta(
-    base_params: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray], *, eps: float = 0.0
-) -> bytes:
-    """Record the rows of `params` that differ from `base_params`, as validated bytes.
-
-    A row (of a 2-D tensor; a 1-D tensor is one row) is recorded when its max abs change exceeds eps;
-    with eps=0 any bit difference counts, so apply_delta(base, export_delta(base, p)) == p bit for bit.
-
-    Args:
-        base_params: the base weights, name -> float array.
-        params: the current weights, same names and shapes.
-        eps: change threshold (>= 0).
-
-    Returns:
-        The delta (own magic, header, CRC trailer).
-
-    Raises:
-        InvalidInput: the two param sets do not have the same names and shapes, or eps is invalid.
-    """
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (eps >= 0 and math.isfinite(eps)):
-        raise InvalidInput(f"export_delta expected a finite eps >= 0, got {eps!r}.")
-    base = _as_float32_params(base_params, "base_params")
-    cur = _as_float32_params(params, "params")
-    if list(base) != list(cur):
-        raise InvalidInput(
-            f"export_delta: params and base_params must have the same names in the same order; "
-            f"missing {[n for n in base if n not in cur]}, unexpected {[n for n in cur if n not in base]}."
-        )
-    tensors: dict[str, np.ndarray] = {}
-    for i, name in enumerate(base):
-        if base[name].shape != cur[name].shape:
-            raise InvalidInput(
-                f"export_delta: params[{name!r}] has shape {cur[name].shape}, base has {base[name].shape}."
-            )
-        b, c = _as_rows(base[name]), _as_rows(cur[name])  # (rows, cols)
-        if eps == 0:  # bitwise, so -0.0 vs 0.0 and NaN payloads survive the round trip
-            changed = np.any(b.view(np.uint32) != c.view(np.uint32), axis=1)  # (rows,)
-        else:  # NaN counts as changed
-            changed = ~np.all(np.abs(c - b) <= eps, axis=1)  # (rows,)
-        rows = np.flatnonzero(changed).astype(np.uint32)  # (n,)
-        tensors[f"rows.{i}"] = rows
-        tensors[f"data.{i}"] = c[rows]  # (n, cols)
-    meta = {
-        "names": list(base),
-        "shapes": [list(base[n].shape) for n in base],
-        "base_sha256": _params_digest(base),
-    }
-    return encode_tensor_bytes(magic=DELTA_MAGIC, kind=DELTA_KIND, meta=meta, tensors=tensors)
-
-
-def apply_delta(base_params: Mapping[str, np.ndarray], delta: bytes) -> dict[str, np.ndarray]:
-    """Rebuild the weights a delta was exported from, on a copy of its base.
-
-    Args:
-        base_params: the same base weights given to export_delta (not mutated).
-        delta: bytes from export_delta.
-
-    Returns:
-        New name -> float32 array dict.
-
-    Raises:
-        CheckpointError: the delta is corrupt, or does not fit these base weights (names, shapes, rows,
-            base digest).
-        InvalidInput: base_params is not a dict of float arrays.
-    """
-    label = "row delta"
-    base = _as_float32_params(base_params, "base_params")
-
-    def check(meta: dict[str, Any], specs: dict[str, TensorSpec]) -> None:
-        names, shapes = meta.get("names"), meta.get("shapes")
-        if (
-            set(meta) != {"names", "shapes", "base_sha256"}
-            or not isinstance(names, list)
-            or not isinstance(shapes, list)
-            or len(names) != len(shapes)
-            or not all(isinstance(n, str) for n in names)
-            or not all(isinstance(s, list) and all(_is_int(d) and d >= 0 for d in s) for s in shapes)
-            or not isinstance(meta["base_sha256"], str)
-        ):
-            raise CheckpointError(f"{label}: corrupt header meta; expected names, shapes and base_sha256.")
-        if names != list(base):
-            raise CheckpointError(
-                f"{label}: made for tensors {names}, the base has {list(base)}; apply it to the base it was "
-                "exported from."
-            )
-        expected_names = {f"{kind}.{i}" for i in range(len(names)) for kind in ("rows", "data")}
-        if set(specs) != expected_names:
-            raise CheckpointError(f"{label}: corrupt tensor set {sorted(specs)}.")
-        for i, (name, shape) in enumerate(zip(names, shapes)):
-            if tuple(shape) != base[name].shape:
-                raise CheckpointError(
-                    f"{label}: tensor {name!r} has shape {tuple(shape)} in the delta, {base[name].shape} in the base."
-                )
-            n_rows, n_cols = _as_rows(base[name]).shape
-            rows_dtype, rows_shape = specs[f"rows.{i}"]
-            data_dtype, data_shape = specs[f"data.{i}"]
-            if rows_dtype != "u32" or len(rows_shape) != 1 or rows_shape[0] > n_rows:
-                raise CheckpointError(f"{label}: row index table of {name!r} is malformed.")
-            if data_dtype != "f32" or data_shape != (rows_shape[0], n_cols):
-                raise CheckpointError(
-                    f"{label}: rows of {name!r} have shape {data_shape}, expected ({rows_shape[0]}, {n_cols})."
-                )
-
-    meta, tensors = decode_tensor_bytes(
-        delta, magic=DELTA_MAGIC, kind=DELTA_KIND, label=label, dtypes=("f32", "u32"), check=check
-    )
-    # Checked after the CRC, so a damaged delta reports damage rather than a wrong base.
-    if meta["base_sha256"] != _params_digest(base):
-        raise CheckpointError(
-            f"{label}: was exported against other base weights (base sha256 {meta['base_sha256'][:12]}..., "
-            f"these are {_params_digest(base)[:12]}...); apply it to the base it was exported from."
-        )
-    meta_names = list(base)
-    out: dict[str, np.ndarray] = {}
-    for i, name in enumerate(meta_names):
-        rows = tensors[f"rows.{i}"].astype(np.int64)  # (n,)
-        n_rows = _as_rows(base[name]).shape[0]
-        if rows.size and (np.any(rows >= n_rows) or np.any(np.diff(rows) <= 0)):
-            raise CheckpointError(
-                f"{label}: row indices of {name!r} must be strictly increasing and < {n_rows}."
-            )
-        new = base[name].copy()  # base shape
-        _as_rows(new)[rows] = tensors[f"data.{i}"]  # view assignment into the copy
-        out[name] = new
-    return out

@@ -7,9 +7,8 @@ E experts, K conv width, H expert hidden. Training loops and optimisers live in 
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+import os
 from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -31,7 +30,11 @@ from evermind_memory.lm.layers import (
     unembed_backward,
     unembed_forward,
 )
-from evermind_memory.lm.attention import AttentionCache, attention_backward, attention_forward, key_mask
+from evermind_memory.lm.attention import pool_backward, pool_forward
+from evermind_memory.lm.checkpoint import DEFAULT_MAX_BYTES
+from evermind_memory.lm.config import LMConfig, init_param, param_shapes
+from evermind_memory.lm.inference import FrozenEmbedder, build_plan, plan_embed_many, plan_embed_one
+from evermind_memory.lm.model_file import LM_BACKBONE, Backbone, load_model_file, save_model_file
 from evermind_memory.lm.moe import (
     SHORT_MAX_ROWS,
     MoECache,
@@ -42,134 +45,15 @@ from evermind_memory.lm.moe import (
     moe_inference_weights,
 )
 
-__all__ = ["LMConfig", "param_shapes", "EvermindLM", "FrozenEmbedder", "HEAD_CHUNK_ELEMENTS"]
+__all__ = [
+    "LMConfig", "param_shapes", "EvermindLM", "FrozenEmbedder", "HEAD_CHUNK_ELEMENTS", "LM_FILE", "save_model",
+    "load_model",
+]
 
 # The training loss computes the tied head in row chunks of about this many logits (rows x V; 16 MiB in
 # float32), so the (N, V) logits never exist whole. loss_and_grads(head_chunk=...) overrides it per call.
 HEAD_CHUNK_ELEMENTS = 1 << 22
 
-_NORM_EPS = 1e-12  # an all-zero pooled vector stays zero instead of dividing by zero
-_EMBED_BUCKET_SEQS = 64  # at most this many sequences per embedding forward
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    """Shape of an EvermindLM; validated on construction (InvalidInput)."""
-
-    vocab_size: int  # V: token ids are in [0, vocab_size)
-    d_model: int = 64  # C: channels of the residual stream and of the tied embedding
-    n_layers: int = 2  # conv + MoE blocks
-    conv_kernel: int = 3  # K: causal conv width (tap k reads the input k steps back)
-    hidden_dim: int = 128  # H: hidden width of every expert FFN (shared and routed)
-    n_experts: int = 4  # E: routed experts per layer
-    top_k: int = 2  # routed experts active per position, 1 <= top_k <= n_experts
-    attn_heads: int = 0  # heads of the bidirectional attention block before pooling; 0: plain mean pooling
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InvalidInput(
-                    f"LMConfig expected an int for {f.name}, got {value!r} ({type(value).__name__})."
-                )
-            lowest = 0 if f.name == "attn_heads" else 1
-            if value < lowest:
-                raise InvalidInput(f"LMConfig expected {f.name} >= {lowest}, got {f.name}={value}.")
-            object.__setattr__(self, f.name, int(value))
-        if self.attn_heads and self.d_model % self.attn_heads:
-            raise InvalidInput(
-                f"LMConfig expected d_model divisible by attn_heads, got d_model={self.d_model}, "
-                f"attn_heads={self.attn_heads}."
-            )
-        if self.top_k > self.n_experts:
-            raise InvalidInput(
-                f"LMConfig expected top_k <= n_experts, got top_k={self.top_k}, n_experts={self.n_experts}. "
-                "Lower top_k or add experts."
-            )
-
-    def to_dict(self) -> dict[str, int]:
-        """Return the config as a plain dict (JSON-ready).
-
-        Returns:
-            {field name: int} in field order.
-        """
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LMConfig:
-        """Build a config from a dict such as `to_dict()` returns.
-
-        Args:
-            d: mapping of field names to ints; vocab_size is required, the rest default.
-
-        Returns:
-            The validated LMConfig.
-
-        Raises:
-            InvalidInput: not a mapping, unknown or missing keys, wrong types or ranges.
-        """
-        if not isinstance(d, Mapping):
-            raise InvalidInput(f"LMConfig.from_dict expected a dict, got {type(d).__name__}.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InvalidInput(
-                f"LMConfig.from_dict got unknown keys {unknown}; expected a subset of {sorted(known)}."
-            )
-        if "vocab_size" not in d:
-            raise InvalidInput("LMConfig.from_dict expected a 'vocab_size' key; it is missing.")
-        return cls(**d)
-
-
-def param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
-    """The canonical parameter names and shapes, in canonical order.
-
-    Args:
-        config: the model shape.
-
-    Returns:
-        {name: shape}: "emb" (V, C), then per layer l: conv_norm (C,), conv (K, C), moe_norm (C,),
-        router (C, E), shared.{w1 (C, H), b1 (H,), w2 (H, C), b2 (C,)} and the same for expert0..E-1.
-    """
-    v, c, k, h, e = config.vocab_size, config.d_model, config.conv_kernel, config.hidden_dim, config.n_experts
-    shapes: dict[str, tuple[int, ...]] = {"emb": (v, c)}
-    for layer in range(config.n_layers):
-        p = f"layers.{layer}."
-        shapes[p + "conv_norm"] = (c,)
-        shapes[p + "conv"] = (k, c)
-        shapes[p + "moe_norm"] = (c,)
-        shapes[p + "router"] = (c, e)
-        for expert in ["shared"] + [f"expert{i}" for i in range(e)]:
-            shapes[p + expert + ".w1"] = (c, h)
-            shapes[p + expert + ".b1"] = (h,)
-            shapes[p + expert + ".w2"] = (h, c)
-            shapes[p + expert + ".b2"] = (c,)
-    if config.attn_heads:  # the embedder's pooling block: h += attn(norm(h)); h = norm(h); mean
-        shapes["pool.attn_norm"] = (c,)
-        shapes["pool.wqkv"] = (c, 3 * c)
-        shapes["pool.wo"] = (c, c)
-        shapes["pool.out_norm"] = (c,)
-    return shapes
-
-
-def _init_param(name: str, shape: tuple[int, ...], rng: np.random.Generator, d_model: int) -> np.ndarray:
-    """Initial value of one parameter (draws from rng only for the random ones)."""
-    leaf = name.rsplit(".", 1)[-1]
-    if name == "emb" or leaf in ("router", "w2"):
-        return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
-    if leaf == "w1":  # He init for the ReLU layer
-        return rng.normal(0.0, math.sqrt(2.0 / d_model), size=shape).astype(np.float32)
-    if leaf in ("conv_norm", "moe_norm", "attn_norm", "out_norm"):
-        return np.ones(shape, dtype=np.float32)
-    if leaf == "wqkv":
-        return rng.normal(0.0, 1.0 / math.sqrt(d_model), size=shape).astype(np.float32)
-    if leaf == "wo":  # small, so the untrained block starts close to a residual no-op
-        return rng.normal(0.0, 0.02, size=shape).astype(np.float32)
-    if leaf == "conv":  # identity pass-through: an untrained block is close to a residual no-op
-        w = np.zeros(shape, dtype=np.float32)  # (K, C)
-        w[0] = 1.0
-        return w
-    return np.zeros(shape, dtype=np.float32)  # biases
 
 
 class _Batch(NamedTuple):
@@ -215,7 +99,7 @@ class EvermindLM:
             raise InvalidInput(f"EvermindLM expected an LMConfig, got {type(config).__name__}.")
         rng = np.random.default_rng(seed)
         params = {
-            name: _init_param(name, shape, rng, config.d_model) for name, shape in param_shapes(config).items()
+            name: init_param(name, shape, rng, config.d_model) for name, shape in param_shapes(config).items()
         }
         self._setup(config, params)
 
@@ -682,47 +566,6 @@ class EvermindLM:
                 break
         return produced
 
-    def _pool_forward(self, h: np.ndarray, lengths: np.ndarray, keep_cache: bool) -> tuple[np.ndarray, Any]:
-        """The embedder's pooling: [h += attn(norm(h)); h = norm(h)] when attn_heads, then mean over real positions.
-
-        h is (B, T, C) with zeros at padded positions; returns the unnormalised (B, C) mean and a cache.
-        """
-        b, t, c = h.shape
-        real = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
-        if not self.config.attn_heads:
-            return h.sum(axis=1) / lengths[:, None].astype(h.dtype), (real, None)  # (B, C)
-        p = self.params
-        a, norm1 = rmsnorm_forward(h.reshape(b * t, c), p["pool.attn_norm"])  # (B*T, C)
-        y, attn = attention_forward(a.reshape(b, t, c), p["pool.wqkv"], p["pool.wo"], lengths,
-                                    self.config.attn_heads)  # (B, T, C)
-        o, norm2 = rmsnorm_forward((h + y).reshape(b * t, c), p["pool.out_norm"])  # (B*T, C)
-        o = o.reshape(b, t, c) * real[..., None]  # (B, T, C): padded queries never reach the mean
-        pooled = o.sum(axis=1) / lengths[:, None].astype(h.dtype)  # (B, C)
-        return pooled, ((real, (norm1, attn, norm2)) if keep_cache else (real, None))
-
-    def _pool_backward(
-        self, dpooled: np.ndarray, lengths: np.ndarray, cache: Any, grads: dict,
-        need: frozenset[str] | None = None,
-    ) -> np.ndarray:
-        """Backward of `_pool_forward`: fills the pool.* grads (those in need, when given); returns dh (B, T, C)."""
-        real, inner = cache
-        b, t = real.shape
-        c = dpooled.shape[1]
-        do = (dpooled / lengths[:, None].astype(dpooled.dtype))[:, None, :] * real[..., None]  # (B, T, C)
-        if not self.config.attn_heads:
-            return do
-        norm1, attn, norm2 = inner
-        p = self.params
-        found = {}
-        dz, found["pool.out_norm"] = rmsnorm_backward(
-            do.reshape(b * t, c), norm2, gain_grad=need is None or "pool.out_norm" in need)  # (B*T, C)
-        da, found["pool.wqkv"], found["pool.wo"] = attention_backward(
-            dz.reshape(b, t, c), attn, p["pool.wqkv"], p["pool.wo"], self.config.attn_heads)  # (B, T, C)
-        dh, found["pool.attn_norm"] = rmsnorm_backward(
-            da.reshape(b * t, c), norm1, gain_grad=need is None or "pool.attn_norm" in need)  # (B*T, C)
-        grads.update({n: g for n, g in found.items() if need is None or n in need})
-        return (dh + dz).reshape(b, t, c)  # residual: z = h + y
-
     def pooled_forward(self, tokens: Any, lengths: Any = None) -> tuple[np.ndarray, Any]:
         """Unnormalised pooled embeddings of a right-padded batch (what `embed` normalises).
 
@@ -738,7 +581,7 @@ class EvermindLM:
         """
         h, trunk = self.hidden_forward(tokens, lengths)  # (B, T, C)
         lens = trunk.batch.lengths
-        pooled, pool = self._pool_forward(h, lens, keep_cache=True)
+        pooled, pool = pool_forward(self.params, h, lens, self.config.attn_heads, keep_cache=True)
         return pooled, (trunk, pool)
 
     def pooled_backward(
@@ -763,7 +606,7 @@ class EvermindLM:
         lens = trunk.batch.lengths
         d = np.asarray(dpooled, dtype=self.params["emb"].dtype)  # (B, C)
         pool_grads: dict[str, np.ndarray] = {}
-        dh = self._pool_backward(d, lens, pool, pool_grads, need)  # (B, T, C)
+        dh = pool_backward(self.params, d, lens, pool, self.config.attn_heads, pool_grads, need)  # (B, T, C)
         grads = self.hidden_backward(dh, trunk, grads_for=need)
         grads.update(pool_grads)
         return grads
@@ -784,7 +627,7 @@ class EvermindLM:
             InvalidInput: empty list or ids out of range.
         """
         arr = self._prepare_list(tokens, "embed()")
-        return _plan_embed_one(_build_plan(self.config, self.params, fused=False), arr)
+        return plan_embed_one(build_plan(self.config, self.params, fused=False), arr)
 
     def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Embeddings of many token sequences, batched by similar length (same vectors as `embed`).
@@ -799,8 +642,8 @@ class EvermindLM:
             InvalidInput: an empty list or ids out of range (the message names the index).
         """
         seqs = [self._prepare_list(tokens, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
-        plan = _build_plan(self.config, self.params, fused=False)
-        return _plan_embed_many(plan, seqs, self.config.d_model)
+        plan = build_plan(self.config, self.params, fused=False)
+        return plan_embed_many(plan, seqs, self.config.d_model)
 
     def frozen(self) -> FrozenEmbedder:
         """A snapshot of the embedding function for repeated use: `embed` and `embed_batch` with the
@@ -823,8 +666,6 @@ class EvermindLM:
         Raises:
             CheckpointError: the file could not be written.
         """
-        from evermind_memory.lm.checkpoint import save_model  # lazy: checkpoint imports this module
-
         save_model(path, self.config, self.params, fp16=fp16)
 
     @classmethod
@@ -840,217 +681,50 @@ class EvermindLM:
         Raises:
             CheckpointError: the file is missing, corrupt, truncated or of an unknown format.
         """
-        from evermind_memory.lm.checkpoint import load_model  # lazy: checkpoint imports this module
-
         config, params = load_model(path)
         return cls.from_params(config, params)
 
 
-# ── inference plan: the embedding path without caches ─────────────────────────
-# `hidden_forward`/`pooled_forward` keep what a backward needs; embeddings need only outputs. The plan holds
-# the weights rearranged once (norm gains folded into the following linear maps, the attention scale into
-# the query columns) and the functions below run the same maths with fewer numpy calls and temporaries.
-# Results equal the training path's up to float rounding.
+# ── model files ───────────────────────────────────────────────────────────────
 
-_HAS_VECDOT = hasattr(np, "vecdot")
-# Padded positions x C per embedding forward (1024 positions at C=128): the layer's arrays stay in L2, which
-# measured faster than larger buckets although the matmuls get smaller.
-_EMBED_BUCKET_ELEMENTS = 1 << 17
+LM_FILE = Backbone(LM_BACKBONE, LMConfig, param_shapes)  # how lm.model_file reads and writes an EvermindLM
 
 
-class _PoolPlan(NamedTuple):
-    wqkv: np.ndarray  # (C, 3C) attn_norm gain folded into the rows, 1/sqrt(D) into the query columns
-    wo: np.ndarray  # (C, C)
-    out_gain: np.ndarray  # (C,) out_norm gain, applied after pooling (a per-channel scale commutes with the mean)
-    heads: int
+def save_model(
+    path: str | os.PathLike[str], config: LMConfig, params: Mapping[str, np.ndarray], *, fp16: bool = False
+) -> None:
+    """Save a model's config and parameters atomically (temp file + fsync + rename).
 
+    Args:
+        path: destination file (conventionally *.evlm).
+        config: the LMConfig.
+        params: name -> array, exactly the names and shapes of param_shapes(config).
+        fp16: store weights as float16 (half the size; loaded back as float32).
 
-class _Plan(NamedTuple):
-    emb: np.ndarray  # (V, C)
-    taps: list  # per layer (K, C): conv taps * conv_norm gain, reversed (tap K-1 first) for the window view
-    moe: list  # per layer MoEInference
-    pool: _PoolPlan | None
-    top_k: int
-
-
-def _build_plan(config: LMConfig, params: Mapping[str, np.ndarray], *, fused: bool) -> _Plan:
-    """Rearrange params for inference; fused=False only derives the small arrays (cheap per call)."""
-    taps, moes = [], []
-    for layer in range(config.n_layers):
-        p = f"layers.{layer}."
-        taps.append(np.ascontiguousarray((params[p + "conv"] * params[p + "conv_norm"])[::-1]))  # (K, C)
-        local = {n[len(p) :]: a for n, a in params.items() if n.startswith(p)}
-        moes.append(moe_inference_weights(local, params[p + "moe_norm"], fused=fused))
-    pool = None
-    if config.attn_heads:
-        c = config.d_model
-        wqkv = params["pool.attn_norm"][:, None] * params["pool.wqkv"]  # (C, 3C)
-        wqkv[:, :c] *= wqkv.dtype.type(1.0 / math.sqrt(c // config.attn_heads))
-        pool = _PoolPlan(wqkv, params["pool.wo"], params["pool.out_norm"], config.attn_heads)
-    return _Plan(params["emb"], taps, moes, pool, config.top_k)
-
-
-def _row_sumsq(x: np.ndarray) -> np.ndarray:
-    """Sum of squares of each row of x (N, C): np.vecdot where numpy has it (2.0+; faster), else einsum."""
-    return np.vecdot(x, x) if _HAS_VECDOT else np.einsum("nc,nc->n", x, x)  # (N,)
-
-
-def _rms_scale(x: np.ndarray) -> np.ndarray:
-    """1 / sqrt(mean(x^2) + eps) per row of x (N, C), as in rmsnorm_forward."""
-    ms = _row_sumsq(x) / x.shape[-1]  # (N,)
-    return 1.0 / np.sqrt(ms + RMS_EPS)  # (N,)
-
-
-def _windows(padded: np.ndarray, k: int) -> np.ndarray:
-    """(B, T, C, K) view of a (B, T+K-1, C) buffer: [b, t, :, j] is row t + j (sliding_window_view, cheaper)."""
-    b, tk, c = padded.shape
-    s0, s1, s2 = padded.strides
-    return np.ndarray((b, tk - k + 1, c, k), padded.dtype, padded, 0, (s0, s1, s2, s1))
-
-
-def _plan_hidden(plan: _Plan, tokens: np.ndarray) -> np.ndarray:
-    """Final hidden states (B*T, C) of a (B, T) token batch; rows of padded positions hold finite junk.
-
-    A single short sequence runs every expert on every row (moe_infer_short); anything else is dispatched
-    by expert. Padded positions go through the layers like real ones (cheaper than gathering the real rows
-    of a length-sorted bucket); nothing after them reads them.
+    Raises:
+        InvalidInput: params do not match the config, are not finite floats, or cannot be stored.
+        CheckpointError: the file system refused the write (an existing file is left as it was).
     """
-    b, t = tokens.shape
-    x = np.take(plan.emb, tokens.ravel(), axis=0)  # (B*T, C)
-    c = x.shape[1]
-    k = plan.taps[0].shape[0]
-    padded = np.zeros((b, t + k - 1, c), dtype=x.dtype)  # (B, T+K-1, C): K-1 zero rows before each sequence
-    body = padded[:, k - 1 :]  # (B, T, C) where the normalised input goes
-    windows = _windows(padded, k)  # (B, T, C, K): tap K-1-j multiplies [..., j] (the plan keeps taps reversed)
-    short = b * t <= SHORT_MAX_ROWS and plan.moe[0].w1_aug is not None
-    if short:
-        xa = np.ones((b * t, c + 1), dtype=x.dtype)  # (B*T, C+1) MoE input with a ones column
-    for taps, moe in zip(plan.taps, plan.moe):
-        np.multiply(x.reshape(b, t, c), _rms_scale(x).reshape(b, t, 1), out=body)
-        h = np.einsum("btck,kc->btc", windows, taps).reshape(b * t, c)  # (B*T, C) causal depthwise conv
-        h += x
-        if short:
-            np.multiply(h, _rms_scale(h)[:, None], out=xa[:, :c])
-            moe_infer_short(moe, xa, plan.top_k, h)
-        else:
-            moe_infer(moe, h * _rms_scale(h)[:, None], plan.top_k, h)
-        x = h
-    return x
+    save_model_file(path, LM_FILE, config, params, fp16=fp16, what="save_model")
 
 
-def _plan_pool(plan: _Plan, h: np.ndarray, b: int, lengths: np.ndarray | None) -> np.ndarray:
-    """Pooled (B, C) of hidden states h (B*T, C); lengths None means no padding."""
-    t = h.shape[0] // b
-    c = h.shape[1]
-    if lengths is None:
-        weights = np.full((b, t), 1.0 / t, dtype=h.dtype)  # (B, T)
-    else:
-        real = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
-        weights = (real / lengths[:, None]).astype(h.dtype)  # (B, T)
-    pp = plan.pool
-    if pp is None:
-        return np.einsum("bt,btc->bc", weights, h.reshape(b, t, c))  # (B, C) mean over real positions
-    n, d = pp.heads, c // pp.heads
-    qkv = (h * _rms_scale(h)[:, None]) @ pp.wqkv  # (B*T, 3C)
-    qkv = qkv.reshape(b, t, 3, n, d).transpose(2, 0, 3, 1, 4)  # (3, B, N, T, D) view
-    q, k, v = np.ascontiguousarray(qkv)  # (B, N, T, D) each
-    s = q @ k.transpose(0, 1, 3, 2)  # (B, N, T, T) scores, already scaled by 1/sqrt(D)
-    if lengths is not None:
-        s += key_mask(lengths, t, s.dtype)
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    o = (s @ v).transpose(0, 2, 1, 3).reshape(b * t, c)  # (B*T, C) heads concatenated
-    z = o @ pp.wo  # (B*T, C)
-    z += h
-    weights *= _rms_scale(z).reshape(b, t)  # out_norm's 1/rms folded into the pooling weights
-    return np.einsum("bt,btc->bc", weights, z.reshape(b, t, c)) * pp.out_gain  # (B, C)
+def load_model(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[LMConfig, dict[str, np.ndarray]]:
+    """Load and validate an EvermindLM checkpoint written by save_model.
 
+    The tensor set and every shape are checked against param_shapes(config) before any weights are read.
 
-def _normalise_rows(pooled: np.ndarray) -> np.ndarray:
-    """L2-normalise each row (an exactly zero row stays zero); float32."""
-    norms = np.sqrt(_row_sumsq(pooled))  # (B,)
-    return (pooled / np.maximum(norms, _NORM_EPS)[:, None]).astype(np.float32, copy=False)
+    Args:
+        path: the checkpoint file.
+        max_bytes: refuse files larger than this.
 
+    Returns:
+        (config, params): the LMConfig and name -> float32 array in param_shapes order.
 
-def _plan_embed_one(plan: _Plan, seq: np.ndarray) -> np.ndarray:
-    """Embedding (C,) float32 of one validated (T,) sequence."""
-    h = _plan_hidden(plan, seq[None, :])  # (T, C)
-    return _normalise_rows(_plan_pool(plan, h, 1, None))[0]
-
-
-def _plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np.ndarray:
-    """Embeddings (N, C) float32 of validated sequences, run in length-sorted buckets of similar length."""
-    out = np.zeros((len(seqs), d_model), dtype=np.float32)  # (N, C)
-    if not seqs:
-        return out
-    lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
-    order = np.argsort(lens, kind="stable").tolist()  # short to long, so a bucket pads little
-    max_rows = max(1, _EMBED_BUCKET_ELEMENTS // d_model)
-    start = 0
-    while start < len(order):
-        stop = start + 1
-        while (
-            stop < len(order)
-            and stop - start < _EMBED_BUCKET_SEQS
-            and (stop - start + 1) * lens[order[stop]] <= max_rows
-        ):
-            stop += 1
-        ids = order[start:stop]
-        sub_lens = lens[ids]  # (b,)
-        t = int(sub_lens[-1])
-        if len(ids) == 1:
-            out[ids[0]] = _plan_embed_one(plan, seqs[ids[0]])
-            start = stop
-            continue
-        tokens = np.zeros((len(ids), t), dtype=np.intp)  # (b, t) padding is token 0: finite junk, never read
-        for row, i in enumerate(ids):
-            tokens[row, : sub_lens[row]] = seqs[i]
-        h = _plan_hidden(plan, tokens)  # (b*t, C)
-        padded = None if sub_lens[0] == t else sub_lens
-        out[ids] = _normalise_rows(_plan_pool(plan, h, len(ids), padded))
-        start = stop
-    return out
-
-
-class FrozenEmbedder:
-    """A snapshot of an EvermindLM's embedding function, with its weights arranged once for speed.
-
-    Made by `EvermindLM.frozen()`. It copies the weights, so later changes to the model do not reach it
-    (an embedder's fingerprint names the weights it was made with). Thread-safe: it is only read.
+    Raises:
+        CheckpointError: missing, unreadable, corrupt, truncated, of another format or backbone, inconsistent
+            with its config, or holding non-finite weights.
     """
-
-    def __init__(self, model: EvermindLM) -> None:
-        params = {name: np.array(p, copy=True) for name, p in model.params.items()}
-        self.config = model.config
-        self._check = model._prepare_list
-        self._plan = _build_plan(model.config, params, fused=True)
-
-    def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        """Same as `EvermindLM.embed` with the weights of the snapshot.
-
-        Args:
-            tokens: non-empty list of token ids.
-
-        Returns:
-            (C,) float32 vector of norm 1 (or zero if the pooled state is exactly zero).
-
-        Raises:
-            InvalidInput: empty list or ids out of range.
-        """
-        return _plan_embed_one(self._plan, self._check(tokens, "embed()"))
-
-    def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
-        """Same as `EvermindLM.embed_batch` with the weights of the snapshot.
-
-        Args:
-            token_lists: sequence of non-empty token-id lists.
-
-        Returns:
-            (N, C) float32, row i the embedding of token_lists[i]; (0, C) for an empty input.
-
-        Raises:
-            InvalidInput: an empty list or ids out of range (the message names the index).
-        """
-        seqs = [self._check(tokens, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
-        return _plan_embed_many(self._plan, seqs, self.config.d_model)
+    _, config, params = load_model_file(path, [LM_FILE], max_bytes=max_bytes)
+    return config, params

@@ -11,6 +11,7 @@ V vocab, M = B * L rows. Scans run chunk by chunk with the closed form inside a 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -18,7 +19,21 @@ from typing import Any
 import numpy as np
 
 from evermind_memory.errors import InvalidInput
+from evermind_memory.lm.checkpoint import DEFAULT_MAX_BYTES
 from evermind_memory.lm.layers import RMS_EPS, conv_forward, rmsnorm_forward
+from evermind_memory.lm.model_file import SEQUENCE_BACKBONE, Backbone, load_model_file, save_model_file
+from evermind_memory.lm.scan import (  # noqa: F401 (re-exported: the kernel references' public home was here)
+    A_LOG_MAX,
+    A_LOG_MIN,
+    silu,
+    causal_attention_numpy,
+    complex_ssd_numpy,
+    linear_scan_numpy,
+    selective_scan_backward_numpy,
+    selective_scan_numpy,
+    softplus_numpy,
+    ssd_numpy,
+)
 
 __all__ = [
     "RMS_EPS",
@@ -44,251 +59,14 @@ __all__ = [
     "sequence_param_shapes",
     "init_sequence_params",
     "SequenceBackbone",
+    "SEQUENCE_FILE",
+    "save_sequence_model",
+    "load_sequence_model",
 ]
 
 LAYER_TYPES = ("mamba1", "mamba2", "mamba3", "attention")
 MAX_STATE = 64  # the GPU scans keep N (or Nc) states per lane in a fixed array; configs keep to it so
 # every checkpoint also runs on the GPU
-A_LOG_MIN, A_LOG_MAX = -10.0, 5.0  # the Mamba-1 log-decay clamp: keeps exp(dt a) strictly inside (0, 1)
-_SCAN_CHUNK = 16  # steps per closed-form chunk in linear_scan_numpy (memory grows with its square)
-
-
-# ── kernel references ──────────────────────────────────────────────────────────────────────────────
-
-
-def softplus_numpy(x: np.ndarray) -> np.ndarray:
-    """log(1 + exp(x)) without overflow, in x's dtype."""
-    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))  # (...) never overflows
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
-
-
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x * _sigmoid(x)
-
-
-def _expm1_over(z: np.ndarray) -> np.ndarray:
-    """expm1(z) / z for real or complex z, 1 at z = 0 (a series near 0, as the kernels use)."""
-    small = np.abs(z) < 0.1
-    zs = np.where(small, z, 0)  # (...)
-    series = 1 + zs * (1 / 2 + zs * (1 / 6 + zs * (1 / 24 + zs * (1 / 120 + zs / 720))))  # (...)
-    zl = np.where(small, 1, z)  # (...) no division by zero below
-    return np.where(small, series, np.expm1(zl) / zl)
-
-
-def linear_scan_numpy(log_a: np.ndarray, x: np.ndarray, h0: np.ndarray | None = None,
-                      chunk: int = _SCAN_CHUNK) -> np.ndarray:
-    """Every state of h_t = exp(log_a_t) * h_{t-1} + x_t along axis 1 (real or complex).
-
-    Inside a chunk of Q steps, h_t = sum_{s<=t} exp(sum_{s<r<=t} log_a_r) x_s + exp(sum_{r<=t} log_a_r) h_in,
-    with the segment sums taken as differences of a cumulative sum; chunks follow one another.
-
-    Args:
-        log_a: (B, L, ...) log decays, broadcastable against x's trailing axes.
-        x: (B, L, ...) inputs.
-        h0: optional (B, ...) state before t = 0 (zeros by default).
-        chunk: steps per closed-form chunk.
-
-    Returns:
-        (B, L, ...) states h_1..h_L, in the common dtype of log_a and x.
-    """
-    b, length = x.shape[:2]
-    trail = np.broadcast_shapes(log_a.shape[2:], x.shape[2:])
-    dtype = np.result_type(log_a.dtype, x.dtype)
-    out = np.empty((b, length) + trail, dtype=dtype)  # (B, L, ...)
-    h = np.zeros((b,) + trail, dtype=dtype) if h0 is None else h0.astype(dtype)  # (B, ...)
-    for c0 in range(0, length, chunk):  # loop over chunks, not positions
-        c1 = min(length, c0 + chunk)
-        cum = np.cumsum(log_a[:, c0:c1], axis=1)  # (B, Q, ...)
-        seg = cum[:, :, None] - cum[:, None, :]  # (B, Q, Q, ...) sum over s < r <= t
-        q = c1 - c0
-        causal = np.tril(np.ones((q, q), dtype=bool)).reshape((1, q, q) + (1,) * (seg.ndim - 3))
-        w = np.exp(np.where(causal, seg, -np.inf))  # (B, Q, Q, ...) zero above the diagonal
-        local = np.sum(w * x[:, None, c0:c1], axis=2)  # (B, Q, ...)
-        out[:, c0:c1] = local + np.exp(cum) * h[:, None]
-        h = out[:, c1 - 1]
-    return out
-
-
-def _scan_terms(u, delta, a_log, b):
-    """Shared pieces of the selective scan: dt, a, dt*a, the ZOH input factor and the input term."""
-    dt = softplus_numpy(delta)  # (B, L, D)
-    a = -np.exp(np.clip(a_log, A_LOG_MIN, A_LOG_MAX))  # (D, N)
-    za = dt[..., None] * a  # (B, L, D, N)
-    coef = dt[..., None] * _expm1_over(za)  # (B, L, D, N) = (exp(dt a) - 1) / a
-    bu = b[:, :, None, :] * u[..., None]  # (B, L, D, N)
-    return dt, a, za, coef, bu
-
-
-def selective_scan_numpy(u: np.ndarray, delta: np.ndarray, a_log: np.ndarray, b: np.ndarray, c: np.ndarray,
-                         d: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
-    """The Mamba-1 (S6) scan with exact zero-order-hold discretisation (twin of the GPU `selective_scan`).
-
-    dt = softplus(delta), a = -exp(clip(a_log, -10, 5)), h_t = exp(dt a) h_{t-1} + (exp(dt a) - 1)/a B_t u_t,
-    y_t = C_t . h_t + d u_t, times silu(z_t) when z is given.
-
-    Args:
-        u: (B, L, D) input after conv and SiLU.
-        delta: (B, L, D) time steps before softplus.
-        a_log: (D, N) log decay rates.
-        b: (B, L, N) input projection.
-        c: (B, L, N) output projection.
-        d: (D,) skip scale.
-        z: optional (B, L, D) gate.
-
-    Returns:
-        (B, L, D), the inputs' dtype.
-    """
-    _, _, za, coef, bu = _scan_terms(u, delta, a_log, b)
-    hs = linear_scan_numpy(za, coef * bu)  # (B, L, D, N)
-    y = np.einsum("bldn,bln->bld", hs, c) + d * u  # (B, L, D)
-    if z is not None:
-        y = y * z * _sigmoid(z)  # (B, L, D)
-    return y
-
-
-def selective_scan_backward_numpy(u: np.ndarray, delta: np.ndarray, a_log: np.ndarray, b: np.ndarray,
-                                  c: np.ndarray, d: np.ndarray, dy: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Gradients of the ungated selective scan's output (twin of the GPU `selective_scan_backward`).
-
-    Args:
-        u, delta, a_log, b, c, d: the forward inputs (see `selective_scan_numpy`).
-        dy: (B, L, D) gradient of y.
-
-    Returns:
-        (du (B, L, D), ddelta (B, L, D), da_log (D, N), db (B, L, N), dc (B, L, N), dd (D,)).
-    """
-    dt, a, za, coef, bu = _scan_terms(u, delta, a_log, b)
-    hs = linear_scan_numpy(za, coef * bu)  # (B, L, D, N)
-    h_prev = np.concatenate([np.zeros_like(hs[:, :1]), hs[:, :-1]], axis=1)  # (B, L, D, N)
-    # dL/dh_t = C_t dy_t + exp(dt_{t+1} a) dL/dh_{t+1}: the same scan run backwards in time.
-    za_next = np.concatenate([za[:, 1:], np.zeros_like(za[:, :1])], axis=1)  # (B, L, D, N)
-    src = c[:, :, None, :] * dy[..., None]  # (B, L, D, N)
-    gh = linear_scan_numpy(za_next[:, ::-1], src[:, ::-1])[:, ::-1]  # (B, L, D, N)
-    ea = np.exp(za)  # (B, L, D, N)
-    dc = np.einsum("bldn,bld->bln", hs, dy)  # (B, L, N)
-    db = np.einsum("bldn,bld->bln", gh * coef, u)  # (B, L, N)
-    du = np.einsum("bldn,bln->bld", gh * coef, b) + d * dy  # (B, L, D)
-    ddelta = np.sum(gh * ea * (a * h_prev + bu), axis=-1) * _sigmoid(delta)  # (B, L, D)
-    inside = (a_log > A_LOG_MIN) & (a_log < A_LOG_MAX)  # (D, N) the clamp passes no gradient outside
-    dt4 = dt[..., None]  # (B, L, D, 1)
-    da_log = np.sum(gh * (dt4 * ea * a * h_prev + (dt4 * ea - coef) * bu), axis=(0, 1)) * inside  # (D, N)
-    dd = np.sum(dy * u, axis=(0, 1))  # (D,)
-    return du, ddelta, da_log.astype(u.dtype), db, dc, dd
-
-
-def _group_of_head(n_heads: int, n_groups: int) -> np.ndarray:
-    return np.arange(n_heads) * n_groups // n_heads  # (H,) heads share B/C groups in order
-
-
-def ssd_numpy(x: np.ndarray, dt: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, b: np.ndarray,
-              c: np.ndarray, d: np.ndarray, *, n_groups: int = 1, chunk_len: int = 64) -> np.ndarray:
-    """The Mamba-2 scan with one scalar decay per head (twin of the GPU `ssd`).
-
-    a_t = exp(-softplus(a_log[h]) softplus(dt + dt_bias[h])), S_t = a_t S_{t-1} + B_t x_t^T (N x P per head),
-    y_t = C_t^T S_t + d[h] x_t. Head h reads B/C group h * G // H.
-
-    Args:
-        x: (B, L, H * P) scan input.
-        dt: (B, L, H) time steps before bias and softplus.
-        a_log: (H,) decay rates (through softplus).
-        dt_bias: (H,).
-        b: (B, L, G * N).
-        c: (B, L, G * N).
-        d: (H,) skip scale.
-        n_groups: G.
-        chunk_len: the GPU op's chunk length; it does not change the result (kept for the same signature).
-
-    Returns:
-        (B, L, H * P), the inputs' dtype.
-    """
-    del chunk_len
-    bsz, length, dim = x.shape
-    heads = a_log.shape[0]
-    p = dim // heads
-    n = b.shape[-1] // n_groups
-    grp = _group_of_head(heads, n_groups)
-    step = softplus_numpy(dt + dt_bias)  # (B, L, H)
-    log_a = -softplus_numpy(a_log) * step  # (B, L, H)
-    bh = b.reshape(bsz, length, n_groups, n)[:, :, grp]  # (B, L, H, N)
-    ch = c.reshape(bsz, length, n_groups, n)[:, :, grp]  # (B, L, H, N)
-    xh = x.reshape(bsz, length, heads, p)  # (B, L, H, P)
-    hs = linear_scan_numpy(log_a[..., None, None], bh[..., None] * xh[..., None, :])  # (B, L, H, N, P)
-    y = np.einsum("blhnp,blhn->blhp", hs, ch) + d[:, None] * xh  # (B, L, H, P)
-    return y.reshape(bsz, length, dim)
-
-
-def complex_ssd_numpy(x: np.ndarray, dt: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray, b: np.ndarray,
-                      c: np.ndarray, d: np.ndarray, *, n_groups: int = 1, chunk_len: int = 64) -> np.ndarray:
-    """The Mamba-3 scan with complex states and exact zero-order hold (twin of the GPU `complex_ssd`).
-
-    A = a_log[h, 0] + i a_log[h, 1], dt = softplus(dt_raw + dt_bias[h]), S_t = exp(dt A) S_{t-1} +
-    (exp(dt A) - 1)/A B_t x_t^T, y_t = Re(C_t^T S_t) + d[h] x_t. B and C hold (re, im) pairs.
-
-    Args:
-        x: (B, L, H * P).
-        dt: (B, L, H).
-        a_log: (H, 2) (real part, imaginary part) of the continuous-time A.
-        dt_bias: (H,).
-        b: (B, L, G * Nc * 2).
-        c: (B, L, G * Nc * 2).
-        d: (H,).
-        n_groups: G.
-        chunk_len: the GPU op's chunk length; it does not change the result.
-
-    Returns:
-        (B, L, H * P), the inputs' (real) dtype.
-    """
-    del chunk_len
-    bsz, length, dim = x.shape
-    heads = a_log.shape[0]
-    p = dim // heads
-    nc = b.shape[-1] // (2 * n_groups)
-    cdt = np.result_type(x.dtype, np.complex64)
-    grp = _group_of_head(heads, n_groups)
-    big_a = (a_log[:, 0] + 1j * a_log[:, 1]).astype(cdt)  # (H,)
-    step = softplus_numpy(dt + dt_bias)  # (B, L, H)
-    za = step * big_a  # (B, L, H)
-    f = step * _expm1_over(za)  # (B, L, H) = (exp(dt A) - 1) / A
-    bc = b.reshape(bsz, length, n_groups, nc, 2)  # (B, L, G, Nc, 2)
-    cc = c.reshape(bsz, length, n_groups, nc, 2)  # (B, L, G, Nc, 2)
-    bh = (bc[..., 0] + 1j * bc[..., 1]).astype(cdt)[:, :, grp]  # (B, L, H, Nc)
-    ch = (cc[..., 0] + 1j * cc[..., 1]).astype(cdt)[:, :, grp]  # (B, L, H, Nc)
-    xh = x.reshape(bsz, length, heads, p)  # (B, L, H, P)
-    src = (f[..., None] * bh)[..., None] * xh[..., None, :]  # (B, L, H, Nc, P)
-    hs = linear_scan_numpy(za[..., None, None], src)  # (B, L, H, Nc, P)
-    y = np.einsum("blhnp,blhn->blhp", hs, ch).real + d[:, None] * xh  # (B, L, H, P)
-    return y.reshape(bsz, length, dim).astype(x.dtype)
-
-
-def causal_attention_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int) -> np.ndarray:
-    """softmax(q k^T / sqrt(P), keys j <= i) v per head (twin of the GPU `causal_attention`).
-
-    Args:
-        q: (B, L, H * P) queries (heads side by side).
-        k: (B, L, H * P) keys.
-        v: (B, L, H * P) values.
-        n_heads: H.
-
-    Returns:
-        (B, L, H * P), the inputs' dtype.
-    """
-    bsz, length, dim = q.shape
-    p = dim // n_heads
-
-    def heads(t: np.ndarray) -> np.ndarray:
-        return t.reshape(bsz, length, n_heads, p).transpose(0, 2, 1, 3)  # (B, H, L, P)
-
-    s = heads(q) @ heads(k).transpose(0, 1, 3, 2) / np.sqrt(p).astype(q.dtype)  # (B, H, L, L)
-    future = np.triu(np.ones((length, length), dtype=bool), k=1)  # (L, L)
-    s = np.where(future, -np.inf, s)  # (B, H, L, L)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))  # (B, H, L, L)
-    probs = e / e.sum(axis=-1, keepdims=True)  # (B, H, L, L)
-    o = probs @ heads(v)  # (B, H, L, P)
-    return o.transpose(0, 2, 1, 3).reshape(bsz, length, dim).astype(q.dtype)
 
 
 # ── block configs ──────────────────────────────────────────────────────────────────────────────────
@@ -425,7 +203,7 @@ def _mamba1_forward(cfg: Mamba1Config, p: Mapping[str, np.ndarray], x: np.ndarra
     m = b * length
     xz = _norm_rows(x.reshape(m, c), p["norm"]) @ p["w_in"] + p["b_in"]  # (M, 2D)
     xs, z = xz[:, :d], xz[:, d:]  # (M, D) each: column slices, not prefix copies (seed-001)
-    u = _silu(_conv(xs.reshape(b, length, d), p["w_conv"], p["b_conv"]))  # (B, L, D)
+    u = silu(_conv(xs.reshape(b, length, d), p["w_conv"], p["b_conv"]))  # (B, L, D)
     dbc = u.reshape(m, d) @ p["w_x"] + p["b_x"]  # (M, R + 2N)
     delta = dbc[:, :r] @ p["w_dt"] + p["b_dt"]  # (M, D)
     bm, cm = dbc[:, r:r + n], dbc[:, r + n:]  # (M, N) each
@@ -513,7 +291,7 @@ def _attention_forward(cfg: AttentionConfig, p: Mapping[str, np.ndarray], x: np.
     o = causal_attention_numpy(q, k, v, cfg.n_heads)  # (B, L, C)
     cur = x.reshape(m, c) + o.reshape(m, c) @ p["w_o"] + p["b_o"]  # (M, C)
     if cfg.ffn_mult:
-        cur = cur + _silu(cur @ p["w_ffn1"] + p["b_ffn1"]) @ p["w_ffn2"] + p["b_ffn2"]  # (M, C)
+        cur = cur + silu(cur @ p["w_ffn1"] + p["b_ffn1"]) @ p["w_ffn2"] + p["b_ffn2"]  # (M, C)
     return cur.reshape(b, length, c)
 
 
@@ -766,13 +544,11 @@ class SequenceBackbone:
         return _norm_rows(h.reshape(b * length, c), self.params["final_norm"]).reshape(b, length, c)
 
     def save(self, path: Any, *, fp16: bool = False) -> None:
-        """Write the config and weights to a .evlm checkpoint (see lm.checkpoint.save_sequence_model).
+        """Write the config and weights to a .evlm checkpoint (see save_sequence_model).
 
         Raises:
             CheckpointError: the file could not be written.
         """
-        from evermind_memory.lm.checkpoint import save_sequence_model  # lazy: checkpoint imports this module
-
         save_sequence_model(path, self.config, self.params, fp16=fp16)
 
     @classmethod
@@ -782,6 +558,50 @@ class SequenceBackbone:
         Raises:
             CheckpointError: missing, corrupt, truncated, another format, or not a sequence backbone.
         """
-        from evermind_memory.lm.checkpoint import load_sequence_model  # lazy: checkpoint imports this module
-
         return cls(*load_sequence_model(path))
+
+
+# ── model files ────────────────────────────────────────────────────────────────────────────────────
+
+SEQUENCE_FILE = Backbone(SEQUENCE_BACKBONE, SequenceModelConfig, sequence_param_shapes)
+
+
+def save_sequence_model(
+    path: str | os.PathLike[str], config: SequenceModelConfig, params: Mapping[str, np.ndarray], *,
+    fp16: bool = False,
+) -> None:
+    """Save a SequenceBackbone's config and parameters atomically, in the model file format.
+
+    The header meta is {"backbone": "sequence", "config": SequenceModelConfig fields}; EvermindLM files
+    have no "backbone" key.
+
+    Args:
+        path: destination file (conventionally *.evlm).
+        config: the SequenceModelConfig.
+        params: name -> array, exactly the names and shapes of sequence_param_shapes(config).
+        fp16: store weights as float16 (half the size; loaded back as float32).
+
+    Raises:
+        InvalidInput: params do not match the config, are not finite floats, or cannot be stored.
+        CheckpointError: the file system refused the write (an existing file is left as it was).
+    """
+    save_model_file(path, SEQUENCE_FILE, config, params, fp16=fp16, what="save_sequence_model")
+
+
+def load_sequence_model(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[SequenceModelConfig, dict[str, np.ndarray]]:
+    """Load and validate a SequenceBackbone checkpoint written by save_sequence_model.
+
+    Args:
+        path: the checkpoint file.
+        max_bytes: refuse files larger than this.
+
+    Returns:
+        (config, params): the SequenceModelConfig and name -> float32 array in sequence_param_shapes order.
+
+    Raises:
+        CheckpointError: as load_model, or the file holds an EvermindLM.
+    """
+    _, config, params = load_model_file(path, [SEQUENCE_FILE], max_bytes=max_bytes)
+    return config, params

@@ -7,21 +7,20 @@ strings inside text (encode never emits a special id from text; "<eos>" in text 
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import operator
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 from itertools import chain
-from pathlib import Path
 
 import regex
 
+from .._atomic import write_atomic
 from ..errors import InvalidInput, TokenizerError
+from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE, DECODE_ERRORS, learn_merges, text_bytes
 
 __all__ = ["BPETokenizer", "FORMAT", "GPT2_PATTERN", "MAX_FILE_BYTES"]
 
@@ -43,115 +42,6 @@ _ROLE_CANDIDATES = {
     "pad": ("<pad>", "<|pad|>", "<|padding|>", "[PAD]"),
     "unk": ("<unk>", "<|unk|>", "[UNK]"),
 }
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map (used in vocab files, ours and Hugging Face's)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
-    return mapping
-
-
-_BYTE_TO_CHAR = _bytes_to_unicode()
-_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
-
-
-def _surrogatepass_or_replace(exc: UnicodeError) -> tuple[str, int]:
-    """Decode error handler: a UTF-8-encoded surrogate decodes to it; any other invalid bytes become U+FFFD."""
-    if not isinstance(exc, UnicodeDecodeError):
-        raise exc
-    try:
-        return codecs.lookup_error("surrogatepass")(exc)
-    except UnicodeDecodeError:
-        return "\ufffd", exc.end
-
-
-_DECODE_ERRORS = "evermind-bpe-surrogatepass-replace"
-codecs.register_error(_DECODE_ERRORS, _surrogatepass_or_replace)
-
-
-def _text_bytes(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
-def _merge_pair(seq: list[int], left: int, right: int, new: int) -> list[int]:
-    """Replace every non-overlapping (left, right), scanning left to right, with new."""
-    out: list[int] = []
-    start = 0
-    last = len(seq) - 1
-    while True:
-        try:
-            j = seq.index(left, start)
-        except ValueError:
-            break
-        if j < last and seq[j + 1] == right:
-            out.extend(seq[start:j])
-            out.append(new)
-            start = j + 2
-        else:
-            out.extend(seq[start : j + 1])
-            start = j + 1
-    out.extend(seq[start:])
-    return out
-
-
-def _learn_merges(word_counts: Mapping[str, int], n_merges: int, min_frequency: int) -> list[tuple[int, int]]:
-    """Greedy BPE on unique pre-tokens with incremental pair counts.
-
-    Each step merges the most frequent adjacent pair (ties: the smallest (left id, right id)); only the words
-    holding that pair are rewritten, and only their pair counts are updated.
-    """
-    words = [list(_text_bytes(w)) for w in word_counts]
-    freqs = list(word_counts.values())
-    counts: dict[tuple[int, int], int] = {}
-    where: dict[tuple[int, int], list[int]] = {}  # pair -> words that hold (or once held) it
-    for wi, w in enumerate(words):
-        f = freqs[wi]
-        for pair in zip(w, w[1:]):
-            counts[pair] = counts.get(pair, 0) + f
-            where.setdefault(pair, []).append(wi)
-    heap = [(-c, pair) for pair, c in counts.items()]  # lazy max-heap: stale entries are skipped on pop
-    heapify(heap)
-
-    merges: list[tuple[int, int]] = []
-    while len(merges) < n_merges and heap:
-        neg_count, pair = heappop(heap)
-        count = counts.get(pair, 0)
-        if count != -neg_count:
-            continue
-        if count < min_frequency:
-            break
-        new = 256 + len(merges)
-        merges.append(pair)
-        left, right = pair
-        delta: dict[tuple[int, int], int] = {}
-        for wi in set(where.pop(pair)):
-            w = words[wi]
-            out = _merge_pair(w, left, right, new)
-            if len(out) == len(w):
-                continue
-            f = freqs[wi]
-            for p in zip(w, w[1:]):
-                delta[p] = delta.get(p, 0) - f
-            for p in zip(out, out[1:]):
-                delta[p] = delta.get(p, 0) + f
-                if p[0] == new or p[1] == new:
-                    where.setdefault(p, []).append(wi)
-            words[wi] = out
-        for p, d in delta.items():
-            if d:
-                c = counts.get(p, 0) + d
-                if c > 0:
-                    counts[p] = c
-                    heappush(heap, (-c, p))
-                else:
-                    counts.pop(p, None)
-    return merges
 
 
 def _read_json_file(path: str | os.PathLike, what: str) -> object:
@@ -294,7 +184,7 @@ class BPETokenizer:
         self._pieces = table  # id -> bytes; b"" for specials (what decode emits when skipping them)
         self._shown = list(table)  # id -> bytes, specials as their UTF-8 content
         for content, i in specials.items():
-            self._shown[i] = _text_bytes(content)
+            self._shown[i] = text_bytes(content)
         self._specials = dict(sorted(specials.items(), key=lambda kv: kv[1]))
         self._roles = {role: roles[role] for role in ROLES}
         self._merges = [(int(a), int(b), int(c)) for a, b, c in merges]
@@ -363,7 +253,7 @@ class BPETokenizer:
                 raise InvalidInput(f"train() expected every text to be a str; text {k} is {type(text).__name__}.")
             word_counts.update(_PATTERN.findall(text))
 
-        pairs = _learn_merges(word_counts, vocab_size - 256 - len(specials), min_frequency)
+        pairs = learn_merges(word_counts, vocab_size - 256 - len(specials), min_frequency)
         pieces = [bytes([b]) for b in range(256)]
         merges = []
         for left, right in pairs:
@@ -413,7 +303,7 @@ class BPETokenizer:
             if not isinstance(tok, str) or not tok:
                 raise TokenizerError(f"tokenizer dict: token {i} is {tok!r}; expected a non-empty str.")
             try:
-                pieces.append(bytes(_CHAR_TO_BYTE[c] for c in tok))
+                pieces.append(bytes(CHAR_TO_BYTE[c] for c in tok))
             except KeyError:
                 raise TokenizerError(
                     f"tokenizer dict: token {i} {tok!r} is not in GPT-2 byte-to-unicode form."
@@ -503,7 +393,7 @@ class BPETokenizer:
                     continue  # a special token that is also in the vocab: the special wins
                 raise TokenizerError(f"{path}: id {i} is given to two vocab entries.")
             try:
-                ids[i] = bytes(_CHAR_TO_BYTE[c] for c in tok_str)
+                ids[i] = bytes(CHAR_TO_BYTE[c] for c in tok_str)
             except KeyError:
                 raise TokenizerError(
                     f"{path}: vocab entry {tok_str!r} (id {i}) is not in GPT-2 byte-to-unicode form; only "
@@ -511,7 +401,7 @@ class BPETokenizer:
                 ) from None
         for tok in added:
             if not tok.get("special", False) and tok["id"] not in ids:
-                ids[tok["id"]] = _text_bytes(tok["content"])
+                ids[tok["id"]] = text_bytes(tok["content"])
         n = len(ids)
         if n == 0 or max(ids) != n - 1:
             missing = min(set(range(n)) - set(ids), default=n)
@@ -566,7 +456,7 @@ class BPETokenizer:
         """
         special_ids = set(self._specials.values())
         tokens = [
-            None if i in special_ids else "".join(_BYTE_TO_CHAR[b] for b in piece)
+            None if i in special_ids else "".join(BYTE_TO_CHAR[b] for b in piece)
             for i, piece in enumerate(self._pieces)
         ]
         return {
@@ -587,26 +477,8 @@ class BPETokenizer:
         Raises:
             OSError: if the file cannot be written (the old file, if any, is left intact).
         """
-        path = Path(path)
         data = (json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with open(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        try:
-            fd = os.open(path.parent, os.O_RDONLY)
-        except OSError:
-            return  # platforms without directory fds (Windows)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(path, data)
 
     def digest(self) -> str:
         """Hex sha256 of the canonical serialisation (pattern, tokens, merges, specials, roles).
@@ -726,11 +598,11 @@ class BPETokenizer:
         except (IndexError, TypeError):
             bad = _first_bad_id(ids, len(table))
             raise InvalidInput(f"decode() expected ids in [0, {len(table)}), got {bad!r}.") from None
-        return data.decode("utf-8", _DECODE_ERRORS)
+        return data.decode("utf-8", DECODE_ERRORS)
 
     def _encode_piece(self, piece: str) -> tuple[int, ...]:
         """Merge one pre-token's bytes by rank; cache the result."""
-        data = _text_bytes(piece)
+        data = text_bytes(piece)
         ids = list(data) if self._bytes_are_ids else [self._byte_ids[b] for b in data]
         if len(ids) > _LONG_WORD:
             ids = self._merge_long(ids)

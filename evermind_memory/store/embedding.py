@@ -24,6 +24,7 @@ import numpy as np
 
 from .._blas import single_blas
 from .._crash import crash_point
+from ..embedder.lazy import LazyEmbedder
 from ..errors import EmbedderOutputInvalid, EvermindError
 from .backend import Backend, WaitingRow, utc_now
 from .leases import Owner, owner_alive
@@ -79,9 +80,14 @@ def embed_serving(cache: VectorCache, texts: Sequence[str], earlier: tuple[Gener
 def probe_embedder(embedder: Any, dim: int) -> None:
     """Embed PROBE_TEXT through embed and embed_many once, so a broken embedder fails at open.
 
+    An embedder whose weights are not read yet (the shipped default, a LazyEmbedder) is not probed: opening a
+    store must not load the model, and its first embed checks the loaded weights against the card instead.
+
     Raises:
         EmbedderOutputInvalid: a bad vector. EvermindError: the embedder raised (chained).
     """
+    if isinstance(embedder, LazyEmbedder) and not embedder.loaded:
+        return
     for what, call in (("embed", lambda: embedder.embed(PROBE_TEXT)),
                        ("embed_many", lambda: embedder.embed_many([PROBE_TEXT]))):
         try:

@@ -350,9 +350,9 @@ def params_for(embedder: Any) -> FusionParams | None:
         return FusionParams.from_dict(own)
     if isinstance(own, (str, Path)):
         return load_params(own)
-    from .. import models
+    from ..embedder.shipped import fusion_params
 
-    shipped = models.fusion_params()
+    shipped = fusion_params()
     if shipped is not None and shipped.fingerprint == getattr(embedder, "fingerprint", None):
         return shipped
     return None

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sys
 import threading
 import time
@@ -34,59 +33,23 @@ import numpy as np
 from .._crash import crash_point
 from ..errors import CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, InvalidInput
 from .access import Access
+from .adapter_state import (
+    META_ADAPT_SEQ,
+    META_ADAPTER,
+    META_BASE_FP,
+    META_PENDING,
+    AdapterState,
+    is_lm_embedder,
+    resolve_embedder,
+)
 from .backend import Backend, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
 from .leases import Heartbeat, Leases
-from .search import DEFAULT_HYBRID_WEIGHT
 from .vectors import Generation, VectorCache, build_index
 
-# Adaptation state in the database (the truth): the active adapter, the base model it sits on, a publish in
-# progress, and how far the serving adapter has seen the memories.
-META_ADAPTER = "adapter"
-META_BASE_FP = "base_fingerprint"
-META_PENDING = "adapt_pending"
-META_ADAPT_SEQ = "adapt_seq"  # the change seq up to which the serving adapter has seen memories
 REEMBED_BATCH = 256
 GENERATION_LEASE = "generation"  # held while building a new generation: a re-embed, an adaptation round, a rollback
 WAIT_POLL_S = 0.2
-_ADAPTER_NAME_RE = re.compile(r"^\d{4,9}\.lora$")
-
-
-def is_lm_embedder(embedder: Any) -> bool:
-    """Whether `embedder` is an LMEmbedder-like object adaptation can work with (model + tokenizer)."""
-    model = getattr(embedder, "model", None)
-    return (model is not None and all(hasattr(embedder, a) for a in ("tokenizer", "max_tokens", "fingerprint"))
-            and all(hasattr(model, a) for a in ("params", "config", "pooled_forward", "pooled_backward")))
-
-
-def resolve_embedder(embedder: Any = None, adapter: Any = None) -> Any:
-    """The store's one way to obtain an embedder: the shipped default, the one given, or one plus an adapter.
-
-    Args:
-        embedder: the embedder to use; None for the shipped default model.
-        adapter: lm.adapter.LoRAWeights fitted on embedder.model: merge it into a new LMEmbedder whose
-            fingerprint covers the adapter (R11); `embedder` itself is not changed.
-    Returns:
-        the embedder.
-    Raises:
-        InvalidInput: the adapter does not fit the model or the merged weights are not finite.
-        EvermindError, CheckpointError: no default model is shipped, or its files are damaged.
-    """
-    if embedder is None:
-        from ..embedder import default_embedder
-
-        embedder = default_embedder()
-    if adapter is None:
-        return embedder
-    from ..embedder import LMEmbedder
-    from ..lm.adapter import adapter_digest, merge_adapter
-
-    return LMEmbedder(
-        merge_adapter(embedder.model, adapter), embedder.tokenizer, max_tokens=embedder.max_tokens,
-        adapter_digest=adapter_digest(adapter),
-        hybrid_weight=getattr(embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
-        batch_size=getattr(embedder, "batch_size", 64),
-    )
 
 
 class PublishReport(Protocol):
@@ -126,13 +89,14 @@ class RebuildReport:
     swapped_at: str | None = None
 
 
-class Generations:
+class Generations(AdapterState):
     """The serving model of one store and the ways to replace it (the public generation API).
 
     What adaptation uses: current, embedder, fingerprint, base_embedder, adapters_dir, closed, round_lock;
     claimed() and keep_lease() (the "generation" lease: one builder across processes);
     pending(), active_adapter(), active_adapter_id(), max_seq(), adapted_upto(), remembered_since();
-    adaptable_base(), memories(), feedback_pairs(), load_adapter(), adapted_embedder(); publish(), resume().
+    adaptable_base(), memories(), feedback_pairs(), load_adapter(), adapted_embedder() (those reads are
+    AdapterState's, in adapter_state.py); publish(), resume().
     The store itself also calls settle() (open), follow() (before answering), reembed() and
     clear_adaptation_state().
 
@@ -183,46 +147,6 @@ class Generations:
     def closed(self) -> bool:
         """Whether the store was closed (no method below may be called then)."""
         return self._db.closed
-
-    def _meta_json(self, key: str) -> dict | None:
-        with self._db.reading() as r:
-            raw = r.meta(key)
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
-
-    def active_adapter(self) -> dict | None:
-        """The serving adapter's entry (id, file, sha256, digest), or None for the base model."""
-        return self._meta_json(META_ADAPTER)
-
-    def active_adapter_id(self) -> str | None:
-        """The serving adapter's id, or None."""
-        entry = self.active_adapter()
-        return None if entry is None else entry.get("id")
-
-    def pending(self) -> dict | None:
-        """The publish in progress (fingerprint, adapter, base_fingerprint, kind, since), or None."""
-        return self._meta_json(META_PENDING)
-
-    def max_seq(self) -> int:
-        """The head of the change feed."""
-        with self._db.reading() as r:
-            return r.max_seq()
-
-    def adapted_upto(self) -> int:
-        """The change seq up to which the serving adapter has seen the memories (0: never adapted)."""
-        with self._db.reading() as r:
-            raw = r.meta(META_ADAPT_SEQ)
-        return int(raw) if raw and raw.isdigit() else 0
-
-    def remembered_since(self, seq: int) -> int:
-        """How many memories were remembered after change `seq`."""
-        with self._db.reading() as r:
-            return r.remembered_since(seq)
 
     # ---- one builder at a time, across processes -----------------------------------------------------------
     @contextlib.contextmanager
@@ -282,75 +206,6 @@ class Generations:
                 f"embeds with {fingerprint}. Nothing was stored. Recall once to follow the swap, or reopen the "
                 "store with its embedder."
             )
-
-    # ---- what adaptation learns from -----------------------------------------------------------------------
-    def adaptable_base(self) -> tuple[Any, Any, dict | None]:
-        """(base LMEmbedder, the active adapter's weights or None, its entry or None).
-
-        Raises:
-            InvalidInput: the store was not opened with an LMEmbedder, or not with the base its adapter sits on.
-        """
-        base = self.base_embedder
-        if not is_lm_embedder(base):
-            raise InvalidInput(
-                f"adaptation needs an LMEmbedder (an EvermindLM with a tokenizer); this store was opened with "
-                f"{type(base).__name__}. Open it with embedder=LMEmbedder(model, tokenizer)."
-            )
-        entry = self.active_adapter()
-        with self._db.reading() as r:
-            base_fp = r.meta(META_BASE_FP)
-        gen = self._cache.current
-        if entry is None:
-            if gen.fingerprint != base.fingerprint:
-                raise InvalidInput(f"this store serves {gen.fingerprint}, not the embedder it was opened with.")
-            return base, None, None
-        if base_fp != base.fingerprint or gen.embedder is base:
-            raise InvalidInput(
-                f"this store serves adapter {entry.get('id')} on base model {base_fp}; open it with that base "
-                f"LMEmbedder to adapt or roll back (it was opened with {base.fingerprint})."
-            )
-        try:
-            init = self.load_adapter(entry, base)
-        except CheckpointError:
-            init = None
-        return base, init, entry
-
-    def memories(self, max_memories: int, seed: int) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """(labels (N,), texts, current vectors (N, D)) of the memories a round learns from: all of them, or a
-        sample of max_memories seeded by `seed`."""
-        gen, dim = self._cache.current, self._cache.dim
-        with self._db.snapshot() as r:
-            labels, texts = r.memory_texts(gen.fingerprint, dim)
-            if len(labels) > max_memories:
-                keep = np.sort(np.random.default_rng([seed, 3]).choice(len(labels), max_memories, replace=False))
-                labels, texts = labels[keep], [texts[i] for i in keep.tolist()]  # (N,)
-            got, vectors = r.vectors(gen.fingerprint, dim, labels=labels.tolist())
-        return labels, texts, vectors[np.argsort(got)]  # (N,), N, (N, D) in label order
-
-    def feedback_pairs(self, labels: np.ndarray) -> list[tuple[str, int, float]]:
-        """(query, row in `labels`, weight 1.0) for every standing "useful" judgement of those memories."""
-        row = {int(label): i for i, label in enumerate(labels.tolist())}
-        with self._db.reading() as r:
-            pairs = r.feedback_pairs(self._cache.current.fingerprint)
-        return [(query, row[label], 1.0) for query, label in pairs if label in row]
-
-    def load_adapter(self, entry: dict, base: Any) -> Any:
-        """The LoRAWeights of an adapter entry (file name and sha256 checked), for base.model.
-
-        Raises:
-            CheckpointError: a bad entry, or a missing, corrupt or different file.
-        """
-        from ..lm.adapter import load_adapter
-
-        name = entry.get("file") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not _ADAPTER_NAME_RE.match(name):
-            raise CheckpointError(f"the recorded adapter entry {entry!r:.80} names no valid adapter file.")
-        sha = entry.get("sha256")
-        return load_adapter(self.adapters_dir / name, model=base.model, sha256=sha if isinstance(sha, str) else None)
-
-    def adapted_embedder(self, weights: Any, base: Any = None) -> Any:
-        """base (default: the store's base embedder) + adapter `weights`, merged (see resolve_embedder)."""
-        return resolve_embedder(self.base_embedder if base is None else base, weights)
 
     # ---- opening and following ---------------------------------------------------------------------------
     def apply_active_adapter(self) -> None:

@@ -181,7 +181,7 @@ class LMTrainer:
     The model is trained in place: `model.params` are the fp32 master weights. Not thread-safe.
     """
 
-    def __init__(self, model: Any, config: TrainConfig | None = None, *, device: str = "cpu") -> None:
+    def __init__(self, model: Any, config: TrainConfig | None = None, *, engine: Any = None) -> None:
         """Set up optimizer(s), loss scaler and progress counters.
 
         Args:
@@ -189,15 +189,20 @@ class LMTrainer:
                 `loss_and_grads(tokens, lengths, *, checkpoint)` and `forward(tokens, lengths)`:
                 EvermindLM, or training.lora.LoRAModel.
             config: training settings (default TrainConfig()).
-            device: "cpu" (numpy) or "gpu" (wgpu: weights, gradients and moments stay on the device and are
-                copied back into model.params after fit, before evaluation and checkpoint saves).
+            engine: None to step in numpy here, or a step engine's constructor, called as
+                engine(model, config, optimizers); e.g. gpu.trainer.GpuTrainer (weights, gradients and moments
+                stay on the device and are copied back into model.params after fit, before evaluation and
+                checkpoint saves). The engine's object provides trainer_step(trainer, batches, lr) -> loss,
+                pull() and push(). The trainer never imports an engine itself, so it does not depend on gpu/.
 
         Raises:
-            InvalidInput: the model lacks what training needs, config is not a TrainConfig, or an unknown
-                device. GpuUnavailable: device="gpu" and no adapter exists.
+            InvalidInput: the model lacks what training needs, config is not a TrainConfig, or engine is not
+                callable. An engine may raise its own errors (GpuUnavailable: no GPU adapter).
         """
-        if device not in ("cpu", "gpu"):
-            raise InvalidInput(f"LMTrainer expected device 'cpu' or 'gpu', got {device!r}.")
+        if engine is not None and not callable(engine):
+            raise InvalidInput(
+                f"LMTrainer expected engine=None or a step engine's constructor such as GpuTrainer, got {engine!r}."
+            )
         config = TrainConfig() if config is None else config
         if not isinstance(config, TrainConfig):
             raise InvalidInput(f"LMTrainer expected a TrainConfig, got {type(config).__name__}.")
@@ -227,11 +232,7 @@ class LMTrainer:
         self.horizon: int | None = config.total_steps  # cosine horizon of the current fit()
         self.data_digest: str | None = None  # digest of the data the cursor points into
         self.history = TrainHistory()
-        self._gpu = None
-        if device == "gpu":
-            from ..gpu.model import GpuTrainer  # lazy: the CPU path never imports wgpu
-
-            self._gpu = GpuTrainer(model, config, self.optimizers)
+        self._engine = None if engine is None else engine(model, config, self.optimizers)
 
     # ----------------------------------------------------------------------------------------- training
 
@@ -302,8 +303,8 @@ class LMTrainer:
         finally:
             if bar is not None:
                 bar.close()
-            if self._gpu is not None:
-                self._gpu.pull()
+            if self._engine is not None:
+                self._engine.pull()
         if held is not None and not (self.history.eval_losses and self.history.eval_losses[-1][0] == self.step):
             self.history.eval_losses.append((self.step, self._eval_loss(held)))
         return self.history
@@ -347,8 +348,8 @@ class LMTrainer:
 
     def _train_step(self, batches: list[tuple[np.ndarray, np.ndarray, int]], lr: float) -> float:
         """Accumulate the window's gradients, then one (possibly skipped) optimizer step; returns the loss."""
-        if self._gpu is not None:
-            return self._gpu.trainer_step(self, batches, lr)
+        if self._engine is not None:
+            return self._engine.trainer_step(self, batches, lr)
         scale = self.scaler.scale if self.scaler is not None else 1.0  # fixed for the whole window
         total = sum(n for _, _, n in batches)
         single = len(batches) == 1
@@ -389,8 +390,8 @@ class LMTrainer:
         return loss
 
     def _eval_loss(self, held: _Data) -> float:
-        if self._gpu is not None:
-            self._gpu.pull()
+        if self._engine is not None:
+            self._engine.pull()
         total_nll = 0.0
         total_n = 0
         idx = np.argsort(held.lengths, kind="stable")  # (N,) similar lengths share a batch: less padding
@@ -419,8 +420,8 @@ class LMTrainer:
         """
         from ..lm.checkpoint import write_tensor_file
 
-        if self._gpu is not None:
-            self._gpu.pull()
+        if self._engine is not None:
+            self._engine.pull()
         tensors: dict[str, np.ndarray] = {f"param/{n}": p for n, p in self.model.params.items()}
         opt_meta = []
         for i, opt in enumerate(self.optimizers):
@@ -493,8 +494,8 @@ class LMTrainer:
         self.step, self.epoch, self.cursor, self.horizon = step, epoch, cursor, horizon
         self.data_digest = meta.get("data_digest")
         self.history = history
-        if self._gpu is not None:
-            self._gpu.push()
+        if self._engine is not None:
+            self._engine.push()
 
     @classmethod
     def resume(cls, path: str | os.PathLike[str], model: Any = None, *, progress: bool | None = None) -> "LMTrainer":

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu import ops
-from evermind_memory.gpu.model import GpuLM, GpuTrainer
+from evermind_memory.gpu.model import GpuLM
+from evermind_memory.gpu.trainer import GpuTrainer
 from evermind_memory.lm.attention import attention_forward
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.training import LMTrainer, TrainConfig
@@ -341,8 +342,9 @@ def test_gpu_trainer_refuses_what_it_does_not_run(gpu):
         GpuTrainer(object(), TrainConfig(), device=gpu)
 
 
-def test_lm_trainer_device_gpu_fits_like_the_cpu_trainer(gpu, tmp_path):
-    # Through the public switch: LMTrainer(device="gpu").fit gives the CPU run's weights, history and checkpoint.
+def test_lm_trainer_with_the_gpu_engine_fits_like_the_cpu_trainer(gpu, tmp_path):
+    # Through the public switch: LMTrainer(engine=GpuTrainer).fit gives the CPU run's weights, history and
+    # checkpoint.
     tc = TrainConfig(lr=1e-2, batch_size=2, accum_steps=2, max_len=8, total_steps=4, seed=3, progress=False)
     rng = np.random.default_rng(21)
     data = [rng.integers(0, TINY.vocab_size, n).tolist() for n in (8, 5, 3, 7, 6, 4)]
@@ -351,19 +353,19 @@ def test_lm_trainer_device_gpu_fits_like_the_cpu_trainer(gpu, tmp_path):
     cpu = LMTrainer(cpu_model, tc)
     cpu.fit(data, steps=2)
     gpu_model = EvermindLM.from_params(TINY, start.params)
-    on_gpu = LMTrainer(gpu_model, tc, device="gpu")
+    on_gpu = LMTrainer(gpu_model, tc, engine=GpuTrainer)
     on_gpu.fit(data, steps=2)
     assert on_gpu.history.losses == pytest.approx(cpu.history.losses, rel=1e-5)
     for name, p in cpu_model.params.items():
         np.testing.assert_allclose(gpu_model.params[name], p, rtol=0, atol=5e-5, err_msg=name)
     on_gpu.save_training_checkpoint(tmp_path / "run.train")
-    resumed = LMTrainer(EvermindLM.from_params(TINY, start.params), tc, device="gpu")
+    resumed = LMTrainer(EvermindLM.from_params(TINY, start.params), tc, engine=GpuTrainer)
     resumed.load_training_checkpoint(tmp_path / "run.train")
     resumed.fit(data, steps=2)
     on_gpu.fit(data, steps=2)
     assert resumed.history.losses == pytest.approx(on_gpu.history.losses, rel=1e-6)
 
 
-def test_lm_trainer_refuses_an_unknown_device():
-    with pytest.raises(InvalidInput, match="device 'cpu' or 'gpu'"):
-        LMTrainer(EvermindLM(TINY, seed=0), TrainConfig(progress=False), device="tpu")
+def test_lm_trainer_refuses_an_engine_that_is_not_a_constructor():
+    with pytest.raises(InvalidInput, match="engine=None or a step engine's constructor"):
+        LMTrainer(EvermindLM(TINY, seed=0), TrainConfig(progress=False), engine="gpu")

@@ -19,15 +19,13 @@ from evermind_memory.lm.checkpoint import (
     DELTA_MAGIC,
     MODEL_KIND,
     MODEL_MAGIC,
-    apply_delta,
     decode_tensor_bytes,
     encode_tensor_bytes,
-    export_delta,
-    load_model,
     read_tensor_file,
-    save_model,
     write_tensor_file,
 )
+from evermind_memory.lm.delta import apply_delta, export_delta
+from evermind_memory.lm.model import load_model, save_model
 
 MAGIC = b"TESTMAG\x01"
 KIND = "test-tensors 1"

@@ -12,18 +12,13 @@ import numpy as np
 import pytest
 
 from evermind_memory.errors import CheckpointError, InvalidInput
-from evermind_memory.lm.checkpoint import (
-    MODEL_KIND,
-    MODEL_MAGIC,
-    load_backbone,
-    load_model,
-    load_sequence_model,
-    save_sequence_model,
-    write_tensor_file,
-)
-from evermind_memory.lm.model import EvermindLM, LMConfig
+from evermind_memory.lm.backbone import load_backbone
+from evermind_memory.lm.checkpoint import MODEL_KIND, MODEL_MAGIC, write_tensor_file
+from evermind_memory.lm.model import EvermindLM, LMConfig, load_model
 from evermind_memory.lm.sequence import (
     SequenceBackbone,
+    load_sequence_model,
+    save_sequence_model,
     SequenceModelConfig,
     linear_scan_numpy,
     sequence_param_shapes,

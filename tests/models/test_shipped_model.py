@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from evermind_memory import MemoryStore, default_embedder
-from evermind_memory.lm.checkpoint import load_model
-from evermind_memory.models import card
+from evermind_memory.lm.model import load_model
+from evermind_memory.embedder import card, load_embedder
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -33,11 +33,27 @@ def test_shipped_files_load_pass_their_crc_and_fit_the_size_budget():
     assert emb.hybrid_weight == pytest.approx(meta["hybrid_weight"])
 
 
-def test_fingerprint_is_stable_across_processes():
-    code = "from evermind_memory import default_embedder; print(default_embedder().fingerprint)"
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert other == default_embedder().fingerprint
-    assert other.startswith("evermind-lm/")
+def test_the_cards_fingerprint_is_the_loaded_models():
+    meta = card()
+    root = resources.files("evermind_memory.models")
+    with resources.as_file(root.joinpath(meta["model_file"])) as model_path, \
+            resources.as_file(root.joinpath(meta["tokenizer_file"])) as tok_path:
+        loaded = load_embedder(model_path, tok_path, max_tokens=meta["max_tokens"])
+    assert loaded.fingerprint == meta["fingerprint"]
+    assert loaded.dimensions == meta["config"]["d_model"]
+
+
+def test_default_embedder_reads_the_weights_only_at_the_first_embed_in_a_fresh_process():
+    code = ("from evermind_memory import default_embedder; e = default_embedder(); "
+            "print(e.fingerprint, e.dimensions, e.loaded); v = e.embed('tea'); "
+            "print(e.load().fingerprint, v.shape[0], e.loaded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    announced, dim, before = out[0].split()
+    loaded, got_dim, after = out[1].split()
+    assert (before, after) == ("False", "True")
+    assert announced == loaded == card()["fingerprint"] == default_embedder().fingerprint
+    assert int(dim) == int(got_dim) == card()["config"]["d_model"]
+    assert announced.startswith("evermind-lm/")
 
 
 def test_numpy_model_reproduces_the_training_mirror_golden_vectors():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from evermind_memory.store.backend import Backend, Reads, Writes
-from evermind_memory.store.backend.sqlite import SQLiteBackend
+from evermind_memory.store.backend.sqlite import EXPECTED_TABLES, SQLiteBackend, created_tables
 from evermind_memory.store.backend.sqlite_session import SQLiteSession
 
 
@@ -33,3 +33,10 @@ def test_the_sqlite_backend_implements_backend() -> None:
     for name, sig in wanted.items():
         got = getattr(SQLiteBackend, name)
         assert isinstance(got, property) if sig is None else parameters(inspect.signature(got)) == parameters(sig), name
+
+
+def test_expected_tables_are_those_a_new_store_is_created_with() -> None:
+    # Opening checks a store against the EXPECTED_TABLES literal (so an open needs no sqlite_utils); it must
+    # follow the schema _create_schema makes.
+    assert created_tables() == EXPECTED_TABLES
+    assert {"facts", "facts_fts", "meta", "changes", "leases"} <= EXPECTED_TABLES

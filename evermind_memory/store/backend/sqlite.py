@@ -27,8 +27,6 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-import sqlite_utils
-
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
 from . import utc_now
@@ -43,6 +41,9 @@ from .sqlite_session import SQLiteSession
 SCHEMA_VERSION = 4
 WAL_SIZE_LIMIT = 64 << 20  # bytes a reset WAL file is truncated back to
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
+# The tables a store of SCHEMA_VERSION has: those _create_schema makes (tests/store/test_backend.py checks it).
+EXPECTED_TABLES = frozenset({"changes", "fact_tags", "facts", "facts_fts", "facts_fts_config", "facts_fts_data",
+                             "facts_fts_docsize", "facts_fts_idx", "feedback", "leases", "meta"})
 # Text columns are decoded by us: a damaged byte in one row's text then yields that row (with lone surrogates,
 # which the row's reader refuses: backend.FactRow) instead of failing the whole query it belongs to.
 _decode_text = functools.partial(str, encoding="utf-8", errors="surrogateescape")
@@ -380,13 +381,12 @@ class SQLiteBackend:
 
     # ---- schema --------------------------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
-        db = sqlite_utils.Database(self._writer)
         with self.transaction() as session:
-            names = set(db.table_names())
+            names = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "meta" not in names:
                 if names - {"sqlite_sequence"}:
                     raise EvermindError(f"{self.path} is an SQLite file but not an evermind store (tables: {sorted(names)[:5]}).")
-                self._create_schema(db, session.conn)
+                self._create_schema(session.conn)
             version = _schema_version(session, self.path)
             if version > SCHEMA_VERSION:
                 raise EvermindError(
@@ -423,7 +423,7 @@ class SQLiteBackend:
             StoreCorrupt: naming the missing tables.
         """
         have = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        missing = sorted(expected_tables() - have)
+        missing = sorted(EXPECTED_TABLES - have)
         if missing:
             part = "full-text index" if all(m.startswith("facts_fts") for m in missing) else "schema"
             raise StoreCorrupt(f"{self.path}: the {part} is damaged: table{'s' * (len(missing) > 1)} "
@@ -431,7 +431,10 @@ class SQLiteBackend:
                                f"{repair_hint(self.path)}.", path=self.path, part=part)
 
     @staticmethod
-    def _create_schema(db: sqlite_utils.Database, conn: sqlite3.Connection) -> None:
+    def _create_schema(conn: sqlite3.Connection) -> None:
+        import sqlite_utils  # here only: 0.1 s to import, needed to create a new store and by nothing else
+
+        db = sqlite_utils.Database(conn)
         db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"})
         db["facts"].create(
             {"rid": int, "id": str, "text": str, "tags": str, "source": str, "created_at": str, "updated_at": str,
@@ -490,12 +493,11 @@ def _schema_version(session: SQLiteSession, path: str) -> int:
                            f"{repair_hint(path)}.", path=path, part="schema") from None
 
 
-@functools.lru_cache(maxsize=1)
-def expected_tables() -> frozenset[str]:
-    """The tables a store of this schema version has (those a new store is created with)."""
+def created_tables() -> frozenset[str]:
+    """The tables _create_schema makes, in a scratch in-memory database (EXPECTED_TABLES must equal them)."""
     conn = sqlite3.connect(":memory:")
     try:
-        SQLiteBackend._create_schema(sqlite_utils.Database(conn), conn)
+        SQLiteBackend._create_schema(conn)
         return frozenset(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
                          if not r[0].startswith("sqlite_"))
     finally:

@@ -1,0 +1,74 @@
+"""The shipped model's card: evermind_memory/models/model.json, read as package data (importlib.resources).
+
+The card names the files (model.evlm, tokenizer.json), the embedder's fingerprint and dimensions, and the
+settings the store needs (max_tokens, hybrid_weight), so `default_embedder()` can answer for its identity
+without reading the weights. The recipe that made the files is in the repository's recipe/ folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+from ..errors import CheckpointError, EvermindError
+
+MODELS_PACKAGE = "evermind_memory.models"  # where the shipped files are installed (data only)
+_CARD = "model.json"
+_CARD_MAX_BYTES = 1 << 20
+_REQUIRED = {"model_file": str, "tokenizer_file": str, "fingerprint": str, "config": dict, "max_tokens": int,
+             "hybrid_weight": (int, float)}
+
+
+def card() -> dict[str, Any]:
+    """The shipped model's card (config, files, fingerprint, training summary, hybrid weight, figures).
+
+    Returns:
+        The parsed model.json.
+    Raises:
+        EvermindError: no model is shipped in this installation.
+        CheckpointError: the card is unreadable or lacks a field the loader needs.
+    """
+    path = resources.files(MODELS_PACKAGE).joinpath(_CARD)
+    if not path.is_file():
+        raise EvermindError(
+            "No default model is shipped in this installation of evermind_memory, so MemoryStore(path) needs "
+            "an embedder. Pass embedder=load_embedder(model_path, tokenizer_path) (or any object with embed, "
+            "embed_many, dimensions and fingerprint)."
+        )
+    raw = path.read_bytes()
+    if len(raw) > _CARD_MAX_BYTES:
+        raise CheckpointError(f"the shipped model card {_CARD} is {len(raw)} bytes; expected at most {_CARD_MAX_BYTES}.")
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise CheckpointError(f"the shipped model card {_CARD} is not JSON ({e}); reinstall evermind_memory.") from e
+    wrong = [key for key, kind in _REQUIRED.items()
+             if not isinstance(data, dict) or not isinstance(data.get(key), kind) or isinstance(data.get(key), bool)]
+    if wrong or "d_model" not in data["config"]:
+        raise CheckpointError(
+            f"the shipped model card {_CARD} lacks or mistypes {wrong or ['config.d_model']}; reinstall evermind_memory."
+        )
+    return data
+
+
+def shipped_file(name: str) -> Any:
+    """A Traversable for one of the shipped files (use with importlib.resources.as_file)."""
+    return resources.files(MODELS_PACKAGE).joinpath(name)
+
+
+_FUSION = "fusion.json"
+
+
+@functools.lru_cache(maxsize=1)
+def fusion_params():
+    """The shipped model's fitted hybrid rule (fusion.json, written by recipe/calibrate_fusion.py), or None when
+    this installation has none. Raises CheckpointError when the file is there but malformed."""
+    from ..store.fusion import load_params
+
+    path = shipped_file(_FUSION)
+    if not path.is_file():
+        return None
+    with resources.as_file(path) as real:
+        return load_params(real)

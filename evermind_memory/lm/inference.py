@@ -1,0 +1,226 @@
+"""The embedding path without caches: an inference plan of the weights, and FrozenEmbedder.
+
+`EvermindLM.hidden_forward`/`pooled_forward` keep what a backward needs; embeddings need only outputs. The
+plan holds the weights rearranged once (norm gains folded into the following linear maps, the attention scale
+into the query columns) and the functions below run the same maths with fewer numpy calls and temporaries.
+Results equal the training path's up to float rounding. Shape letters as in model.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from evermind_memory.lm.attention import key_mask
+from evermind_memory.lm.config import LMConfig
+from evermind_memory.lm.layers import RMS_EPS
+from evermind_memory.lm.moe import SHORT_MAX_ROWS, moe_infer, moe_infer_short, moe_inference_weights
+
+__all__ = ["FrozenEmbedder", "build_plan", "plan_embed_one", "plan_embed_many"]
+
+_NORM_EPS = 1e-12  # an all-zero pooled vector stays zero instead of dividing by zero
+_EMBED_BUCKET_SEQS = 64  # at most this many sequences per embedding forward
+_HAS_VECDOT = hasattr(np, "vecdot")
+# Padded positions x C per embedding forward (1024 positions at C=128): the layer's arrays stay in L2, which
+# measured faster than larger buckets although the matmuls get smaller.
+_EMBED_BUCKET_ELEMENTS = 1 << 17
+
+
+class _PoolPlan(NamedTuple):
+    wqkv: np.ndarray  # (C, 3C) attn_norm gain folded into the rows, 1/sqrt(D) into the query columns
+    wo: np.ndarray  # (C, C)
+    out_gain: np.ndarray  # (C,) out_norm gain, applied after pooling (a per-channel scale commutes with the mean)
+    heads: int
+
+
+class _Plan(NamedTuple):
+    emb: np.ndarray  # (V, C)
+    taps: list  # per layer (K, C): conv taps * conv_norm gain, reversed (tap K-1 first) for the window view
+    moe: list  # per layer MoEInference
+    pool: _PoolPlan | None
+    top_k: int
+
+
+def build_plan(config: LMConfig, params: Mapping[str, np.ndarray], *, fused: bool) -> _Plan:
+    """Rearrange params for inference; fused=False only derives the small arrays (cheap per call)."""
+    taps, moes = [], []
+    for layer in range(config.n_layers):
+        p = f"layers.{layer}."
+        taps.append(np.ascontiguousarray((params[p + "conv"] * params[p + "conv_norm"])[::-1]))  # (K, C)
+        local = {n[len(p) :]: a for n, a in params.items() if n.startswith(p)}
+        moes.append(moe_inference_weights(local, params[p + "moe_norm"], fused=fused))
+    pool = None
+    if config.attn_heads:
+        c = config.d_model
+        wqkv = params["pool.attn_norm"][:, None] * params["pool.wqkv"]  # (C, 3C)
+        wqkv[:, :c] *= wqkv.dtype.type(1.0 / math.sqrt(c // config.attn_heads))
+        pool = _PoolPlan(wqkv, params["pool.wo"], params["pool.out_norm"], config.attn_heads)
+    return _Plan(params["emb"], taps, moes, pool, config.top_k)
+
+
+def _row_sumsq(x: np.ndarray) -> np.ndarray:
+    """Sum of squares of each row of x (N, C): np.vecdot where numpy has it (2.0+; faster), else einsum."""
+    return np.vecdot(x, x) if _HAS_VECDOT else np.einsum("nc,nc->n", x, x)  # (N,)
+
+
+def _rms_scale(x: np.ndarray) -> np.ndarray:
+    """1 / sqrt(mean(x^2) + eps) per row of x (N, C), as in rmsnorm_forward."""
+    ms = _row_sumsq(x) / x.shape[-1]  # (N,)
+    return 1.0 / np.sqrt(ms + RMS_EPS)  # (N,)
+
+
+def _windows(padded: np.ndarray, k: int) -> np.ndarray:
+    """(B, T, C, K) view of a (B, T+K-1, C) buffer: [b, t, :, j] is row t + j (sliding_window_view, cheaper)."""
+    b, tk, c = padded.shape
+    s0, s1, s2 = padded.strides
+    return np.ndarray((b, tk - k + 1, c, k), padded.dtype, padded, 0, (s0, s1, s2, s1))
+
+
+def _plan_hidden(plan: _Plan, tokens: np.ndarray) -> np.ndarray:
+    """Final hidden states (B*T, C) of a (B, T) token batch; rows of padded positions hold finite junk.
+
+    A single short sequence runs every expert on every row (moe_infer_short); anything else is dispatched
+    by expert. Padded positions go through the layers like real ones (cheaper than gathering the real rows
+    of a length-sorted bucket); nothing after them reads them.
+    """
+    b, t = tokens.shape
+    x = np.take(plan.emb, tokens.ravel(), axis=0)  # (B*T, C)
+    c = x.shape[1]
+    k = plan.taps[0].shape[0]
+    padded = np.zeros((b, t + k - 1, c), dtype=x.dtype)  # (B, T+K-1, C): K-1 zero rows before each sequence
+    body = padded[:, k - 1 :]  # (B, T, C) where the normalised input goes
+    windows = _windows(padded, k)  # (B, T, C, K): tap K-1-j multiplies [..., j] (the plan keeps taps reversed)
+    short = b * t <= SHORT_MAX_ROWS and plan.moe[0].w1_aug is not None
+    if short:
+        xa = np.ones((b * t, c + 1), dtype=x.dtype)  # (B*T, C+1) MoE input with a ones column
+    for taps, moe in zip(plan.taps, plan.moe):
+        np.multiply(x.reshape(b, t, c), _rms_scale(x).reshape(b, t, 1), out=body)
+        h = np.einsum("btck,kc->btc", windows, taps).reshape(b * t, c)  # (B*T, C) causal depthwise conv
+        h += x
+        if short:
+            np.multiply(h, _rms_scale(h)[:, None], out=xa[:, :c])
+            moe_infer_short(moe, xa, plan.top_k, h)
+        else:
+            moe_infer(moe, h * _rms_scale(h)[:, None], plan.top_k, h)
+        x = h
+    return x
+
+
+def _plan_pool(plan: _Plan, h: np.ndarray, b: int, lengths: np.ndarray | None) -> np.ndarray:
+    """Pooled (B, C) of hidden states h (B*T, C); lengths None means no padding."""
+    t = h.shape[0] // b
+    c = h.shape[1]
+    if lengths is None:
+        weights = np.full((b, t), 1.0 / t, dtype=h.dtype)  # (B, T)
+    else:
+        real = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
+        weights = (real / lengths[:, None]).astype(h.dtype)  # (B, T)
+    pp = plan.pool
+    if pp is None:
+        return np.einsum("bt,btc->bc", weights, h.reshape(b, t, c))  # (B, C) mean over real positions
+    n, d = pp.heads, c // pp.heads
+    qkv = (h * _rms_scale(h)[:, None]) @ pp.wqkv  # (B*T, 3C)
+    qkv = qkv.reshape(b, t, 3, n, d).transpose(2, 0, 3, 1, 4)  # (3, B, N, T, D) view
+    q, k, v = np.ascontiguousarray(qkv)  # (B, N, T, D) each
+    s = q @ k.transpose(0, 1, 3, 2)  # (B, N, T, T) scores, already scaled by 1/sqrt(D)
+    if lengths is not None:
+        s += key_mask(lengths, t, s.dtype)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    o = (s @ v).transpose(0, 2, 1, 3).reshape(b * t, c)  # (B*T, C) heads concatenated
+    z = o @ pp.wo  # (B*T, C)
+    z += h
+    weights *= _rms_scale(z).reshape(b, t)  # out_norm's 1/rms folded into the pooling weights
+    return np.einsum("bt,btc->bc", weights, z.reshape(b, t, c)) * pp.out_gain  # (B, C)
+
+
+def _normalise_rows(pooled: np.ndarray) -> np.ndarray:
+    """L2-normalise each row (an exactly zero row stays zero); float32."""
+    norms = np.sqrt(_row_sumsq(pooled))  # (B,)
+    return (pooled / np.maximum(norms, _NORM_EPS)[:, None]).astype(np.float32, copy=False)
+
+
+def plan_embed_one(plan: _Plan, seq: np.ndarray) -> np.ndarray:
+    """Embedding (C,) float32 of one validated (T,) sequence."""
+    h = _plan_hidden(plan, seq[None, :])  # (T, C)
+    return _normalise_rows(_plan_pool(plan, h, 1, None))[0]
+
+
+def plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np.ndarray:
+    """Embeddings (N, C) float32 of validated sequences, run in length-sorted buckets of similar length."""
+    out = np.zeros((len(seqs), d_model), dtype=np.float32)  # (N, C)
+    if not seqs:
+        return out
+    lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
+    order = np.argsort(lens, kind="stable").tolist()  # short to long, so a bucket pads little
+    max_rows = max(1, _EMBED_BUCKET_ELEMENTS // d_model)
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while (
+            stop < len(order)
+            and stop - start < _EMBED_BUCKET_SEQS
+            and (stop - start + 1) * lens[order[stop]] <= max_rows
+        ):
+            stop += 1
+        ids = order[start:stop]
+        sub_lens = lens[ids]  # (b,)
+        t = int(sub_lens[-1])
+        if len(ids) == 1:
+            out[ids[0]] = plan_embed_one(plan, seqs[ids[0]])
+            start = stop
+            continue
+        tokens = np.zeros((len(ids), t), dtype=np.intp)  # (b, t) padding is token 0: finite junk, never read
+        for row, i in enumerate(ids):
+            tokens[row, : sub_lens[row]] = seqs[i]
+        h = _plan_hidden(plan, tokens)  # (b*t, C)
+        padded = None if sub_lens[0] == t else sub_lens
+        out[ids] = _normalise_rows(_plan_pool(plan, h, len(ids), padded))
+        start = stop
+    return out
+
+
+class FrozenEmbedder:
+    """A snapshot of an EvermindLM's embedding function, with its weights arranged once for speed.
+
+    Made by `EvermindLM.frozen()`. It copies the weights, so later changes to the model do not reach it
+    (an embedder's fingerprint names the weights it was made with). Thread-safe: it is only read.
+    """
+
+    def __init__(self, model: Any) -> None:
+        params = {name: np.array(p, copy=True) for name, p in model.params.items()}
+        self.config = model.config
+        self._check = model._prepare_list
+        self._plan = build_plan(model.config, params, fused=True)
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Same as `EvermindLM.embed` with the weights of the snapshot.
+
+        Args:
+            tokens: non-empty list of token ids.
+
+        Returns:
+            (C,) float32 vector of norm 1 (or zero if the pooled state is exactly zero).
+
+        Raises:
+            InvalidInput: empty list or ids out of range.
+        """
+        return plan_embed_one(self._plan, self._check(tokens, "embed()"))
+
+    def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+        """Same as `EvermindLM.embed_batch` with the weights of the snapshot.
+
+        Args:
+            token_lists: sequence of non-empty token-id lists.
+
+        Returns:
+            (N, C) float32, row i the embedding of token_lists[i]; (0, C) for an empty input.
+
+        Raises:
+            InvalidInput: an empty list or ids out of range (the message names the index).
+        """
+        seqs = [self._check(tokens, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
+        return plan_embed_many(self._plan, seqs, self.config.d_model)
