@@ -9,7 +9,8 @@ import sys
 from extras import require
 
 FRAMEWORKS = ("langchain", "langchain_core", "langgraph", "langsmith", "pydantic")
-HEAVY = ("evermind_memory.lm.model", "evermind_memory.embedder.lm_embedder", "evermind_memory.training",
+# embedder.lm_embedder is not here: it imports the model code only when a model is built (issue 17's lazy model)
+HEAVY = ("evermind_memory.lm.model", "evermind_memory.lm.tokenizer", "evermind_memory.training",
          "evermind_memory.adaptation", "evermind_memory.gpu", "wgpu")
 
 
