@@ -270,7 +270,7 @@ class MaintenanceMethods:
         Thread-safe.
         """
         self._check_usable()
-        index = None if self._access.memory else Path(self._access.path).resolve()
+        index = Path(self._access.path).resolve() if self._access.snapshot_files else None
         return maintenance.stats(self._db, self._vectors, select("stats", self._scope), index)
 
     def duplicates(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
