@@ -112,6 +112,20 @@ class AdapterHistory:
             self._write([e for e in entries if e["id"] != adapter_id] + [entry])
             return entry
 
+    def put(self, entry: dict, data: bytes) -> None:
+        """Write an adapter file's bytes under its entry's id and list the entry (copying a store's adapters).
+
+        Raises:
+            CheckpointError: the entry names no valid file.
+        """
+        with self._lock:
+            path = self.path(entry)
+            if entry.get("file") != f"{entry.get('id')}.lora":
+                raise CheckpointError(f"adapter entry {entry.get('id')!r:.40} names the file {entry.get('file')!r:.40}.")
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, data)
+            self._write([e for e in self.entries() if e["id"] != entry["id"]] + [dict(entry)])
+
     def update(self, adapter_id: str, **changes: Any) -> None:
         """Change fields of an entry (best effort: the index is informational)."""
         with self._lock:

@@ -332,6 +332,12 @@ class PostgresBackend:
                 self._follower = _Follower(self, callback)
                 self._follower.start()
 
+    def adapters(self) -> Any:
+        """The store's adapters, in its `adapters` table (postgres_adapters.DatabaseAdapters)."""
+        from .postgres_adapters import DatabaseAdapters
+
+        return DatabaseAdapters(self)
+
     def close(self) -> None:
         """Close the pool and the follower's connection (idempotent)."""
         if self._closed:
