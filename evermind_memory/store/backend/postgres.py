@@ -397,17 +397,21 @@ class _Follower:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="evermind-follow", daemon=True)
         self._conn = None
+        self._wake = f"evermind_stop_{uuid.uuid4().hex}"  # this follower's own channel: stop() wakes it at once
         self.notified = 0  # notifications received (for tests and info)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the thread: a notification on its own channel wakes it from its wait (a server that cannot be
+        reached: it ends at its next poll, within POLL_S)."""
         self._stop.set()
         conn = self._conn
-        if conn is not None:
+        if conn is not None and self._backend._pool is not None:
             with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=1.0) if hasattr(conn, "cancel_safe") else conn.cancel()
+                with self._backend._pool.connection(timeout=1.0) as c:
+                    c.execute("SELECT pg_notify(%s, '')", (self._wake,))
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
         if conn is not None:
@@ -426,11 +430,14 @@ class _Follower:
             try:
                 self._conn = self._backend._connect()
                 self._conn.execute(f"LISTEN {CHANNEL}")
+                self._conn.execute(f"LISTEN {self._wake}")  # (our own generated name)
                 backoff = 0.1
                 self._call(-1)  # (re)connected: notifications may have been missed meanwhile
                 while not self._stop.is_set():
                     got = False
                     for note in self._conn.notifies(timeout=POLL_S, stop_after=64):
+                        if self._stop.is_set():
+                            break
                         got = True
                         head = int(note.payload) if note.payload.isdigit() else -1
                         self.notified += 1
