@@ -79,8 +79,8 @@ def selection(sel: Selection) -> tuple[str, list]:
 
 def idf(df: int, n: int) -> float:
     """BM25's idf as FTS5 computes it (a non-positive one counts as 1e-6)."""
-    value = math.log((n - df + 0.5) / (df + 0.5)) if n else 0.0
-    return value if value > 0 else 1e-6
+    ratio = (n - df + 0.5) / (df + 0.5) if n else 0.0
+    return math.log(ratio) if ratio > 1.0 else 1e-6
 
 
 class PostgresSession:
@@ -309,8 +309,12 @@ class PostgresSession:
             return []
         stems = self._stems(words)
         terms = sorted({t for s in stems for t in s})
-        docs, tokens = self._one("SELECT docs, tokens FROM fts_stats")
-        df = dict(self._all("SELECT term, df FROM fts_terms WHERE term = ANY(%s)", (terms,))) if terms else {}
+        # One statement, one snapshot: read apart, a commit in between could give a term more documents than
+        # the store holds (another node writing; a negative idf).
+        docs, tokens, found, counts = self._one(
+            "SELECT s.docs, s.tokens, ARRAY(SELECT term FROM fts_terms WHERE term = ANY(%s) ORDER BY term), "
+            "ARRAY(SELECT df FROM fts_terms WHERE term = ANY(%s) ORDER BY term) FROM fts_stats s", (terms, terms))
+        df = dict(zip(found, counts))
         word_df = [min((df.get(t, 0) for t in s), default=0) for s in stems]
         kept, all_first = choose(words, word_df, int(docs))
         if not kept:
