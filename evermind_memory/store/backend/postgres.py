@@ -263,14 +263,16 @@ class PostgresBackend:
         return 0, 0
 
     def describe(self) -> dict:
-        """schema_version and the server's version (no SQLite here)."""
+        """schema_version, the server's version (no SQLite here), pgvector's version when the server has it, and
+        how many change notifications this node's follower received."""
         with self.reading() as session:
             schema = session.meta("schema_version")
             version = session.conn.execute("SHOW server_version").fetchone()[0]
             vector = session.conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        follower = self._follower
         return {"schema_version": int(schema or SCHEMA_VERSION), "backend": "postgresql", "server_version": version,
                 "pgvector": None if vector is None else vector[0], "sqlite_version": None,
-                "sqlite_wal_reset_fixed": None}
+                "sqlite_wal_reset_fixed": None, "notifications": None if follower is None else follower.notified}
 
     def fts_integrity(self) -> str | None:
         """The full-text statistics against the facts: None when they agree, else what differs."""
