@@ -15,12 +15,18 @@ replays the change feed itself), and on PostgreSQL how long after the writer's l
 every change; (b) a node that was away opens the store after the burst and answers once (SQLite: its saved
 index and the change feed since; PostgreSQL: no index files on a node, the index is built from the database).
 
+Part 3 (--lexical, quality): recall_quality.py's held-out eval pairs (corpus/eval/<source>.jsonl, each query
+with one relevant doc), lexical recall only, on an SQLite store (FTS5 BM25) and a PostgreSQL store with each
+ranking it has (BM25 over tsvector with FTS5's formula, the default; ts_rank_cd): ndcg@10, recall@1,
+recall@10, MRR@10, and the share of queries whose top 10 is the same list as FTS5's.
+
 The model is store_speed's untrained "small" EvermindLM (speed does not depend on training). PostgreSQL is a
 throwaway server from Debian's binaries (tests/pg_server.py: Unix socket, fsync=off, as in the tests), or the
 server of --url (each run makes a schema of its own there, and drops it). Indicative only on a shared machine.
 
     python benchmarks/pg_speed.py [--nodes 1,2,4] [--per-node 300] [--seed-facts 2000] [--changes 100000]
                                   [--queries 100] [--url postgresql://...] [--json out.json]
+                                  [--lexical [--corpus corpus] [--sources debian,pyapi,foldoc] [--limit 1000]]
 """
 
 from __future__ import annotations
@@ -131,6 +137,34 @@ def catch_up(backend: str, place, embedder, seed: list[str], burst: list[str], q
     return out
 
 
+def lexical_quality(places: Places, embedder, corpus: Path, sources: list[str], limit: int) -> list[dict]:
+    """Part 3 (see the module docstring): one row per source and system."""
+    import recall_quality as rq
+    from evermind_memory.store.backend import postgres_session
+
+    rows = []
+    for name in sources:
+        es = rq.load_eval_set(corpus / "eval" / f"{name}.jsonl", limit)
+        ranked = {}
+        store, ids = rq.build_store(places.sqlite(f"lex_{name}"), embedder, es.docs)
+        with store:
+            ranked["sqlite FTS5 BM25"] = rq.store_rankings(store, ids, es.queries, mode="lexical")
+        store, ids = rq.build_store(places.postgres(f"lex_{name}"), embedder, es.docs)
+        with store:
+            for ranking in ("bm25", "ts_rank_cd"):
+                postgres_session.RANKING = ranking
+                try:
+                    ranked[f"postgresql {ranking}"] = rq.store_rankings(store, ids, es.queries, mode="lexical")
+                finally:
+                    postgres_session.RANKING = "bm25"
+        base = ranked["sqlite FTS5 BM25"]
+        for system, ranking in ranked.items():
+            same = float(np.mean([a[:10] == b[:10] for a, b in zip(ranking, base)]))
+            rows.append({"source": name, "queries": len(es.queries), "docs": len(es.docs), "system": system,
+                         **rq.rank_metrics(ranking, es.gold), "same_top10_as_fts5": same})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="1,2,4", help="writer node counts (comma-separated)")
@@ -140,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--url", default=None, help="a PostgreSQL server to use (default: a throwaway one)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--lexical", action="store_true", help="also compare lexical recall quality with FTS5 (part 3)")
+    ap.add_argument("--corpus", type=Path, default=ROOT / "corpus", help="holds eval/<source>.jsonl")
+    ap.add_argument("--sources", default="debian,pyapi,foldoc")
+    ap.add_argument("--limit", type=int, default=1000, help="eval pairs per source (0: all)")
     args = ap.parse_args(argv)
     nodes = [int(x) for x in args.nodes.split(",") if x]
 
@@ -149,9 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     writers: dict[str, list[dict]] = {}
     catchups: list[dict] = []
+    lexical: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="evermind-pgbench-") as tmp:
         places = Places(Path(tmp), args.url)
         try:
+            if args.lexical:
+                lexical = lexical_quality(places, embedder, args.corpus, args.sources.split(","), args.limit)
             wargs = argparse.Namespace(writers=nodes, per_writer=args.per_node, seed_facts=args.seed_facts,
                                        queries=args.queries, precomputed=False)
             writers["sqlite"] = store_speed.bench_writers(embedder, wargs, Path(tmp), places.sqlite)
@@ -169,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"PostgreSQL store beside the SQLite store (small untrained model; load avg {load_start[0]:.2f} -> "
           f"{meta['load_avg_end'][0]:.2f} on {os.cpu_count()} CPUs)")
-    print(f"N writer nodes each remember {args.per_node} facts one at a time into a store of {args.seed_facts:,}; "
-          "one more node recalls meanwhile (vector, ms p50 / p99)")
-    print(f"{'nodes':>6} {'backend':>11} {'remember items/s':>17} {'recall idle':>19} {'recall during writes':>21}")
+    if nodes:
+        print(f"N writer nodes each remember {args.per_node} facts one at a time into a store of {args.seed_facts:,}; "
+              "one more node recalls meanwhile (vector, ms p50 / p99)")
+        print(f"{'nodes':>6} {'backend':>11} {'remember items/s':>17} {'recall idle':>19} {'recall during writes':>21}")
     for i, n in enumerate(nodes):
         for backend in ("sqlite", "postgresql"):
             r = writers[backend][i]
@@ -186,8 +228,17 @@ def main(argv: list[str] | None = None) -> int:
             lag = f"{c['follower_lag_s']:.3f}" if "follower_lag_s" in c else "-"
             print(f"{c['backend']:>11} {c['change_rows']:>12,} {c['write_s']:>8.1f} {lag:>15} "
                   f"{c['open_node_first_recall_s']:>23.3f} {c['away_node_open_and_recall_s']:>24.3f}")
+    if lexical:
+        print("lexical recall on held-out eval pairs (one relevant doc per query); last column: queries whose top 10 "
+              "is FTS5's list")
+        print(f"{'source':>8} {'system':>22} {'ndcg@10':>8} {'recall@1':>9} {'recall@10':>10} {'mrr@10':>7} "
+              f"{'same top 10':>12}")
+        for r in lexical:
+            print(f"{r['source']:>8} {r['system']:>22} {r['ndcg@10']:>8.4f} {r['recall@1']:>9.4f} "
+                  f"{r['recall@10']:>10.4f} {r['mrr@10']:>7.4f} {r['same_top10_as_fts5']:>12.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "writers": writers, "catch_up": catchups}, indent=2))
+        args.json.write_text(json.dumps({"meta": meta, "writers": writers, "catch_up": catchups,
+                                         "lexical": lexical}, indent=2))
     return 0
 
 
