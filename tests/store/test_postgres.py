@@ -174,3 +174,22 @@ def test_postgres_server_killed_mid_write_loses_nothing_acknowledged(model_files
             proc.kill()
             proc.wait()
         server.stop()
+
+
+def test_postgres_cli_commands_take_a_url(pg_server, pg_url, embedder):
+    """`--db postgresql://...` in the CLI: write, read back, inspect; the password shows in no output."""
+    import json
+
+    def run(*argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        return cli_main([*argv, "--db", pg_url, "--json"], embedder=embedder, out=out), out.getvalue()
+
+    code, out = run("remember", "Ada's laptop is a grey ThinkPad", "--tag", "user=ada")
+    assert code == 0
+    fid = json.loads(out)["id"]
+    code, out = run("recall", "which laptop does Ada use", "--tag", "user=ada", "-k", "1")
+    assert code == 0 and json.loads(out)[0]["id"] == fid
+    code, out = run("info")
+    assert code == 0 and json.loads(out)["backend"] == "postgresql" and json.loads(out)["facts"] == 1
+    code, out = run("check")
+    assert code == 0 and pg_server.password not in out
