@@ -193,3 +193,29 @@ def test_postgres_cli_commands_take_a_url(pg_server, pg_url, embedder):
     assert code == 0 and json.loads(out)["backend"] == "postgresql" and json.loads(out)["facts"] == 1
     code, out = run("check")
     assert code == 0 and pg_server.password not in out
+
+
+def test_postgres_adapter_is_published_in_the_database_and_every_node_follows(pg_url, embedder):
+    """An adaptation round on one node: the adapter goes into the store's `adapters` table (no file on any
+    node), the other node serves the new generation after the swap without reopening (the old one until then:
+    test_other_processes_serve_the_old_generation_until_the_swap[postgres]);
+    a rollback made on the other node is followed back; a node opened later applies the active adapter."""
+    from test_adaptation_store import FACTS, FAST, QUERIES
+
+    with MemoryStore(pg_url, embedder) as a, MemoryStore(pg_url, embedder) as b:
+        a.remember_many(FACTS)
+        base = a.fingerprint
+        b.flush()
+        before = [[h.id for h in b.recall(q, k=5, mode="vector")] for q in QUERIES]
+        report = a.adapt_now(FAST)
+        assert report.status == "swapped" and a.fingerprint != base
+        assert stored_rows(pg_url, "SELECT id FROM adapters") == [(report.adapter_id,)]
+        b.flush()  # follows the swap before answering (its follower thread may have already)
+        assert b.fingerprint == a.fingerprint and recall_at_k(b, pg_url, QUERIES) >= 0.95
+        assert [e["id"] for e in b.adapter_history() if e["active"]] == [report.adapter_id]
+        assert b.rollback_adapter("base").status == "swapped"
+        a.flush()
+        assert a.fingerprint == base and [[h.id for h in a.recall(q, k=5, mode="vector")] for q in QUERIES] == before
+        assert b.rollback_adapter(report.adapter_id).status == "swapped"
+    with MemoryStore(pg_url, embedder) as late:
+        assert late.fingerprint == report.fingerprint_after and late.check().ok
