@@ -113,6 +113,8 @@ def test_kill_during_remember_loop(model_files, embedder, tmp_path: Path):
     kill_loop(model_files, embedder, tmp_path / "crash.db", runs=2, writers=1)
 
 
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])  # (PostgreSQL:
+# a node killed mid-write runs by default in test_many_writers.py and the server's kill in test_postgres.py)
 def test_kill_writers_during_concurrent_remember_loops(model_files, embedder, target):
     kill_loop(model_files, embedder, target, runs=2, writers=3)
 
