@@ -78,11 +78,7 @@ class AdapterHistory:
         Raises:
             InvalidInput: no such adapter.
         """
-        for e in self.entries():
-            if e["id"] == adapter_id:
-                return e
-        ids = [e["id"] for e in self.entries()]
-        raise InvalidInput(f"no adapter {adapter_id!r} in {self.directory}; known: {ids or 'none'} (or 'base').")
+        return entry_of(self.entries(), adapter_id, str(self.directory))
 
     def path(self, entry: dict) -> Path:
         """The file of an entry (its name is checked)."""
@@ -146,3 +142,16 @@ class AdapterHistory:
         """
         sha = entry.get("sha256")
         return load_adapter(self.path(entry), model=model, sha256=sha if isinstance(sha, str) else None)
+
+
+def entry_of(entries: list[dict], adapter_id: str, where: str) -> dict:
+    """The entry with id `adapter_id` among `entries` (an adapter history's, file or database).
+
+    Raises:
+        InvalidInput: no such adapter (the message names `where` and the known ids).
+    """
+    for e in entries:
+        if e["id"] == adapter_id:
+            return e
+    ids = [e["id"] for e in entries]
+    raise InvalidInput(f"no adapter {adapter_id!r} in {where}; known: {ids or 'none'} (or 'base').")

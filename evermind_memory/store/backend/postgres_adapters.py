@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ...errors import CheckpointError, InvalidInput
+from ...errors import CheckpointError
 
 MAX_ADAPTER_BYTES = 256 << 20  # lm/adapter.DEFAULT_MAX_BYTES's order: refuse anything larger before touching it
 
@@ -54,11 +54,9 @@ class DatabaseAdapters:
         Raises:
             InvalidInput: no such adapter.
         """
-        for e in self.entries():
-            if e["id"] == adapter_id:
-                return e
-        ids = [e["id"] for e in self.entries()]
-        raise InvalidInput(f"no adapter {adapter_id!r} in this store; known: {ids or 'none'} (or 'base').")
+        from ...adaptation.history import entry_of
+
+        return entry_of(self.entries(), adapter_id, "this store")
 
     def add(self, weights: Any, **info: Any) -> dict:
         """Store a new adapter with status "candidate"; returns its entry (id, file, sha256, digest, created_at,
