@@ -30,9 +30,13 @@ print(" ".join(ids), flush=True)
 """
 
 
-def test_postgres_node_indexes_other_nodes_facts_in_the_background(model_files, embedder, pg_url):
+def test_postgres_node_indexes_other_nodes_facts_in_the_background(model_files, embedder, pg_url, monkeypatch):
     """A node that makes no call still has another node's facts in its index soon after they commit: its
-    follower thread is woken by the NOTIFY of each commit (polling every second is only the fallback)."""
+    follower thread is woken by the NOTIFY of each commit (the fallback poll is set to a minute here, so only a
+    notification can wake it within wait_until's 10 s)."""
+    from evermind_memory.store.backend import postgres
+
+    monkeypatch.setattr(postgres, "POLL_S", 60.0)
     with MemoryStore(pg_url, embedder) as node:
         node.remember("this node's own first fact")
         node.flush()
