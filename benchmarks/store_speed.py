@@ -222,8 +222,12 @@ def writer_process(db: str, model_path: str, tok_path: str, corpus: list[str], p
         out.put((t0, time.time()))
 
 
-def bench_writers(embedder: LMEmbedder, args: argparse.Namespace, workdir: Path) -> list[dict]:
-    """Throughput of W writer processes on one store and recall latency in this process while they write."""
+def bench_writers(embedder: LMEmbedder, args: argparse.Namespace, workdir: Path, new_db=None) -> list[dict]:
+    """Throughput of W writer processes on one store and recall latency in this process while they write.
+
+    `new_db(name)` gives a new, empty store's place (default: a file in `workdir`; benchmarks/pg_speed.py passes
+    PostgreSQL URLs); `args` needs writers, per_writer, seed_facts, queries and precomputed (True, False or
+    None for both)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -233,9 +237,11 @@ def bench_writers(embedder: LMEmbedder, args: argparse.Namespace, workdir: Path)
     rng = np.random.default_rng(7)
     queries = [" ".join(rng.choice(WORDS, size=3)) for _ in range(args.queries)]
     out = []
-    for precomputed in (False, True):
+    modes = (False, True) if getattr(args, "precomputed", None) is None else (args.precomputed,)
+    for precomputed in modes:
         for w in args.writers:
-            db = workdir / f"writers_{w}_{int(precomputed)}.db"
+            name = f"writers_{w}_{int(precomputed)}"
+            db = workdir / f"{name}.db" if new_db is None else new_db(name)
             seed_texts = texts(rng, args.seed_facts)
             # every process must embed with one model (fingerprint): the precomputed one is a model of its own
             mine = PrecomputedEmbedder(embedder, seed_texts) if precomputed else embedder

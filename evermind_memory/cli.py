@@ -1,7 +1,8 @@
 """The `evermind` command: remember, recall and maintain a memory store from a shell or a script, or serve it
 to agents over MCP (`evermind mcp`).
 
-Every subcommand takes `--db PATH` (default: $EVERMIND_DB, else the user data directory) and `--json`
+Every subcommand takes `--db PATH` (a file, or a postgresql:// URL; default: $EVERMIND_DB, else the user data
+directory) and `--json`
 (results as JSON on stdout; errors as one JSON object on stderr). Errors are handled in one place (`main`)
 and mapped to the exit codes in EXIT_CODES. Importing this module loads no numpy, model or store code: a
 command imports what it needs when it runs, so `--help` and `--version` start at interpreter speed.
@@ -82,10 +83,14 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, self.format_usage().rstrip())
 
 
-def default_db_path() -> Path:
-    """$EVERMIND_DB if set, else `<user data dir>/evermind/memory.db` (platformdirs)."""
+def _is_url(text: str) -> bool:
+    return text.startswith(("postgresql://", "postgres://"))
+
+
+def default_db_path() -> Path | str:
+    """$EVERMIND_DB if set (a file path or a postgresql:// URL), else `<user data dir>/evermind/memory.db`."""
     if os.environ.get(DB_ENV):
-        return Path(os.environ[DB_ENV]).expanduser()
+        return _db(os.environ[DB_ENV])
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("evermind")) / "memory.db"
@@ -94,6 +99,11 @@ def default_db_path() -> Path:
 def _path(text: str) -> Path:
     """A path argument, `~` expanded (a host's MCP config passes arguments without a shell)."""
     return Path(text).expanduser()
+
+
+def _db(text: str) -> Path | str:
+    """A store argument: a file path (`~` expanded), or a PostgreSQL URL kept as it is."""
+    return text if _is_url(text) else _path(text)
 
 
 def _tag(text: str) -> tuple[str, str]:
@@ -117,8 +127,8 @@ def _json_object(text: str) -> dict:
 def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (SUPPRESS keeps the main parser's value)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--db", type=_path, default=argparse.SUPPRESS, metavar="PATH",
-                   help=f"store file (default: ${DB_ENV}, else the user data directory)")
+    p.add_argument("--db", type=_db, default=argparse.SUPPRESS, metavar="PATH",
+                   help=f"store file or postgresql:// URL (default: ${DB_ENV}, else the user data directory)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="print results as JSON (errors: one JSON object on stderr)")
     p.add_argument("--model", type=_path, default=argparse.SUPPRESS, metavar="PATH",
@@ -278,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests-per-minute", type=int, default=1200, metavar="N",
                    help="HTTP requests per minute before 429 answers (default 1200)")
 
+    p = add("migrate", "copy a whole store (facts, history, vectors, feedback, adapters) into a new, empty one and "
+                       "verify counts and checksums: an SQLite file to PostgreSQL, or back")
+    p.add_argument("--from", dest="source", type=_db, required=True, metavar="SOURCE",
+                   help="the store to copy: a file path or a postgresql:// URL")
+    p.add_argument("--to", dest="dest", type=_db, required=True, metavar="DEST",
+                   help="the new store: a postgresql:// URL (a database or schema with no store), or a new file")
+
     p = add("demo", "run a short demonstration in a scratch store")
     p.add_argument("--keep", action="store_true", help="keep the demo store as ./evermind-demo.db")
     return parser
@@ -326,10 +343,11 @@ def _open(args: argparse.Namespace, embedder: Any):
 
     path = args.db if args.db is not None else default_db_path()
     if args.command in READ_COMMANDS or getattr(args, "read_only", False):
-        if not path.exists():
+        if not isinstance(path, str) and not path.exists():
             raise InvalidInput(f"no store at {path} yet; `evermind remember TEXT` creates one.")
         return MemoryStore(path, embedder, read_only=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(path, str):
+        path.parent.mkdir(parents=True, exist_ok=True)
     return MemoryStore(path, embedder, durability=args.durability)
 
 
@@ -560,6 +578,18 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
             except ImportError:
                 raise EvermindError("the demo is not available in this build of evermind_memory.") from None
             return int(run_demo(args, out=out) or 0)
+        if args.command == "migrate":  # store to store: no model, nothing opened as a MemoryStore
+            from .store.backend.postgres_migrate import migrate
+
+            report = migrate(str(args.source), str(args.dest))
+            if as_json:
+                print(json.dumps(report.to_dict()), file=out)
+            else:
+                print(f"copied {report.source} -> {report.dest} in {report.seconds:.1f} s; verified:", file=out)
+                for table, rows in report.rows.items():
+                    print(f"  {table:<14} {rows:>9} rows  sha256 {report.checksums[table][:16]}", file=out)
+                print(f"  adapters       {report.adapters:>9}", file=out)
+            return EXIT_OK
         emb = _embedder(args, embedder)
         if args.command == "mcp":
             return _mcp(args, emb)

@@ -78,11 +78,7 @@ class AdapterHistory:
         Raises:
             InvalidInput: no such adapter.
         """
-        for e in self.entries():
-            if e["id"] == adapter_id:
-                return e
-        ids = [e["id"] for e in self.entries()]
-        raise InvalidInput(f"no adapter {adapter_id!r} in {self.directory}; known: {ids or 'none'} (or 'base').")
+        return entry_of(self.entries(), adapter_id, str(self.directory))
 
     def path(self, entry: dict) -> Path:
         """The file of an entry (its name is checked)."""
@@ -112,6 +108,20 @@ class AdapterHistory:
             self._write([e for e in entries if e["id"] != adapter_id] + [entry])
             return entry
 
+    def put(self, entry: dict, data: bytes) -> None:
+        """Write an adapter file's bytes under its entry's id and list the entry (copying a store's adapters).
+
+        Raises:
+            CheckpointError: the entry names no valid file.
+        """
+        with self._lock:
+            path = self.path(entry)
+            if entry.get("file") != f"{entry.get('id')}.lora":
+                raise CheckpointError(f"adapter entry {entry.get('id')!r:.40} names the file {entry.get('file')!r:.40}.")
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, data)
+            self._write([e for e in self.entries() if e["id"] != entry["id"]] + [dict(entry)])
+
     def update(self, adapter_id: str, **changes: Any) -> None:
         """Change fields of an entry (best effort: the index is informational)."""
         with self._lock:
@@ -132,3 +142,16 @@ class AdapterHistory:
         """
         sha = entry.get("sha256")
         return load_adapter(self.path(entry), model=model, sha256=sha if isinstance(sha, str) else None)
+
+
+def entry_of(entries: list[dict], adapter_id: str, where: str) -> dict:
+    """The entry with id `adapter_id` among `entries` (an adapter history's, file or database).
+
+    Raises:
+        InvalidInput: no such adapter (the message names `where` and the known ids).
+    """
+    for e in entries:
+        if e["id"] == adapter_id:
+            return e
+    ids = [e["id"] for e in entries]
+    raise InvalidInput(f"no adapter {adapter_id!r} in {where}; known: {ids or 'none'} (or 'base').")

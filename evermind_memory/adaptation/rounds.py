@@ -19,14 +19,13 @@ from ..errors import EvermindError, InvalidInput, StoreLocked
 from ..lm.adapter import LoRAWeights
 from .fit import fit_adapter
 from .gate import gate_candidate, split_probe
-from .history import AdapterHistory
 from .policy import AdaptationHooks, AdaptationPolicy
 from .report import AdaptationReport, GateResult
 
 
 def save_candidate(gens: Any, weights: LoRAWeights, report: AdaptationReport) -> dict:
     """Write a gated candidate to the store's adapter history; returns its entry."""
-    entry = AdapterHistory(gens.adapters_dir).add(
+    entry = gens.adapter_history().add(
         weights, fingerprint=report.fingerprint_after, base_fingerprint=report.base_fingerprint,
         round=report.round, gate=None if report.gate is None else report.gate.to_dict(),
         steps=report.steps, final_loss=None if not report.losses else list(report.losses[-1]),
@@ -41,9 +40,9 @@ def record_outcome(gens: Any, report: AdaptationReport) -> None:
     if not report.adapter_id:
         return
     if report.status == "swapped":
-        AdapterHistory(gens.adapters_dir).update(report.adapter_id, status="published", published_at=report.swapped_at)
+        gens.adapter_history().update(report.adapter_id, status="published", published_at=report.swapped_at)
     elif report.status in ("refused", "vetoed", "abandoned"):
-        AdapterHistory(gens.adapters_dir).update(report.adapter_id, status=report.status)
+        gens.adapter_history().update(report.adapter_id, status=report.status)
 
 
 def rollback(gens: Any, to: str) -> AdaptationReport:
@@ -68,7 +67,7 @@ def rollback(gens: Any, to: str) -> AdaptationReport:
         entry = None
         embedder = base
         if to != "base":
-            history = AdapterHistory(gens.adapters_dir)
+            history = gens.adapter_history()
             entry = history.get(to)
             weights = history.load(entry, base.model)
             if weights.base_fingerprint not in (None, base.fingerprint):

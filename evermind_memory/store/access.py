@@ -2,7 +2,8 @@
 
 Any number of processes open a store read-write; the database serialises their commits, and the jobs that
 must run in one process at a time are claimed through leases (store/leases.py). `read_only=True` opens a
-reader: no writes, no snapshot saves, no background jobs. An in-memory store has one writer and no file.
+reader: no writes, no snapshot saves, no background jobs. An in-memory store has one writer and no file; a
+PostgreSQL store (`remote`) has nodes on any machine and no files: each node builds its index from the database.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import EvermindError
+from .backend import is_server_url
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,16 @@ class Access:
         return self.path == ":memory:"
 
     @property
+    def remote(self) -> bool:
+        """A database server (PostgreSQL): nodes on any machine, no files beside a database."""
+        return is_server_url(self.path)
+
+    @property
+    def snapshot_files(self) -> bool:
+        """Whether the index has snapshot files beside the database (a file store)."""
+        return not self.memory and not self.remote
+
+    @property
     def writes(self) -> bool:
         """May commit changes (facts, vectors, meta)."""
         return not self.read_only
@@ -39,7 +51,7 @@ class Access:
     @property
     def saves_index(self) -> bool:
         """May write the HNSW snapshot and its manifest beside the database (compare-and-swap on the watermark)."""
-        return not self.read_only and not self.memory
+        return not self.read_only and self.snapshot_files
 
     @property
     def embeds_in_background(self) -> bool:

@@ -171,8 +171,21 @@ class AdapterState:
         name = entry.get("file") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not _ADAPTER_NAME_RE.match(name):
             raise CheckpointError(f"the recorded adapter entry {entry!r:.80} names no valid adapter file.")
+        in_db = self._db.adapters()
+        if in_db is not None:
+            return in_db.load(entry, base.model)
         sha = entry.get("sha256")
         return load_adapter(self.adapters_dir / name, model=base.model, sha256=sha if isinstance(sha, str) else None)
+
+    def adapter_history(self) -> Any:
+        """The store's adapters (entries, get, add, update, load): files in `adapters_dir` beside an SQLite store,
+        the `adapters` table of a PostgreSQL one (every node reads the same history)."""
+        in_db = self._db.adapters()
+        if in_db is not None:
+            return in_db
+        from ..adaptation.history import AdapterHistory
+
+        return AdapterHistory(self.adapters_dir)
 
     def adapted_embedder(self, weights: Any, base: Any = None) -> Any:
         """base (default: the store's base embedder) + adapter `weights`, merged (see resolve_embedder)."""

@@ -24,7 +24,7 @@ class AdaptationMethods:
         """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
 
         A round runs when the policy says so (enough new memories, long enough since the last round): it fits
-        an adapter, gates it on held-out memories, writes it to `<db>.adapters/`, re-embeds every memory into
+        an adapter, gates it on held-out memories, writes it to `<db>.adapters/` (a PostgreSQL store: its adapters table), re-embeds every memory into
         a new generation while the current one keeps serving, catches up with writes made meanwhile and swaps
         under the lock. A publish interrupted by a crash or stop() is resumed by the next round.
 
@@ -102,11 +102,9 @@ class AdaptationMethods:
 
     def adapter_history(self) -> list[dict]:
         """Every adapter written for this store, oldest first, each with "active" (the one serving now)."""
-        from ..adaptation import AdapterHistory
-
         self._check_usable()
         active = self._gens.active_adapter_id()
-        return [{**e, "active": e["id"] == active} for e in AdapterHistory(self._gens.adapters_dir).entries()]
+        return [{**e, "active": e["id"] == active} for e in self._gens.adapter_history().entries()]
 
     def _check_adaptable(self, method: str) -> None:
         self._check_writable(method)

@@ -92,7 +92,7 @@ class RebuildReport:
 class Generations(AdapterState):
     """The serving model of one store and the ways to replace it (the public generation API).
 
-    What adaptation uses: current, embedder, fingerprint, base_embedder, adapters_dir, closed, round_lock;
+    What adaptation uses: current, embedder, fingerprint, base_embedder, adapter_history(), closed, round_lock;
     claimed() and keep_lease() (the "generation" lease: one builder across processes);
     pending(), active_adapter(), active_adapter_id(), max_seq(), adapted_upto(), remembered_since();
     adaptable_base(), memories(), feedback_pairs(), load_adapter(), adapted_embedder() (those reads are

@@ -129,13 +129,22 @@ def plan(conn: sqlite3.Connection, words: list[str], n_facts: int) -> LexicalPla
     Returns:
         LexicalPlan; both fields None when no fact holds any word.
     """
-    df = document_frequencies(conn, words)
+    kept, all_first = choose(words, document_frequencies(conn, words), n_facts)
+    if not kept:
+        return LexicalPlan(None, None)
+    any_word = phrase_query(kept)
+    return LexicalPlan(phrase_query(kept, "AND") if all_first else None, any_word)
+
+
+def choose(words: list[str], df: list[int], n_facts: int) -> tuple[list[str], bool]:
+    """The words worth matching, given each one's document frequency over `n_facts` rows, and whether the rows
+    holding all of them should be tried first (the two cuts of the module docstring; any backend's full-text
+    index plans with it).
+
+    Returns:
+        (kept words, in query order; True when they select more than OR_BUDGET postings together).
+    """
     held = [(w, d) for w, d in zip(words, df) if d > 0]
     rare = [(w, d) for w, d in held if d <= COMMON_FRACTION * n_facts]
     kept = rare or held
-    if not kept:
-        return LexicalPlan(None, None)
-    any_word = phrase_query([w for w, _ in kept])
-    if len(kept) > 1 and sum(d for _, d in kept) > OR_BUDGET:
-        return LexicalPlan(phrase_query([w for w, _ in kept], "AND"), any_word)
-    return LexicalPlan(None, any_word)
+    return [w for w, _ in kept], len(kept) > 1 and sum(d for _, d in kept) > OR_BUDGET

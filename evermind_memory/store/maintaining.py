@@ -149,6 +149,9 @@ class MaintenanceMethods:
             except EvermindError:
                 pass  # the embedder failed on some: the report's check says which
             return report_of(self._access.path, "in place", counts, self, before)
+        if self._access.remote:
+            raise StoreCorrupt(f"{self._access.path}: repair could not make the store sound ({'; '.join(found[:3])}); "
+                               "the server's own tools (pg_amcheck, a restore) are needed.", path=self._access.path)
         path, embedder, options = self._reopen_args
         self.close()
         try:
@@ -270,7 +273,7 @@ class MaintenanceMethods:
         Thread-safe.
         """
         self._check_usable()
-        index = None if self._access.memory else Path(self._access.path).resolve()
+        index = Path(self._access.path).resolve() if self._access.snapshot_files else None
         return maintenance.stats(self._db, self._vectors, select("stats", self._scope), index)
 
     def duplicates(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,

@@ -63,7 +63,7 @@ class Checkpoints:
 
     def __init__(self, db: Backend, leases: Leases, access: Access) -> None:
         self._db, self._leases = db, leases
-        self._enabled = access.runs_jobs and not access.memory
+        self._enabled = access.runs_jobs and access.snapshot_files  # (a server checkpoints its own log)
         self._next_at = CHECKPOINT_EVERY
         self.done = 0  # checkpoints this process ran (for tests and info)
 

@@ -29,6 +29,7 @@ from . import maintenance
 from .access import Access
 from .adapting import AdaptationMethods
 from .backend import FactRow, new_id, open_backend, utc_now
+from .backend.postgres import redact
 from .damage import readable
 from .embedding import VectorWorker, embed_query, probe_embedder
 from .filters import MatchAll
@@ -60,7 +61,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     are serialised, recalls run concurrently. Do not use a store in a forked child: open a new one there.
 
     Args:
-        path: SQLite file (created if missing; its directory must exist), or ":memory:".
+        path: SQLite file (created if missing; its directory must exist), ":memory:", or a PostgreSQL URL
+            "postgresql://user@host/db" (needs the `postgres` extra; password and TLS from the URL or libpq's
+            environment: PGPASSWORD, PGSSLMODE, ~/.pgpass). Many nodes on many machines may open one database;
+            see backend/postgres.py.
         embedder: any object with embed, embed_many, dimensions and fingerprint; None for the shipped model.
         read_only: open as a reader that follows the writers' commits (no writes, no background jobs).
         durability: "normal" (WAL, synchronous=NORMAL: survives application crashes; the last commits may be
@@ -131,7 +135,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if access.memory and read_only:
             raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
         self._fs_type = None
-        if not access.memory:
+        if access.snapshot_files:
             parent = Path(path).resolve().parent
             if not parent.is_dir():
                 raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
@@ -150,7 +154,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         check_index_memory(index_config or IndexConfig(), self._dim)
         probe_embedder(embedder, self._dim)
         self._hybrid_weight = hybrid_weight(embedder)
-        self._path = path
+        self._path = redact(path) if access.remote else path  # (a URL is shown without its password)
         self._access = access
         self._durability = durability
         self._on_mismatch = on_mismatch
@@ -177,6 +181,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             self._writer = Writer(self._db, self._vectors, self._worker, self._search, self._checkpoints,
                                   self._holder.token)
             self._open()
+            if access.remote:  # other nodes commit from other machines: follow them in the background too
+                self._db.follow(_follower(self))
         except BaseException as exc:
             self._release()
             if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
@@ -655,7 +661,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
             "index_status": self._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
             "fingerprint": gen.fingerprint, "dimensions": self._dim, "store_id": self._vectors.store_id,
-            "schema_version": engine["schema_version"], "sqlite_version": engine["sqlite_version"],
+            "schema_version": engine["schema_version"], "backend": engine.get("backend", "sqlite"),
+            "server_version": engine.get("server_version"), "pgvector": engine.get("pgvector"),
+            "notifications": engine.get("notifications"),
+            "sqlite_version": engine["sqlite_version"],
             "sqlite_wal_reset_fixed": engine["sqlite_wal_reset_fixed"], "filesystem": self._fs_type,
             "hybrid_weight": self._hybrid_weight,
             "adapter": self._gens.active_adapter_id(), "adaptation_pending": self._gens.pending() is not None,
@@ -743,6 +752,21 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
 
 _open_stores: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()  # closed by _close_all at interpreter exit
+
+
+def _follower(store: MemoryStore) -> Any:
+    """The backend's follow() callback for `store`: serve the generation the database names and replay the
+    changes after the watermark, in the backend's thread (a weak reference: a dropped store is still collected)."""
+    ref = weakref.ref(store)
+
+    def on_change(head: int) -> None:
+        live = ref()
+        if live is None or live._closed:
+            return
+        if head < 0 or head > live._vectors.current.watermark:
+            live._sync()
+
+    return on_change
 
 
 @atexit.register

@@ -96,8 +96,12 @@ def repair_store(path: str | os.PathLike, embedder: Any = None, **options: Any) 
         StoreCorrupt: the file is not an SQLite database and nothing beside it says it was a store (repair leaves
             it alone), or salvage could not produce a sound file (the original is untouched).
     """
+    from .backend import is_server_url
     from .memory_store import MemoryStore
 
+    if is_server_url(os.fspath(path)):  # a server keeps its pages sound: only the rows can need repair
+        with MemoryStore(os.fspath(path), embedder, **options) as store:
+            return store.repair()
     real = os.path.realpath(os.fspath(path))
     if not os.path.isfile(real):
         raise InvalidInput(f"repair found no store file at {real}.")

@@ -117,8 +117,8 @@ class VectorCache:
     # ---- keeping up with the database ----------------------------------------------------------------------
     def load(self) -> None:
         """Load the saved snapshot if it validates, replay newer changes, verify it against SQLite, else rebuild."""
-        if self._access.memory:
-            self.rebuild("new in-memory store")
+        if not self._access.snapshot_files:  # ":memory:", or a server whose nodes keep no files: from the database
+            self.rebuild("new in-memory store" if self._access.memory else "built from the database")
             return
         directory, stem = self._files()
         with self._db.reading() as r:

@@ -35,9 +35,22 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "memory.db"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store's backend: the behavioural tests that take `store` or `target` run on both (`-k postgres`
+    selects the PostgreSQL runs)."""
+    return request.param
+
+
 @pytest.fixture
-def store(db_path: Path, embedder: LMEmbedder):
-    with MemoryStore(db_path, embedder) as s:
+def target(request: pytest.FixtureRequest, backend: str, db_path: Path):
+    """Where a new, empty store lives: an SQLite file path, or a PostgreSQL URL (a schema of its own)."""
+    return db_path if backend == "sqlite" else request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(target, embedder: LMEmbedder):
+    with MemoryStore(target, embedder) as s:
         yield s
 
 

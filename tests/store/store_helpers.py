@@ -53,18 +53,31 @@ db = sys.argv[3]
 """
 
 
+def stored_rows(db, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of one query (`?` placeholders) straight from a store's database, without opening a MemoryStore:
+    an SQLite file, or a postgresql:// URL."""
+    if str(db).startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(str(db)) as conn:
+            return conn.execute(sql.replace("?", "%s"), params).fetchall()
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
 def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
-    """recall@k of store.recall(mode="vector") against exact search over the vectors stored in SQLite.
+    """recall@k of store.recall(mode="vector") against exact search over the vectors stored in the database
+    (`db`: an SQLite file, or a postgresql:// URL, read straight with the driver).
 
     Tie-aware: a returned fact counts when its exact score reaches the k-th best exact score (the tiny
     untrained model maps some texts to identical vectors, and any member of a tie is a right answer).
     """
-    import sqlite3
-
     import numpy as np
 
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT id, vector FROM facts WHERE fingerprint = ?", (store.fingerprint,)).fetchall()
+    rows = stored_rows(db, "SELECT id, vector FROM facts WHERE fingerprint = ?", (store.fingerprint,))
+    rows = [(fid, bytes(blob)) for fid, blob in rows]
     if not rows:
         return 1.0
     dim = store.embedder.dimensions

@@ -19,7 +19,7 @@ from evermind_memory import MemoryStore
 from evermind_memory.adaptation import AdaptationHooks, AdaptationPolicy
 from evermind_memory.errors import EmbedderMismatch, EvermindError, InvalidInput
 from evermind_memory.lm.adapter import LoRAWeights
-from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k
+from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k, stored_rows
 
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
 WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats", "lazy dogs", "news at eight"]
@@ -30,9 +30,9 @@ FAST = AdaptationPolicy(steps=6, batch_size=8, lr=5e-3, gate_tolerance=1.0, min_
                         gate_corpus=16, reembed_batch=8, min_facts=8)
 
 
-def fingerprints(db: Path) -> set[str]:
-    with sqlite3.connect(db) as conn:
-        return {r[0] for r in conn.execute("SELECT DISTINCT fingerprint FROM facts")}
+def fingerprints(db) -> set[str]:
+    """The fingerprints of the stored vectors (an SQLite file or a PostgreSQL URL)."""
+    return {r[0] for r in stored_rows(db, "SELECT DISTINCT fingerprint FROM facts")}
 
 
 def vector_ids(store: MemoryStore, queries=QUERIES, k: int = 5) -> list[list[str]]:

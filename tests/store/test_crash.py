@@ -94,11 +94,11 @@ def assert_healthy(db: Path, embedder, acked: set[str], forgotten: set[str]) -> 
         assert recall_at_k(store, db, ["river foxes", "tea and cats", "fact number 3", "batch"]) >= 0.95
 
 
-def kill_loop(model_files, embedder, tmp_path: Path, runs: int, writers: int) -> None:
+def kill_loop(model_files, embedder, db, runs: int, writers: int) -> None:
     """Each run: `writers` processes remember at once and each is killed -9 at a random moment; then every fact
-    acknowledged so far must be there (the killed writers' waiting facts are adopted at the next open)."""
+    acknowledged so far must be there (the killed writers' waiting facts are adopted at the next open).
+    `db`: a new SQLite file or PostgreSQL URL (there the processes are nodes)."""
     rng = np.random.default_rng(2024)
-    db = tmp_path / "crash.db"
     all_acked: set[str] = set()
     all_forgotten: set[str] = set()
     for run in range(runs):
@@ -110,16 +110,18 @@ def kill_loop(model_files, embedder, tmp_path: Path, runs: int, writers: int) ->
 
 
 def test_kill_during_remember_loop(model_files, embedder, tmp_path: Path):
-    kill_loop(model_files, embedder, tmp_path, runs=2, writers=1)
+    kill_loop(model_files, embedder, tmp_path / "crash.db", runs=2, writers=1)
 
 
-def test_kill_writers_during_concurrent_remember_loops(model_files, embedder, tmp_path: Path):
-    kill_loop(model_files, embedder, tmp_path, runs=2, writers=3)
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])  # (PostgreSQL:
+# a node killed mid-write runs by default in test_many_writers.py and the server's kill in test_postgres.py)
+def test_kill_writers_during_concurrent_remember_loops(model_files, embedder, target):
+    kill_loop(model_files, embedder, target, runs=2, writers=3)
 
 
 @pytest.mark.slow
-def test_kill_writers_during_concurrent_remember_loops_30_runs(model_files, embedder, tmp_path: Path):
-    kill_loop(model_files, embedder, tmp_path, runs=30, writers=3)
+def test_kill_writers_during_concurrent_remember_loops_30_runs(model_files, embedder, target):
+    kill_loop(model_files, embedder, target, runs=30, writers=3)
 
 
 CRASH_SCRIPT = CHILD_PRELUDE + """

@@ -49,8 +49,8 @@ def test_expired_facts_are_never_returned_and_sweep_keeps_their_history(store):
     assert store.get(later).expires_at > datetime.now(UTC)
 
 
-def test_unfiltered_vector_recall_skips_expired_facts_and_tops_up(tmp_path, embedder):
-    with MemoryStore(tmp_path / "m.db", embedder) as store:
+def test_unfiltered_vector_recall_skips_expired_facts_and_tops_up(target, embedder):
+    with MemoryStore(target, embedder) as store:
         texts = [f"note {i} about the quick brown fox" for i in range(40)]
         live = store.remember_many(texts[:30])
         store.remember_many(texts[30:], ttl=0.2)
@@ -59,14 +59,14 @@ def test_unfiltered_vector_recall_skips_expired_facts_and_tops_up(tmp_path, embe
         assert len(hits) == 30 and {h.id for h in hits} == set(live)  # the 10 expired never take a slot
 
 
-def test_the_background_sweeper_deletes_expired_facts(tmp_path, embedder, monkeypatch):
+def test_the_background_sweeper_deletes_expired_facts(target, embedder, monkeypatch):
     monkeypatch.setattr(maintenance, "SWEEP_INTERVAL", 0.05)
-    with MemoryStore(tmp_path / "m.db", embedder) as store:
+    with MemoryStore(target, embedder) as store:
         fid = store.remember("short-lived", ttl=0.1)
         assert any(t.name == "evermind-sweeper" for t in threading.enumerate())
         wait_until(lambda: len(store.history(fid)) == 2)
         assert store.history(fid)[-1].op == "forget" and store.info()["sweep_error"] is None
-    with MemoryStore(tmp_path / "m.db", embedder) as store:  # no expiring fact left: no sweeper thread
+    with MemoryStore(target, embedder) as store:  # no expiring fact left: no sweeper thread
         assert store.stats().facts == 0
 
 
@@ -83,8 +83,8 @@ def test_expiry_arguments_are_checked(store):
     assert store.get(store.remember("x", ttl=timedelta(days=1))).expires_at.tzinfo is not None
 
 
-def test_pinned_facts_never_expire_and_keep_their_score_under_recency(tmp_path, embedder):
-    with MemoryStore(tmp_path / "m.db", embedder) as store:
+def test_pinned_facts_never_expire_and_keep_their_score_under_recency(target, embedder):
+    with MemoryStore(target, embedder) as store:
         old = store.remember("The office wifi password is on the fridge", pinned=True)
         same = store.remember("The office wifi password is on the fridge")  # same text: same score
         assert store.get(old).pinned and not store.get(same).pinned
@@ -96,8 +96,8 @@ def test_pinned_facts_never_expire_and_keep_their_score_under_recency(tmp_path, 
             store.recall("x", recency=-1)
 
 
-def test_recency_is_opt_in_and_ranks_newer_facts_first(tmp_path, embedder):
-    with MemoryStore(tmp_path / "m.db", embedder) as store:
+def test_recency_is_opt_in_and_ranks_newer_facts_first(target, embedder):
+    with MemoryStore(target, embedder) as store:
         first = store.remember("Ada's team meets on Monday")
         time.sleep(0.2)
         second = store.remember("Ada's team meets on Monday")

@@ -64,8 +64,9 @@ def start_writers(model_files, db: Path, names: list[str], count: int) -> list[s
     return procs
 
 
-def many_writers(model_files, embedder, tmp_path: Path, writers: int, count: int) -> None:
-    db = tmp_path / "many.db"
+def many_writers(model_files, embedder, db, writers: int, count: int) -> None:
+    """`writers` processes (nodes) write `count` facts each at once; each then finds every acknowledged fact by
+    id, marker and text. `db`: a new SQLite file or PostgreSQL URL."""
     MemoryStore(db, embedder).close()
     names = [f"w{n}" for n in range(writers)]
     procs = start_writers(model_files, db, names, count)
@@ -96,17 +97,19 @@ def many_writers(model_files, embedder, tmp_path: Path, writers: int, count: int
         report = store.check()
         assert report.ok and report.waiting_vectors == 0 and report.indexed == len(acked), report.problems
         assert recall_at_k(store, db, ["w0 remembers fact 3", "tea and foxes", "w1 fact 7"]) >= 0.95
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    if isinstance(db, Path):
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-def test_four_writer_processes_all_facts_everywhere(model_files, embedder, tmp_path: Path):
-    many_writers(model_files, embedder, tmp_path, writers=4, count=50)
+def test_four_writer_processes_all_facts_everywhere(model_files, embedder, target):
+    """On PostgreSQL the four processes are four nodes: nothing but the server connects them."""
+    many_writers(model_files, embedder, target, writers=4, count=50)
 
 
 @pytest.mark.slow
-def test_eight_writer_processes_1600_facts(model_files, embedder, tmp_path: Path):
-    many_writers(model_files, embedder, tmp_path, writers=8, count=200)
+def test_eight_writer_processes_1600_facts(model_files, embedder, target):
+    many_writers(model_files, embedder, target, writers=8, count=200)
 
 
 DIES_AFTER_COMMIT = CHILD_PRELUDE + """
@@ -115,7 +118,8 @@ store.remember("the dying writer remembered zebras")  # EVERMIND_CRASH_AT kills 
 """
 
 
-def test_waiting_facts_of_a_killed_writer_are_embedded_by_another(model_files, embedder, db_path: Path):
+def test_waiting_facts_of_a_killed_writer_are_embedded_by_another(model_files, embedder, target):
+    db_path = target
     with MemoryStore(db_path, embedder) as survivor:
         env = {**child_env(), "EVERMIND_CRASH_AT": "remember.after_commit:1"}
         proc = subprocess.run([PYTHON, "-c", DIES_AFTER_COMMIT, *map(str, model_files), str(db_path)],
@@ -166,9 +170,10 @@ def test_a_killed_rebuild_keeps_the_old_generation_and_is_taken_over(model_files
                             (other_embedder.fingerprint,)).fetchone()[0] == 0
 
 
-def test_other_processes_serve_the_old_generation_until_the_swap(db_path: Path, embedder):
+def test_other_processes_serve_the_old_generation_until_the_swap(target, embedder):
     """While one store builds a new generation (a second open store stands for another process: another lease
     owner), the other answers with the complete old generation and check() reports the build in progress."""
+    db_path = target
     with MemoryStore(db_path, embedder) as builder, MemoryStore(db_path, embedder) as other:
         builder.remember_many(FACTS)
         old_fp = other.fingerprint
@@ -189,8 +194,8 @@ def test_other_processes_serve_the_old_generation_until_the_swap(db_path: Path, 
         assert other.check().building is None and recall_at_k(other, db_path, QUERIES) >= 0.95
 
 
-def test_a_round_is_skipped_while_another_owner_holds_the_lease(db_path: Path, embedder):
-    with MemoryStore(db_path, embedder) as a, MemoryStore(db_path, embedder) as b:
+def test_a_round_is_skipped_while_another_owner_holds_the_lease(target, embedder):
+    with MemoryStore(target, embedder) as a, MemoryStore(target, embedder) as b:
         a.remember_many(FACTS)
         with a.generations.claimed() as mine:
             assert mine
@@ -199,8 +204,8 @@ def test_a_round_is_skipped_while_another_owner_holds_the_lease(db_path: Path, e
         assert b.adapt_now(FAST).status == "swapped"
 
 
-def test_reader_follows_many_writers(model_files, embedder, tmp_path: Path):
-    db = tmp_path / "follow.db"
+def test_reader_follows_many_writers(model_files, embedder, target):
+    db = target
     MemoryStore(db, embedder).close()
     procs = start_writers(model_files, db, ["a", "b"], 20)
     with MemoryStore(db, embedder, read_only=True) as reader:

@@ -251,13 +251,13 @@ def test_deleting_index_files_loses_nothing(db_path: Path, embedder):
         assert store.check().ok
 
 
-def test_fingerprint_change_reembeds_without_mixing(db_path: Path, embedder, other_embedder):
+def test_fingerprint_change_reembeds_without_mixing(target, embedder, other_embedder):
     assert embedder.fingerprint != other_embedder.fingerprint
-    with MemoryStore(db_path, embedder) as store:
+    with MemoryStore(target, embedder) as store:
         ids = store.remember_many(TEXTS)
     with pytest.raises(EmbedderMismatch, match="on_mismatch='reembed'"):
-        MemoryStore(db_path, other_embedder, on_mismatch="raise")
-    with MemoryStore(db_path, other_embedder) as store:
+        MemoryStore(target, other_embedder, on_mismatch="raise")
+    with MemoryStore(target, other_embedder) as store:
         assert store.fingerprint == other_embedder.fingerprint
         assert all(f.fingerprint == other_embedder.fingerprint for f in store.list())
         top = store.recall(TEXTS[5], k=6, mode="vector")
@@ -276,10 +276,10 @@ def test_reembed_force(store: MemoryStore):
     assert store.check().ok
 
 
-def test_reader_sees_writer_commits(db_path: Path, embedder):
-    with MemoryStore(db_path, embedder) as writer:
+def test_reader_sees_writer_commits(target, embedder):
+    with MemoryStore(target, embedder) as writer:
         writer.remember("first fact")
-        with MemoryStore(db_path, embedder, read_only=True) as reader:
+        with MemoryStore(target, embedder, read_only=True) as reader:
             fid = writer.remember("the second fact is about zebras")
             assert reader.get(fid).text == "the second fact is about zebras"  # the text once committed
             assert reader.recall("second fact zebras", k=1, mode="lexical")[0].id == fid
@@ -292,8 +292,8 @@ def test_reader_sees_writer_commits(db_path: Path, embedder):
             assert reader.check().ok
 
 
-def test_two_writers_on_one_path_share_it(db_path: Path, embedder):
-    with MemoryStore(db_path, embedder) as first, MemoryStore(db_path, embedder) as second:
+def test_two_writers_on_one_path_share_it(target, embedder):
+    with MemoryStore(target, embedder) as first, MemoryStore(target, embedder) as second:
         a = first.remember("from the first writer")
         b = second.remember("from the second writer")
         second.flush()  # its vector: each writer embeds its own facts (in the background)
@@ -303,8 +303,8 @@ def test_two_writers_on_one_path_share_it(db_path: Path, embedder):
             assert s.recall("from the second writer", k=1, mode="vector")[0].id == b
 
 
-def test_closed_store_refuses(db_path: Path, embedder):
-    store = MemoryStore(db_path, embedder)
+def test_closed_store_refuses(target, embedder):
+    store = MemoryStore(target, embedder)
     store.close()
     store.close()
     with pytest.raises(EvermindError, match="closed"):

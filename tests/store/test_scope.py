@@ -153,8 +153,8 @@ ScopeMachine.TestCase.settings = settings(
 test_scopes_never_read_or_change_each_others_facts = ScopeMachine.TestCase
 
 
-def test_vector_and_hybrid_recall_stay_in_scope(embedder):
-    with MemoryStore(":memory:", embedder) as store:
+def test_vector_and_hybrid_recall_stay_in_scope(target, embedder):
+    with MemoryStore(target, embedder) as store:
         ada, bob = store.scope(user="ada"), store.scope(user="bob")
         mine = {ada.remember(f"Ada's note {i} about green tea") for i in range(5)}
         bob.remember_many([f"Bob's note {i} about green tea" for i in range(50)])

@@ -1,9 +1,9 @@
 """The store's database seam: the rows the rest of the store reads (by name) and the interface a backend implements.
 
 Every SQL statement of the store lives under this package; memory_store, vectors, search, embedding,
-generations and maintenance only call the methods below. Today there is one implementation, SQLite
-(`backend/sqlite.py`); the interface is written so that a PostgreSQL backend (a later issue:
-`MemoryStore("postgresql://...")`) can implement the same methods. A backend hands out sessions: `reading()`
+generations and maintenance only call the methods below. Two implementations: SQLite (`backend/sqlite.py`, a
+file or ":memory:") and PostgreSQL (`backend/postgres.py`, `MemoryStore("postgresql://...")`), with the same
+rows and meanings. A backend hands out sessions: `reading()`
 (each statement its own snapshot), `snapshot()` (one consistent read transaction) and `transaction()` (one
 write transaction, committed when the block ends, rolled back if it raises). Sessions are used only inside
 their block and only by the thread that opened it.
@@ -23,10 +23,9 @@ through leases (`lease`, `set_lease`, `drop_lease`; the claim rules are in store
 transaction), and a fact waiting for its vector names its owner (`adopt_waiting` takes over a dead one's).
 `checkpoint()` folds the log back into the database where the engine has one (a no-op elsewhere).
 
-For a PostgreSQL backend: `transaction()` is a SERIALIZABLE (or row-locked) transaction; `lease()` reads with
-`SELECT ... FOR UPDATE` so a claim is atomic (or use advisory locks); the seq is one sequence taken under a
-table lock, or a commit-ordered log, so a cache never skips a seq committed late; LISTEN/NOTIFY can wake
-followers instead of their polling `max_seq()` before each answer; `checkpoint()` does nothing.
+On PostgreSQL, `transaction()` takes one advisory lock per store, so writers of every node commit one at a time
+and seqs are handed out in commit order (a cache never skips a seq committed late); a lease claim runs inside
+such a transaction; `follow()` wakes each node's cache through LISTEN/NOTIFY; `checkpoint()` does nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timezone
-from typing import Any, ContextManager, Iterator, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -462,17 +461,36 @@ class Backend(Protocol):
     def file_bytes(self) -> dict:
         """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
 
+    def follow(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(head)` from a thread of the backend's whenever another process may have committed (a
+        server's notifications, with a poll as fallback; head -1: unknown). A backend whose processes share one
+        machine and file does nothing: each answer reads the head itself."""
+
+    def adapters(self) -> Any:
+        """Where the store's adapters live: None for files beside the database (`<db>.adapters/`), else an object
+        with AdapterHistory's methods (entries, get, add, update, load) keeping them in the database."""
+
     def close(self) -> None:
         """Close every connection (idempotent)."""
 
 
+def is_server_url(path: str) -> bool:
+    """Whether a store path names a database server (postgresql:// or postgres://) rather than a file."""
+    return isinstance(path, str) and path.startswith(("postgresql://", "postgres://"))
+
+
 def open_backend(path: str, *, read_only: bool, durability: str, busy_timeout: float) -> Backend:
-    """Open the database of a store (today: an SQLite file or ":memory:"; see backend/sqlite.py).
+    """Open the database of a store: an SQLite file or ":memory:" (backend/sqlite.py), or a PostgreSQL URL
+    (backend/postgres.py).
 
     Raises:
-        InvalidInput: read_only on a missing file.
-        EvermindError: not an evermind store, or one made by a newer version.
+        InvalidInput: read_only on a missing file (or a database with no store).
+        EvermindError: not an evermind store, or one made by a newer version; the server cannot be reached.
     """
+    if is_server_url(path):
+        from .postgres import PostgresBackend
+
+        return PostgresBackend(path, read_only=read_only, durability=durability, busy_timeout=busy_timeout)
     from .sqlite import SQLiteBackend
 
     return SQLiteBackend(path, read_only=read_only, durability=durability, busy_timeout=busy_timeout)
@@ -483,5 +501,5 @@ __all__ = [
     "StaleRow",
     "WaitingRow",
     "Writes",
-    "new_id", "open_backend", "utc_now",
+    "is_server_url", "new_id", "open_backend", "utc_now",
 ]

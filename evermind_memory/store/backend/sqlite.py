@@ -361,6 +361,13 @@ class SQLiteBackend:
         return {kind: (Path(self.path + suffix).stat().st_size if Path(self.path + suffix).exists() else 0)
                 for kind, suffix in (("db", ""), ("wal", "-wal"))}
 
+    def follow(self, callback: Callable[[int], None]) -> None:
+        """Nothing: every process reads the file's head before it answers (one cheap read)."""
+
+    def adapters(self) -> None:
+        """None: adapters are files beside the database (`<db>.adapters/`)."""
+        return None
+
     def close(self) -> None:
         """Close every connection (idempotent). The store checkpoints first (under its lease), not this."""
         if self._closed:
