@@ -276,6 +276,9 @@ def serve_http(server: Any, config: HttpConfig, *, announce: Any = None) -> None
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((config.host, config.port))
+        # Listen before announcing: a client that connects as soon as it reads the port waits in the backlog
+        # until uvicorn accepts, instead of being refused while the app still starts.
+        sock.listen(128)
     except OSError as exc:
         sock.close()
         raise InvalidInput(f"--http could not listen on {config.host}:{config.port} ({exc.strerror or exc}).") from None
