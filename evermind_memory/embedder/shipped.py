@@ -7,7 +7,6 @@ without reading the weights. The recipe that made the files is in the repository
 
 from __future__ import annotations
 
-import functools
 import json
 from importlib import resources
 from typing import Any
@@ -57,18 +56,3 @@ def shipped_file(name: str) -> Any:
     """A Traversable for one of the shipped files (use with importlib.resources.as_file)."""
     return resources.files(MODELS_PACKAGE).joinpath(name)
 
-
-_FUSION = "fusion.json"
-
-
-@functools.lru_cache(maxsize=1)
-def fusion_params():
-    """The shipped model's fitted hybrid rule (fusion.json, written by recipe/calibrate_fusion.py), or None when
-    this installation has none. Raises CheckpointError when the file is there but malformed."""
-    from ..store.fusion import load_params
-
-    path = shipped_file(_FUSION)
-    if not path.is_file():
-        return None
-    with resources.as_file(path) as real:
-        return load_params(real)

@@ -17,9 +17,11 @@ Two rules:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -340,6 +342,19 @@ def load_params(path: str | Path) -> FusionParams:
     return FusionParams.from_dict(data, str(path))
 
 
+@functools.lru_cache(maxsize=1)
+def shipped_params() -> FusionParams | None:
+    """The shipped model's fitted hybrid rule (models/fusion.json, written by recipe/calibrate_fusion.py), or None
+    when this installation has none. Raises CheckpointError when the file is there but malformed."""
+    from ..embedder.shipped import shipped_file
+
+    path = shipped_file("fusion.json")
+    if not path.is_file():
+        return None
+    with resources.as_file(path) as real:
+        return load_params(real)
+
+
 def params_for(embedder: Any) -> FusionParams | None:
     """The fitted rule for `embedder`: its own `fusion_params` attribute (FusionParams, a dict or a path), else the
     shipped model's fusion.json when the embedder is the shipped model (same fingerprint), else None."""
@@ -350,9 +365,7 @@ def params_for(embedder: Any) -> FusionParams | None:
         return FusionParams.from_dict(own)
     if isinstance(own, (str, Path)):
         return load_params(own)
-    from ..embedder.shipped import fusion_params
-
-    shipped = fusion_params()
+    shipped = shipped_params()
     if shipped is not None and shipped.fingerprint == getattr(embedder, "fingerprint", None):
         return shipped
     return None
