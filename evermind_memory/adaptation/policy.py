@@ -65,12 +65,19 @@ class AdaptationPolicy:
         max_grad_norm: global gradient clipping.
         probe_fraction: share of memories held out of training for the gate.
         min_probe, max_probe: bounds on the number of held-out probe memories.
-        probe_k: the gate compares recall@probe_k.
+        probe_k: the gate also reports recall@probe_k.
+        probe_views: probe queries per held-out memory: short query-like views of it (the same kind as the
+            training views, policy.views), so the gate measures what training optimises on memories it never saw.
+        min_probe_queries: fewer probe queries than this and the gate refuses: it cannot tell a gain from
+            noise (40 memories gave 8 probes, every one found by both models, and a tie swapped an adapter in).
         gate_corpus: probes plus distractors searched by the gate (at most this many memories).
-        gate_tolerance: the candidate's probe recall may be at most this much below the current model's.
-            0.01 by default: one probe of 256 is 0.0039, and with d probes changing hands the paired difference
-            has a sampling standard error of about sqrt(d) / n (0.006 for d = 2), so a tolerance of 0 refused
-            candidates over one flipped probe (0.9922 -> 0.9883) whose general recall was within 0.003.
+        gate_margin: the candidate must beat the current model on its probe: the mean paired gain in
+            reciprocal rank must be > 0 and > gate_margin standard errors of that mean (2.0: about a one-sided
+            2.3% chance that a candidate no better than the current one passes). A tie is refused.
+        require_gain: False turns the margin test off (a candidate as good as the current one within
+            gate_tolerance passes): for tests of the publish mechanics, never for real stores.
+        gate_tolerance: the candidate's probe recall@probe_k may be at most this much below the current
+            model's, even when its reciprocal rank is better (a gain at the top must not lose memories below).
         max_mean_cosine: a candidate whose mean pairwise cosine exceeds this (and the current model's by
             more than 0.02) is degenerate.
         min_facts: no round on fewer memories than this.
@@ -108,10 +115,14 @@ class AdaptationPolicy:
     temperature: float = 0.05
     max_grad_norm: float = 1.0
     probe_fraction: float = 0.1
-    min_probe: int = 8
+    min_probe: int = 16
     max_probe: int = 256
     probe_k: int = 10
+    probe_views: int = 4
+    min_probe_queries: int = 64
     gate_corpus: int = 1024
+    gate_margin: float = 2.0
+    require_gain: bool = True
     gate_tolerance: float = 0.01
     max_mean_cosine: float = 0.99
     min_facts: int = 16
@@ -125,6 +136,7 @@ class AdaptationPolicy:
                 "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "train_tokens": (2, 65_536),
                 "anchor_batch": (1, 65_536), "query_batch": (1, 65_536),
                 "lm_batch": (1, 65_536), "min_probe": (1, 10**6), "max_probe": (1, 10**6), "probe_k": (1, 1000),
+                "probe_views": (1, 64), "min_probe_queries": (1, 10**6),
                 "gate_corpus": (2, 10**6), "min_facts": (2, 10**9), "max_memories": (2, 10**9),
                 "reembed_batch": (1, 100_000), "seed": (0, 2**63 - 1)}
         for name, (lo, hi) in ints.items():
@@ -135,12 +147,14 @@ class AdaptationPolicy:
                  "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6), "query_weight": (0.0, 1e6),
                  "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0),
                  "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
-                 "gate_tolerance": (0.0, 1.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
+                 "gate_tolerance": (0.0, 1.0), "gate_margin": (0.0, 100.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
         for name, (lo, hi) in reals.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                     or not math.isfinite(value) or not lo <= value <= hi:
                 raise InvalidInput(f"AdaptationPolicy expected {name} a finite number in [{lo}, {hi}], got {value!r}.")
+        if not isinstance(self.require_gain, bool):
+            raise InvalidInput(f"AdaptationPolicy expected require_gain a bool, got {self.require_gain!r}.")
         if self.targets is not None:
             if isinstance(self.targets, str) or not all(isinstance(t, str) and t for t in self.targets) \
                     or not self.targets or len(set(self.targets)) != len(self.targets):
