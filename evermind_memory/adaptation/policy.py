@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 
-VIEWS = ("rare-span-memory", "words-memory", "span-memory", "two-spans")
+VIEWS = ("rare-span-memory", "words-memory", "span-memory", "sentence-or-span", "two-spans")
 NEGATIVES = ("store", "batch")
 
 
@@ -40,11 +40,15 @@ class AdaptationPolicy:
         views: the short query-like view of a memory. "rare-span-memory": a contiguous run of
             query_min_words..query_max_words words around a word drawn with weight idf ** query_idf_power
             (idf over the training memories: the words a person searching for that memory would type);
-            "span-memory": such a run anywhere; "words-memory": that many words drawn by that weight, kept
+            "span-memory": such a run anywhere; "sentence-or-span": with probability sentence_share one
+            sentence of the memory (cut to sentence_max_words words: the shape of a one-line description or a
+            question), else a rare-span view (the shape of a name or a title); "words-memory": that many words drawn by that weight, kept
             in their order; "two-spans": two random token spans of the memory, a quarter to all of it
             (symmetric, the first design; "batch" negatives only).
         query_min_words, query_max_words: length range of the short view.
         query_idf_power: sharpness of the rare-word weighting (0: any word).
+        sentence_share: share of sentence views ("sentence-or-span").
+        sentence_max_words: a sentence view keeps at most this many words.
         train_tokens: memory views are cut to this many tokens in training ("batch" negatives).
         negatives: "store": the short view is scored against the current vectors of all the training memories
             (fixed targets, its own memory the positive): each step trains retrieval over the real store and
@@ -103,6 +107,8 @@ class AdaptationPolicy:
     query_min_words: int = 1
     query_max_words: int = 5
     query_idf_power: float = 4.0
+    sentence_share: float = 0.5
+    sentence_max_words: int = 24
     train_tokens: int = 128
     negatives: str = "store"
     anchor_weight: float = 3.0
@@ -133,7 +139,7 @@ class AdaptationPolicy:
 
     def __post_init__(self) -> None:
         ints = {"min_new_facts": (0, 10**9), "rank": (1, 4096), "steps": (0, 10**7), "batch_size": (2, 65_536),
-                "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "train_tokens": (2, 65_536),
+                "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "sentence_max_words": (1, 10_000), "train_tokens": (2, 65_536),
                 "anchor_batch": (1, 65_536), "query_batch": (1, 65_536),
                 "lm_batch": (1, 65_536), "min_probe": (1, 10**6), "max_probe": (1, 10**6), "probe_k": (1, 1000),
                 "probe_views": (1, 64), "min_probe_queries": (1, 10**6),
@@ -145,7 +151,7 @@ class AdaptationPolicy:
                 raise InvalidInput(f"AdaptationPolicy expected {name} an int in [{lo}, {hi}], got {value!r}.")
         reals = {"min_interval_s": (0.0, 1e9), "max_cpu_seconds": (0.0, 1e9), "alpha": (1e-9, 1e9),
                  "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6), "query_weight": (0.0, 1e6),
-                 "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0),
+                 "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0), "sentence_share": (0.0, 1.0),
                  "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
                  "gate_tolerance": (0.0, 1.0), "gate_margin": (0.0, 100.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
         for name, (lo, hi) in reals.items():

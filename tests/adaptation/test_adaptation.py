@@ -107,6 +107,21 @@ def test_query_views_are_short_runs_of_rare_words() -> None:
     assert query_view(["solo"], np.zeros(1), rng, rare) == "solo"
 
 
+def test_sentence_views_are_whole_sentences_or_rare_spans() -> None:
+    text = "Opens a file for reading. It takes two arguments: a path and a mode. Returns a handle or fails."
+    words = text.split()
+    idf = word_weights([words])[0]
+    sentences = ["Opens a file for reading.", "It takes two arguments:", "a path and a mode.", "Returns a handle or fails."]
+    rng = np.random.default_rng(1)
+    mixed = AdaptationPolicy(views="sentence-or-span", sentence_share=0.5, query_max_words=2)
+    views = [query_view(words, idf, rng, mixed) for _ in range(300)]
+    whole = [v for v in views if v in sentences]
+    assert 100 < len(whole) < 200 and set(whole) == set(sentences)  # about half, every sentence reachable
+    assert all(v in text and len(v.split()) <= 2 for v in views if v not in sentences)  # the rest: rare spans
+    cut = AdaptationPolicy(views="sentence-or-span", sentence_share=1.0, sentence_max_words=3)
+    assert all(len(query_view(words, idf, rng, cut).split()) <= 3 for _ in range(20))
+
+
 def test_fit_adapter_against_store_vectors_learns_retrieval_and_keeps_the_anchors(base: LMEmbedder) -> None:
     vectors = base.embed_many(TEXTS)  # (N, D) what a store holds
     policy = AdaptationPolicy(steps=60, batch_size=12, lr=1e-2, anchor_batch=6, views="span-memory",
