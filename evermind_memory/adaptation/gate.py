@@ -69,7 +69,8 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     passes when every vector is finite with norm > 1e-6, its vectors are not collapsed (mean pairwise cosine),
     its recall@probe_k is at least the current model's minus policy.gate_tolerance, and (policy.require_gain)
     there are at least policy.min_probe_queries queries and the mean paired gain in reciprocal rank is > 0 and
-    > policy.gate_margin standard errors: a candidate that ties or wins within noise is refused.
+    > policy.gate_margin standard errors (over the held-out memories, each the mean of its views): a candidate
+    that ties or wins within noise is refused.
 
     Args:
         current: the serving embedder.
@@ -112,7 +113,10 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     rr_cur, rr_cand = 1.0 / (1.0 + r_cur), 1.0 / (1.0 + r_cand)  # (Q,) each
     result.mrr_current = float(rr_cur.mean())
     result.mrr_candidate = float(rr_cand.mean())
-    gain = rr_cand - rr_cur  # (Q,) paired
+    # paired gain per held-out memory (the mean over its views: views of one memory are not independent), and
+    # the standard error of its mean over the memories
+    gain = np.bincount(rows, weights=rr_cand - rr_cur, minlength=len(probe_texts)) / np.maximum(
+        np.bincount(rows, minlength=len(probe_texts)), 1)  # (P,)
     result.mrr_gain = float(gain.mean())
     result.mrr_gain_se = float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else float("inf")
     figures = (f"probe MRR {result.mrr_current:.4f} -> {result.mrr_candidate:.4f} (gain {result.mrr_gain:+.4f}, "
