@@ -1,23 +1,24 @@
-"""Does one adaptation round help on an unseen domain without hurting general recall, and how long does it take?
+"""Does one `adapt_now()` on a domain's documents alone raise vector recall on that domain's queries?
 
-Domains are Texinfo HTML manuals from Debian packages that recipe/build_corpus.py never reads (no man pages):
-`--domain octave` (the GNU Octave manual, octave-doc: the reported result, never tuned on) and `--domain maxima`
-(the Maxima manual, maxima-doc: the development domain the AdaptationPolicy defaults were tuned on). Pairs are
-(definition line -> the description under it) and (page title -> the page's opening prose); the store also holds
-other passages of the manual as distractors, up to --memories. Only the descriptions and passages are stored.
-The queries are split: the evaluation half is never seen by any round; the usage half is what an agent asks
-before the second round. We measure vector ndcg@10 of the evaluation queries through `store.recall` before and
-after each of two `store.adapt_now()` rounds from the same base model: "memories only" (the stored texts) and
-"with feedback" (after the agent recalled each usage query in hybrid mode and called `store.feedback(query, id)`
-for the right fact when it was in its top 10), ndcg@10 on a general probe set (corpus/eval/debian.jsonl, exact
-search) with the same models, and each round's time split into training, gate, re-embed, index and swap.
+For each dev source of /work/data/dev (nine manuals the shipped model never trained on: see its README), a fresh
+store holds ONLY that source's documents (--docs of them: the relevant documents of a seeded sample of the
+source's queries, then the source's other documents as distractors). We measure vector ndcg@10 of those queries
+through `store.recall(mode="vector")` before and after one `store.adapt_now(policy)`. Adaptation sees the
+documents only: the queries are never shown to it (no feedback, no query log), so the gain is "left-out" in the
+sense of issue 16 item 5. Each run also reports the round's gate verdict (a refused round keeps the base model:
+gain 0) and, as a guard, ndcg@10 of --general pairs of /work/corpus/eval/debian.jsonl by exact search with the
+models before and after (never used to choose anything).
 
-    python benchmarks/adaptation_gain.py --domain maxima --out benchmarks/results/adaptation_gain_dev.json
-    python benchmarks/adaptation_gain.py --domain octave --out benchmarks/results/adaptation_gain_shipped.json
-    python benchmarks/adaptation_gain.py --set lm_weight=0.05 --set views=two-spans   # any policy field
+Several policies (--config NAME:FIELD=VALUE,...; repeatable) run side by side on the same stores. With more than
+one, a leave-one-source-out table follows: for each source, the config with the best mean gain on the OTHER
+sources is chosen and its gain on the left-out source is reported; the mean of those left-out gains is the
+honest figure of the selection.
 
-Targets (shipped model): domain ndcg@10 +0.05 or more, general probe drop <= 0.01, a round over 5,000 memories
-<= 60 s on 2 cores. Needs `apt-get download` to reach a Debian mirror the first time (cached in --work-dir).
+    nice python benchmarks/adaptation_gain.py --jobs 2 --out benchmarks/results/adaptation_gain.json
+    python benchmarks/adaptation_gain.py --config base: --config lr6:lr=6e-3 --config r16:rank=16,alpha=32
+    python benchmarks/adaptation_gain.py --report benchmarks/results/adaptation_gain.json   # print a saved run
+
+Target (issue 16 item 5): vector ndcg@10 +0.03 or more after adapt_now() on a domain's documents alone.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import fields
+from multiprocessing import get_context
 from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -44,114 +45,8 @@ sys.path.insert(0, str(REPO))
 from evermind_memory import MemoryStore  # noqa: E402
 from evermind_memory.adaptation import AdaptationPolicy  # noqa: E402
 
-@dataclass(frozen=True)
-class Domain:
-    """An offline Texinfo-HTML manual from a Debian package that recipe/build_corpus.py never reads."""
-
-    package: str
-    doc_root: str  # the manual's HTML folder inside the package
-    extra_roots: tuple[str, ...]  # more HTML folders: distractor passages only
-    title_tail: str  # regex removed from page titles
-    signature: str  # regex of a definition line; group "sig" is the query
-    merged_signatures: bool = False  # definition lines repeat the name: keep the first signature only
-
-
-DOMAINS = {
-    # the reported domain (never tuned on)
-    "octave": Domain("octave-doc", "usr/share/doc/octave/octave.html", ("usr/share/doc/octave/liboctave.html",),
-                     r"\s*\(GNU Octave.*\)\s*$", r"^: (?P<sig>.+?)\s*\u00b6$"),
-    # the development domain (policy defaults were tuned here): the Maxima manual, same Texinfo layout
-    "maxima": Domain("maxima-doc", "usr/share/doc/maxima-doc/html", (),
-                     r"\s*\(Maxima .*\)\s*$", r"^[A-Z][A-Za-z ]{1,30}: (?P<sig>.+?)\s*\u00b6$", True),
-}
-DOC_CHARS = 600
-
-
-def fetch_doc(domain: Domain, work_dir: Path) -> Path:
-    """Download and unpack the domain's package once (apt-get download + dpkg-deb -x; nothing is installed)."""
-    root = work_dir / "x"
-    if (root / domain.doc_root).is_dir():
-        return root
-    work_dir.mkdir(parents=True, exist_ok=True)
-    debs = sorted(work_dir.glob(f"{domain.package}_*.deb"))
-    if not debs:
-        subprocess.run(["apt-get", "download", domain.package], cwd=work_dir, check=True, capture_output=True)
-        debs = sorted(work_dir.glob(f"{domain.package}_*.deb"))
-    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True)
-    return root
-
-
-def first_signature(sig: str) -> str:
-    """The first of several merged definition lines ("name name (a) name (a, b)" -> "name (a)")."""
-    words = sig.split()
-    if len(words) > 1 and words[1].startswith(words[0]) and words[0].isidentifier():
-        sig = " ".join(words[1:])
-        name = words[0]
-        again = sig.find(f" {name} ", len(name))
-        if again > 0:
-            sig = sig[:again]
-    return sig.strip()
-
-
-def domain_pairs(domain: Domain, root: Path) -> tuple[list[tuple[str, str]], list[str]]:
-    """(query, doc) pairs and extra prose passages from a Texinfo HTML manual.
-
-    Pairs are (definition line -> the description under it) and (page title -> the page's opening prose);
-    other paragraphs become distractor passages.
-    """
-    from recipe.build_corpus import extract_html_page
-
-    title_tail, sig_re = re.compile(domain.title_tail), re.compile(domain.signature)
-    pairs: list[tuple[str, str]] = []
-    passages: list[str] = []
-    for path in sorted((root / domain.doc_root).glob("*.html")):
-        page = extract_html_page(path.read_text(encoding="utf-8", errors="replace"), path.name)
-        title = title_tail.sub("", page.title).strip()
-        signature, body, opening, seen_signature = None, [], [], False
-
-        def flush() -> None:
-            if signature and body:
-                pairs.append((signature, "\n".join(body)[:DOC_CHARS]))
-
-        for kind, text in page.blocks:
-            m = sig_re.match(text) if kind == "p" else None
-            if m:
-                seen_signature = True
-                if signature is None or body:
-                    flush()
-                    sig = m.group("sig").strip()
-                    signature, body = (first_signature(sig) if domain.merged_signatures else sig), []
-                continue
-            if kind.startswith("h"):
-                flush()
-                signature, body = None, []
-                continue
-            if kind != "p" or len(text) < 40 or text.startswith("Categories:"):
-                continue
-            if signature:
-                if sum(len(t) for t in body) < DOC_CHARS:
-                    body.append(text)
-                else:
-                    passages.append(text[:DOC_CHARS])  # beyond the pair's doc: a distractor
-            elif not seen_signature:
-                opening.append(text)
-            else:
-                passages.append(text[:DOC_CHARS])
-        flush()
-        if title and sum(len(t) for t in opening) >= 80:
-            pairs.append((title, "\n".join(opening)[:DOC_CHARS]))
-            passages.extend(t[:DOC_CHARS] for t in opening[2:])
-    for extra in domain.extra_roots:
-        for path in sorted((root / extra).glob("*.html")):
-            page = extract_html_page(path.read_text(encoding="utf-8", errors="replace"), path.name)
-            passages.extend(t[:DOC_CHARS] for kind, t in page.blocks if kind == "p" and len(t) >= 80)
-    seen: set[str] = set()
-    unique = []
-    for q, d in pairs:
-        if d not in seen:
-            seen.add(d)
-            unique.append((q, d))
-    return unique, [p for p in dict.fromkeys(passages) if p not in seen]
+SOURCES = ("apache", "gimp", "libreoffice", "lilypond", "maxima", "nodejs", "octave", "rust", "statsmodels")
+TARGET = 0.03
 
 
 def ndcg_at_10(ranks: np.ndarray) -> np.ndarray:
@@ -190,161 +85,187 @@ def exact_ndcg(embedder, queries: list[str], docs: list[str]) -> np.ndarray:
     return ndcg_at_10(ranks)
 
 
-def load_embedder(args: argparse.Namespace):
-    from evermind_memory.embedder import LMEmbedder
-    from evermind_memory.lm.model import EvermindLM, LMConfig
-    from evermind_memory.lm.tokenizer import BPETokenizer
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
-    if args.model is None and not args.random_d_model:
-        from evermind_memory import default_embedder
 
-        return default_embedder(), "shipped"
-    tok = BPETokenizer.load(args.tokenizer)
-    if args.random_d_model:
-        d = args.random_d_model
-        cfg = LMConfig(vocab_size=len(tok), d_model=d, n_layers=4, conv_kernel=4, hidden_dim=2 * d, n_experts=4,
-                       top_k=2, attn_heads=4)
-        return LMEmbedder(EvermindLM(cfg, seed=0), tok), f"untrained d_model={d} (timing only)"
-    return LMEmbedder(EvermindLM.load(args.model), tok), str(args.model)
+def source_set(dev: Path, source: str, docs: int, query_share: float, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """(query, doc) pairs and distractor docs of one source: round(docs * query_share) pairs (seeded sample,
+    distinct docs), the rest of `docs` from the source's other documents."""
+    rng = np.random.default_rng([seed, SOURCES.index(source) if source in SOURCES else 99])
+    rows = read_jsonl(dev / f"{source}.jsonl")
+    pairs, seen = [], set()
+    for i in rng.permutation(len(rows)).tolist():
+        q, d = rows[i]["query"], rows[i]["doc"]
+        if d not in seen:
+            seen.add(d)
+            pairs.append((q, d))
+    pairs = pairs[: int(round(docs * query_share))]
+    others = [r["doc"] for r in read_jsonl(dev / f"{source}.docs.jsonl") if r["doc"] not in seen]
+    others = list(dict.fromkeys(others))
+    fill = [others[i] for i in rng.permutation(len(others))[: max(0, docs - len(pairs))].tolist()]
+    return pairs, fill
+
+
+def parse_config(text: str) -> tuple[str, dict]:
+    """"NAME:field=value,field=value" -> (NAME, policy overrides); tuples (targets) separated by '+'."""
+    name, _, rest = text.partition(":")
+    defaults = {f.name: f.default for f in fields(AdaptationPolicy)}
+    out: dict = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, _, raw = item.partition("=")
+        if key not in defaults:
+            raise SystemExit(f"--config {text}: no AdaptationPolicy field {key!r}")
+        kind = type(defaults[key])
+        out[key] = (tuple(t for t in raw.split("+") if t) if key == "targets"
+                    else raw if kind is str else (raw.lower() in ("1", "true", "yes")) if kind is bool
+                    else kind(float(raw)) if kind is int else float(raw))
+    AdaptationPolicy(**out)  # fail early on a bad value
+    return name or "default", out
+
+
+def run_one(job: dict) -> dict:
+    """One (source, config): a fresh store of the source's docs, ndcg before, adapt_now, ndcg after."""
+    from evermind_memory import default_embedder
+
+    embedder = default_embedder()
+    pairs, fill = source_set(Path(job["dev"]), job["source"], job["docs"], job["query_share"], job["seed"])
+    general = read_jsonl(Path(job["general"]))[: job["general_limit"]] if job["general_limit"] else []
+    policy = AdaptationPolicy(**{"seed": job["seed"], **job["overrides"]})
+    with tempfile.TemporaryDirectory() as tmp:
+        with MemoryStore(Path(tmp) / "bench.db", embedder, background_embedding=False) as store:
+            ids = store.remember_many([d for _, d in pairs], source=job["source"])
+            if fill:
+                store.remember_many(fill, source=job["source"])
+            queries = [q for q, _ in pairs]
+
+            def measure() -> dict[str, np.ndarray]:
+                out = {"domain": store_ndcg(store, queries, ids)}
+                if general:
+                    out["general"] = exact_ndcg(store.embedder, [g["query"] for g in general], [g["doc"] for g in general])
+                return out
+
+            before = measure()
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            report = store.adapt_now(policy)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+            after = measure()
+    r = report.to_dict()
+    delta = float(after["domain"].mean() - before["domain"].mean())
+    g = r["gate"] or {}
+    strict = AdaptationPolicy(**{k: v for k, v in job["overrides"].items() if k not in ("require_gain", "gate_tolerance")})
+    would_pass = r["status"] == "swapped" and g.get("mrr_gain") is not None and (
+        g["queries"] >= strict.min_probe_queries and g["mrr_gain"] > 0
+        and g["mrr_gain"] > strict.gate_margin * g["mrr_gain_se"]
+        and g["recall_candidate"] >= g["recall_current"] - strict.gate_tolerance)
+    return {
+        "gated_delta": delta if would_pass else 0.0,  # what the default (strict) gate would have made of it
+        "source": job["source"], "config": job["name"], "overrides": job["overrides"], "docs": len(pairs) + len(fill),
+        "queries": len(pairs), "status": r["status"], "reason": r["reason"], "steps": r["steps"],
+        "gate": r["gate"], "round_seconds": wall, "round_process_cpu_seconds": cpu,
+        "train_cpu_seconds": r["train_cpu_seconds"],
+        "before": {k: float(v.mean()) for k, v in before.items()},
+        "after": {k: float(v.mean()) for k, v in after.items()},
+        "delta": {k: float(after[k].mean() - before[k].mean()) for k in before},
+        "delta_ci95": {k: paired_ci(before[k], after[k]) for k in before},
+    }
+
+
+def loso(runs: list[dict], configs: list[str], sources: list[str], key: str = "delta") -> list[dict]:
+    """For each source: the config with the best mean domain gain (key "delta": as run; "gated_delta": what
+    the strict gate would have let through) on the other sources, and its gain here."""
+    gain = {(r["source"], r["config"]): r[key] if key == "gated_delta" else r[key]["domain"] for r in runs}
+    rows = []
+    for s in sources:
+        others = [o for o in sources if o != s]
+        mean_other = {c: float(np.mean([gain[(o, c)] for o in others])) for c in configs}
+        best = max(configs, key=lambda c: (mean_other[c], -configs.index(c)))
+        rows.append({"source": s, "chosen": best, "chosen_on_others": mean_other[best], "left_out_gain": gain[(s, best)]})
+    return rows
+
+
+def print_tables(result: dict) -> None:
+    runs, configs, sources = result["runs"], result["configs"], result["sources"]
+    print(f"model: {result['model']}; {result['docs']} docs per source ({result['query_share']:.0%} of them the "
+          f"relevant docs of that many queries); adaptation sees the documents only")
+    for c in configs:
+        print(f"\nconfig {c}: {json.dumps(result['overrides'][c])}")
+        print(f"{'source':<12} {'before':>7} {'after':>7} {'gain':>8} {'95% CI':>17} {'general':>8} {'status':>9} "
+              f"{'steps':>5} {'round s':>7}  gate")
+        mine = [r for r in runs if r["config"] == c]
+        for r in sorted(mine, key=lambda r: sources.index(r["source"])):
+            lo, hi = r["delta_ci95"]["domain"]
+            g = r["gate"] or {}
+            gate = (f"MRR gain {g['mrr_gain']:+.4f} (SE {g['mrr_gain_se']:.4f}, {g['queries']} q)"
+                    if g.get("mrr_gain") is not None else r["reason"][:60])
+            print(f"{r['source']:<12} {r['before']['domain']:7.4f} {r['after']['domain']:7.4f} "
+                  f"{r['delta']['domain']:+8.4f} [{lo:+.4f},{hi:+.4f}] {r['delta'].get('general', float('nan')):+8.4f} "
+                  f"{r['status']:>9} {r['steps']:5d} {r['round_seconds']:7.1f}  {gate}")
+        mean = lambda key, sub: float(np.mean([r[key][sub] for r in mine]))  # noqa: E731
+        print(f"{'mean':<12} {mean('before', 'domain'):7.4f} {mean('after', 'domain'):7.4f} "
+              f"{mean('delta', 'domain'):+8.4f} {'':17} "
+              f"{mean('delta', 'general') if all('general' in r['delta'] for r in mine) else float('nan'):+8.4f} "
+              f"{sum(r['status'] == 'swapped' for r in mine)}/{len(mine)} swapped")
+        if not all(r["overrides"].get("require_gain", True) for r in mine):
+            print(f"  (gate off for study) gain the strict gate would have let through: "
+                  + " ".join(f"{r['source']} {r['gated_delta']:+.4f}" for r in mine)
+                  + f"; mean {float(np.mean([r['gated_delta'] for r in mine])):+.4f}")
+    for key, what in (("loso", "gain as run"), ("loso_gated", "gain the strict gate lets through")):
+        if key not in result:
+            continue
+        print(f"\nleave-one-source-out ({what}): the config chosen on the other sources' mean, scored on the one left out")
+        print(f"{'left out':<12} {'chosen':<16} {'gain on others':>14} {'left-out gain':>13}")
+        rows = result[key]
+        for row in rows:
+            print(f"{row['source']:<12} {row['chosen']:<16} {row['chosen_on_others']:+14.4f} {row['left_out_gain']:+13.4f}")
+        print(f"{'mean':<12} {'':<16} {'':>14} {float(np.mean([r['left_out_gain'] for r in rows])):+13.4f}"
+              f"   (target >= +{TARGET})")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=None, help="EvermindLM checkpoint (default: the shipped model)")
-    ap.add_argument("--tokenizer", type=Path, default=None)
-    ap.add_argument("--random-d-model", type=int, default=0,
-                    help="time a round with an untrained model of the shipped shape (needs --tokenizer)")
-    ap.add_argument("--domain", choices=sorted(DOMAINS), default="octave",
-                    help="octave: the reported domain; maxima: the development domain the policy was tuned on")
-    ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "evermind_bench")
-    ap.add_argument("--memories", type=int, default=5000, help="memories in the store (pairs first, then passages)")
-    ap.add_argument("--general", type=Path, default=REPO / "corpus/eval/debian.jsonl")
-    ap.add_argument("--general-limit", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--rank", type=int, default=None)
-    ap.add_argument("--lm-weight", type=float, default=None)
-    ap.add_argument("--targets", default=None, help="comma-separated LoRA targets (default: the policy's)")
-    ap.add_argument("--max-cpu-seconds", type=float, default=None)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override an AdaptationPolicy field (repeatable; tuples comma-separated)")
-    ap.add_argument("--usage-fraction", type=float, default=0.5,
-                    help="share of the query->doc pairs whose queries an agent issues and judges before the feedback "
-                         "round; the rest are the evaluation queries of both rounds")
+    ap.add_argument("--dev", type=Path, default=Path("/work/data/dev"), help="the dev sets (recipe/build_devsets.py)")
+    ap.add_argument("--sources", default=",".join(SOURCES))
+    ap.add_argument("--docs", type=int, default=400, help="documents per source store")
+    ap.add_argument("--query-share", type=float, default=0.75, help="share of the docs that are some query's answer")
+    ap.add_argument("--config", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                    help="a policy to run (repeatable; 'default:' is the shipped policy; targets joined by '+')")
+    ap.add_argument("--general", type=Path, default=Path("/work/corpus/eval/debian.jsonl"))
+    ap.add_argument("--general-limit", type=int, default=200, help="0: no general guard")
+    ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one BLAS thread each)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--report", type=Path, default=None, help="print the tables of a saved --out file and exit")
     args = ap.parse_args(argv)
-    if (args.model is None) != (args.tokenizer is None) and not args.random_d_model:
-        ap.error("--model and --tokenizer go together")
-    if not 0.0 <= args.usage_fraction <= 0.9:
-        ap.error(f"--usage-fraction must lie in [0, 0.9], got {args.usage_fraction}")
+    if args.report:
+        print_tables(json.loads(args.report.read_text(encoding="utf-8")))
+        return 0
+    sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    missing = [s for s in sources if not (args.dev / f"{s}.jsonl").is_file()]
+    if missing:
+        ap.error(f"no dev set for {missing} in {args.dev}")
+    configs = dict(parse_config(c) for c in (args.config or ["default:"]))
+    general_limit = args.general_limit if args.general.is_file() else 0
+    jobs = [{"dev": str(args.dev), "source": s, "docs": args.docs, "query_share": args.query_share, "seed": args.seed,
+             "general": str(args.general), "general_limit": general_limit, "name": name, "overrides": over}
+            for name, over in configs.items() for s in sources]
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            runs = list(pool.map(run_one, jobs))
+    else:
+        runs = [run_one(j) for j in jobs]
+    from evermind_memory import default_embedder
 
-    embedder, model_name = load_embedder(args)
-    domain = DOMAINS[args.domain]
-    pairs, passages = domain_pairs(domain, fetch_doc(domain, args.work_dir / domain.package))
-    rng = np.random.default_rng(args.seed)
-    pairs = [pairs[i] for i in rng.permutation(len(pairs))][: args.memories]
-    fillers = [passages[i] for i in rng.permutation(len(passages))][: max(0, args.memories - len(pairs))]
-    general = [json.loads(line) for line in args.general.read_text(encoding="utf-8").splitlines()[: args.general_limit]] \
-        if args.general.is_file() else []
-    print(f"model: {model_name}  ({embedder.fingerprint})")
-    print(f"domain: {domain.package}: {len(pairs)} query->doc pairs + {len(fillers)} distractor passages; "
-          f"general probe: {len(general)} pairs from {args.general}")
-
-    chosen = {"steps": args.steps, "lr": args.lr, "rank": args.rank, "lm_weight": args.lm_weight,
-              "max_cpu_seconds": args.max_cpu_seconds}
-    if args.targets:
-        chosen["targets"] = tuple(t.strip() for t in args.targets.split(",") if t.strip())
-    defaults = {f.name: f.default for f in fields(AdaptationPolicy)}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        if key not in defaults:
-            ap.error(f"--set {item}: no AdaptationPolicy field {key!r}")
-        kind = type(defaults[key])
-        chosen[key] = (tuple(t.strip() for t in raw.split(",") if t.strip()) if key == "targets"
-                       else raw if kind is str else kind(float(raw)) if kind is int else kind(raw))
-    policy = AdaptationPolicy(seed=args.seed, **{k: v for k, v in chosen.items() if v is not None})
-    usage_n = int(round(len(pairs) * args.usage_fraction))
-    rounds: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        with MemoryStore(Path(tmp) / "bench.db", embedder, background_embedding=False) as store:
-            t0 = time.perf_counter()
-            ids = []
-            for start in range(0, len(pairs), 512):
-                ids += store.remember_many([d for _, d in pairs[start : start + 512]], source=domain.package)
-            for start in range(0, len(fillers), 512):
-                store.remember_many(fillers[start : start + 512], source=domain.package)
-            fill_s = time.perf_counter() - t0
-            eval_q, eval_ids = [q for q, _ in pairs[usage_n:]], ids[usage_n:]
-
-            def measure() -> dict[str, np.ndarray]:
-                out = {"domain_ndcg10": store_ndcg(store, eval_q, eval_ids)}
-                if general:
-                    out["general_ndcg10"] = exact_ndcg(store.embedder, [g["query"] for g in general],
-                                                       [g["doc"] for g in general])
-                return out
-
-            before_q = measure()
-            before = {k: float(v.mean()) for k, v in before_q.items()}
-            for name in ("memories only", "with feedback"):
-                judged = 0
-                if name == "with feedback":
-                    store.rollback_adapter("base")  # the same start as the first round
-                    # an agent at work: it recalls the usage half and marks the hit that answered (if shown)
-                    for (q, _), want in zip(pairs[:usage_n], ids[:usage_n]):
-                        if want in [h.id for h in store.recall(q, k=10)]:
-                            store.feedback(q, want)
-                            judged += 1
-                cpu0 = time.process_time()
-                report = store.adapt_now(policy)
-                cpu = time.process_time() - cpu0
-                after_q = measure()
-                after = {k: float(v.mean()) for k, v in after_q.items()}
-                rounds[name] = {
-                    "judged": judged, "after": after,
-                    "delta": {k: after[k] - float(before_q[k].mean()) for k in before_q},
-                    "delta_ci95": {k: paired_ci(before_q[k], after_q[k]) for k in before_q},
-                    "round": {k: report.to_dict()[k] for k in (
-                        "status", "reason", "steps", "trained_on", "feedback_pairs", "reembedded", "replayed",
-                        "train_seconds", "train_cpu_seconds", "gate_seconds", "reembed_seconds", "index_seconds",
-                        "swap_seconds", "total_seconds")},
-                    "round_process_cpu_seconds": cpu, "gate": None if report.gate is None else report.gate.to_dict(),
-                }
-    result = {
-        "model": model_name, "base_fingerprint": embedder.fingerprint, "domain": domain.package, "pairs": len(pairs),
-        "usage_queries": usage_n, "eval_queries": len(pairs) - usage_n,
-        "memories": len(pairs) + len(fillers), "general_pairs": len(general), "fill_seconds": fill_s,
-        "policy": {k: v for k, v in policy.__dict__.items()}, "before": before, "rounds": rounds,
-        "cores": os.cpu_count(),
-    }
-    print(f"queries: {len(pairs) - usage_n} evaluated (never judged, never trained on); {usage_n} in the usage half")
-    print(f"before: " + "  ".join(f"{k} {v:.4f}" for k, v in before.items()))
-    for name, res in rounds.items():
-        r, g = res["round"], res["gate"]
-        print(f"round '{name}': {r['status']} {r['reason']}")
-        if name == "with feedback":
-            print(f"  the agent judged {res['judged']} of {usage_n} usage queries useful (right fact in its hybrid top 10); "
-                  f"{r['feedback_pairs']} trained on (the rest hit the gate's probes)")
-        print(f"  steps {r['steps']} on {r['trained_on']} memories; re-embedded {r['reembedded']} (+ the gate's "
-              f"{g['corpus'] if g else 0}), replayed {r['replayed']}")
-        print(f"  seconds: train {r['train_seconds']:.1f} | gate {r['gate_seconds']:.1f} | re-embed {r['reembed_seconds']:.1f}"
-              f" | index {r['index_seconds']:.1f} | swap {r['swap_seconds']:.2f} | total {r['total_seconds']:.1f}"
-              f" (process CPU {res['round_process_cpu_seconds']:.1f})")
-        if g:
-            print(f"  gate: {g['reason']} ({g['probes']} probes, corpus {g['corpus']})")
-        for key in before:
-            lo, hi = res["delta_ci95"][key]
-            print(f"  {key:>15}: {before[key]:.4f} -> {res['after'][key]:.4f}  ({res['delta'][key]:+.4f}, "
-                  f"95% paired bootstrap [{lo:+.4f}, {hi:+.4f}])")
-    p = policy
-    print(f"policy: views {p.views} {p.query_min_words}-{p.query_max_words} words (idf^{p.query_idf_power:g}), "
-          f"negatives {p.negatives}, anchor {p.anchor_weight:g} x {p.anchor_batch}, feedback {p.query_weight:g} x "
-          f"{p.query_batch}, lm_weight {p.lm_weight:g}, lr {p.lr:g} {p.lr_schedule}, batch {p.batch_size}, "
-          f"rank {p.rank}, cpu budget {p.max_cpu_seconds:g} s, gate tolerance {p.gate_tolerance:g}")
-    for name, res in rounds.items():
-        d, r = res["delta"], res["round"]
-        print(f"targets ({name}): domain {d['domain_ndcg10']:+.4f} (>= +0.05), general "
-              f"{d.get('general_ndcg10', float('nan')):+.4f} (>= -0.01), round {r['total_seconds']:.1f} s (<= 60)")
+    result = {"model": default_embedder().fingerprint, "docs": args.docs, "query_share": args.query_share,
+              "seed": args.seed, "sources": sources, "configs": list(configs), "overrides": configs,
+              "general": str(args.general) if general_limit else None, "general_pairs": general_limit,
+              "cores": os.cpu_count(), "jobs": args.jobs, "seconds": time.perf_counter() - t0, "runs": runs,
+              "policy_defaults": {f.name: f.default for f in fields(AdaptationPolicy)}}
+    if len(configs) > 1:
+        result["loso"] = loso(runs, list(configs), sources)
+        result["loso_gated"] = loso(runs, list(configs), sources, "gated_delta")
+    print_tables(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")

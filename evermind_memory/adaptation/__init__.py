@@ -18,7 +18,7 @@ from .fit import (
     FitResult, anchor_loss_and_grad, contrastive_loss_and_grad, default_targets, fit_adapter, pad_batch, query_view,
     retrieval_loss_and_grad, token_span, word_weights,
 )
-from .gate import gate_candidate, split_probe, text_span
+from .gate import gate_candidate, probe_queries, split_probe, text_span
 from .history import AdapterHistory
 from .policy import AdaptationHooks, AdaptationPolicy, check_hooks
 from .report import AdaptationReport, GateResult
@@ -39,6 +39,7 @@ __all__ = [
     "gate_candidate",
     "anchor_loss_and_grad",
     "pad_batch",
+    "probe_queries",
     "query_view",
     "retrieval_loss_and_grad",
     "rollback",

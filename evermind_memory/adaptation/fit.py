@@ -143,6 +143,16 @@ def word_weights(word_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
                      dtype=np.float64) for ks in keys]  # (words,) each
 
 
+def sentence_bounds(words: Sequence[str]) -> list[tuple[int, int]]:
+    """[start, end) word ranges of the sentences of a memory: a word ending in . ! ? or : closes one."""
+    bounds, start = [], 0
+    for i, w in enumerate(words):
+        if w[-1:] in ".!?:" or i == len(words) - 1:
+            bounds.append((start, i + 1))
+            start = i + 1
+    return bounds
+
+
 def query_view(words: Sequence[str], weights: np.ndarray, rng: np.random.Generator, policy: AdaptationPolicy) -> str:
     """A short query-like view of a memory: a few of its words (see AdaptationPolicy.views).
 
@@ -153,6 +163,10 @@ def query_view(words: Sequence[str], weights: np.ndarray, rng: np.random.Generat
     them all.
     """
     n = len(words)
+    if policy.views == "sentence-or-span" and rng.random() < policy.sentence_share:
+        sentences = [(a, b) for a, b in sentence_bounds(words) if b - a >= 3] or [(0, n)]
+        a, b = sentences[int(rng.integers(0, len(sentences)))]
+        return " ".join(words[a : min(b, a + policy.sentence_max_words)])
     k = min(n, int(rng.integers(policy.query_min_words, policy.query_max_words + 1)))
     if policy.views == "span-memory" or k >= n:
         start = int(rng.integers(0, n - k + 1))
@@ -162,7 +176,7 @@ def query_view(words: Sequence[str], weights: np.ndarray, rng: np.random.Generat
     live = int((w > 0).sum())
     if live == 0:
         w, live = np.ones(n), n
-    if policy.views == "rare-span-memory":  # a contiguous run around a word drawn by rarity
+    if policy.views in ("rare-span-memory", "sentence-or-span"):  # a contiguous run around a word drawn by rarity
         centre = int(rng.choice(n, p=w / w.sum()))
         start = min(max(0, centre - int(rng.integers(0, k))), n - k)
         return " ".join(words[start : start + k])
@@ -258,7 +272,7 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
     anchored = current is not None and policy.anchor_weight > 0
     asymmetric = policy.views != "two-spans"
     word_lists = [texts[i].split() for i in keep] if asymmetric else []
-    rare = policy.views in ("words-memory", "rare-span-memory")
+    rare = policy.views in ("words-memory", "rare-span-memory", "sentence-or-span")
     idf = word_weights(word_lists) if rare else [np.ones(len(w)) for w in word_lists]
     rng = np.random.default_rng(policy.seed)
     adapters = {t: LoRAAdapter(*np.shape(model.params[t]), rank=min(policy.rank, *np.shape(model.params[t])),

@@ -1,5 +1,6 @@
-"""The gate: may a candidate embedder replace the serving one? Held-out memories queried by spans of themselves
-must be found as well as before, and the candidate's vectors must be finite and not collapsed.
+"""The gate: may a candidate embedder replace the serving one? Held-out memories queried by short views of
+themselves must be found better than before (a paired gain in reciprocal rank beyond noise; a tie is refused),
+no worse at recall@k, and the candidate's vectors must be finite and not collapsed.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .fit import query_view, word_weights
 from .policy import AdaptationPolicy
 from .report import GateResult
 
@@ -22,10 +24,29 @@ def text_span(text: str, rng: np.random.Generator) -> str:
     return " ".join(words[start : start + length])
 
 
-def _ranks(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """Rank (0 = best) of doc i for query i among all docs; ties count against the target."""
+def probe_queries(probe_texts: Sequence[str], corpus: Sequence[str], policy: AdaptationPolicy
+                  ) -> tuple[list[str], np.ndarray]:
+    """policy.probe_views query-like views of each probe memory (seeded by policy.seed), and (Q,) the row of
+    each query's memory in the corpus (the probes come first). The views are the training kind (policy.views,
+    idf over the corpus); "two-spans" training gets text_span views."""
+    rng = np.random.default_rng([policy.seed, 7])
+    words = [t.split() for t in corpus]
+    idf = word_weights(words) if policy.views != "two-spans" else []
+    queries, rows = [], []
+    for i, text in enumerate(probe_texts):
+        for _ in range(policy.probe_views):
+            if policy.views == "two-spans" or not words[i]:
+                queries.append(text_span(text, rng))
+            else:
+                queries.append(query_view(words[i], idf[i], rng, policy))
+            rows.append(i)
+    return queries, np.asarray(rows, dtype=np.intp)
+
+
+def _ranks(queries: np.ndarray, docs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Rank (0 = best) of doc rows[q] for query q among all docs; ties count against the target."""
     scores = queries @ docs.T  # (Q, N)
-    own = scores[np.arange(len(queries)), np.arange(len(queries))]  # (Q,)
+    own = scores[np.arange(len(queries)), rows]  # (Q,)
     return (scores >= own[:, None]).sum(axis=1) - 1  # (Q,)
 
 
@@ -43,10 +64,13 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
                    corpus_labels: np.ndarray | None = None) -> GateResult:
     """Decide whether a candidate embedder may replace the current one.
 
-    The corpus is the probe memories followed by the distractors; each probe is queried by a span of its own
-    words (seeded by policy.seed) and counts when it ranks in the top probe_k. The candidate passes when every
-    vector is finite with norm > 1e-6, its vectors are not collapsed (mean pairwise cosine), and its recall is
-    at least the current model's minus policy.gate_tolerance.
+    The corpus is the probe memories followed by the distractors; each probe is queried by policy.probe_views
+    short views of itself (probe_queries) and each query scores the reciprocal rank of its memory. The candidate
+    passes when every vector is finite with norm > 1e-6, its vectors are not collapsed (mean pairwise cosine),
+    its recall@probe_k is at least the current model's minus policy.gate_tolerance, and (policy.require_gain)
+    there are at least policy.min_probe_queries queries and the mean paired gain in reciprocal rank is > 0 and
+    > policy.gate_margin standard errors (over the held-out memories, each the mean of its views): a candidate
+    that ties or wins within noise is refused.
 
     Args:
         current: the serving embedder.
@@ -65,8 +89,8 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     if not probe_texts:
         result.reason = "no probe memories"
         return result
-    rng = np.random.default_rng([policy.seed, 7])
-    queries = [text_span(t, rng) for t in probe_texts]
+    queries, rows = probe_queries(probe_texts, corpus, policy)
+    result.queries = len(queries)
     with np.errstate(all="ignore"):
         cand_docs = np.asarray(candidate.embed_many(corpus), dtype=np.float32)  # (N, D)
         cand_q = np.asarray(candidate.embed_many(queries), dtype=np.float32)  # (Q, D)
@@ -83,11 +107,21 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     cur_docs = (np.asarray(current.embed_many(corpus), dtype=np.float32) if current_doc_vectors is None
                 else np.asarray(current_doc_vectors, dtype=np.float32))  # (N, D)
     cur_q = np.asarray(current.embed_many(queries), dtype=np.float32)  # (Q, D)
-    r_cur, r_cand = _ranks(cur_q, cur_docs), _ranks(cand_q, cand_docs)  # (Q,) each
+    r_cur, r_cand = _ranks(cur_q, cur_docs, rows), _ranks(cand_q, cand_docs, rows)  # (Q,) each
     result.recall_current = float((r_cur < k).mean())
     result.recall_candidate = float((r_cand < k).mean())
-    result.mrr_current = float((1.0 / (1 + r_cur)).mean())
-    result.mrr_candidate = float((1.0 / (1 + r_cand)).mean())
+    rr_cur, rr_cand = 1.0 / (1.0 + r_cur), 1.0 / (1.0 + r_cand)  # (Q,) each
+    result.mrr_current = float(rr_cur.mean())
+    result.mrr_candidate = float(rr_cand.mean())
+    # paired gain per held-out memory (the mean over its views: views of one memory are not independent), and
+    # the standard error of its mean over the memories
+    gain = np.bincount(rows, weights=rr_cand - rr_cur, minlength=len(probe_texts)) / np.maximum(
+        np.bincount(rows, minlength=len(probe_texts)), 1)  # (P,)
+    result.mrr_gain = float(gain.mean())
+    result.mrr_gain_se = float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else float("inf")
+    figures = (f"probe MRR {result.mrr_current:.4f} -> {result.mrr_candidate:.4f} (gain {result.mrr_gain:+.4f}, "
+               f"SE {result.mrr_gain_se:.4f}, {len(queries)} queries on {len(probe_texts)} held-out memories), "
+               f"recall@{k} {result.recall_current:.4f} -> {result.recall_candidate:.4f}")
     result.mean_cosine_current = _mean_cosine(cur_docs)
     result.mean_cosine_candidate = _mean_cosine(cand_docs)
     if result.mean_cosine_candidate > 0.999 or (
@@ -97,11 +131,19 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
                          f"{result.mean_cosine_candidate:.4f}, current {result.mean_cosine_current:.4f})")
         return result
     if result.recall_candidate < result.recall_current - policy.gate_tolerance:
-        result.reason = (f"probe recall@{k} would drop from {result.recall_current:.4f} to "
-                         f"{result.recall_candidate:.4f} (tolerance {policy.gate_tolerance})")
+        result.reason = f"probe recall@{k} would drop more than {policy.gate_tolerance}: {figures}"
         return result
+    if policy.require_gain:
+        if len(queries) < policy.min_probe_queries:
+            result.reason = (f"too few held-out memories to judge a gain ({len(queries)} probe queries, fewer than "
+                             f"min_probe_queries={policy.min_probe_queries}): {figures}")
+            return result
+        if not (result.mrr_gain > 0 and result.mrr_gain > policy.gate_margin * result.mrr_gain_se):
+            result.reason = (f"not better than the current model beyond noise (needs gain > 0 and > "
+                             f"{policy.gate_margin:g} SE): {figures}")
+            return result
     result.passed = True
-    result.reason = f"probe recall@{k} {result.recall_current:.4f} -> {result.recall_candidate:.4f}"
+    result.reason = f"better on its probe: {figures}"
     if corpus_labels is not None:
         result.candidate_labels = np.asarray(corpus_labels, dtype=np.int64)  # (N,)
         result.candidate_vectors = cand_docs

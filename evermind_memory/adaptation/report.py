@@ -21,6 +21,9 @@ class GateResult:
     recall_candidate: float = float("nan")
     mrr_current: float = float("nan")
     mrr_candidate: float = float("nan")
+    queries: int = 0  # probe queries (probe memories x policy.probe_views)
+    mrr_gain: float = float("nan")  # mean paired gain in reciprocal rank, candidate minus current
+    mrr_gain_se: float = float("nan")  # its standard error
     mean_cosine_current: float = float("nan")
     mean_cosine_candidate: float = float("nan")
     candidate_labels: Any = field(default=None, repr=False)  # (N,) labels of the corpus (reused by re-embed)

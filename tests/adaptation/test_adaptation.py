@@ -107,6 +107,21 @@ def test_query_views_are_short_runs_of_rare_words() -> None:
     assert query_view(["solo"], np.zeros(1), rng, rare) == "solo"
 
 
+def test_sentence_views_are_whole_sentences_or_rare_spans() -> None:
+    text = "Opens a file for reading. It takes two arguments: a path and a mode. Returns a handle or fails."
+    words = text.split()
+    idf = word_weights([words])[0]
+    sentences = ["Opens a file for reading.", "It takes two arguments:", "a path and a mode.", "Returns a handle or fails."]
+    rng = np.random.default_rng(1)
+    mixed = AdaptationPolicy(views="sentence-or-span", sentence_share=0.5, query_max_words=2)
+    views = [query_view(words, idf, rng, mixed) for _ in range(300)]
+    whole = [v for v in views if v in sentences]
+    assert 100 < len(whole) < 200 and set(whole) == set(sentences)  # about half, every sentence reachable
+    assert all(v in text and len(v.split()) <= 2 for v in views if v not in sentences)  # the rest: rare spans
+    cut = AdaptationPolicy(views="sentence-or-span", sentence_share=1.0, sentence_max_words=3)
+    assert all(len(query_view(words, idf, rng, cut).split()) <= 3 for _ in range(20))
+
+
 def test_fit_adapter_against_store_vectors_learns_retrieval_and_keeps_the_anchors(base: LMEmbedder) -> None:
     vectors = base.embed_many(TEXTS)  # (N, D) what a store holds
     policy = AdaptationPolicy(steps=60, batch_size=12, lr=1e-2, anchor_batch=6, views="span-memory",
@@ -231,20 +246,36 @@ def test_gate_refuses_nan_and_degenerate_candidates(base: LMEmbedder) -> None:
     assert flat.recall_candidate < flat.recall_current or flat.mean_cosine_candidate > 0.99
 
 
-def test_gate_passes_an_equal_candidate_and_keeps_its_vectors(base: LMEmbedder) -> None:
-    policy = AdaptationPolicy(probe_k=3)
+def test_gate_refuses_a_tie_and_passes_an_equal_candidate_only_when_told(base: LMEmbedder) -> None:
+    policy = AdaptationPolicy(probe_k=3, min_probe_queries=8)
     labels = np.arange(len(TEXTS))
-    same = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], policy, corpus_labels=labels)
-    assert same.passed and same.recall_candidate == same.recall_current and same.probes == 8
-    assert same.candidate_vectors.shape == (len(TEXTS), base.dimensions)
+    tie = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], policy, corpus_labels=labels)
+    assert not tie.passed and tie.recall_candidate == tie.recall_current and tie.probes == 8
+    assert tie.queries == 8 * policy.probe_views and tie.mrr_gain == 0.0 and "not better" in tie.reason
+    assert tie.candidate_vectors is None  # nothing to publish
+    lenient = AdaptationPolicy(probe_k=3, require_gain=False)
+    same = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], lenient, corpus_labels=labels)
+    assert same.passed and same.candidate_vectors.shape == (len(TEXTS), base.dimensions)
     stored = base.embed_many(TEXTS)
-    with_stored = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], policy, current_doc_vectors=stored)
-    assert with_stored.recall_current == same.recall_current
-    strict = AdaptationPolicy(probe_k=1, gate_tolerance=0.0)
+    with_stored = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], lenient, current_doc_vectors=stored)
+    assert with_stored.recall_current == same.recall_current and with_stored.mrr_current == same.mrr_current
+    few = gate_candidate(base, base, TEXTS[:8], TEXTS[8:], AdaptationPolicy(min_probe_queries=100))
+    assert not few.passed and "too few" in few.reason
+
+
+def test_gate_passes_only_a_gain_beyond_its_standard_error(base: LMEmbedder) -> None:
     other = LMEmbedder(EvermindLM(base.model.config, seed=99), base.tokenizer)
-    verdict = gate_candidate(base, other, TEXTS[:8], TEXTS[8:], strict)
-    assert verdict.passed == (verdict.recall_candidate >= verdict.recall_current)
-    assert json.dumps(verdict.to_dict())
+    for margin in (0.0, 2.0):
+        policy = AdaptationPolicy(probe_k=1, min_probe_queries=8, gate_margin=margin, gate_tolerance=1.0)
+        for a, b in ((base, other), (other, base)):  # one way round is a gain, the other a loss (or both tie)
+            v = gate_candidate(a, b, TEXTS[:12], TEXTS[12:], policy)
+            assert np.isclose(v.mrr_gain, v.mrr_candidate - v.mrr_current)
+            assert v.passed == (v.mrr_gain > 0 and v.mrr_gain > margin * v.mrr_gain_se), v.reason
+            assert json.dumps(v.to_dict())
+    worse = gate_candidate(other, base, TEXTS[:12], TEXTS[12:], AdaptationPolicy(min_probe_queries=8))
+    better = gate_candidate(base, other, TEXTS[:12], TEXTS[12:], AdaptationPolicy(min_probe_queries=8))
+    assert not (worse.passed and better.passed)  # at most one direction wins
+    assert np.isclose(worse.mrr_gain, -better.mrr_gain)
 
 
 def test_probe_split_and_spans_are_seeded() -> None:

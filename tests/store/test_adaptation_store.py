@@ -26,7 +26,7 @@ WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats"
 FACTS = [f"{w} keeps notes on {t} number {i}" for i, (w, t) in enumerate((w, t) for w in WHO for t in WHAT)]
 QUERIES = ["Ada green tea", "river foxes", "SQLite pages number", "Eve black cats", "news at eight"]
 # Mechanics tests want the candidate through the gate whatever the tiny untrained model learns.
-FAST = AdaptationPolicy(steps=6, batch_size=8, lr=5e-3, gate_tolerance=1.0, min_probe=4, max_probe=6,
+FAST = AdaptationPolicy(steps=6, batch_size=8, lr=5e-3, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=6,
                         gate_corpus=16, reembed_batch=8, min_facts=8)
 
 
@@ -97,6 +97,31 @@ def test_gate_refuses_a_broken_candidate(filled: MemoryStore, db_path: Path, emb
     assert report.status == "refused" and not report.gate.passed and seen == [report]
     assert filled.fingerprint == before and fingerprints(db_path) == {before} and vector_ids(filled) == ids
     assert filled.adapter_history() == []  # a refused candidate is dropped, not written
+
+
+def test_gate_refuses_a_tie_and_says_why(filled: MemoryStore, db_path: Path, embedder) -> None:
+    """A candidate no better than the serving model (a zero adapter: the same vectors) is refused, not swapped
+    in; the report carries the gate's figures."""
+    rank, dim, vocab = 2, embedder.dimensions, embedder.model.config.vocab_size
+    zero = LoRAWeights(rank, 2.0, {"emb": (np.ones((rank, dim), np.float32), np.zeros((vocab, rank), np.float32))})
+    before, ids = filled.fingerprint, vector_ids(filled)
+    report = filled.adapt_now(AdaptationPolicy(min_facts=8), {"before_swap": lambda r: pytest.fail("swap reached")},
+                              adapter=zero)
+    gate = report.to_dict()["gate"]
+    assert report.status == "refused" and "not better" in report.reason and gate["passed"] is False
+    assert gate["mrr_gain"] == 0.0 and gate["queries"] >= 64 and gate["mrr_current"] == gate["mrr_candidate"]
+    assert filled.fingerprint == before and fingerprints(db_path) == {before} and vector_ids(filled) == ids
+    assert filled.adapter_history() == [] and filled.check().ok
+
+
+def test_a_store_too_small_to_judge_keeps_its_model(db_path: Path, embedder) -> None:
+    """20 near-duplicate facts: too few held-out memories for the gate to tell a gain from noise."""
+    with MemoryStore(db_path, embedder) as s:
+        s.remember_many([f"Ada keeps notes on green tea, page {i}" for i in range(20)])
+        before = s.fingerprint
+        report = s.adapt_now(AdaptationPolicy(steps=4, batch_size=8))
+        assert report.status == "refused" and "too few" in report.reason and report.gate.queries < 128
+        assert s.fingerprint == before and fingerprints(db_path) == {before} and s.adapter_history() == []
 
 
 def test_rollback_restores_fingerprint_and_results(filled: MemoryStore, db_path: Path) -> None:
@@ -254,7 +279,7 @@ def test_adaptation_refused_where_it_cannot_work(db_path: Path, embedder, filled
 # ---- kill -9 at the named points of a publish (child processes) ------------------------------------------
 ADAPT_CHILD = CHILD_PRELUDE + """
 from evermind_memory.adaptation import AdaptationPolicy
-policy = AdaptationPolicy(steps=4, batch_size=8, gate_tolerance=1.0, min_probe=4, max_probe=4, gate_corpus=8,
+policy = AdaptationPolicy(steps=4, batch_size=8, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=4, gate_corpus=8,
                           reembed_batch=8, min_facts=8)
 with MemoryStore(db, emb) as store:
     print("open", flush=True)

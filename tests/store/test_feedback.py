@@ -17,7 +17,7 @@ from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
 WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats", "lazy dogs", "news at eight"]
 FACTS = [f"{w} keeps notes on {t} number {i}" for i, (w, t) in enumerate((w, t) for w in WHO for t in WHAT)]
-FAST = AdaptationPolicy(steps=4, batch_size=8, lr=5e-3, gate_tolerance=1.0, min_probe=4, max_probe=6,
+FAST = AdaptationPolicy(steps=4, batch_size=8, lr=5e-3, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=6,
                         gate_corpus=16, reembed_batch=8, min_facts=8, query_batch=4)
 
 
