@@ -1,7 +1,7 @@
 """MemoryStore: the public front of a store. It checks every argument at the boundary and hands the work to
 the rooms of store/: backend/ (all SQL), vectors.py (the HNSW cache and its catch-up), search.py (lexical,
 vector, hybrid), embedding.py (the background vector worker), generations.py (model swaps), maintenance.py
-(check, backup, export/import) and access.py (who may write). Adaptation (evermind_memory.adaptation) is
+(check, backup, export/import), access.py (who may write) and closing.py (how a store's life ends). Adaptation (evermind_memory.adaptation) is
 imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
@@ -15,17 +15,14 @@ The write paths are in writer.py, the read arguments become one Selection in sel
 
 from __future__ import annotations
 
-import atexit
 import copy
 import os
-import sys
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreWarning
-from . import maintenance
+from . import closing, maintenance
 from .access import Access
 from .adapting import AdaptationMethods
 from .backend import FactRow, new_id, open_backend, utc_now
@@ -182,16 +179,16 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                   self._holder.token)
             self._open()
             if access.remote:  # other nodes commit from other machines: follow them in the background too
-                self._db.follow(_follower(self))
+                self._db.follow(closing.follower(self))
         except BaseException as exc:
-            self._release()
+            closing.release(self)
             if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
                 err = StorageError(f"{path}: the operating system refused opening the store ({exc}). Check the "
                                    "permissions and free space of its directory, then retry.")
                 err.errno = exc.errno
                 raise err from exc
             raise
-        _open_stores.add(self)
+        closing.track(self)
 
     # ---- opening -------------------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -683,61 +680,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         them. A store still open when the interpreter exits is closed by an atexit hook, so a script that never
         calls close() exits normally and loses nothing.
         """
-        if self._closed or not self._owner:
-            self._closed = True  # a view: the store it shares stays open
-            return
-        _open_stores.discard(self)
-        ours = os.getpid() == self._pid
-        self._sweeper.stop()
-        adaptation = self._adaptation
-        if adaptation is not None and ours:
-            adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
-        try:
-            # Each step is best effort and never raises: what was acknowledged is committed already (a full disk,
-            # a read-only directory or a damaged page met here loses nothing; the next open recovers).
-            if self._worker.started and ours:
-                try:
-                    self._worker.wait()
-                except Exception:  # noqa: BLE001
-                    pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
-                finally:
-                    self._worker.stop()
-            if ours and self._access.saves_index and self._vectors.unsaved:
-                try:
-                    self._vectors.save()
-                except Exception:  # noqa: BLE001
-                    pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
-            if ours:
-                try:
-                    self._checkpoints.at_close()
-                except Exception:  # noqa: BLE001
-                    pass  # another process checkpoints later (or the last one to close)
-        finally:
-            self._closed = True
-            self._release()
-
-    def _release(self) -> None:
-        if self._db is not None:
-            self._db.close()
-        self._holder.retire()  # what it still owns (facts waiting, leases) may now be taken over at once
+        closing.close(self)
 
     def __del__(self) -> None:
-        # A store dropped without close() (a notebook cell run again, a script's last line): free it without
-        # waiting on anything. At interpreter exit the atexit hook has already closed it; if it runs during
-        # finalisation anyway, touch no lock: a daemon thread frozen by the finalising interpreter may hold one
-        # (waiting on it is what hung scripts that never called close()). Never raise from a finaliser.
-        try:
-            if not getattr(self, "_owner", False) or getattr(self, "_closed", True) or os.getpid() != self._pid:
-                return
-            self._closed = True
-            if sys.is_finalizing():
-                return  # committed data is in the WAL; the OS closes the files
-            self._sweeper.signal_stop()
-            if self._worker is not None:
-                self._worker.signal_stop()
-            self._release()
-        except Exception:  # noqa: BLE001
-            pass
+        closing.drop(self)  # a store dropped without close(): freed without waiting on anything, never raising
 
     def __enter__(self) -> "MemoryStore":
         return self
@@ -750,31 +696,3 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         scope = f", scope={self._scope!r}" if self._scope else ""
         return f"MemoryStore({self._path!r}, {state}{scope}, fingerprint={self.fingerprint!r})"
 
-
-_open_stores: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()  # closed by _close_all at interpreter exit
-
-
-def _follower(store: MemoryStore) -> Any:
-    """The backend's follow() callback for `store`: serve the generation the database names and replay the
-    changes after the watermark, in the backend's thread (a weak reference: a dropped store is still collected)."""
-    ref = weakref.ref(store)
-
-    def on_change(head: int) -> None:
-        live = ref()
-        if live is None or live._closed:
-            return
-        if head < 0 or head > live._vectors.current.watermark:
-            live._sync()
-
-    return on_change
-
-
-@atexit.register
-def _close_all() -> None:
-    """At exit (before daemon threads are frozen): close every store still open, so its waiting vectors are
-    embedded, its index saved and its WAL checkpointed (nothing acknowledged is lost either way)."""
-    for store in list(_open_stores):
-        try:
-            store.close()
-        except Exception:  # noqa: BLE001 (exit must go on)
-            pass
