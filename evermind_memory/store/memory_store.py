@@ -1,8 +1,8 @@
 """MemoryStore: the public front of a store. It checks every argument at the boundary and hands the work to
 the rooms of store/: backend/ (all SQL), vectors.py (the HNSW cache and its catch-up), search.py (lexical,
 vector, hybrid), embedding.py (the background vector worker), generations.py (model swaps), maintenance.py
-(check, backup, export/import), access.py (who may write) and closing.py (how a store's life ends). Adaptation (evermind_memory.adaptation) is
-imported only when it is used.
+(check, backup, export/import), access.py (who may write) and closing.py (how a store's life ends).
+Adaptation (evermind_memory.adaptation) is imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
 index on disk is a validated, replayable cache (RELIABILITY R1-R14). Any number of processes open a store
