@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
-from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreWarning
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError
 from . import closing, maintenance
-from .access import Access
+from .access import Access, locate
 from .adapting import AdaptationMethods
 from .backend import FactRow, new_id, open_backend, utc_now
 from .backend.postgres import redact
@@ -33,7 +31,6 @@ from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
-from .lock import filesystem_type, is_remote_filesystem
 from .maintaining import MaintenanceMethods
 from .maintenance import Checkpoints
 from .records import Change, Fact, Recall
@@ -44,7 +41,7 @@ from .timing import check_half_life
 from .vectors import VectorCache
 from .validate import (
     FUSIONS, MAX_LIST_LIMIT, MODES, check_choice, check_flag, check_id, check_int, check_k, check_min_score,
-    check_source, check_text, check_typed_tags,
+    check_open_args, check_source, check_text, check_typed_tags,
 )
 from .writer import Writer, new_fact, not_found, reachable
 
@@ -108,19 +105,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         background_embedding: bool = True,
         namespace: str | None = None,
     ) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
-        path = os.fspath(path)
-        if not isinstance(path, str) or not path or "\x00" in path:
-            raise InvalidInput(f"MemoryStore() expected a non-empty text path, got {path!r:.80}.")
-        check_choice(durability, "durability", ("normal", "full"), "MemoryStore")
-        check_choice(on_mismatch, "on_mismatch", ("reembed", "raise"), "MemoryStore")
-        for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86_400:
-                raise InvalidInput(f"MemoryStore() expected 0 <= {name} <= 86400 seconds, got {value!r}.")
-        for name, flag in (("read_only", read_only), ("background_embedding", background_embedding)):
-            if not isinstance(flag, bool):
-                raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
+        path = check_open_args(path, durability, on_mismatch, lock_timeout, busy_timeout, read_only,
+                               background_embedding)
         if index_config is not None and not isinstance(index_config, IndexConfig):
             raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
         scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
@@ -128,22 +114,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                                   lock_timeout=lock_timeout, index_config=index_config,
                                                   busy_timeout=busy_timeout, background_embedding=background_embedding,
                                                   namespace=namespace))
-        access = Access(path, read_only, background_embedding)
-        if access.memory and read_only:
-            raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
-        self._fs_type = None
-        if access.snapshot_files:
-            parent = Path(path).resolve().parent
-            if not parent.is_dir():
-                raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
-            if Path(path).is_dir():
-                raise InvalidInput(f"MemoryStore() expected a file path, got the directory {path}.")
-            self._fs_type = filesystem_type(parent)
-            if is_remote_filesystem(self._fs_type):
-                warnings.warn(
-                    f"{path} is on a {self._fs_type} mount: SQLite's WAL and the writer lock are unreliable on "
-                    "network and FUSE filesystems, so the store can be corrupted. Keep it on a local disk.",
-                    StoreWarning, stacklevel=2)
+        access, self._fs_type = locate(path, read_only, background_embedding)
         from ..embedder.base import check_embedder  # (here, not at import: `import evermind_memory.store` stays light)
 
         embedder = resolve_embedder(embedder)
