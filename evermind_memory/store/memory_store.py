@@ -26,7 +26,7 @@ from .adapting import AdaptationMethods
 from .backend import FactRow, new_id, open_backend, utc_now
 from .backend.postgres import redact
 from .damage import readable
-from .embedding import VectorWorker, embed_query, probe_embedder
+from .embedding import VectorWorker, probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
@@ -35,13 +35,11 @@ from .maintaining import MaintenanceMethods
 from .maintenance import Checkpoints
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
-from .search import Search, above, candidate_pool, hybrid_weight, rerank_by_recency
+from .search import Search, hybrid_weight
 from .selection import select
-from .timing import check_half_life
 from .vectors import VectorCache
 from .validate import (
-    FUSIONS, MAX_LIST_LIMIT, MODES, check_choice, check_flag, check_id, check_int, check_k, check_min_score,
-    check_open_args, check_source, check_text, check_typed_tags,
+    MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_text, check_typed_tags,
 )
 from .writer import Writer, new_fact, not_found, reachable
 
@@ -527,30 +525,20 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 recall serves results, without that fact's vector).
         """
         self._check_usable()
-        query = check_text(query, "query")
-        k = check_k(k)
-        sel = select("recall", self._scope, tags=tags, where=where, source=source, since=since, until=until)
-        half_life = check_half_life(recency)
-        mode = check_choice(mode, "mode", MODES, "recall")
-        fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
-        min_score, min_relevance = check_min_score(min_score), self._search.relevance_floor(min_relevance, mode)
-        explain = check_flag(explain, "explain", "recall")
+        q = self._search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
+                               recency=recency, mode=mode, min_score=min_score, fusion=fusion,
+                               min_relevance=min_relevance, explain=explain)
         try:
             self._sync()
         except EmbedderMismatch:
-            if mode != "lexical":  # text needs no model: a lexical recall still answers
+            if q.mode != "lexical":  # text needs no model: a lexical recall still answers
                 raise
-        if mode != "lexical" and self._access.writes:
+        if q.mode != "lexical" and self._access.writes:
             self._worker.wait()
             self._worker.raise_failures("recall")
-        want = k if half_life is None else candidate_pool(k)
         with self._vectors.serving() as gen:  # one generation (model, fingerprint, index) for the whole recall
-            qv = None if mode == "lexical" else embed_query(gen.embedder, query, self._dim)  # (D,)
-            scored, detail = self._search.run(gen, query, qv, want, sel, mode, fusion, self._hybrid_weight, explain)
-        if half_life is not None:
-            scored = rerank_by_recency(scored, sel.now, half_life)
-        hits = above(scored, detail, min_score, min_relevance)
-        return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:k]
+            hits = self._search.recall(gen, q, self._hybrid_weight)
+        return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:q.k]
 
     # ---- scopes --------------------------------------------------------------------------------------------
     def scope(self, *, namespace: str | None = None, user: str | None = None, agent: str | None = None,
