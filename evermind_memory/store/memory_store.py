@@ -604,31 +604,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     def info(self) -> dict:
         """A summary for humans and the CLI: sizes, identity, durability, SQLite version, index state."""
         self._check_usable()
-        facts = self.count()
-        with self._db.reading() as r:
-            top = r.max_seq()
-            waiting = r.count_waiting()
-            judged = r.count_feedback()
-        engine = self._db.describe()
-        building = self._gens.build_progress()
-        gen = self._vectors.current
-        return {
-            "path": self._access.path, "read_only": self._access.read_only, "durability": self._durability, "facts": facts,
-            "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
-            "index_status": self._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
-            "fingerprint": gen.fingerprint, "dimensions": self._dim, "store_id": self._vectors.store_id,
-            "schema_version": engine["schema_version"], "backend": engine.get("backend", "sqlite"),
-            "server_version": engine.get("server_version"), "pgvector": engine.get("pgvector"),
-            "notifications": engine.get("notifications"),
-            "sqlite_version": engine["sqlite_version"],
-            "sqlite_wal_reset_fixed": engine["sqlite_wal_reset_fixed"], "filesystem": self._fs_type,
-            "hybrid_weight": self._hybrid_weight,
-            "adapter": self._gens.active_adapter_id(), "adaptation_pending": self._gens.pending() is not None,
-            "background_embedding": self._access.embeds_in_background, "waiting_vectors": waiting,
-            "vector_error": self._worker.vector_error, "feedback": judged, "checkpoints": self._checkpoints.done,
-            "building": None if building is None else building[0], "scope": self.scoped_to,
-            "sweep_error": self._root._sweeper.error,
-        }
+        return maintenance.summary(self)
 
     # ---- closing -------------------------------------------------------------------------------------------
     def close(self) -> None:

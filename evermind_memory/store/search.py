@@ -1,7 +1,7 @@
 """Recall's three ways to find facts: lexical (FTS5 BM25), vector (HNSW, or exact when a selection is small or
 the index cannot answer) and hybrid (both, fused by store/fusion.py), each among the facts a `Selection`
-selects (scope, alive now, where-filter), plus the opt-in recency weight. Everything here reads one
-generation, passed in by the caller, who holds it for the whole recall.
+selects (scope, alive now, where-filter), plus the opt-in recency weight and recall's argument checks
+(Search.query). Everything here reads one generation, passed in by the caller, who holds it for the whole recall.
 
 Vector recall is exact under any selection: a selection of at most EXACT_FILTER_MAX facts (or under a tenth of
 the index) is searched exhaustively; a larger one through hnswlib's filtered search, whose graph walk skips the
