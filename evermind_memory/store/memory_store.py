@@ -415,11 +415,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         query = check_text(query, "query")
         fact_id = check_id(fact_id)
         useful = check_flag(useful, "useful", "feedback")
-        with self._db.write_mutex:
-            with self._db.transaction() as tx:
-                if not reachable(tx.fetch(fact_id), self._scope, utc_now()):
-                    raise not_found("feedback", fact_id)
-                tx.add_feedback(utc_now(), query, fact_id, useful, FEEDBACK_LIMIT)
+        self._writer.feedback(query, fact_id, useful, self._scope, FEEDBACK_LIMIT)
 
     # ---- reads ---------------------------------------------------------------------------------------------
     def get(self, fact_id: str) -> Fact:
