@@ -2,7 +2,8 @@
 
 Batched numpy forward and exact backward over right-padded batches (tokens (B, T), lengths (B,)); padded
 positions never change real ones and get no gradient. Shapes: B batch, T time, C channels, V vocab,
-E experts, K conv width, H expert hidden. Training loops and optimisers live in `training/`.
+E experts, K conv width, H expert hidden. Token input is checked in batch.py; training loops and optimisers
+live in `training/`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from evermind_memory.lm.layers import (
     unembed_forward,
 )
 from evermind_memory.lm.attention import pool_backward, pool_forward
+from evermind_memory.lm.batch import Batch, prepare_batch, prepare_list
 from evermind_memory.lm.checkpoint import DEFAULT_MAX_BYTES
 from evermind_memory.lm.config import LMConfig, init_param, param_shapes
 from evermind_memory.lm.inference import FrozenEmbedder, build_plan, plan_embed_many, plan_embed_one
@@ -56,13 +58,6 @@ HEAD_CHUNK_ELEMENTS = 1 << 22
 
 
 
-class _Batch(NamedTuple):
-    tokens: np.ndarray  # (B, T) intp; padded positions replaced by 0 so lookups stay in range
-    lengths: np.ndarray  # (B,) intp
-    real: np.ndarray | None  # (N,) flat row ids of real positions; None when nothing is padded
-    pad: np.ndarray | None  # (B*T - N,) flat row ids of padded positions; None when nothing is padded
-
-
 class _LayerCache(NamedTuple):
     conv_norm: RMSNormCache
     conv: ConvCache
@@ -73,7 +68,7 @@ class _LayerCache(NamedTuple):
 class ForwardCache(NamedTuple):
     """What `hidden_backward` needs from `hidden_forward` (treat as opaque)."""
 
-    batch: _Batch
+    batch: Batch
     layers: list  # one _LayerCache per layer, or each layer's input (B*T, C) when checkpointed
     checkpointed: bool
 
@@ -162,66 +157,13 @@ class EvermindLM:
 
     # ── input checks ──────────────────────────────────────────────────────────
 
-    def _check_ids(self, ids: np.ndarray, where: str, locate: Any = None) -> None:
-        """Raise InvalidInput unless every id is in [0, V); `locate(i)` names flat index i in the message."""
-        v = self.config.vocab_size
-        if ids.size == 0 or (ids.min() >= 0 and ids.max() < v):
-            return
-        i = int(np.argmax((ids < 0) | (ids >= v)))
-        at = f"position {i}" if locate is None else locate(i)
-        raise InvalidInput(
-            f"{where} expected token ids in [0, {v}), got {int(ids[i])} at {at}. "
-            "Check that the tokenizer's vocab_size matches LMConfig.vocab_size."
-        )
-
-    def _prepare(self, tokens: Any, lengths: Any, where: str) -> _Batch:
-        """Validate a (B, T) token batch with optional lengths; neutralise padding."""
-        try:
-            arr = np.asarray(tokens)  # (B, T)
-        except ValueError as e:  # ragged nested lists
-            raise InvalidInput(
-                f"{where} expected a rectangular (B, T) batch of token ids; pad the sequences and pass lengths."
-            ) from e
-        if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
-            raise InvalidInput(f"{where} expected tokens of shape (B, T) with B, T >= 1, got shape {arr.shape}.")
-        if arr.dtype.kind not in "iu":
-            raise InvalidInput(f"{where} expected integer token ids, got dtype {arr.dtype}.")
-        b, t = arr.shape
-        if lengths is None:
-            lens = np.full(b, t, dtype=np.intp)  # (B,)
-        else:
-            lens = np.asarray(lengths)  # (B,)
-            if lens.shape != (b,) or lens.dtype.kind not in "iu":
-                raise InvalidInput(
-                    f"{where} expected integer lengths of shape ({b},), got shape {lens.shape} dtype {lens.dtype}."
-                )
-            if lens.min() < 1 or lens.max() > t:
-                raise InvalidInput(
-                    f"{where} expected 1 <= lengths <= T={t}, got lengths in [{lens.min()}, {lens.max()}]."
-                )
-            lens = lens.astype(np.intp)
-        if lens.min() == t:
-            self._check_ids(arr.ravel(), where, lambda i: "(batch {}, position {})".format(*divmod(i, t)))
-            return _Batch(arr.astype(np.intp, copy=False), lens, None, None)
-        mask = np.arange(t)[None, :] < lens[:, None]  # (B, T)
-        self._check_ids(arr[mask], where, lambda i: "(batch {}, position {})".format(*np.argwhere(mask)[i]))
-        clean = np.where(mask, arr, 0).astype(np.intp)  # (B, T)
-        flat_mask = mask.ravel()  # (B*T,)
-        return _Batch(clean, lens, np.flatnonzero(flat_mask), np.flatnonzero(~flat_mask))
+    def _prepare(self, tokens: Any, lengths: Any, where: str) -> Batch:
+        """Validate a (B, T) token batch with optional lengths; neutralise padding (lm/batch.py)."""
+        return prepare_batch(tokens, lengths, self.config.vocab_size, where)
 
     def _prepare_list(self, tokens: Any, where: str) -> np.ndarray:
-        """Validate one non-empty token list; return it as (T,) intp."""
-        if isinstance(tokens, (str, bytes)):
-            raise InvalidInput(f"{where} expected a list of token ids, got {type(tokens).__name__}; encode text first.")
-        arr = np.asarray(tokens)  # (T,)
-        if arr.ndim != 1:
-            raise InvalidInput(f"{where} expected a flat list of token ids, got shape {arr.shape}.")
-        if arr.size == 0:
-            raise InvalidInput(f"{where} expected at least one token, got an empty list.")
-        if arr.dtype.kind not in "iu":
-            raise InvalidInput(f"{where} expected integer token ids, got dtype {arr.dtype}.")
-        self._check_ids(arr, where)
-        return arr.astype(np.intp)
+        """Validate one non-empty token list; return it as (T,) intp (lm/batch.py)."""
+        return prepare_list(tokens, self.config.vocab_size, where)
 
     # ── the trunk: embedding and layers ───────────────────────────────────────
 
@@ -229,7 +171,7 @@ class EvermindLM:
         return {local: self.params[full] for local, full in self._layer_names[layer]}
 
     def _layer_forward(
-        self, layer: int, x: np.ndarray, batch: _Batch, keep_cache: bool
+        self, layer: int, x: np.ndarray, batch: Batch, keep_cache: bool
     ) -> tuple[np.ndarray, _LayerCache | None]:
         """x + conv(RMSNorm(x)), then + MoE(RMSNorm(.)) on real rows; does not modify x."""
         p = self._layer_params(layer)
@@ -251,7 +193,7 @@ class EvermindLM:
         return out, _LayerCache(conv_norm_cache, conv_cache, moe_norm_cache, moe_cache)
 
     def _layer_backward(
-        self, dout: np.ndarray, batch: _Batch, cache: _LayerCache, need: frozenset[str] | None = None
+        self, dout: np.ndarray, batch: Batch, cache: _LayerCache, need: frozenset[str] | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray | None]]:
         """Backward of `_layer_forward`; consumes (overwrites) dout.
 
@@ -274,7 +216,7 @@ class EvermindLM:
         dx += dout
         return dx, grads
 
-    def _trunk_forward(self, batch: _Batch, mode: str) -> tuple[np.ndarray, ForwardCache]:
+    def _trunk_forward(self, batch: Batch, mode: str) -> tuple[np.ndarray, ForwardCache]:
         """Embedding and all layers. mode: "all" caches, "inputs" keeps layer inputs only, "none"."""
         x, _ = embed_forward(self.params["emb"], batch.tokens.ravel())  # (B*T, C)
         kept = []
@@ -549,7 +491,7 @@ class EvermindLM:
         produced: list[int] = []
         for _ in range(int(max_new_tokens)):
             context = np.asarray(seq[-window:], dtype=np.intp)[None, :]  # (1, W)
-            batch = _Batch(context, np.array([context.shape[1]]), None, None)  # no padding
+            batch = Batch(context, np.array([context.shape[1]]), None, None)  # no padding
             x, _ = self._trunk_forward(batch, "none")  # (W, C)
             logits = emb @ x[-1]  # (V,)
             if rng is None:

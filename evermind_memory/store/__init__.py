@@ -8,7 +8,7 @@ filter compilers in filter_sql.py); vectors.py (the vector cache and its catch-u
 search.py (lexical, vector, hybrid) with lexical.py (which words FTS5 matches) and fusion.py (how the two
 scores combine); embedding.py (the background vector worker); generations.py (the serving model and how it is
 replaced); maintenance.py (check, WAL checkpoints, backup, export/import, sweeper, compaction, stats);
-repair.py (repair, salvage) and damage.py (reads skip damaged rows);
+repair.py (repair, salvage) and damage.py (reads skip damaged rows); closing.py (close, finaliser, atexit);
 access.py (who may write); leases.py (which process runs a job now); identity.py (one file, one canonical
 name); index.py (the hnswlib wrapper); lock.py, records.py, validate.py.
 """

@@ -8,10 +8,13 @@ PostgreSQL store (`remote`) has nodes on any machine and no files: each node bui
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..errors import EvermindError
+from ..errors import EvermindError, InvalidInput, StoreWarning
 from .backend import is_server_url
+from .lock import filesystem_type, is_remote_filesystem
 
 
 @dataclass(frozen=True)
@@ -76,3 +79,30 @@ class Access:
         """
         if self.read_only:
             raise EvermindError(f"{method}() needs a writer; {self.path} was opened with read_only=True.")
+
+
+def locate(path: str, read_only: bool, background_embedding: bool) -> tuple[Access, str | None]:
+    """MemoryStore()'s Access to the store at `path` (as given: the backend names the canonical path) and the type
+    of the filesystem holding its file (None: no file, or unknown). Warns (StoreWarning) when that is a network or
+    FUSE mount, where SQLite's WAL and locks are unreliable (R14).
+
+    Raises:
+        InvalidInput: ":memory:" read-only, a missing directory, or a directory where the file should be.
+    """
+    access = Access(path, read_only, background_embedding)
+    if access.memory and read_only:
+        raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
+    if not access.snapshot_files:
+        return access, None
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
+    if Path(path).is_dir():
+        raise InvalidInput(f"MemoryStore() expected a file path, got the directory {path}.")
+    fs_type = filesystem_type(parent)
+    if is_remote_filesystem(fs_type):
+        warnings.warn(
+            f"{path} is on a {fs_type} mount: SQLite's WAL and the writer lock are unreliable on "
+            "network and FUSE filesystems, so the store can be corrupted. Keep it on a local disk.",
+            StoreWarning, stacklevel=3)  # (the caller of MemoryStore())
+    return access, fs_type

@@ -1,6 +1,6 @@
 """Looking after a store: check (SQLite, FTS, vectors and the index against SQLite), WAL checkpoints (one
 process at a time, by lease), backup, JSONL export/import, and keeping the disk bounded: the sweeper thread
-that deletes expired facts, compact() and stats(). Repair is in repair.py.
+that deletes expired facts, compact(), stats() and info(). Repair is in repair.py.
 
 Disk. A forget deletes the fact's row, its tags, FTS entry and vector, but keeps its history (every
 remember/update row holds the text), so a remember/forget churn grows the changes table without bound.
@@ -18,7 +18,7 @@ import threading
 import weakref
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from .search import EXACT_FILTER_MAX
 from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags
 from .vectors import VectorCache
+
+if TYPE_CHECKING:
+    from .memory_store import MemoryStore
 
 MAX_IMPORT_LINE = 1 << 20
 SWEEP_INTERVAL = 60.0  # seconds between the sweeper thread's passes
@@ -410,6 +413,36 @@ def prune_history(db: Backend, keep_history: timedelta) -> int:
     with db.write_mutex:
         with db.transaction() as tx:
             return tx.prune_history(before, tx.max_seq())
+
+
+def summary(store: MemoryStore) -> dict:
+    """MemoryStore.info(): sizes, identity, durability, the engine and its versions, the index, background work."""
+    facts = store.count()
+    with store._db.reading() as r:
+        top = r.max_seq()
+        waiting = r.count_waiting()
+        judged = r.count_feedback()
+    engine = store._db.describe()
+    building = store._gens.build_progress()
+    gen = store._vectors.current
+    return {
+        "path": store._access.path, "read_only": store._access.read_only, "durability": store._durability,
+        "facts": facts,
+        "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
+        "index_status": store._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
+        "fingerprint": gen.fingerprint, "dimensions": store._dim, "store_id": store._vectors.store_id,
+        "schema_version": engine["schema_version"], "backend": engine.get("backend", "sqlite"),
+        "server_version": engine.get("server_version"), "pgvector": engine.get("pgvector"),
+        "notifications": engine.get("notifications"),
+        "sqlite_version": engine["sqlite_version"],
+        "sqlite_wal_reset_fixed": engine["sqlite_wal_reset_fixed"], "filesystem": store._fs_type,
+        "hybrid_weight": store._hybrid_weight,
+        "adapter": store._gens.active_adapter_id(), "adaptation_pending": store._gens.pending() is not None,
+        "background_embedding": store._access.embeds_in_background, "waiting_vectors": waiting,
+        "vector_error": store._worker.vector_error, "feedback": judged, "checkpoints": store._checkpoints.done,
+        "building": None if building is None else building[0], "scope": store.scoped_to,
+        "sweep_error": store._root._sweeper.error,
+    }
 
 
 def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | None) -> StoreStats:

@@ -1,8 +1,8 @@
 """MemoryStore: the public front of a store. It checks every argument at the boundary and hands the work to
 the rooms of store/: backend/ (all SQL), vectors.py (the HNSW cache and its catch-up), search.py (lexical,
 vector, hybrid), embedding.py (the background vector worker), generations.py (model swaps), maintenance.py
-(check, backup, export/import) and access.py (who may write). Adaptation (evermind_memory.adaptation) is
-imported only when it is used.
+(check, backup, export/import), access.py (who may write) and closing.py (how a store's life ends).
+Adaptation (evermind_memory.adaptation) is imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
 index on disk is a validated, replayable cache (RELIABILITY R1-R14). Any number of processes open a store
@@ -15,39 +15,31 @@ The write paths are in writer.py, the read arguments become one Selection in sel
 
 from __future__ import annotations
 
-import atexit
 import copy
 import os
-import sys
-import warnings
-import weakref
-from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError, StoreWarning
-from . import maintenance
-from .access import Access
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError
+from . import closing, maintenance
+from .access import Access, locate
 from .adapting import AdaptationMethods
 from .backend import FactRow, new_id, open_backend, utc_now
 from .backend.postgres import redact
 from .damage import readable
-from .embedding import VectorWorker, embed_query, probe_embedder
+from .embedding import VectorWorker, probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
-from .lock import filesystem_type, is_remote_filesystem
 from .maintaining import MaintenanceMethods
 from .maintenance import Checkpoints
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
-from .search import Search, above, candidate_pool, hybrid_weight, rerank_by_recency
+from .search import Search, hybrid_weight
 from .selection import select
-from .timing import check_half_life
 from .vectors import VectorCache
 from .validate import (
-    FUSIONS, MAX_LIST_LIMIT, MODES, check_choice, check_flag, check_id, check_int, check_k, check_min_score,
-    check_source, check_text, check_typed_tags,
+    MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_text, check_typed_tags,
 )
 from .writer import Writer, new_fact, not_found, reachable
 
@@ -111,19 +103,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         background_embedding: bool = True,
         namespace: str | None = None,
     ) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
-        path = os.fspath(path)
-        if not isinstance(path, str) or not path or "\x00" in path:
-            raise InvalidInput(f"MemoryStore() expected a non-empty text path, got {path!r:.80}.")
-        check_choice(durability, "durability", ("normal", "full"), "MemoryStore")
-        check_choice(on_mismatch, "on_mismatch", ("reembed", "raise"), "MemoryStore")
-        for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86_400:
-                raise InvalidInput(f"MemoryStore() expected 0 <= {name} <= 86400 seconds, got {value!r}.")
-        for name, flag in (("read_only", read_only), ("background_embedding", background_embedding)):
-            if not isinstance(flag, bool):
-                raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
+        path = check_open_args(path, durability, on_mismatch, lock_timeout, busy_timeout, read_only,
+                               background_embedding)
         if index_config is not None and not isinstance(index_config, IndexConfig):
             raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
         scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
@@ -131,22 +112,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                                   lock_timeout=lock_timeout, index_config=index_config,
                                                   busy_timeout=busy_timeout, background_embedding=background_embedding,
                                                   namespace=namespace))
-        access = Access(path, read_only, background_embedding)
-        if access.memory and read_only:
-            raise InvalidInput("MemoryStore(':memory:', read_only=True) has nothing to read; drop read_only.")
-        self._fs_type = None
-        if access.snapshot_files:
-            parent = Path(path).resolve().parent
-            if not parent.is_dir():
-                raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
-            if Path(path).is_dir():
-                raise InvalidInput(f"MemoryStore() expected a file path, got the directory {path}.")
-            self._fs_type = filesystem_type(parent)
-            if is_remote_filesystem(self._fs_type):
-                warnings.warn(
-                    f"{path} is on a {self._fs_type} mount: SQLite's WAL and the writer lock are unreliable on "
-                    "network and FUSE filesystems, so the store can be corrupted. Keep it on a local disk.",
-                    StoreWarning, stacklevel=2)
+        access, self._fs_type = locate(path, read_only, background_embedding)
         from ..embedder.base import check_embedder  # (here, not at import: `import evermind_memory.store` stays light)
 
         embedder = resolve_embedder(embedder)
@@ -182,16 +148,16 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                   self._holder.token)
             self._open()
             if access.remote:  # other nodes commit from other machines: follow them in the background too
-                self._db.follow(_follower(self))
+                self._db.follow(closing.follower(self))
         except BaseException as exc:
-            self._release()
+            closing.release(self)
             if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
                 err = StorageError(f"{path}: the operating system refused opening the store ({exc}). Check the "
                                    "permissions and free space of its directory, then retry.")
                 err.errno = exc.errno
                 raise err from exc
             raise
-        _open_stores.add(self)
+        closing.track(self)
 
     # ---- opening -------------------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -449,11 +415,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         query = check_text(query, "query")
         fact_id = check_id(fact_id)
         useful = check_flag(useful, "useful", "feedback")
-        with self._db.write_mutex:
-            with self._db.transaction() as tx:
-                if not reachable(tx.fetch(fact_id), self._scope, utc_now()):
-                    raise not_found("feedback", fact_id)
-                tx.add_feedback(utc_now(), query, fact_id, useful, FEEDBACK_LIMIT)
+        self._writer.feedback(query, fact_id, useful, self._scope, FEEDBACK_LIMIT)
 
     # ---- reads ---------------------------------------------------------------------------------------------
     def get(self, fact_id: str) -> Fact:
@@ -559,30 +521,20 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 recall serves results, without that fact's vector).
         """
         self._check_usable()
-        query = check_text(query, "query")
-        k = check_k(k)
-        sel = select("recall", self._scope, tags=tags, where=where, source=source, since=since, until=until)
-        half_life = check_half_life(recency)
-        mode = check_choice(mode, "mode", MODES, "recall")
-        fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
-        min_score, min_relevance = check_min_score(min_score), self._search.relevance_floor(min_relevance, mode)
-        explain = check_flag(explain, "explain", "recall")
+        q = self._search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
+                               recency=recency, mode=mode, min_score=min_score, fusion=fusion,
+                               min_relevance=min_relevance, explain=explain)
         try:
             self._sync()
         except EmbedderMismatch:
-            if mode != "lexical":  # text needs no model: a lexical recall still answers
+            if q.mode != "lexical":  # text needs no model: a lexical recall still answers
                 raise
-        if mode != "lexical" and self._access.writes:
+        if q.mode != "lexical" and self._access.writes:
             self._worker.wait()
             self._worker.raise_failures("recall")
-        want = k if half_life is None else candidate_pool(k)
         with self._vectors.serving() as gen:  # one generation (model, fingerprint, index) for the whole recall
-            qv = None if mode == "lexical" else embed_query(gen.embedder, query, self._dim)  # (D,)
-            scored, detail = self._search.run(gen, query, qv, want, sel, mode, fusion, self._hybrid_weight, explain)
-        if half_life is not None:
-            scored = rerank_by_recency(scored, sel.now, half_life)
-        hits = above(scored, detail, min_score, min_relevance)
-        return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:k]
+            hits = self._search.recall(gen, q, self._hybrid_weight)
+        return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:q.k]
 
     # ---- scopes --------------------------------------------------------------------------------------------
     def scope(self, *, namespace: str | None = None, user: str | None = None, agent: str | None = None,
@@ -648,31 +600,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     def info(self) -> dict:
         """A summary for humans and the CLI: sizes, identity, durability, SQLite version, index state."""
         self._check_usable()
-        facts = self.count()
-        with self._db.reading() as r:
-            top = r.max_seq()
-            waiting = r.count_waiting()
-            judged = r.count_feedback()
-        engine = self._db.describe()
-        building = self._gens.build_progress()
-        gen = self._vectors.current
-        return {
-            "path": self._access.path, "read_only": self._access.read_only, "durability": self._durability, "facts": facts,
-            "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
-            "index_status": self._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
-            "fingerprint": gen.fingerprint, "dimensions": self._dim, "store_id": self._vectors.store_id,
-            "schema_version": engine["schema_version"], "backend": engine.get("backend", "sqlite"),
-            "server_version": engine.get("server_version"), "pgvector": engine.get("pgvector"),
-            "notifications": engine.get("notifications"),
-            "sqlite_version": engine["sqlite_version"],
-            "sqlite_wal_reset_fixed": engine["sqlite_wal_reset_fixed"], "filesystem": self._fs_type,
-            "hybrid_weight": self._hybrid_weight,
-            "adapter": self._gens.active_adapter_id(), "adaptation_pending": self._gens.pending() is not None,
-            "background_embedding": self._access.embeds_in_background, "waiting_vectors": waiting,
-            "vector_error": self._worker.vector_error, "feedback": judged, "checkpoints": self._checkpoints.done,
-            "building": None if building is None else building[0], "scope": self.scoped_to,
-            "sweep_error": self._root._sweeper.error,
-        }
+        return maintenance.summary(self)
 
     # ---- closing -------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -683,61 +611,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         them. A store still open when the interpreter exits is closed by an atexit hook, so a script that never
         calls close() exits normally and loses nothing.
         """
-        if self._closed or not self._owner:
-            self._closed = True  # a view: the store it shares stays open
-            return
-        _open_stores.discard(self)
-        ours = os.getpid() == self._pid
-        self._sweeper.stop()
-        adaptation = self._adaptation
-        if adaptation is not None and ours:
-            adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
-        try:
-            # Each step is best effort and never raises: what was acknowledged is committed already (a full disk,
-            # a read-only directory or a damaged page met here loses nothing; the next open recovers).
-            if self._worker.started and ours:
-                try:
-                    self._worker.wait()
-                except Exception:  # noqa: BLE001
-                    pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
-                finally:
-                    self._worker.stop()
-            if ours and self._access.saves_index and self._vectors.unsaved:
-                try:
-                    self._vectors.save()
-                except Exception:  # noqa: BLE001
-                    pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
-            if ours:
-                try:
-                    self._checkpoints.at_close()
-                except Exception:  # noqa: BLE001
-                    pass  # another process checkpoints later (or the last one to close)
-        finally:
-            self._closed = True
-            self._release()
-
-    def _release(self) -> None:
-        if self._db is not None:
-            self._db.close()
-        self._holder.retire()  # what it still owns (facts waiting, leases) may now be taken over at once
+        closing.close(self)
 
     def __del__(self) -> None:
-        # A store dropped without close() (a notebook cell run again, a script's last line): free it without
-        # waiting on anything. At interpreter exit the atexit hook has already closed it; if it runs during
-        # finalisation anyway, touch no lock: a daemon thread frozen by the finalising interpreter may hold one
-        # (waiting on it is what hung scripts that never called close()). Never raise from a finaliser.
-        try:
-            if not getattr(self, "_owner", False) or getattr(self, "_closed", True) or os.getpid() != self._pid:
-                return
-            self._closed = True
-            if sys.is_finalizing():
-                return  # committed data is in the WAL; the OS closes the files
-            self._sweeper.signal_stop()
-            if self._worker is not None:
-                self._worker.signal_stop()
-            self._release()
-        except Exception:  # noqa: BLE001
-            pass
+        closing.drop(self)  # a store dropped without close(): freed without waiting on anything, never raising
 
     def __enter__(self) -> "MemoryStore":
         return self
@@ -750,31 +627,3 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         scope = f", scope={self._scope!r}" if self._scope else ""
         return f"MemoryStore({self._path!r}, {state}{scope}, fingerprint={self.fingerprint!r})"
 
-
-_open_stores: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()  # closed by _close_all at interpreter exit
-
-
-def _follower(store: MemoryStore) -> Any:
-    """The backend's follow() callback for `store`: serve the generation the database names and replay the
-    changes after the watermark, in the backend's thread (a weak reference: a dropped store is still collected)."""
-    ref = weakref.ref(store)
-
-    def on_change(head: int) -> None:
-        live = ref()
-        if live is None or live._closed:
-            return
-        if head < 0 or head > live._vectors.current.watermark:
-            live._sync()
-
-    return on_change
-
-
-@atexit.register
-def _close_all() -> None:
-    """At exit (before daemon threads are frozen): close every store still open, so its waiting vectors are
-    embedded, its index saved and its WAL checkpointed (nothing acknowledged is lost either way)."""
-    for store in list(_open_stores):
-        try:
-            store.close()
-        except Exception:  # noqa: BLE001 (exit must go on)
-            pass

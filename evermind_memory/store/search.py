@@ -1,7 +1,7 @@
 """Recall's three ways to find facts: lexical (FTS5 BM25), vector (HNSW, or exact when a selection is small or
 the index cannot answer) and hybrid (both, fused by store/fusion.py), each among the facts a `Selection`
-selects (scope, alive now, where-filter), plus the opt-in recency weight. Everything here reads one
-generation, passed in by the caller, who holds it for the whole recall.
+selects (scope, alive now, where-filter), plus the opt-in recency weight and recall's argument checks
+(Search.query). Everything here reads one generation, passed in by the caller, who holds it for the whole recall.
 
 Vector recall is exact under any selection: a selection of at most EXACT_FILTER_MAX facts (or under a tenth of
 the index) is searched exhaustively; a larger one through hnswlib's filtered search, whose graph walk skips the
@@ -25,8 +25,10 @@ from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, phrase_query, query_words
 from .records import Explain
 from .selection import select
-from .timing import apply_recency
-from .validate import K_MAX, check_relevance
+from .timing import apply_recency, check_half_life
+from .validate import (
+    FUSIONS, K_MAX, MODES, check_choice, check_flag, check_k, check_min_score, check_relevance, check_text,
+)
 from .vectors import Generation
 
 DEFAULT_HYBRID_WEIGHT = 2.0  # the vector side's weight in hybrid recall for an embedder that names none
@@ -34,6 +36,20 @@ EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched ex
 
 Hit = tuple[FactRow, float]
 _UNSET = object()
+
+
+class Query(NamedTuple):
+    """One recall's checked arguments (Search.query)."""
+
+    text: str
+    k: int
+    sel: Selection
+    half_life: float | None  # the recency weight's half-life in seconds (None: no weight)
+    mode: str
+    fusion: str
+    min_score: float | None
+    min_relevance: float | None
+    explain: bool
 
 
 class Detail(NamedTuple):
@@ -68,6 +84,33 @@ class Search:
         self._dim = dim
         self._base = embedder  # the model the store was opened with: its fitted fusion rule is hybrid's
         self._params: Any = _UNSET
+
+    def query(self, scope: str, text: Any, k: Any, *, tags: Any, where: Any, source: Any, since: Any, until: Any,
+              recency: Any, mode: Any, min_score: Any, fusion: Any, min_relevance: Any, explain: Any) -> Query:
+        """MemoryStore.recall()'s arguments checked, the filters made one Selection in `scope`.
+
+        Raises:
+            InvalidInput: bad query, k, filter, recency, mode, fusion, min_score, min_relevance or explain.
+        """
+        text = check_text(text, "query")
+        k = check_k(k)
+        sel = select("recall", scope, tags=tags, where=where, source=source, since=since, until=until)
+        half_life = check_half_life(recency)
+        mode = check_choice(mode, "mode", MODES, "recall")
+        fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
+        min_score, min_relevance = check_min_score(min_score), self.relevance_floor(min_relevance, mode)
+        return Query(text, k, sel, half_life, mode, fusion, min_score, min_relevance,
+                     check_flag(explain, "explain", "recall"))
+
+    def recall(self, gen: Generation, q: Query, weight: float) -> list[tuple[FactRow, float, Detail]]:
+        """The hits of a checked recall in generation `gen` (held by the caller), best first: at most q.k before
+        the recency weight (a pool of candidate_pool(k) with it), above both floors."""
+        want = q.k if q.half_life is None else candidate_pool(q.k)
+        qv = None if q.mode == "lexical" else embed_query(gen.embedder, q.text, self._dim)  # (D,)
+        scored, detail = self.run(gen, q.text, qv, want, q.sel, q.mode, q.fusion, weight, q.explain)
+        if q.half_life is not None:
+            scored = rerank_by_recency(scored, q.sel.now, q.half_life)
+        return above(scored, detail, q.min_score, q.min_relevance)
 
     @single_blas
     def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, sel: Selection, mode: str,

@@ -7,6 +7,7 @@ values these functions return.
 from __future__ import annotations
 
 import math
+import os
 import re
 from datetime import datetime
 from typing import Any, Iterator, Mapping
@@ -253,3 +254,26 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -
     if not isinstance(value, str) or value not in choices:
         raise InvalidInput(f"{method}() expected {name} to be one of {', '.join(map(repr, choices))}, got {value!r:.40}.")
     return value
+
+
+def check_open_args(path: Any, durability: Any, on_mismatch: Any, lock_timeout: Any, busy_timeout: Any,
+                    read_only: Any, background_embedding: Any) -> str:
+    """MemoryStore()'s plain arguments; returns the path as text (index_config and namespace are checked there).
+
+    Raises:
+        InvalidInput: a path that is not a non-empty text path; a bad durability, on_mismatch, timeout or flag.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidInput(f"MemoryStore() expected a non-empty text path, got {path!r:.80}.")
+    check_choice(durability, "durability", ("normal", "full"), "MemoryStore")
+    check_choice(on_mismatch, "on_mismatch", ("reembed", "raise"), "MemoryStore")
+    for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86_400:
+            raise InvalidInput(f"MemoryStore() expected 0 <= {name} <= 86400 seconds, got {value!r}.")
+    for name, flag in (("read_only", read_only), ("background_embedding", background_embedding)):
+        if not isinstance(flag, bool):
+            raise InvalidInput(f"MemoryStore() expected {name} to be a bool, got {flag!r}.")
+    return path

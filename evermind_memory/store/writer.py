@@ -1,6 +1,7 @@
 """The write paths of a store, behind MemoryStore's checked arguments: insert (queued for the background vector
-worker, or embedded first), upsert by a caller's id, update, forget, supersede, remember-unless-duplicate and
-sweep. Each commits one transaction under the backend's write mutex and mirrors it into the vector cache.
+worker, or embedded first), upsert by a caller's id, update, forget, supersede, remember-unless-duplicate,
+feedback and sweep. Each commits one transaction under the backend's write mutex and mirrors it into the vector
+cache.
 
 A fact is reachable through a handle when its scope is the handle's or lies under it (store/scope.py) and it has
 not expired: `reachable()` is the one test, so update, forget, supersede and feedback answer FactNotFound alike
@@ -280,6 +281,14 @@ class Writer:
             self._add(labels, vectors, removed, before, top)
         self._checkpoints.after_commit(top)
         return new_id
+
+    def feedback(self, query: str, fact_id: str, useful: bool, scope: str, keep: int) -> None:
+        """Record a judgement of a reachable fact for `query`, keeping the newest `keep` judgements."""
+        with self._db.write_mutex:
+            with self._db.transaction() as tx:
+                if not reachable(tx.fetch(fact_id), scope, utc_now()):
+                    raise not_found("feedback", fact_id)
+                tx.add_feedback(utc_now(), query, fact_id, useful, keep)
 
     def sweep(self, scope: str, now: datetime) -> int:
         """Forget (with history) every fact in `scope` that expired at or before `now`, SWEEP_BATCH per
