@@ -157,9 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
                         agent=None, run=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its options)")
 
+    # Parents share Action objects: the subcommands get a copy other than the main parser's, so its set_defaults
+    # above does not leak into them; they share that one copy (none sets defaults; 27 copies cost ~7 ms, issue 19).
+    common = _common()
+
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        # a fresh copy per subcommand: parents share Action objects, and set_defaults above must not leak here
-        return sub.add_parser(name, help=help_text, description=help_text, parents=[_common()])
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[common])
 
     def tags(p: argparse.ArgumentParser, help_text: str) -> None:
         p.add_argument("--tag", type=_tag, action="append", default=[], metavar="KEY=VALUE", help=help_text)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import functools
 import os
-from importlib import resources
 from typing import Any
 
 from ..errors import InvalidInput
 from .lazy import LazyEmbedder
 from .lm_embedder import DEFAULT_BATCH, LMEmbedder
 from .sequence_embedder import SequenceEmbedder
-from .shipped import card, shipped_file
+from .shipped import card, shipped_path
 
 DEFAULT_HYBRID_WEIGHT = 2.0  # for a model without a calibrated weight (the shipped card carries its own)
 
@@ -124,8 +123,7 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
 
 
 def _load_shipped(meta: dict[str, Any]) -> LMEmbedder | SequenceEmbedder:
-    with resources.as_file(shipped_file(meta["model_file"])) as model_path, \
-            resources.as_file(shipped_file(meta["tokenizer_file"])) as tok_path:
+    with shipped_path(meta["model_file"]) as model_path, shipped_path(meta["tokenizer_file"]) as tok_path:
         return load_embedder(model_path, tok_path, max_tokens=int(meta["max_tokens"]),
                              hybrid_weight=float(meta["hybrid_weight"]))
 

@@ -1,4 +1,4 @@
-"""The shipped model's card: evermind_memory/models/model.json, read as package data (importlib.resources).
+"""The shipped model's card: evermind_memory/models/model.json, read as package data.
 
 The card names the files (model.evlm, tokenizer.json), the embedder's fingerprint and dimensions, and the
 settings the store needs (max_tokens, hybrid_weight), so `default_embedder()` can answer for its identity
@@ -7,9 +7,10 @@ without reading the weights. The recipe that made the files is in the repository
 
 from __future__ import annotations
 
+import contextlib
 import json
-from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from ..errors import CheckpointError, EvermindError
 
@@ -29,7 +30,7 @@ def card() -> dict[str, Any]:
         EvermindError: no model is shipped in this installation.
         CheckpointError: the card is unreadable or lacks a field the loader needs.
     """
-    path = resources.files(MODELS_PACKAGE).joinpath(_CARD)
+    path = shipped_file(_CARD)
     if not path.is_file():
         raise EvermindError(
             "No default model is shipped in this installation of evermind_memory, so MemoryStore(path) needs "
@@ -53,6 +54,28 @@ def card() -> dict[str, Any]:
 
 
 def shipped_file(name: str) -> Any:
-    """A Traversable for one of the shipped files (use with importlib.resources.as_file)."""
+    """One of the shipped files: a Path in an ordinary installation, else (a zipped one) an importlib.resources
+    Traversable. Use shipped_path() where a real file is needed."""
+    from .. import models  # (data only)
+
+    folder = Path(models.__file__).parent
+    if folder.is_dir():  # importlib.resources costs ~15 ms of every start-up (issue 19): only where it is needed
+        return folder / name
+    from importlib import resources
+
     return resources.files(MODELS_PACKAGE).joinpath(name)
+
+
+@contextlib.contextmanager
+def shipped_path(name: str) -> Iterator[Path]:
+    """A real file path of one of the shipped files for the duration of the block (extracted from a zipped
+    installation, and removed after)."""
+    path = shipped_file(name)
+    if isinstance(path, Path):
+        yield path
+        return
+    from importlib import resources
+
+    with resources.as_file(path) as real:
+        yield real
 

@@ -21,7 +21,6 @@ import functools
 import json
 import math
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -346,12 +345,11 @@ def load_params(path: str | Path) -> FusionParams:
 def shipped_params() -> FusionParams | None:
     """The shipped model's fitted hybrid rule (models/fusion.json, written by recipe/calibrate_fusion.py), or None
     when this installation has none. Raises CheckpointError when the file is there but malformed."""
-    from ..embedder.shipped import shipped_file
+    from ..embedder.shipped import shipped_file, shipped_path
 
-    path = shipped_file("fusion.json")
-    if not path.is_file():
+    if not shipped_file("fusion.json").is_file():
         return None
-    with resources.as_file(path) as real:
+    with shipped_path("fusion.json") as real:
         return load_params(real)
 
 

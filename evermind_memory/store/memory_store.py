@@ -24,7 +24,6 @@ from . import closing, maintenance
 from .access import Access, locate
 from .adapting import AdaptationMethods
 from .backend import FactRow, new_id, open_backend, utc_now
-from .backend.postgres import redact
 from .damage import readable
 from .embedding import VectorWorker, probe_embedder
 from .filters import MatchAll
@@ -120,7 +119,11 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         check_index_memory(index_config or IndexConfig(), self._dim)
         probe_embedder(embedder, self._dim)
         self._hybrid_weight = hybrid_weight(embedder)
-        self._path = redact(path) if access.remote else path  # (a URL is shown without its password)
+        self._path = path
+        if access.remote:  # a URL is shown without its password (postgres.py is imported for a server only)
+            from .backend.postgres import redact
+
+            self._path = redact(path)
         self._access = access
         self._durability = durability
         self._on_mismatch = on_mismatch

@@ -149,6 +149,13 @@ def test_parse_rejects_bad_headers(tmp_path: Path, rng):
     bad[96 + 4:96 + 8] = (10**6).to_bytes(4, "little")  # first neighbour id of element 0 points far away
     with pytest.raises(IndexRejected, match="past the element count"):
         parse_hnsw_file(bytes(bad), DIM, 8)
+    size_per, label_off = 2 * 8 * 4 + 4 + DIM * 4 + 8, 2 * 8 * 4 + 4 + DIM * 4  # the hnswlib layout for M=8
+    twin = bytearray(data)
+    at = lambda i: 96 + i * size_per + label_off  # noqa: E731 (element i's label, after the 96-byte header)
+    twin[at(7):at(7) + 8] = data[at(3):at(3) + 8]  # element 7 carries element 3's label
+    assert int.from_bytes(data[at(3):at(3) + 8], "little") in range(50)
+    with pytest.raises(IndexRejected, match="duplicate labels"):
+        parse_hnsw_file(bytes(twin), DIM, 8)
 
 
 def test_manifest_reader_refuses_junk(tmp_path: Path):
