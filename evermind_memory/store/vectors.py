@@ -27,6 +27,12 @@ from .leases import Leases
 from .lock import RWLock
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
+# A node this far behind rebuilds its index from the vectors table instead of replaying the feed: more pending
+# changes than REBUILD_BEHIND_RATIO x the vectors it serves (and at least REBUILD_BEHIND_MIN). Replaying inserts
+# each added vector into a graph that keeps every retired one, and enough retirements force a rebuild after the
+# replay anyway; one bulk build of the live vectors costs about what inserting them does (benchmarks/catch_up.py).
+REBUILD_BEHIND_RATIO = 0.5
+REBUILD_BEHIND_MIN = 1000
 SNAPSHOT_LEASE = "snapshot"
 
 
@@ -131,6 +137,9 @@ class VectorCache:
         except (OSError, RuntimeError, MemoryError) as exc:  # hnswlib refusing a file we validated, or I/O
             self.rebuild(f"index could not be loaded ({exc})")
             return
+        if self._far_behind(top - manifest["watermark"], index.live_count):
+            self.rebuild(f"snapshot was {top - manifest['watermark']} changes behind")
+            return
         self._gen = replace(self._gen, index=index, watermark=manifest["watermark"])
         self._saved_watermark = manifest["watermark"]
         replayed = self.catch_up(verify=True)
@@ -151,8 +160,12 @@ class VectorCache:
         db = self._db
         if not verify:
             with db.reading() as r:
-                if r.max_seq() <= self._gen.watermark:
-                    return 0
+                behind = r.max_seq() - self._gen.watermark
+            if behind <= 0:
+                return 0
+            if self._far_behind(behind, self._gen.index.live_count):
+                self._rebuild_behind(f"{behind} changes behind")
+                return None
         with db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
             gen = self._gen
             with db.snapshot() as r:
@@ -164,13 +177,13 @@ class VectorCache:
                 if verify:
                     truth_labels, truth_vecs = r.vectors(gen.fingerprint, self.dim)
                 reason = pruned_past(r, gen.watermark)
+            if reason is None and not verify and self._sparse_after(gen.index, labels, removed):
+                reason = f"{len(changes)} changes behind, {len(removed)} of them retiring vectors"
             if reason is not None:
                 self.rebuild(reason)
                 return None
             try:
-                gen.index.mark_deleted(removed)
-                fresh = np.array([label not in gen.index for label in labels.tolist()], dtype=bool)  # (N,)
-                gen.index.add(labels[fresh], vectors[fresh])
+                replay(gen.index, labels, vectors, removed)
                 self._gen = replace(gen, watermark=top)
             except (InvalidInput, RuntimeError, MemoryError) as exc:
                 reason = f"replay failed ({exc})"
@@ -182,6 +195,56 @@ class VectorCache:
             if changes:
                 self._rebuild_if_sparse()
         return len(changes)
+
+    @staticmethod
+    def _far_behind(behind: int, live: int) -> bool:
+        """Whether `behind` pending changes cost more to replay into an index of `live` vectors than a rebuild."""
+        return behind >= REBUILD_BEHIND_MIN and behind > REBUILD_BEHIND_RATIO * live
+
+    def _sparse_after(self, index: VectorIndex, labels: np.ndarray, removed: list[int]) -> bool:
+        """Whether replaying (add `labels`, retire `removed`) would leave the index sparse enough to be rebuilt
+        right after (so rebuild at once instead of doing both)."""
+        if len(labels) + len(removed) < REBUILD_BEHIND_MIN:
+            return False
+        retired = index.element_count - index.live_count + sum(1 for label in removed if label in index)
+        total = index.element_count + len(labels)
+        return total >= 64 and retired / total > self.config.rebuild_deleted_ratio
+
+    def _rebuild_behind(self, reason: str) -> None:
+        """Catch up a far-behind index by building a new one from the vectors table, then swap it in.
+
+        The build runs outside the write mutex (this process's writes and recalls go on with the current index
+        meanwhile); under the mutex, the changes committed since the build's snapshot are replayed onto the new
+        index and it is installed as one value."""
+        db = self._db
+        gen = self._gen
+        with db.snapshot() as r:
+            top = r.max_seq()
+            labels, vectors = r.vectors(gen.fingerprint, self.dim)
+        index = build_index(self.dim, self.config, labels, vectors)
+        with db.write_mutex:
+            now = self._gen
+            if now.fingerprint != gen.fingerprint:
+                return  # another thread swapped models meanwhile (and built that generation's index)
+            with db.snapshot() as r:
+                head = r.max_seq()
+                changes = r.changes_after(top, head)
+                added = [c.seq for c in changes if c.vector_added]
+                removed = [c.label_removed for c in changes if c.label_removed is not None]
+                new_labels, new_vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
+                pruned = pruned_past(r, top)
+            if pruned is not None:
+                self.rebuild(pruned)
+                return
+            try:
+                replay(index, new_labels, new_vectors, removed)
+            except (InvalidInput, RuntimeError, MemoryError) as exc:
+                self.rebuild(f"replay failed ({exc})")
+                return
+            crash_point("rebuild.before_swap")
+            self.install(Generation(now.embedder, now.fingerprint, index, max(head, top)), f"rebuilt ({reason})")
+            if self._access.saves_index:
+                self.save()
 
     def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], before: int, top: int) -> None:
         """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
@@ -278,6 +341,14 @@ class VectorCache:
     def unsaved(self) -> bool:
         """Whether the index moved since it was last loaded or saved."""
         return self._gen.watermark != self._saved_watermark
+
+
+def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed: list[int]) -> None:
+    """Apply a stretch of the change feed to `index`: retire `removed`, add the (N, D) `vectors` under `labels`
+    (N,) that it does not hold yet (a change this index already mirrored is skipped)."""
+    index.mark_deleted(removed)
+    fresh = np.array([label not in index for label in labels.tolist()], dtype=bool)  # (N,)
+    index.add(labels[fresh], vectors[fresh])
 
 
 def pruned_past(r: Any, watermark: int) -> str | None:
