@@ -109,8 +109,8 @@ def bench(changes: int, args: argparse.Namespace, workdir: Path, embedder: LMEmb
     fresh.recall("tea in the morning", k=10, mode="vector")
     fresh_s = time.perf_counter() - t0
     queries = query_vectors(fresh, rng, 50)
-    same = sum([h.id for h in node_a.recall(q, k=5, mode="vector")] == [h.id for h in fresh.recall(q, k=5, mode="vector")]
-               for q in queries)
+    same = sum([h.id for h in node_a.recall(q, k=5, mode="vector")]
+               == [h.id for h in fresh.recall(q, k=5, mode="vector")] for q in queries)
     live = len(fresh)
     fresh.close()
     t0 = time.perf_counter()
@@ -141,16 +141,22 @@ def main() -> None:
             r = rows[-1]
             print(f"changes {n:>7,}: written {r['written']:,} ({r['updates']:,} updates, {r['forgets']:,} forgets) "
                   f"in {r['write_s']:.1f}s", flush=True)
-    print(f"\nCatch-up of an idle node after another process wrote N changes ({args.seed_facts:,} facts before; "
+    import evermind_memory
+
+    print(f"\npackage: {Path(evermind_memory.__file__).parent}")
+    print(f"Catch-up of an idle node after another process wrote N changes ({args.seed_facts:,} facts before; "
           f"{args.label or 'this tree'})")
     print(f"{'changes':>8} {'live':>7} {'first recall s':>15} {'fresh open+recall s':>20} {'rebuild_index s':>16} "
           f"{'same':>6}  caught up by")
     for r in rows:
-        print(f"{r['written']:>8,} {r['live_facts']:>7,} {r['first_recall_s']:>15.2f} {r['fresh_open_recall_s']:>20.2f} "
-              f"{r['rebuild_index_s']:>16.2f} {r['same_answers']:>3}/{r['queries']:<3} {r['caught_up_by']}")
+        print(f"{r['written']:>8,} {r['live_facts']:>7,} {r['first_recall_s']:>15.2f} "
+              f"{r['fresh_open_recall_s']:>20.2f} {r['rebuild_index_s']:>16.2f} {r['same_answers']:>3}/{r['queries']:<3} {r['caught_up_by']}")
     if args.json:
-        meta = {"label": args.label, "seed_facts": args.seed_facts, "python": platform.python_version(),
-                "numpy": np.__version__, "cpu_count": os.cpu_count(), "load_avg": os.getloadavg()}
+        import evermind_memory
+
+        meta = {"label": args.label, "package": str(Path(evermind_memory.__file__).parent),
+                "seed_facts": args.seed_facts, "python": platform.python_version(), "numpy": np.__version__,
+                "cpu_count": os.cpu_count(), "load_avg": os.getloadavg()}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
 
 

@@ -12,6 +12,7 @@ index follows every process's commits through the same feed. Model changes thems
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -65,7 +66,8 @@ class VectorCache:
     """This process's index of one store, and the lock that keeps a recall on one generation.
 
     Thread-safety: catch_up, apply, advance, rebuild and save run under the backend's write mutex (they take
-    it, or their caller holds it); recalls hold `serving()` for their whole run and a model swap holds
+    it, or their caller holds it; a catch-up far behind builds its new index outside it, then takes it to replay
+    what arrived meanwhile and swap); recalls hold `serving()` for their whole run and a model swap holds
     `swapping()`, so a recall never sees half of a swap.
 
     Args:
@@ -90,6 +92,7 @@ class VectorCache:
         self._gen = Generation(embedder, fingerprint, VectorIndex(dim, config), 0)
         self._saved_watermark = -1
         self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively
+        self._behind = threading.Lock()  # one far-behind rebuild at a time (it runs outside the write mutex)
 
     # ---- the serving generation ----------------------------------------------------------------------------
     @property
@@ -164,8 +167,12 @@ class VectorCache:
             if behind <= 0:
                 return 0
             if self._far_behind(behind, self._gen.index.live_count):
-                self._rebuild_behind(f"{behind} changes behind")
-                return None
+                with self._behind:  # a thread that waited here finds the index rebuilt, or still far behind
+                    with db.reading() as r:
+                        behind = r.max_seq() - self._gen.watermark
+                    if self._far_behind(behind, self._gen.index.live_count):
+                        self._rebuild_behind(f"{behind} changes behind")
+                        return None
         with db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
             gen = self._gen
             with db.snapshot() as r:

@@ -38,7 +38,8 @@ def test_a_node_left_behind_answers_like_a_fresh_open(path, model_files, embedde
     monkeypatch.setattr(vectors, "REBUILD_BEHIND_MIN", minimum)
     monkeypatch.setattr(vectors, "REBUILD_BEHIND_RATIO", ratio)
     with MemoryStore(db_path, embedder) as node:
-        seed = node.remember_many([f"seed fact {i} about tea {i % 5} with ada in paris {i * 7 % 9}" for i in range(100)])
+        seed = node.remember_many([f"seed fact {i} about tea {i % 5} with ada in paris {i * 7 % 9}"
+                                   for i in range(100)])
         node.flush()
         assert len(node.recall("seed fact 3 about tea", k=3, mode="vector")) == 3  # caught up, now idle
         before = node.info()["index_status"]
