@@ -29,10 +29,11 @@ from .lock import RWLock
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
 # A node this far behind rebuilds its index from the vectors table instead of replaying the feed: more pending
-# changes than REBUILD_BEHIND_RATIO x the vectors it serves (and at least REBUILD_BEHIND_MIN). Replaying inserts
-# each added vector into a graph that keeps every retired one, and enough retirements force a rebuild after the
-# replay anyway; one bulk build of the live vectors costs about what inserting them does (benchmarks/catch_up.py).
-REBUILD_BEHIND_RATIO = 0.5
+# changes than REBUILD_BEHIND_RATIO x the vectors it serves (and at least REBUILD_BEHIND_MIN). An insert costs
+# about the same either way (benchmarks/catch_up.py, tiny model, 10k facts: replaying 10k changes 0.9 s against
+# a rebuild's 1.3 s; 100k changes 13.8 s against 10.6 s), so only a node several times its index behind gains:
+# the rebuild's graph holds no retired vectors, and its build runs outside the write mutex.
+REBUILD_BEHIND_RATIO = 2.0
 REBUILD_BEHIND_MIN = 1000
 SNAPSHOT_LEASE = "snapshot"
 
@@ -119,7 +120,7 @@ class VectorCache:
         """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top`, or
         catch up through the change feed when another process committed since our watermark (write mutex held)."""
         if self._gen.watermark != before:
-            self.catch_up()
+            self.catch_up(mutex_held=True)
             return
         self._gen = replace(self._gen, watermark=top)
 
@@ -152,11 +153,13 @@ class VectorCache:
         if replayed >= SAVE_AFTER_REPLAY and self._access.saves_index:
             self.save()
 
-    def catch_up(self, *, verify: bool = False) -> int | None:
+    def catch_up(self, *, verify: bool = False, mutex_held: bool = False) -> int | None:
         """Replay the changes after the watermark (R3); every process does this before it answers.
 
         Args:
             verify: also compare the result with every vector in SQLite (after loading a snapshot).
+            mutex_held: the caller holds the write mutex (then a far-behind index is replayed when another thread
+                is rebuilding it right now, instead of waiting for that thread).
         Returns:
             how many changes were replayed, or None when the index disagreed and was rebuilt.
         """
@@ -167,12 +170,17 @@ class VectorCache:
             if behind <= 0:
                 return 0
             if self._far_behind(behind, self._gen.index.live_count):
-                with self._behind:  # a thread that waited here finds the index rebuilt, or still far behind
-                    with db.reading() as r:
-                        behind = r.max_seq() - self._gen.watermark
-                    if self._far_behind(behind, self._gen.index.live_count):
-                        self._rebuild_behind(f"{behind} changes behind")
-                        return None
+                # One rebuild at a time: a thread that waited finds the index rebuilt, or still far behind. A
+                # caller holding the write mutex never waits here (the rebuilding thread needs the mutex to swap).
+                if self._behind.acquire(blocking=not mutex_held):
+                    try:
+                        with db.reading() as r:
+                            behind = r.max_seq() - self._gen.watermark
+                        if self._far_behind(behind, self._gen.index.live_count):
+                            self._rebuild_behind(f"{behind} changes behind")
+                            return None
+                    finally:
+                        self._behind.release()
         with db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
             gen = self._gen
             with db.snapshot() as r:
@@ -262,7 +270,7 @@ class VectorCache:
         watermark never moves past a change this index has not seen."""
         gen = self._gen
         if gen.watermark != before:
-            self.catch_up()
+            self.catch_up(mutex_held=True)
             return
         try:
             if removed:  # (the index calls take a lock and validate even when there is nothing to do)
