@@ -12,6 +12,7 @@ index follows every process's commits through the same feed. Model changes thems
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,6 +28,13 @@ from .leases import Leases
 from .lock import RWLock
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
+# A node this far behind rebuilds its index from the vectors table instead of replaying the feed: more pending
+# changes than REBUILD_BEHIND_RATIO x the vectors it serves (and at least REBUILD_BEHIND_MIN). An insert costs
+# about the same either way (benchmarks/catch_up.py, tiny model, 10k facts: replaying 10k changes 0.9 s against
+# a rebuild's 1.3 s; 100k changes 13.8 s against 10.6 s), so only a node several times its index behind gains:
+# the rebuild's graph holds no retired vectors, and its build runs outside the write mutex.
+REBUILD_BEHIND_RATIO = 2.0
+REBUILD_BEHIND_MIN = 1000
 SNAPSHOT_LEASE = "snapshot"
 
 
@@ -59,7 +67,8 @@ class VectorCache:
     """This process's index of one store, and the lock that keeps a recall on one generation.
 
     Thread-safety: catch_up, apply, advance, rebuild and save run under the backend's write mutex (they take
-    it, or their caller holds it); recalls hold `serving()` for their whole run and a model swap holds
+    it, or their caller holds it; a catch-up far behind builds its new index outside it, then takes it to replay
+    what arrived meanwhile and swap); recalls hold `serving()` for their whole run and a model swap holds
     `swapping()`, so a recall never sees half of a swap.
 
     Args:
@@ -84,6 +93,7 @@ class VectorCache:
         self._gen = Generation(embedder, fingerprint, VectorIndex(dim, config), 0)
         self._saved_watermark = -1
         self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively
+        self._behind = threading.Lock()  # one far-behind rebuild at a time (it runs outside the write mutex)
 
     # ---- the serving generation ----------------------------------------------------------------------------
     @property
@@ -110,7 +120,7 @@ class VectorCache:
         """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top`, or
         catch up through the change feed when another process committed since our watermark (write mutex held)."""
         if self._gen.watermark != before:
-            self.catch_up()
+            self.catch_up(mutex_held=True)
             return
         self._gen = replace(self._gen, watermark=top)
 
@@ -131,6 +141,9 @@ class VectorCache:
         except (OSError, RuntimeError, MemoryError) as exc:  # hnswlib refusing a file we validated, or I/O
             self.rebuild(f"index could not be loaded ({exc})")
             return
+        if self._far_behind(top - manifest["watermark"], index.live_count):
+            self.rebuild(f"snapshot was {top - manifest['watermark']} changes behind")
+            return
         self._gen = replace(self._gen, index=index, watermark=manifest["watermark"])
         self._saved_watermark = manifest["watermark"]
         replayed = self.catch_up(verify=True)
@@ -140,19 +153,34 @@ class VectorCache:
         if replayed >= SAVE_AFTER_REPLAY and self._access.saves_index:
             self.save()
 
-    def catch_up(self, *, verify: bool = False) -> int | None:
+    def catch_up(self, *, verify: bool = False, mutex_held: bool = False) -> int | None:
         """Replay the changes after the watermark (R3); every process does this before it answers.
 
         Args:
             verify: also compare the result with every vector in SQLite (after loading a snapshot).
+            mutex_held: the caller holds the write mutex (then a far-behind index is replayed when another thread
+                is rebuilding it right now, instead of waiting for that thread).
         Returns:
             how many changes were replayed, or None when the index disagreed and was rebuilt.
         """
         db = self._db
         if not verify:
             with db.reading() as r:
-                if r.max_seq() <= self._gen.watermark:
-                    return 0
+                behind = r.max_seq() - self._gen.watermark
+            if behind <= 0:
+                return 0
+            if self._far_behind(behind, self._gen.index.live_count):
+                # One rebuild at a time: a thread that waited finds the index rebuilt, or still far behind. A
+                # caller holding the write mutex never waits here (the rebuilding thread needs the mutex to swap).
+                if self._behind.acquire(blocking=not mutex_held):
+                    try:
+                        with db.reading() as r:
+                            behind = r.max_seq() - self._gen.watermark
+                        if self._far_behind(behind, self._gen.index.live_count):
+                            self._rebuild_behind(f"{behind} changes behind")
+                            return None
+                    finally:
+                        self._behind.release()
         with db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
             gen = self._gen
             with db.snapshot() as r:
@@ -164,13 +192,13 @@ class VectorCache:
                 if verify:
                     truth_labels, truth_vecs = r.vectors(gen.fingerprint, self.dim)
                 reason = pruned_past(r, gen.watermark)
+            if reason is None and not verify and self._sparse_after(gen.index, labels, removed):
+                reason = f"{len(changes)} changes behind, {len(removed)} of them retiring vectors"
             if reason is not None:
                 self.rebuild(reason)
                 return None
             try:
-                gen.index.mark_deleted(removed)
-                fresh = np.array([label not in gen.index for label in labels.tolist()], dtype=bool)  # (N,)
-                gen.index.add(labels[fresh], vectors[fresh])
+                replay(gen.index, labels, vectors, removed)
                 self._gen = replace(gen, watermark=top)
             except (InvalidInput, RuntimeError, MemoryError) as exc:
                 reason = f"replay failed ({exc})"
@@ -183,6 +211,56 @@ class VectorCache:
                 self._rebuild_if_sparse()
         return len(changes)
 
+    @staticmethod
+    def _far_behind(behind: int, live: int) -> bool:
+        """Whether `behind` pending changes cost more to replay into an index of `live` vectors than a rebuild."""
+        return behind >= REBUILD_BEHIND_MIN and behind > REBUILD_BEHIND_RATIO * live
+
+    def _sparse_after(self, index: VectorIndex, labels: np.ndarray, removed: list[int]) -> bool:
+        """Whether replaying (add `labels`, retire `removed`) would leave the index sparse enough to be rebuilt
+        right after (so rebuild at once instead of doing both)."""
+        if len(labels) + len(removed) < REBUILD_BEHIND_MIN:
+            return False
+        retired = index.element_count - index.live_count + sum(1 for label in removed if label in index)
+        total = index.element_count + len(labels)
+        return total >= 64 and retired / total > self.config.rebuild_deleted_ratio
+
+    def _rebuild_behind(self, reason: str) -> None:
+        """Catch up a far-behind index by building a new one from the vectors table, then swap it in.
+
+        The build runs outside the write mutex (this process's writes and recalls go on with the current index
+        meanwhile); under the mutex, the changes committed since the build's snapshot are replayed onto the new
+        index and it is installed as one value."""
+        db = self._db
+        gen = self._gen
+        with db.snapshot() as r:
+            top = r.max_seq()
+            labels, vectors = r.vectors(gen.fingerprint, self.dim)
+        index = build_index(self.dim, self.config, labels, vectors)
+        with db.write_mutex:
+            now = self._gen
+            if now.fingerprint != gen.fingerprint:
+                return  # another thread swapped models meanwhile (and built that generation's index)
+            with db.snapshot() as r:
+                head = r.max_seq()
+                changes = r.changes_after(top, head)
+                added = [c.seq for c in changes if c.vector_added]
+                removed = [c.label_removed for c in changes if c.label_removed is not None]
+                new_labels, new_vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
+                pruned = pruned_past(r, top)
+            if pruned is not None:
+                self.rebuild(pruned)
+                return
+            try:
+                replay(index, new_labels, new_vectors, removed)
+            except (InvalidInput, RuntimeError, MemoryError) as exc:
+                self.rebuild(f"replay failed ({exc})")
+                return
+            crash_point("rebuild.before_swap")
+            self.install(Generation(now.embedder, now.fingerprint, index, max(head, top)), f"rebuilt ({reason})")
+            if self._access.saves_index:
+                self.save()
+
     def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], before: int, top: int) -> None:
         """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
         (N,), retire `removed`, advance to `top`; rebuild if the index refuses or holds too many deleted.
@@ -192,7 +270,7 @@ class VectorCache:
         watermark never moves past a change this index has not seen."""
         gen = self._gen
         if gen.watermark != before:
-            self.catch_up()
+            self.catch_up(mutex_held=True)
             return
         try:
             if removed:  # (the index calls take a lock and validate even when there is nothing to do)
@@ -278,6 +356,14 @@ class VectorCache:
     def unsaved(self) -> bool:
         """Whether the index moved since it was last loaded or saved."""
         return self._gen.watermark != self._saved_watermark
+
+
+def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed: list[int]) -> None:
+    """Apply a stretch of the change feed to `index`: retire `removed`, add the (N, D) `vectors` under `labels`
+    (N,) that it does not hold yet (a change this index already mirrored is skipped)."""
+    index.mark_deleted(removed)
+    fresh = np.array([label not in index for label in labels.tolist()], dtype=bool)  # (N,)
+    index.add(labels[fresh], vectors[fresh])
 
 
 def pruned_past(r: Any, watermark: int) -> str | None:

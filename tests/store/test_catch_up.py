@@ -1,0 +1,74 @@
+"""A node that stayed open while another process wrote many changes answers like a freshly opened store,
+whichever way it catches up: replaying the change feed, or rebuilding its index from the vectors table because
+it is far behind (more pending changes than a fraction of its index), or because the replay would retire so
+many vectors that the index would be rebuilt right after anyway."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from evermind_memory import MemoryStore
+from evermind_memory.store import vectors
+from store_helpers import CHILD_PRELUDE, PYTHON, child_env
+
+OTHER_NODE = CHILD_PRELUDE + """
+seed_ids, forgets = sys.argv[4].split(","), int(sys.argv[5])
+with MemoryStore(db, emb) as store:
+    new = store.remember_many([f"node b fact {i} about river {i % 7} and garden {i * 13 % 11}" for i in range(150)])
+    for n, fid in enumerate(seed_ids[:20]):
+        store.update(fid, text=f"updated seed fact {n}: the meeting moved to friday {n * 3}")
+    for fid in seed_ids[20:20 + forgets] + new[:15]:
+        store.forget(fid)
+    again = store.remember_many([f"late fact {i} about coffee {i % 5} in tokyo" for i in range(30)])
+    store.flush()
+    print(",".join(new[15:] + again), flush=True)
+"""
+
+# (REBUILD_BEHIND_MIN, REBUILD_BEHIND_RATIO) that force each path for ~270 pending changes on 100 vectors;
+# "retire": a replay of at least 50 changes that would leave over 20 % of the graph deleted rebuilds instead
+PATHS = {"replay": (10**9, 1.0), "rebuild": (1, 0.0), "retire": (50, 10**6)}
+FORGETS = {"replay": 25, "rebuild": 25, "retire": 60}  # seed facts node B forgets (it updates 20 more)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_node_left_behind_answers_like_a_fresh_open(path, model_files, embedder, db_path, monkeypatch):
+    minimum, ratio = PATHS[path]
+    monkeypatch.setattr(vectors, "REBUILD_BEHIND_MIN", minimum)
+    monkeypatch.setattr(vectors, "REBUILD_BEHIND_RATIO", ratio)
+    with MemoryStore(db_path, embedder) as node:
+        seed = node.remember_many([f"seed fact {i} about tea {i % 5} with ada in paris {i * 7 % 9}"
+                                   for i in range(100)])
+        node.flush()
+        assert len(node.recall("seed fact 3 about tea", k=3, mode="vector")) == 3  # caught up, now idle
+        before = node.info()["index_status"]
+        child = subprocess.run([PYTHON, "-c", OTHER_NODE, *map(str, model_files), str(db_path), ",".join(seed),
+                                str(FORGETS[path])],
+                               capture_output=True, text=True, env=child_env(), timeout=300)
+        assert child.returncode == 0, child.stderr[-3000:]
+        written = child.stdout.split()[-1].split(",")
+        gone = set(seed[20:20 + FORGETS[path]])
+
+        queries = [f"updated seed fact {n}: the meeting moved to friday {n * 3}" for n in range(0, 20, 3)]
+        queries += [f"seed fact {i} about tea {i % 5} with ada in paris {i * 7 % 9}" for i in range(80, 100, 4)]
+        queries += [f"node b fact {i} about river {i % 7} and garden {i * 13 % 11}" for i in range(15, 150, 17)]
+        queries += [f"late fact {i} about coffee {i % 5} in tokyo" for i in range(0, 30, 7)]
+        answers = {q: [h.id for h in node.recall(q, k=5, mode="vector")] for q in queries}
+        status = node.info()["index_status"]
+        if path == "replay":
+            assert status == before, status  # replayed: no rebuild
+        elif path == "rebuild":
+            assert status.startswith("rebuilt (") and "changes behind" in status, status
+        else:
+            assert status.startswith("rebuilt (") and "retiring" in status, status
+        assert node.info()["indexed"] == 100 - FORGETS[path] + 135 + 30
+        assert node.check().ok
+        with MemoryStore(db_path, embedder) as fresh:
+            assert fresh.info()["indexed"] == node.info()["indexed"]
+            for q, ids in answers.items():
+                assert ids == [h.id for h in fresh.recall(q, k=5, mode="vector")], q
+                assert not gone & set(ids)
+        for n in range(0, 20, 3):  # an updated fact is found by its new text, exactly
+            assert answers[queries[n // 3]][0] == seed[n]
+        assert {answers[q][0] for q in queries[-4:]} <= set(written)
