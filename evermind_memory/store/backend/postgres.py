@@ -230,33 +230,39 @@ class PostgresBackend:
         """BEGIN, the store's advisory lock (every writer of every node waits for it), ... COMMIT (with a NOTIFY of
         the new head when the change feed or meta changed).
 
+        Round trips: BEGIN and the lock go to the server together (one pipeline), and so do the NOTIFY and the
+        COMMIT, so the lock is held for the body's own statements and little else. No process-wide mutex is
+        taken here: a second thread's transaction waits for the advisory lock on the server like another
+        node's (the callers that mirror a commit into the vector cache hold `write_mutex` themselves).
+
         Raises:
             StoreLocked: another writer held the lock past busy_timeout.
             StorageError: the server went away (nothing from this call was stored).
         """
         if self.read_only:
             raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
-        with self.write_mutex:
-            with self._session("writing") as session:
-                conn = session.conn
-                conn.execute("BEGIN")
-                try:
+        with self._session("writing") as session:
+            conn = session.conn
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
                     if self.busy_ms == 0:
-                        got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2)).fetchone()
-                        if not got[0]:
-                            raise self._psycopg.errors.LockNotAvailable("the write lock is held")
+                        got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
                     else:
-                        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
-                    yield session
+                        got = conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
+                if self.busy_ms == 0 and not got.fetchone()[0]:
+                    raise self._psycopg.errors.LockNotAvailable("the write lock is held")
+                yield session
+                with conn.pipeline():
                     if session.changed:
                         conn.execute("SELECT pg_notify(%s, (SELECT COALESCE(MAX(seq), 0) FROM changes)::text)",
                                      (CHANNEL,))
                     conn.execute("COMMIT")
-                except BaseException:
-                    if not conn.closed and conn.info.transaction_status != 0:  # (0: idle, nothing to roll back)
-                        with contextlib.suppress(self._psycopg.Error):
-                            conn.execute("ROLLBACK")
-                    raise
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != 0:  # (0: idle, nothing to roll back)
+                    with contextlib.suppress(self._psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
 
     def checkpoint(self) -> tuple[int, int]:
         """Nothing to do: the server checkpoints its own WAL."""
