@@ -1,11 +1,12 @@
 """Text -> vectors for the store, and the background vector worker.
 
-With background embedding (the default) `remember()` commits a fact without a vector and queues it here; a
-daemon thread embeds the queue in batches outside the write mutex, stores each batch and mirrors it into the
-vector cache. A caller that needs the vectors (vector recall, flush, check, close) drains the queue itself. A
-text the embedder fails on keeps no vector: the failure is reported once (flush or the next vector recall)
-and the fact is retried at the next open. When the queue reaches PENDING_MAX, remember() embeds in the caller
-(back-pressure).
+With background embedding (the default) `remember()` commits a fact without a vector and queues it here; a daemon
+thread gathers the queue for GATHER_S, embeds it in batches and stores each batch in one transaction, both outside
+the write mutex (the database orders the transaction with every other writer), then mirrors it into the vector
+cache under the mutex. A caller that needs the vectors (vector recall, flush, check, close) drains the queue
+itself. A text the embedder fails on keeps no vector: the failure is reported once (flush or the next vector
+recall) and the fact is retried at the next open. When the queue reaches PENDING_MAX, remember() embeds in the
+caller (back-pressure).
 
 Each waiting fact names its owner (the open store that remembered it, store/leases.Owner). A fact whose
 owner died (kill -9, a closed store whose embedder failed on it) is adopted by any other writer: at open, at

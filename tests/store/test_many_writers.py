@@ -97,8 +97,8 @@ store.close()
 def start_writers(model_files, db: Path, names: list[str], count: int, acks: Path) -> list[subprocess.Popen]:
     acks.touch()
     others = (len(names) - 1) * count
-    procs = [subprocess.Popen([PYTHON, "-c", WRITER, str(model_files[0]), str(model_files[1]), str(db), name, str(count),
-                               str(acks), str(LAG_S), str(others)],
+    procs = [subprocess.Popen([PYTHON, "-c", WRITER, str(model_files[0]), str(model_files[1]), str(db), name,
+                               str(count), str(acks), str(LAG_S), str(others)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=child_env()) for name in names]
     for p in procs:

@@ -8,14 +8,17 @@ The store keeps the URL with its password removed (`redact`) for everything it s
 messages and logs never carry a credential. A store lives in the database's current schema (search_path: put
 `?options=-csearch_path%3Dname` in the URL to keep several stores, or other tables, apart).
 
-Order of changes. Every write transaction first takes one transaction-scoped advisory lock (the store's key:
-a constant and the schema), so writers in every node commit one at a time, as SQLite's `BEGIN IMMEDIATE`
-orders them; the seq of a change is the head + 1 read under that lock, so seqs are assigned in commit order
-and a node that has read the head N has every change up to N (a sequence would hand out numbers that commit
-out of order, and a cache would skip the late one). busy_timeout becomes `lock_timeout`: a writer that waits
-longer gets StoreLocked, as with SQLite. Leases (store/leases.py) are claimed inside such a transaction, so
-a claim is atomic across nodes. Readers never wait: `reading()` is autocommit READ COMMITTED, `snapshot()` one
-REPEATABLE READ READ ONLY transaction.
+Order of changes. Every write transaction first takes one transaction-scoped advisory lock (the store's key: a
+constant and the schema), so writers in every node commit one at a time, as SQLite's `BEGIN IMMEDIATE` orders them;
+the seq of a change is the head + 1 read under that lock, so seqs are assigned in commit order and a node that has
+read the head N has every change up to N (a sequence would hand out numbers that commit out of order, and a cache
+would skip the late one). The lock is taken in the transaction's first round trip (BEGIN and the lock pipelined)
+and released by COMMIT (pipelined with the NOTIFY); a remember adds one statement in between (its fact, change row
+and tags: PostgresSession.insert), so the lock is held for about two round trips, and a batch of vectors from the
+worker likewise takes one statement. busy_timeout becomes `lock_timeout`: a writer that waits longer gets
+StoreLocked, as with SQLite. Leases (store/leases.py) are claimed inside such a transaction, so a claim is atomic
+across nodes. Readers never wait: `reading()` is autocommit READ COMMITTED, `snapshot()` one REPEATABLE READ READ
+ONLY transaction.
 
 Following. A write transaction that touched the change feed or meta sends `NOTIFY evermind_changes` with the
 new head as it commits; `follow(callback)` starts a thread on a connection of its own that LISTENs and calls
