@@ -256,10 +256,10 @@ def test_a_round_is_skipped_while_another_owner_holds_the_lease(target, embedder
         assert b.adapt_now(FAST).status == "swapped"
 
 
-def test_reader_follows_many_writers(model_files, embedder, target):
+def test_reader_follows_many_writers(model_files, embedder, target, tmp_path: Path):
     db = target
     MemoryStore(db, embedder).close()
-    procs = start_writers(model_files, db, ["a", "b"], 20)
+    procs = start_writers(model_files, db, ["a", "b"], 20, tmp_path / "acks.txt")
     with MemoryStore(db, embedder, read_only=True) as reader:
         acked: list[str] = []
         for p in procs:

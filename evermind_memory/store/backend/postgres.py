@@ -233,10 +233,10 @@ class PostgresBackend:
         """BEGIN, the store's advisory lock (every writer of every node waits for it), ... COMMIT (with a NOTIFY of
         the new head when the change feed or meta changed).
 
-        Round trips: BEGIN and the lock go to the server together (one pipeline), and so do the NOTIFY and the
-        COMMIT, so the lock is held for the body's own statements and little else. No process-wide mutex is
-        taken here: a second thread's transaction waits for the advisory lock on the server like another
-        node's (the callers that mirror a commit into the vector cache hold `write_mutex` themselves).
+        Round trips: BEGIN and the lock go to the server with the body's first statement (one pipeline), and the
+        NOTIFY with the COMMIT, so a remember takes two round trips and holds the lock for about one. No
+        process-wide mutex is taken here: a second thread's transaction waits for the advisory lock on the server
+        like another node's (the callers that mirror a commit into the vector cache hold `write_mutex` themselves).
 
         Raises:
             StoreLocked: another writer held the lock past busy_timeout.
@@ -245,22 +245,23 @@ class PostgresBackend:
         if self.read_only:
             raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
         with self._session("writing") as session:
-            conn = session.conn
+            conn = session._conn
             try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    if self.busy_ms == 0:
+                if self.busy_ms == 0:  # no waiting: try the lock at once
+                    with conn.pipeline():
+                        conn.execute("BEGIN")
                         got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
-                    else:
-                        got = conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
-                if self.busy_ms == 0 and not got.fetchone()[0]:
-                    raise self._psycopg.errors.LockNotAvailable("the write lock is held")
+                    if not got.fetchone()[0]:
+                        raise self._psycopg.errors.LockNotAvailable("the write lock is held")
+                else:  # BEGIN and the lock go out with the body's first statement (PostgresSession._start)
+                    session._begin = ("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
                 yield session
-                with conn.pipeline():
-                    if session.changed:
-                        conn.execute("SELECT pg_notify(%s, (SELECT COALESCE(MAX(seq), 0) FROM changes)::text)",
-                                     (CHANNEL,))
-                    conn.execute("COMMIT")
+                if session.started:  # (a body that sent nothing began no transaction)
+                    with conn.pipeline():
+                        if session.changed:
+                            conn.execute("SELECT pg_notify(%s, (SELECT COALESCE(MAX(seq), 0) FROM changes)::text)",
+                                         (CHANNEL,))
+                        conn.execute("COMMIT")
             except BaseException:
                 if not conn.closed and conn.info.transaction_status != 0:  # (0: idle, nothing to roll back)
                     with contextlib.suppress(self._psycopg.Error):

@@ -117,12 +117,37 @@ class PostgresSession:
         conn: a psycopg connection (autocommit; the backend opens and ends the transactions).
     """
 
-    def __init__(self, conn) -> None:
-        self.conn = conn
+    def __init__(self, conn, begin: tuple[str, Sequence] | None = None) -> None:
+        self._conn = conn
+        self._begin = begin  # a write transaction's lock statement, sent with BEGIN ahead of its first statement
         self.changed = False  # a write touched the change feed or meta: followers are notified at commit
 
+    @property
+    def conn(self):
+        """The connection, inside the transaction when this session writes (BEGIN and the lock sent first)."""
+        if self._begin is not None:
+            self._start()
+        return self._conn
+
+    @property
+    def started(self) -> bool:
+        """Whether a statement was sent (a write session that sent none has no transaction to end)."""
+        return self._begin is None
+
+    def _start(self, sql: str | None = None, params: Sequence = ()):
+        """BEGIN, the lock and `sql` in one round trip (pipelined); returns the cursor of `sql`."""
+        lock, lock_params = self._begin
+        self._begin = None
+        with self._conn.pipeline():
+            self._conn.execute("BEGIN")
+            self._conn.execute(lock, lock_params)
+            cur = None if sql is None else self._conn.execute(sql, params)
+        return cur
+
     def _one(self, sql: str, params: Sequence = ()):
-        return self.conn.execute(sql, params).fetchone()
+        if self._begin is not None:  # (a remember's or the worker's first statement: one round trip with the lock)
+            return self._start(sql, params).fetchone()
+        return self._conn.execute(sql, params).fetchone()
 
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
         with self.conn.cursor(binary=binary) as cur:
