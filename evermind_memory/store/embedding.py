@@ -1,11 +1,12 @@
 """Text -> vectors for the store, and the background vector worker.
 
-With background embedding (the default) `remember()` commits a fact without a vector and queues it here; a
-daemon thread embeds the queue in batches outside the write mutex, stores each batch and mirrors it into the
-vector cache. A caller that needs the vectors (vector recall, flush, check, close) drains the queue itself. A
-text the embedder fails on keeps no vector: the failure is reported once (flush or the next vector recall)
-and the fact is retried at the next open. When the queue reaches PENDING_MAX, remember() embeds in the caller
-(back-pressure).
+With background embedding (the default) `remember()` commits a fact without a vector and queues it here; a daemon
+thread gathers the queue for GATHER_S, embeds it in batches and stores each batch in one transaction, both outside
+the write mutex (the database orders the transaction with every other writer), then mirrors it into the vector
+cache under the mutex. A caller that needs the vectors (vector recall, flush, check, close) drains the queue
+itself. A text the embedder fails on keeps no vector: the failure is reported once (flush or the next vector
+recall) and the fact is retried at the next open. When the queue reaches PENDING_MAX, remember() embeds in the
+caller (back-pressure).
 
 Each waiting fact names its owner (the open store that remembered it, store/leases.Owner). A fact whose
 owner died (kill -9, a closed store whose embedder failed on it) is adopted by any other writer: at open, at
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import weakref
 from typing import Any, Sequence
 
@@ -34,6 +36,8 @@ EMBED_CHUNK = 256
 PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)
 PENDING_BATCH = 256  # facts per background embedding transaction
 PROBE_TEXT = "evermind probe"  # embedded once at open, so a broken embedder fails there (not in the vector thread)
+GATHER_S = 0.05  # the thread waits this long after the first fact queued, so a stream of remembers is embedded and
+# stored in batches (one transaction per batch, not per fact); vector recall and flush() drain the queue themselves
 WAKE_S = 2.0  # an idle vector thread wakes this often to adopt facts a dead process left waiting
 
 
@@ -189,13 +193,22 @@ class VectorWorker:
         del worker
         while True:
             sweep = False
+            deadline = None
             with cv:
                 while True:
                     owner, worker = owner_ref(), worker_ref()
                     if owner is None or worker is None or worker._stop:
                         return
-                    if worker._waiting or sweep:
+                    if sweep:
                         break
+                    if worker._waiting:  # gather a batch first: one embedding call and one transaction for many
+                        now = time.monotonic()
+                        deadline = now + GATHER_S if deadline is None else deadline
+                        if now >= deadline or len(worker._waiting) >= PENDING_BATCH:
+                            break
+                        del owner, worker
+                        cv.wait(timeout=deadline - now)
+                        continue
                     del owner, worker
                     sweep = not cv.wait(timeout=WAKE_S)  # woke by itself: look for facts a dead process left
             try:
@@ -238,25 +251,31 @@ class VectorWorker:
                 ids = [fid for _, (fid, _) in batch]
                 texts = [text for _, (_, text) in batch]
                 vectors, failed = self._embed(texts, gen.embedder)  # (b, D)
-                with db.write_mutex:
-                    if gen.fingerprint != cache.current.fingerprint:
-                        continue  # the model was swapped meanwhile: embed this batch again with the new one
-                    with db.transaction() as tx:
-                        before = tx.max_seq()
-                        if tx.meta("fingerprint") not in (None, gen.fingerprint):
-                            # another process swapped models and this one has not followed yet: leave the
-                            # facts waiting, for any writer that serves the new model
-                            tx.adopt_waiting(self.holder.token, None)
-                            current, keep, pairs, top = [], [], [], before
-                        else:
-                            still = tx.still_waiting(rids)  # not forgotten or updated since
-                            current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
-                            keep = [i for i in current if i not in failed]
-                            pairs = tx.set_vectors([(rids[i], ids[i], None) for i in keep], vectors[keep],
-                                                   gen.fingerprint, utc_now())
-                            top = tx.max_seq()
-                    crash_point("remember.vectors_committed")
-                    cache.apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [], before, top)
+                if gen.fingerprint != cache.current.fingerprint:
+                    continue  # the model was swapped meanwhile: embed this batch again with the new one
+                # The transaction does not hold the write mutex: the database orders it with every other writer
+                # (on PostgreSQL over the network: a remember of this process must not wait for its round
+                # trips); the mutex is taken only to mirror the commit into the cache.
+                with db.transaction() as tx:
+                    if tx.meta("fingerprint") not in (None, gen.fingerprint):
+                        # another process swapped models and this one has not followed yet: leave the
+                        # facts waiting, for any writer that serves the new model
+                        tx.adopt_waiting(self.holder.token, None)
+                        current, keep, pairs = [], [], []
+                    else:
+                        still = tx.still_waiting(rids)  # not forgotten or updated since
+                        current = [i for i, rid in enumerate(rids) if still.get(rid) == texts[i]]
+                        keep = [i for i in current if i not in failed]
+                        pairs = tx.set_vectors([(rids[i], ids[i], None) for i in keep], vectors[keep],
+                                               gen.fingerprint, utc_now())
+                crash_point("remember.vectors_committed")
+                if pairs:  # (set_vectors hands out consecutive seqs: ours are pairs[0][0]..pairs[-1][0])
+                    with db.write_mutex:
+                        if gen.fingerprint == cache.current.fingerprint:
+                            cache.apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [],
+                                        pairs[0][0] - 1, pairs[-1][0])
+                        else:  # swapped since our commit: the new generation takes what it serves from the feed
+                            cache.catch_up()
                 with self._cv:
                     for i in current:
                         if i in failed:  # reported once by flush() or a vector/hybrid recall

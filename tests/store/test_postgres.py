@@ -225,3 +225,31 @@ def test_postgres_adapter_is_published_in_the_database_and_every_node_follows(pg
         assert b.rollback_adapter(report.adapter_id).status == "swapped"
     with MemoryStore(pg_url, embedder) as late:
         assert late.fingerprint == report.fingerprint_after and late.check().ok
+
+
+def test_postgres_writer_waits_for_another_nodes_lock_then_raises_store_locked(embedder, pg_url):
+    """A node holding the store's write lock (here a bare session that took the advisory lock) makes a remember
+    wait busy_timeout and raise StoreLocked with nothing stored (busy_timeout=0: at once); once it lets go, the
+    same store writes again."""
+    import psycopg
+
+    from evermind_memory.errors import StoreLocked
+    from evermind_memory.store.backend.postgres import LOCK_KEY
+
+    with MemoryStore(pg_url, embedder, busy_timeout=0.3) as store, MemoryStore(pg_url, embedder, busy_timeout=0) as now:
+        store.remember("before the lock: otters hold hands")
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (LOCK_KEY,))
+            t0 = time.monotonic()
+            with pytest.raises(StoreLocked, match="busy_timeout"):
+                store.remember("while locked: herons stand still")
+            assert time.monotonic() - t0 >= 0.3
+            with pytest.raises(StoreLocked, match="busy_timeout"):
+                now.remember("while locked, no waiting: herons stand still")
+            other.execute("SELECT pg_advisory_unlock(%s, hashtext(current_schema()))", (LOCK_KEY,))
+        fid = store.remember("after the lock: foxes sleep")
+        store.flush()  # (its vector thread's transaction would make the next call, which never waits, StoreLocked)
+        now.remember("after the lock, no waiting: badgers dig")
+        assert [f.text for f in store.list()] == ["before the lock: otters hold hands", "after the lock: foxes sleep",
+                                                  "after the lock, no waiting: badgers dig"]
+        assert fid in {h.id for h in store.recall("foxes sleep", k=3)}

@@ -8,14 +8,17 @@ The store keeps the URL with its password removed (`redact`) for everything it s
 messages and logs never carry a credential. A store lives in the database's current schema (search_path: put
 `?options=-csearch_path%3Dname` in the URL to keep several stores, or other tables, apart).
 
-Order of changes. Every write transaction first takes one transaction-scoped advisory lock (the store's key:
-a constant and the schema), so writers in every node commit one at a time, as SQLite's `BEGIN IMMEDIATE`
-orders them; the seq of a change is the head + 1 read under that lock, so seqs are assigned in commit order
-and a node that has read the head N has every change up to N (a sequence would hand out numbers that commit
-out of order, and a cache would skip the late one). busy_timeout becomes `lock_timeout`: a writer that waits
-longer gets StoreLocked, as with SQLite. Leases (store/leases.py) are claimed inside such a transaction, so
-a claim is atomic across nodes. Readers never wait: `reading()` is autocommit READ COMMITTED, `snapshot()` one
-REPEATABLE READ READ ONLY transaction.
+Order of changes. Every write transaction first takes one transaction-scoped advisory lock (the store's key: a
+constant and the schema), so writers in every node commit one at a time, as SQLite's `BEGIN IMMEDIATE` orders them;
+the seq of a change is the head + 1 read under that lock, so seqs are assigned in commit order and a node that has
+read the head N has every change up to N (a sequence would hand out numbers that commit out of order, and a cache
+would skip the late one). The lock is taken in the transaction's first round trip (BEGIN and the lock pipelined)
+and released by COMMIT (pipelined with the NOTIFY); a remember adds one statement in between (its fact, change row
+and tags: PostgresSession.insert), so the lock is held for about two round trips, and a batch of vectors from the
+worker likewise takes one statement. busy_timeout becomes `lock_timeout`: a writer that waits longer gets
+StoreLocked, as with SQLite. Leases (store/leases.py) are claimed inside such a transaction, so a claim is atomic
+across nodes. Readers never wait: `reading()` is autocommit READ COMMITTED, `snapshot()` one REPEATABLE READ READ
+ONLY transaction.
 
 Following. A write transaction that touched the change feed or meta sends `NOTIFY evermind_changes` with the
 new head as it commits; `follow(callback)` starts a thread on a connection of its own that LISTENs and calls
@@ -230,33 +233,40 @@ class PostgresBackend:
         """BEGIN, the store's advisory lock (every writer of every node waits for it), ... COMMIT (with a NOTIFY of
         the new head when the change feed or meta changed).
 
+        Round trips: BEGIN and the lock go to the server with the body's first statement (one pipeline), and the
+        NOTIFY with the COMMIT, so a remember takes two round trips and holds the lock for about one. No
+        process-wide mutex is taken here: a second thread's transaction waits for the advisory lock on the server
+        like another node's (the callers that mirror a commit into the vector cache hold `write_mutex` themselves).
+
         Raises:
             StoreLocked: another writer held the lock past busy_timeout.
             StorageError: the server went away (nothing from this call was stored).
         """
         if self.read_only:
             raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
-        with self.write_mutex:
-            with self._session("writing") as session:
-                conn = session.conn
-                conn.execute("BEGIN")
-                try:
-                    if self.busy_ms == 0:
-                        got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2)).fetchone()
-                        if not got[0]:
-                            raise self._psycopg.errors.LockNotAvailable("the write lock is held")
-                    else:
-                        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
-                    yield session
-                    if session.changed:
-                        conn.execute("SELECT pg_notify(%s, (SELECT COALESCE(MAX(seq), 0) FROM changes)::text)",
-                                     (CHANNEL,))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if not conn.closed and conn.info.transaction_status != 0:  # (0: idle, nothing to roll back)
-                        with contextlib.suppress(self._psycopg.Error):
-                            conn.execute("ROLLBACK")
-                    raise
+        with self._session("writing") as session:
+            conn = session._conn
+            try:
+                if self.busy_ms == 0:  # no waiting: try the lock at once
+                    with conn.pipeline():
+                        conn.execute("BEGIN")
+                        got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
+                    if not got.fetchone()[0]:
+                        raise self._psycopg.errors.LockNotAvailable("the write lock is held")
+                else:  # BEGIN and the lock go out with the body's first statement (PostgresSession._start)
+                    session._begin = ("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
+                yield session
+                if session.started:  # (a body that sent nothing began no transaction)
+                    with conn.pipeline():
+                        if session.changed:
+                            conn.execute("SELECT pg_notify(%s, (SELECT COALESCE(MAX(seq), 0) FROM changes)::text)",
+                                         (CHANNEL,))
+                        conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != 0:  # (0: idle, nothing to roll back)
+                    with contextlib.suppress(self._psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
 
     def checkpoint(self) -> tuple[int, int]:
         """Nothing to do: the server checkpoints its own WAL."""

@@ -50,9 +50,36 @@ def _cols(alias: str) -> str:
 
 FACT_COLS = _cols("")
 _F_COLS = _cols("f")
-_INSERT_FACT = (
-    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
-    "pinned, scope, owner) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING rid"
+# remember: the facts, their change rows and their tag rows in one statement (one round trip). The seqs follow the
+# head read by this statement, which starts after the transaction took the store's advisory lock (READ COMMITTED:
+# it sees every earlier commit), so they are in commit order. A data-modifying CTE runs whether or not it is read.
+_INSERT = (
+    "WITH s AS (SELECT COALESCE(MAX(seq), 0) AS head FROM changes), "
+    "n AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[], "
+    "%s::bytea[], %s::timestamptz[], %s::smallint[], %s::text[], %s::text[]) WITH ORDINALITY "
+    "AS n(id, text, tags, source, created_at, updated_at, vector, expires_at, pinned, scope, link, o)), "
+    "f AS (INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, "
+    "expires_at, pinned, scope, owner) SELECT n.id, n.text, n.tags, n.source, n.created_at, n.updated_at, n.vector, "
+    "%s, CASE WHEN n.vector IS NULL THEN NULL ELSE s.head + n.o END, s.head + n.o, n.expires_at, n.pinned, n.scope, "
+    "%s FROM n, s ORDER BY n.o RETURNING rid), "
+    "c AS (INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
+    "SELECT s.head + n.o, n.id, 'remember', n.updated_at, n.text, n.tags, n.source, %s, NULL, n.scope, n.link "
+    "FROM n, s), "
+    "t AS (INSERT INTO fact_tags (fact_id, key, value, vtype, num) "
+    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[])) "
+    "SELECT s.head, (SELECT MIN(rid) FROM f) FROM s"
+)
+# the background worker's (and reembed's) vectors: the facts and their "reembed" change rows in one statement
+_SET_VECTORS = (
+    "WITH s AS (SELECT COALESCE(MAX(seq), 0) AS head FROM changes), "
+    "v AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bytea[]) WITH ORDINALITY "
+    "AS v(rid, fid, old, vector, o)), "
+    "u AS (UPDATE facts f SET vector = v.vector, fingerprint = %s, label = s.head + v.o, seq = s.head + v.o, "
+    "owner = NULL FROM v, s WHERE f.rid = v.rid RETURNING f.rid, f.scope), "
+    "c AS (INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
+    "SELECT s.head + v.o, v.fid, 'reembed', %s, NULL, NULL, NULL, 1, v.old, COALESCE(u.scope, ''), NULL "
+    "FROM v CROSS JOIN s LEFT JOIN u ON u.rid = v.rid) "
+    "SELECT head FROM s"
 )
 _INSERT_CHANGE = (
     "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
@@ -90,12 +117,37 @@ class PostgresSession:
         conn: a psycopg connection (autocommit; the backend opens and ends the transactions).
     """
 
-    def __init__(self, conn) -> None:
-        self.conn = conn
+    def __init__(self, conn, begin: tuple[str, Sequence] | None = None) -> None:
+        self._conn = conn
+        self._begin = begin  # a write transaction's lock statement, sent with BEGIN ahead of its first statement
         self.changed = False  # a write touched the change feed or meta: followers are notified at commit
 
+    @property
+    def conn(self):
+        """The connection, inside the transaction when this session writes (BEGIN and the lock sent first)."""
+        if self._begin is not None:
+            self._start()
+        return self._conn
+
+    @property
+    def started(self) -> bool:
+        """Whether a statement was sent (a write session that sent none has no transaction to end)."""
+        return self._begin is None
+
+    def _start(self, sql: str | None = None, params: Sequence = ()):
+        """BEGIN, the lock and `sql` in one round trip (pipelined); returns the cursor of `sql`."""
+        lock, lock_params = self._begin
+        self._begin = None
+        with self._conn.pipeline():
+            self._conn.execute("BEGIN")
+            self._conn.execute(lock, lock_params)
+            cur = None if sql is None else self._conn.execute(sql, params)
+        return cur
+
     def _one(self, sql: str, params: Sequence = ()):
-        return self.conn.execute(sql, params).fetchone()
+        if self._begin is not None:  # (a remember's or the worker's first statement: one round trip with the lock)
+            return self._start(sql, params).fetchone()
+        return self._conn.execute(sql, params).fetchone()
 
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
         with self.conn.cursor(binary=binary) as cur:
@@ -391,36 +443,26 @@ class PostgresSession:
 
     def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None,
                owner: str | None = None) -> tuple[list[int], int]:
-        base = self.max_seq()
-        seqs = list(range(base + 1, base + 1 + len(items)))
-        fact_rows, change_rows, tag_rows = [], [], []
-        tag_texts: dict[int, str] = {}
         has_vec = vectors is not None
-        for i, (seq, item) in enumerate(zip(seqs, items)):
+        cols: list[list] = [[] for _ in range(11)]  # the columns of _INSERT's `n`, one list each
+        tag_cols: list[list] = [[] for _ in range(5)]
+        tag_texts: dict[int, str] = {}
+        for i, item in enumerate(items):
             fid, text, tags, source, created, updated, expires, pinned, scope, replaces = item
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
-            blob = _blob(vectors[i]) if has_vec else None
-            fact_rows.append((fid, text, tj, source, when(created), when(updated), blob, fingerprint,
-                              seq if has_vec else None, seq, when(expires), int(pinned), scope, None if has_vec else owner))
-            change_rows.append((seq, fid, "remember", when(updated), text, tj, source, int(has_vec), None, scope, replaces))
-            tag_rows.extend(tag_row(fid, k, v) for k, v in tags.items())
-        if len(fact_rows) == 1:
-            first = self._scalar(_INSERT_FACT, fact_rows[0])
-        else:
-            with self.conn.cursor() as cur:
-                cur.executemany(_INSERT_FACT, fact_rows, returning=True)
-                rids = []
-                while True:
-                    rids.append(cur.fetchone()[0])
-                    if not cur.nextset():
-                        break
-            first = min(rids)
-        self._log(change_rows)
-        if tag_rows:
-            self.conn.cursor().executemany(_INSERT_TAG, tag_rows)
-        return seqs, first
+            for col, value in zip(cols, (fid, text, tj, source, when(created), when(updated),
+                                         _blob(vectors[i]) if has_vec else None, when(expires), int(pinned), scope,
+                                         replaces)):
+                col.append(value)
+            for k, v in tags.items():
+                for col, value in zip(tag_cols, tag_row(fid, k, v)):
+                    col.append(value)
+        head, first = self._one(_INSERT, [*cols, fingerprint if has_vec else None, None if has_vec else owner,
+                                          int(has_vec), *tag_cols])
+        self.changed = True
+        return list(range(head + 1, head + 1 + len(items))), int(first)
 
     def update(self, row: FactRow, *, text: str, tags: dict, source: str | None, vector: np.ndarray | None,
                fingerprint: str | None, now: str, expires_at: str | None, pinned: bool) -> tuple[int, int | None]:
@@ -462,19 +504,12 @@ class PostgresSession:
                     now: str) -> list[tuple[int, int | None]]:
         if not len(rows):
             return []
-        seq = self.max_seq()
-        scopes = dict(self._all("SELECT rid, scope FROM facts WHERE rid = ANY(%s)", ([int(r) for r, _, _ in rows],)))
-        updates, changes, out = [], [], []
-        at = when(now)
-        for (rid, fid, old_label), vec in zip(rows, vectors):
-            seq += 1
-            updates.append((_blob(vec), fingerprint, seq, seq, rid))
-            changes.append((seq, fid, "reembed", at, None, None, None, 1, old_label, scopes.get(rid, ""), None))
-            out.append((seq, old_label))
-        self.conn.cursor().executemany("UPDATE facts SET vector = %s, fingerprint = %s, label = %s, seq = %s, "
-                                       "owner = NULL WHERE rid = %s", updates)
-        self._log(changes)
-        return out
+        rids = [int(r) for r, _, _ in rows]
+        ids = [fid for _, fid, _ in rows]
+        old = [None if label is None else int(label) for _, _, label in rows]
+        head = self._scalar(_SET_VECTORS, (rids, ids, old, [_blob(v) for v in vectors], fingerprint, when(now)))
+        self.changed = True
+        return [(head + i, label) for i, label in enumerate(old, start=1)]
 
     def prune_history(self, before: str, upto: int) -> int:
         doomed = (
