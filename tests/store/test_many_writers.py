@@ -26,6 +26,13 @@ from test_adaptation_store import FACTS, FAST, QUERIES, fingerprints
 # it); only a node that fails to follow misses the bound.
 LAG_S = 10.0
 
+
+def lag_bound(writers: int) -> float:
+    """The stated lag for `writers` nodes sharing this machine's cores: LAG_S up to four nodes; beyond that every
+    node embeds on the same two cores, so the bound grows with the nodes (eight PostgreSQL nodes on 2 cores were
+    seen at 12 s; README, PostgreSQL section)."""
+    return LAG_S * max(1.0, writers / 4)
+
 WRITER = CHILD_PRELUDE + """
 import os, time
 name, count, acks_path, lag_s = sys.argv[4], int(sys.argv[5]), sys.argv[6], float(sys.argv[7])
@@ -96,9 +103,10 @@ store.close()
 
 def start_writers(model_files, db: Path, names: list[str], count: int, acks: Path) -> list[subprocess.Popen]:
     acks.touch()
+    lag = lag_bound(len(names))
     others = (len(names) - 1) * count
     procs = [subprocess.Popen([PYTHON, "-c", WRITER, str(model_files[0]), str(model_files[1]), str(db), name,
-                               str(count), str(acks), str(LAG_S), str(others)],
+                               str(count), str(acks), str(lag), str(others)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=child_env()) for name in names]
     for p in procs:
@@ -126,7 +134,7 @@ def many_writers(model_files, embedder, db, writers: int, count: int, tmp: Path)
                     _, seen, late, worst = line.split()
                     assert (int(seen), int(late)) == ((writers - 1) * count, 0), (
                         f"a node saw {seen} of the others' {(writers - 1) * count} facts and missed {late} of them "
-                        f"for more than {LAG_S} s after their acknowledgement (slowest found after {worst} s)")
+                        f"for more than {lag_bound(writers)} s after their acknowledgement (slowest found after {worst} s)")
                 elif line.strip() == "done":
                     break
             else:
