@@ -1,5 +1,9 @@
 """LMEmbedder: text -> BPE tokens -> EvermindLM -> mean-pooled, L2-normalised float32 vector.
 
+A text longer than `max_tokens` is either truncated there (max_chunks=1) or read in up to `max_chunks`
+windows of `max_tokens` tokens, each embedded alone, the text's one vector being the L2-normalised mean of the
+window vectors weighted by their token counts (a short tail window counts less).
+
 The fingerprint `evermind-lm/<arch>/<digest8>` names the whole function: its digest is a sha256 over every
 parameter tensor (so a merged adapter on any tensor changes it), an optional adapter digest, the tokenizer's
 digest, the pooling, the truncation length and a format version (RELIABILITY R11).
@@ -19,6 +23,7 @@ from ..errors import InvalidInput
 FINGERPRINT_FORMAT = "evermind-embedder 1"
 POOLING = "mean-l2"
 DEFAULT_BATCH = 64
+MAX_CHUNKS_LIMIT = 64
 
 
 _ARCH_FIELDS = ("vocab_size", "d_model", "n_layers", "conv_kernel", "hidden_dim", "n_experts", "top_k")
@@ -51,12 +56,13 @@ class LMEmbedder:
     Args:
         model: an EvermindLM (anything with `.config`, `.params` and `embed_batch(list[list[int]])`).
         tokenizer: a BPETokenizer (`encode`, `digest`, `bos_id`).
-        max_tokens: texts are truncated to this many tokens.
+        max_tokens: tokens per window (texts are truncated to max_tokens * max_chunks tokens).
+        max_chunks: windows per text; 1 truncates at max_tokens.
         adapter_digest: digest of a LoRA adapter merged into `model`, recorded in the fingerprint.
         hybrid_weight: weight of the cosine score against BM25 over the best BM25 in hybrid recall.
         batch_size: rows per `embed_batch` call in `embed_many`.
     Raises:
-        InvalidInput: max_tokens or batch_size out of range.
+        InvalidInput: max_tokens, max_chunks or batch_size out of range.
     """
 
     def __init__(
@@ -65,17 +71,21 @@ class LMEmbedder:
         tokenizer: object,
         *,
         max_tokens: int = 128,
+        max_chunks: int = 1,
         adapter_digest: str | None = None,
         hybrid_weight: float = 2.0,
         batch_size: int = DEFAULT_BATCH,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:
             raise InvalidInput(f"LMEmbedder expected 1 <= max_tokens <= 65536, got max_tokens={max_tokens!r}.")
+        if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or not 1 <= max_chunks <= MAX_CHUNKS_LIMIT:
+            raise InvalidInput(f"LMEmbedder expected 1 <= max_chunks <= {MAX_CHUNKS_LIMIT}, got max_chunks={max_chunks!r}.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInput(f"LMEmbedder expected batch_size >= 1, got batch_size={batch_size!r}.")
         self.model = model
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.max_chunks = max_chunks
         self.batch_size = batch_size
         self.hybrid_weight = float(hybrid_weight)
         self.adapter_digest = adapter_digest
@@ -99,6 +109,8 @@ class LMEmbedder:
             h.update(tensor.tobytes())
         h.update(f"\ntokenizer:{self.tokenizer.digest()}".encode())
         h.update(f"\npooling:{POOLING}\nmax_tokens:{self.max_tokens}".encode())
+        if self.max_chunks > 1:  # absent for one window, so truncating embedders keep their fingerprints
+            h.update(f"\nchunks:{self.max_chunks} length-weighted mean".encode())
         h.update(f"\nadapter:{self.adapter_digest or ''}".encode())
         return h.hexdigest()
 
@@ -113,8 +125,12 @@ class LMEmbedder:
         return self._fingerprint
 
     def _tokens(self, text: str) -> list[int]:
-        ids = list(self.tokenizer.encode(text))[: self.max_tokens]
+        ids = list(self.tokenizer.encode(text))[: self.max_tokens * self.max_chunks]
         return ids if ids else [int(self.tokenizer.bos_id)]
+
+    def _windows(self, ids: list[int]) -> list[list[int]]:
+        w = self.max_tokens
+        return [ids[i : i + w] for i in range(0, len(ids), w)]
 
     @single_blas
     def embed(self, text: str) -> np.ndarray:
@@ -126,7 +142,9 @@ class LMEmbedder:
             (C,) float32, unit length.
         """
         if self._one is not None:  # the frozen model's single-sequence path: no batching bookkeeping
-            return self._one(self._tokens(text))
+            ids = self._tokens(text)
+            if len(ids) <= self.max_tokens:
+                return self._one(ids)
         return self.embed_many([text])[0]
 
     @single_blas
@@ -139,12 +157,19 @@ class LMEmbedder:
             (N, C) float32, rows unit length, in the order of `texts`.
         """
         n = len(texts)
-        if n == 1 and self._one is not None:
-            return self._one(self._tokens(texts[0]))[None, :]  # (1, C)
+        token_lists = [self._tokens(t) for t in texts]
+        if n == 1 and self._one is not None and len(token_lists[0]) <= self.max_tokens:
+            return self._one(token_lists[0])[None, :]  # (1, C)
+        if self.max_chunks > 1 and any(len(t) > self.max_tokens for t in token_lists):
+            return self._pooled_chunks(token_lists)
+        return self._embed_lists(token_lists)
+
+    def _embed_lists(self, token_lists: list[list[int]]) -> np.ndarray:
+        """(N, C) unit rows of token lists of at most max_tokens each, in length-sorted batches."""
+        n = len(token_lists)
         out = np.zeros((n, self._dimensions), dtype=np.float32)  # (N, C)
         if n == 0:
             return out
-        token_lists = [self._tokens(t) for t in texts]
         order = np.argsort(np.array([len(t) for t in token_lists]), kind="stable")  # (N,)
         for start in range(0, n, self.batch_size):
             idx = order[start : start + self.batch_size]
@@ -153,5 +178,18 @@ class LMEmbedder:
         norms = np.linalg.norm(out, axis=1, keepdims=True)  # (N, 1)
         return out / np.maximum(norms, 1e-12)
 
+    def _pooled_chunks(self, token_lists: list[list[int]]) -> np.ndarray:
+        """(N, C) unit rows: each text's window vectors, averaged with weights = window lengths."""
+        windows = [self._windows(ids) for ids in token_lists]
+        owner = np.repeat(np.arange(len(windows)), [len(w) for w in windows])  # (W,) text of each window
+        flat = [w for ws in windows for w in ws]
+        vecs = self._embed_lists(flat)  # (W, C)
+        vecs *= np.array([len(w) for w in flat], dtype=np.float32)[:, None]
+        out = np.zeros((len(windows), self._dimensions), dtype=np.float32)  # (N, C)
+        np.add.at(out, owner, vecs)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)  # (N, 1)
+        return out / np.maximum(norms, 1e-12)
+
     def __repr__(self) -> str:
-        return f"LMEmbedder({self._fingerprint!r}, max_tokens={self.max_tokens})"
+        chunks = f", max_chunks={self.max_chunks}" if self.max_chunks > 1 else ""
+        return f"LMEmbedder({self._fingerprint!r}, max_tokens={self.max_tokens}{chunks})"

@@ -46,6 +46,9 @@ def card() -> dict[str, Any]:
         raise CheckpointError(f"the shipped model card {_CARD} is not JSON ({e}); reinstall evermind_memory.") from e
     wrong = [key for key, kind in _REQUIRED.items()
              if not isinstance(data, dict) or not isinstance(data.get(key), kind) or isinstance(data.get(key), bool)]
+    chunks = data.get("max_chunks", 1) if isinstance(data, dict) else 1
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+        wrong.append("max_chunks")
     if wrong or "d_model" not in data["config"]:
         raise CheckpointError(
             f"the shipped model card {_CARD} lacks or mistypes {wrong or ['config.d_model']}; reinstall evermind_memory."

@@ -9,16 +9,22 @@ Results equal the training path's up to float rounding. Shape letters as in mode
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from evermind_memory.errors import InvalidInput
 from evermind_memory.lm.attention import key_mask
 from evermind_memory.lm.config import LMConfig
 from evermind_memory.lm.layers import RMS_EPS
 from evermind_memory.lm.moe import SHORT_MAX_ROWS, moe_infer, moe_infer_short, moe_inference_weights
 
-__all__ = ["FrozenEmbedder", "build_plan", "plan_embed_one", "plan_embed_many"]
+__all__ = ["EMBED_THREADS_ENV", "FrozenEmbedder", "build_plan", "embed_threads", "plan_embed_one", "plan_embed_many"]
+
+EMBED_THREADS_ENV = "EVERMIND_EMBED_THREADS"
 
 _NORM_EPS = 1e-12  # an all-zero pooled vector stays zero instead of dividing by zero
 _EMBED_BUCKET_SEQS = 64  # at most this many sequences per embedding forward
@@ -149,15 +155,12 @@ def plan_embed_one(plan: _Plan, seq: np.ndarray) -> np.ndarray:
     return _normalise_rows(_plan_pool(plan, h, 1, None))[0]
 
 
-def plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np.ndarray:
-    """Embeddings (N, C) float32 of validated sequences, run in length-sorted buckets of similar length."""
-    out = np.zeros((len(seqs), d_model), dtype=np.float32)  # (N, C)
-    if not seqs:
-        return out
-    lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
-    order = np.argsort(lens, kind="stable").tolist()  # short to long, so a bucket pads little
+def _buckets(lens: np.ndarray, d_model: int) -> list[list[int]]:
+    """Indices of sequences grouped into forwards: short to long, so a bucket pads little; a bucket holds at
+    most _EMBED_BUCKET_SEQS sequences and _EMBED_BUCKET_ELEMENTS padded positions x C."""
+    order = np.argsort(lens, kind="stable").tolist()
     max_rows = max(1, _EMBED_BUCKET_ELEMENTS // d_model)
-    start = 0
+    out, start = [], 0
     while start < len(order):
         stop = start + 1
         while (
@@ -166,20 +169,70 @@ def plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np
             and (stop - start + 1) * lens[order[stop]] <= max_rows
         ):
             stop += 1
-        ids = order[start:stop]
-        sub_lens = lens[ids]  # (b,)
-        t = int(sub_lens[-1])
-        if len(ids) == 1:
-            out[ids[0]] = plan_embed_one(plan, seqs[ids[0]])
-            start = stop
-            continue
-        tokens = np.zeros((len(ids), t), dtype=np.intp)  # (b, t) padding is token 0: finite junk, never read
-        for row, i in enumerate(ids):
-            tokens[row, : sub_lens[row]] = seqs[i]
-        h = _plan_hidden(plan, tokens)  # (b*t, C)
-        padded = None if sub_lens[0] == t else sub_lens
-        out[ids] = _normalise_rows(_plan_pool(plan, h, len(ids), padded))
+        out.append(order[start:stop])
         start = stop
+    return out
+
+
+def _embed_bucket(plan: _Plan, seqs: Sequence[np.ndarray], ids: list[int], lens: np.ndarray, out: np.ndarray) -> None:
+    """Write the embeddings of seqs[ids] (one padded forward) into out[ids]."""
+    if len(ids) == 1:
+        out[ids[0]] = plan_embed_one(plan, seqs[ids[0]])
+        return
+    sub_lens = lens[ids]  # (b,)
+    t = int(sub_lens[-1])
+    tokens = np.zeros((len(ids), t), dtype=np.intp)  # (b, t) padding is token 0: finite junk, never read
+    for row, i in enumerate(ids):
+        tokens[row, : sub_lens[row]] = seqs[i]
+    h = _plan_hidden(plan, tokens)  # (b*t, C)
+    padded = None if sub_lens[0] == t else sub_lens
+    out[ids] = _normalise_rows(_plan_pool(plan, h, len(ids), padded))
+
+
+def embed_threads() -> int:
+    """Worker threads for the buckets of one embed_many: EVERMIND_EMBED_THREADS, default min(2, CPUs).
+
+    Each worker runs whole buckets with single-threaded BLAS (see _blas.py: no spinning threads), and buckets
+    are computed exactly as serially, so the vectors do not depend on the thread count."""
+    raw = os.environ.get(EMBED_THREADS_ENV, "")
+    try:
+        n = int(raw) if raw.strip() else min(2, os.cpu_count() or 1)
+    except ValueError:
+        raise InvalidInput(f"{EMBED_THREADS_ENV} expected a whole number of threads >= 1, got {raw!r}.") from None
+    if n < 1:
+        raise InvalidInput(f"{EMBED_THREADS_ENV} expected a whole number of threads >= 1, got {raw!r}.")
+    return n
+
+
+_POOL_LOCK = threading.Lock()
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        pool = _POOLS.get(n)
+        if pool is None:
+            pool = _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="evermind-embed")
+        return pool
+
+
+def plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np.ndarray:
+    """Embeddings (N, C) float32 of validated sequences, run in length-sorted buckets of similar length,
+    spread over embed_threads() workers when there are several buckets."""
+    out = np.zeros((len(seqs), d_model), dtype=np.float32)  # (N, C)
+    if not seqs:
+        return out
+    lens = np.array([s.size for s in seqs], dtype=np.intp)  # (N,)
+    buckets = _buckets(lens, d_model)
+    workers = min(embed_threads(), len(buckets))
+    if workers <= 1 or threading.current_thread().name.startswith("evermind-embed"):
+        for ids in buckets:
+            _embed_bucket(plan, seqs, ids, lens, out)
+        return out
+    # longest buckets first, so the last one to start is short and the workers finish together
+    jobs = [_pool(workers).submit(_embed_bucket, plan, seqs, ids, lens, out) for ids in reversed(buckets)]
+    for job in jobs:
+        job.result()
     return out
 
 

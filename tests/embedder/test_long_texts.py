@@ -1,0 +1,92 @@
+"""Long texts: truncation at max_tokens, or up to max_chunks windows pooled into one vector; and embed_many's
+buckets spread over worker threads giving the same vectors as one thread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evermind_memory.embedder import LMEmbedder, adapted_embedder, embedder_for
+from evermind_memory.errors import InvalidInput
+from evermind_memory.lm.inference import EMBED_THREADS_ENV
+from evermind_memory.lm.model import EvermindLM, LMConfig
+from evermind_memory.lm.tokenizer import BPETokenizer
+
+from test_loader import adapter_for  # noqa: E402  (tests/embedder is on sys.path under pytest)
+
+WORDS = ("tea coffee train seven green leaves morning server restart night report March flight Lisbon printer "
+         "paper floor Ada Bob meeting room project deadline budget").split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> BPETokenizer:
+    return BPETokenizer.train([" ".join(WORDS)] * 8, 300)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer) -> EvermindLM:
+    return EvermindLM(LMConfig(vocab_size=len(tokenizer), d_model=16, n_layers=2, hidden_dim=16, attn_heads=2),
+                      seed=5)
+
+
+def _texts(n: int, seed: int = 0) -> list[str]:
+    """n texts of 1 to 60 words (many longer than a 16-token window)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 60)))) for _ in range(n)]
+
+
+def test_one_chunk_keeps_the_truncating_fingerprint_and_vectors(model, tokenizer):
+    plain = LMEmbedder(model, tokenizer, max_tokens=16)
+    one = LMEmbedder(model, tokenizer, max_tokens=16, max_chunks=1)
+    assert one.fingerprint == plain.fingerprint
+    np.testing.assert_array_equal(one.embed_many(_texts(20)), plain.embed_many(_texts(20)))
+
+
+def test_chunks_change_the_fingerprint_and_pool_the_window_vectors_by_length(model, tokenizer):
+    w, n = 16, 3
+    chunked = LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n)
+    plain = LMEmbedder(model, tokenizer, max_tokens=w)
+    assert chunked.fingerprint != plain.fingerprint
+    assert chunked.fingerprint != LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n + 1).fingerprint
+    texts = _texts(30)
+    got = chunked.embed_many(texts)
+    want = []
+    for text in texts:
+        ids = tokenizer.encode(text)[: w * n]
+        windows = [ids[i : i + w] for i in range(0, len(ids), w)]
+        vecs = np.stack([model.embed(win) for win in windows])  # unit rows, the training path's twin
+        pooled = (vecs * np.array([len(win) for win in windows], dtype=np.float32)[:, None]).sum(axis=0)
+        want.append(pooled / np.linalg.norm(pooled))
+    np.testing.assert_allclose(got, np.array(want), rtol=0, atol=1e-5)
+    assert any(len(tokenizer.encode(t)) > w for t in texts) and any(len(tokenizer.encode(t)) <= w for t in texts)
+    # embed() of a long text and a batch of one agree with the batch
+    long_text = max(texts, key=lambda t: len(tokenizer.encode(t)))
+    np.testing.assert_allclose(chunked.embed(long_text), got[texts.index(long_text)], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(chunked.embed_many([long_text])[0], got[texts.index(long_text)], rtol=0, atol=1e-6)
+    # a text that fits one window is embedded exactly as the truncating embedder does
+    short = min(texts, key=lambda t: len(tokenizer.encode(t)))
+    np.testing.assert_allclose(chunked.embed(short), plain.embed(short), rtol=0, atol=1e-6)
+
+
+def test_max_chunks_travels_through_the_loader_and_an_adapter(model, tokenizer):
+    base = embedder_for(model, tokenizer, max_tokens=16, max_chunks=2)
+    assert base.max_chunks == 2
+    adapted = adapted_embedder(base, adapter_for(model))
+    assert adapted.max_chunks == 2 and adapted.fingerprint != base.fingerprint
+    for bad in (0, -1, 65, 2.0, True):
+        with pytest.raises(InvalidInput, match="max_chunks"):
+            LMEmbedder(model, tokenizer, max_tokens=16, max_chunks=bad)
+
+
+def test_worker_threads_give_the_vectors_of_one_thread(model, tokenizer, monkeypatch):
+    texts = _texts(300, seed=1)  # several buckets of several lengths
+    emb = LMEmbedder(model, tokenizer, max_tokens=64, batch_size=300)
+    monkeypatch.setenv(EMBED_THREADS_ENV, "1")
+    serial = emb.embed_many(texts)
+    for threads in ("2", "3"):
+        monkeypatch.setenv(EMBED_THREADS_ENV, threads)
+        np.testing.assert_array_equal(emb.embed_many(texts), serial)
+    for bad in ("0", "two"):
+        monkeypatch.setenv(EMBED_THREADS_ENV, bad)
+        with pytest.raises(InvalidInput, match=EMBED_THREADS_ENV):
+            emb.embed_many(texts)
