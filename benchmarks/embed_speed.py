@@ -12,6 +12,13 @@ tokenizer is trained on the documents.
     python benchmarks/embed_speed.py [--threads 2] [--docs 1000] [--repeats 3] [--queries 300]
                                      [--teacher DIR] [--json results.json]
                                      [--model NAME=MODEL.evlm,TOKENIZER.json ...] [--config NAME=C,H[,L]]
+    python benchmarks/embed_speed.py --dev-docs /work/data/dev --reading 128,256,128x4 [--embed-threads 1,2]
+
+--dev-docs DIR times real documents instead: a seeded sample of --docs documents of the dev manuals (every
+<source>.docs.jsonl of DIR, e.g. /work/data/dev; their natural lengths, a median of 300-740 characters and up to
+4,000), and --reading adds rows of the shipped model reading them differently (T: truncated at T tokens, WxN: up to
+N windows of W tokens pooled, see LMEmbedder max_chunks), each with EVERMIND_EMBED_THREADS=1 and =2 when
+--embed-threads 1,2 (the default: 2 workers, one BLAS thread each, as the library runs on 2 cores).
 
 --model adds a trained checkpoint (with its own tokenizer; `--model shipped` adds the packaged model) and
 --config a random-weight shape (V=16384, K=4, E=4, top-2, attn_heads=4, C channels, H expert hidden, L layers,
@@ -126,7 +133,13 @@ def main() -> None:
     ap.add_argument("--model", action="append", default=[], help="NAME=MODEL.evlm,TOKENIZER.json or shipped")
     ap.add_argument("--config", action="append", default=[], help="NAME=C,H[,L]: a random-weight shape")
     ap.add_argument("--with-defaults", action="store_true", help="keep the C=128/C=256 rows with --model/--config")
+    ap.add_argument("--dev-docs", type=Path, default=None, help="time a sample of this dev folder's documents")
+    ap.add_argument("--reading", default="", help="with --dev-docs: shipped-model rows, e.g. 128,256,128x4")
+    ap.add_argument("--embed-threads", default="1,2", help="with --reading: EVERMIND_EMBED_THREADS of each row")
     args = ap.parse_args()
+    if args.dev_docs is not None:
+        dev_docs_speed(args)
+        return
 
     load_start = os.getloadavg()
     paras = paragraphs()
@@ -196,6 +209,69 @@ def main() -> None:
         x = f"{r['x_minilm']:.2f}" if "x_minilm" in r else "-"
         print(f"{name:<12}{r['docs_per_s']:>10.0f}{x:>10}{r['query_ms_p50']:>15.3f}{r['query_ms_p99']:>15.3f}")
     if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+def dev_docs_speed(args: argparse.Namespace) -> None:
+    """docs/s of the shipped model under several readings and worker counts, and of MiniLM, on real documents."""
+    from evermind_memory.embedder import default_embedder
+    from evermind_memory.lm.inference import EMBED_THREADS_ENV
+
+    load_start = os.getloadavg()
+    texts = []
+    for path in sorted(args.dev_docs.glob("*.docs.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            texts += [json.loads(line)["doc"] for line in fh if line.strip()]
+    rng = np.random.default_rng(0)
+    docs = [texts[i] for i in rng.choice(len(texts), size=min(args.docs, len(texts)), replace=False)]
+    base = default_embedder().load()
+    tokens = [len(base.tokenizer.encode(d)) for d in docs]
+    runners, meta_rows = {}, {}
+    for reading in [r for r in args.reading.split(",") if r]:
+        w, _, n = reading.partition("x")
+        emb = LMEmbedder(base.model, base.tokenizer, max_tokens=int(w), max_chunks=int(n or 1))
+        for threads in [t for t in args.embed_threads.split(",") if t]:
+            name = f"ours {reading} t{threads}"
+
+            def run(texts, emb=emb, threads=threads):
+                os.environ[EMBED_THREADS_ENV] = threads
+                return emb.embed_many(texts)
+
+            runners[name] = run
+            meta_rows[name] = {"max_tokens": int(w), "max_chunks": int(n or 1), "embed_threads": int(threads),
+                               "fingerprint": emb.fingerprint,
+                               "tokens_read_mean": float(np.mean([min(t, int(w) * int(n or 1)) for t in tokens]))}
+    minilm = None if args.no_minilm else load_minilm(args.teacher, args.threads)
+    if minilm is not None:
+        runners["MiniLM"] = lambda texts: minilm.encode(texts, batch_size=32, convert_to_numpy=True,
+                                                        show_progress_bar=False)
+    for run in runners.values():  # warm-up
+        run(docs[:64])
+    rates: dict[str, float] = {}
+    for _ in range(args.repeats):  # alternate, so load from other processes hits every row alike
+        for name, run in runners.items():
+            best_rate(run, docs, rates, name)
+    load_end = os.getloadavg()
+    results = {name: {"docs_per_s": rate, **meta_rows.get(name, {})} for name, rate in rates.items()}
+    if "MiniLM" in rates:
+        for name in meta_rows:
+            results[name]["x_minilm"] = rates[name] / rates["MiniLM"]
+    print(f"Embedding speed on {len(docs)} dev documents ({args.dev_docs}; our tokens median "
+          f"{np.median(tokens):.0f}, mean {np.mean(tokens):.0f}, {np.mean(np.array(tokens) > 128):.0%} over 128), "
+          f"best of {args.repeats}; load avg {load_start[0]:.2f} -> {load_end[0]:.2f}")
+    print(f"{'row':<20}{'tokens read':>12}{'docs/s':>10}{'x MiniLM':>10}")
+    for name, r in results.items():
+        x = f"{r['x_minilm']:.2f}" if "x_minilm" in r else "-"
+        read = f"{r['tokens_read_mean']:.0f}" if "tokens_read_mean" in r else "-"
+        print(f"{name:<20}{read:>12}{r['docs_per_s']:>10.0f}{x:>10}")
+    if args.json:
+        meta = {"docs": len(docs), "dev_docs": str(args.dev_docs), "our_tokens_mean": float(np.mean(tokens)),
+                "our_tokens_median": float(np.median(tokens)), "repeats": args.repeats,
+                "torch_threads": args.threads if minilm is not None else None, "cpu_count": os.cpu_count(),
+                "load_avg_start": load_start, "load_avg_end": load_end, "python": platform.python_version(),
+                "numpy": np.__version__, "machine": platform.machine()}
+        if minilm is not None:
+            meta["minilm_max_seq_length"] = int(minilm.max_seq_length)
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
 
 

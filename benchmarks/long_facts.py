@@ -14,6 +14,12 @@ Variants of the document side:
 - `chunk-WxN-len`: the same, each chunk weighted by its token count (a short tail chunk counts less).
 - `chunk-WxN-firstF`: the same, the first chunk weighted F, the others 1 (the head of a fact usually says what
   it is about).
+- `chunk-WxN-lenfirstF`: each chunk weighted by its token count, the first one's weight times F (what
+  LMEmbedder(max_chunks=N, first_chunk_weight=F) computes).
+
+A variant chosen by looking at this table is chosen on the sources it is scored on; the `left-out choice` row
+is honest: for each source, the variant with the best mean over the other sources, scored on this one.
+Vectors are cached under --cache (by source, fingerprint and reading), so more pooling variants cost nothing.
 
 Also the document tokens read per second of each variant (one thread, this machine), and the share of the
 source's document tokens each variant reads. all-MiniLM-L6-v2 (exact cosine, 256 word pieces) is the reference
@@ -46,7 +52,8 @@ from dev_pools import CACHE_DIR, dev_sources, load_dev_source, load_eval_source 
 from recall_quality import exact_rankings, rank_metrics  # noqa: E402
 
 EVAL_SOURCES = ("debian", "pyapi", "foldoc")
-DEFAULT_VARIANTS = ("trunc-128", "trunc-256", "chunk-128x4-len", "chunk-128x4-first2", "chunk-128x4-first4")
+DEFAULT_VARIANTS = ("trunc-128", "trunc-256", "chunk-128x2-len", "chunk-128x4-len", "chunk-128x4-first2",
+                    "chunk-128x4-first4", "chunk-128x4-lenfirst2", "chunk-128x4-lenfirst4", "chunk-128x4-lenfirst8")
 QUERY_TOKENS = 128
 
 
@@ -57,8 +64,8 @@ def parse_variant(name: str) -> tuple[str, int, int, str]:
         return "trunc", int(rest), 1, ""
     size, _, weighting = rest.partition("-")
     w, _, n = size.partition("x")
-    if kind != "chunk" or not (weighting in ("mean", "len") or weighting.startswith("first")):
-        raise SystemExit(f"unknown variant {name!r}: expected trunc-T or chunk-WxN-(mean|len|firstF)")
+    if kind != "chunk" or not (weighting in ("mean", "len") or weighting.startswith(("first", "lenfirst"))):
+        raise SystemExit(f"unknown variant {name!r}: expected trunc-T or chunk-WxN-(mean|len|firstF|lenfirstF)")
     return "chunk", int(w), int(n), weighting
 
 
@@ -66,24 +73,44 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def cached_embed(engine, lists: list[list[int]], path: Path | None) -> tuple[np.ndarray, float | None]:
+    """Unit vectors of token lists, read from `path` (.npy) when a run wrote it; seconds spent (None: cached)."""
+    if path is not None and path.is_file():
+        vecs = np.load(path, allow_pickle=False)
+        if vecs.shape[0] == len(lists):
+            return vecs, None
+    t0 = time.perf_counter()
+    vecs = _unit(np.asarray(engine.embed_batch(lists), dtype=np.float32))
+    seconds = time.perf_counter() - t0
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, vecs, allow_pickle=False)
+    return vecs, seconds
+
+
 class ChunkVectors:
     """Unit vectors of W-token windows of each doc, embedded once and shared by every chunk variant."""
 
-    def __init__(self, engine, token_lists: list[list[int]], w: int) -> None:
-        self.engine, self.tokens, self.w = engine, token_lists, w
+    def __init__(self, engine, token_lists: list[list[int]], w: int, cache: str | None = None) -> None:
+        self.engine, self.tokens, self.w, self.cache = engine, token_lists, w, cache
         self.vecs: dict[int, np.ndarray] = {}  # chunk index -> (n_docs_with_it, C)
         self.rows: dict[int, np.ndarray] = {}  # chunk index -> doc indices that have it
-        self.seconds = 0.0
+        self.seconds: float | None = 0.0  # None once any chunk came from the cache
         self.tokens_read: dict[int, int] = {}
 
     def chunk(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         if j not in self.vecs:
             rows = np.array([i for i, t in enumerate(self.tokens) if len(t) > j * self.w], dtype=np.int64)
             lists = [self.tokens[i][j * self.w: (j + 1) * self.w] for i in rows]
-            t0 = time.perf_counter()
-            vecs = self.engine.embed_batch(lists) if lists else np.zeros((0, 1), np.float32)
-            self.seconds += time.perf_counter() - t0
-            self.vecs[j], self.rows[j] = _unit(np.asarray(vecs, dtype=np.float32)), rows
+            if lists:
+                # the first window is the text truncated at w tokens: the same vectors as trunc-w
+                path = (Path(f"{self.cache}-t{self.w}.npy") if j == 0 else Path(f"{self.cache}-w{self.w}-c{j}.npy")) \
+                    if self.cache else None
+                vecs, seconds = cached_embed(self.engine, lists, path)
+                self.seconds = None if seconds is None or self.seconds is None else self.seconds + seconds
+            else:
+                vecs = np.zeros((0, 1), np.float32)
+            self.vecs[j], self.rows[j] = vecs, rows
             self.tokens_read[j] = sum(len(x) for x in lists)
         return self.vecs[j], self.rows[j]
 
@@ -94,8 +121,11 @@ class ChunkVectors:
             vecs, rows = self.chunk(j)
             if not rows.size:
                 break
+            length = np.array([min(self.w, len(self.tokens[i]) - j * self.w) for i in rows], np.float32)
             if weighting == "len":
-                weight = np.array([min(self.w, len(self.tokens[i]) - j * self.w) for i in rows], np.float32)
+                weight = length
+            elif weighting.startswith("lenfirst"):  # what LMEmbedder(max_chunks=N, first_chunk_weight=F) does
+                weight = length * (float(weighting[8:]) if j == 0 else 1.0)
             elif weighting.startswith("first"):
                 weight = np.full(rows.size, float(weighting[5:]) if j == 0 else 1.0, np.float32)
             else:
@@ -112,6 +142,7 @@ def main() -> None:
     ap.add_argument("--sources", default="", help="comma-separated subset")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cache", default="/tmp/evermind_long_facts", help="vector cache folder ('': none)")
     args = ap.parse_args()
 
     from evermind_memory.embedder import default_embedder
@@ -131,29 +162,30 @@ def main() -> None:
                else load_dev_source(name, Path(args.dev)))
         doc_tokens = [list(tok.encode(d)) or [int(tok.bos_id)] for d in src.docs]
         total_tokens = sum(len(t) for t in doc_tokens)
-        q_vecs = _unit(np.asarray(engine.embed_batch(
-            [list(tok.encode(q))[:QUERY_TOKENS] or [int(tok.bos_id)] for q in src.queries]), np.float32))
+        cache = (f"{args.cache}/{name}-{emb.fingerprint.rsplit('/', 1)[-1]}-{src.digest()}"
+                 if args.cache else None)
+        q_vecs, _ = cached_embed(engine, [list(tok.encode(q))[:QUERY_TOKENS] or [int(tok.bos_id)] for q in src.queries],
+                                 Path(f"{cache}-queries.npy") if cache else None)
         row: dict[str, dict] = {}
         chunkers: dict[int, ChunkVectors] = {}
         for v in variants:
             kind, w, n, weighting = parsed[v]
             if kind == "trunc":
                 lists = [t[:w] for t in doc_tokens]
-                t0 = time.perf_counter()
-                d_vecs = _unit(np.asarray(engine.embed_batch(lists), np.float32))
-                seconds, read = time.perf_counter() - t0, sum(len(x) for x in lists)
+                d_vecs, seconds = cached_embed(engine, lists, Path(f"{cache}-t{w}.npy") if cache else None)
+                read = sum(len(x) for x in lists)
             else:
-                ch = chunkers.setdefault(w, ChunkVectors(engine, doc_tokens, w))
+                ch = chunkers.setdefault(w, ChunkVectors(engine, doc_tokens, w, cache))
                 d_vecs, read = ch.pooled(n, weighting, dims)
             m = rank_metrics(exact_rankings(q_vecs, d_vecs), src.gold)
             row[v] = {"ndcg@10": m["ndcg@10"], "recall@10": m["recall@10"],
                       "tokens_read_share": read / total_tokens, "tokens_read": read}
-            if kind == "trunc":
+            if kind == "trunc" and seconds:
                 row[v]["tokens_per_s"] = read / seconds
         for w, ch in chunkers.items():
             read = sum(ch.tokens_read.values())
             for v in variants:
-                if parsed[v][0] == "chunk" and parsed[v][1] == w:
+                if parsed[v][0] == "chunk" and parsed[v][1] == w and ch.seconds:
                     row[v]["tokens_per_s"] = read / ch.seconds
         ranked = CACHE_DIR / f"{src.name}-minilm-{src.digest()}.json.gz"
         if ranked.is_file():  # MiniLM's exact-cosine top 50, as benchmarks/dev_pools.py cached it
@@ -177,8 +209,19 @@ def main() -> None:
         print(f"{'- trunc-128':<26}" + "".join(f"{mean[c] - mean['trunc-128']:>+20.4f}" for c in cols))
     if "MiniLM" in mean:
         print(f"{'x MiniLM':<26}" + "".join(f"{mean[c] / mean['MiniLM']:>20.3f}" for c in cols))
+    choice = {}
+    for name in results:  # the variant the other sources prefer, scored on this one
+        others = [r for n, r in results.items() if n != name]
+        best = max(variants, key=lambda v: np.mean([r["variants"][v]["ndcg@10"] for r in others]))
+        choice[name] = {"variant": best, "ndcg@10": results[name]["variants"][best]["ndcg@10"]}
+    chosen = float(np.mean([c["ndcg@10"] for c in choice.values()]))
+    print("\nleft-out choice (best mean on the other sources): " + ", ".join(
+        f"{n}: {c['variant']} {c['ndcg@10']:.4f}" for n, c in choice.items()))
+    base = f" ({chosen - mean['trunc-128']:+.4f} vs trunc-128)" if "trunc-128" in mean else ""
+    print(f"left-out choice mean ndcg@10 {chosen:.4f}{base}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"sources": results, "mean_ndcg@10": mean,
+        Path(args.json).write_text(json.dumps({"sources": results, "mean_ndcg@10": mean, "left_out_choice": choice,
+                                               "left_out_choice_mean": chosen,
                                                "fingerprint": emb.fingerprint, "query_tokens": QUERY_TOKENS},
                                               indent=1))
 

@@ -28,17 +28,20 @@ class LazyEmbedder:
             raises, in which case the next call tries again.
         max_tokens: its truncation length, or window length when max_chunks > 1 (known without loading).
         max_chunks: windows of max_tokens it reads per text (known without loading).
+        first_chunk_weight: the first window's weight in a pooled vector (known without loading).
         hybrid_weight: its fusion weight (known without loading).
         source: how error messages name what is loaded.
     """
 
     def __init__(self, *, fingerprint: str, dimensions: int, load: Callable[[], Any], max_tokens: int,
-                 hybrid_weight: float, source: str = "the shipped model", max_chunks: int = 1) -> None:
+                 hybrid_weight: float, source: str = "the shipped model", max_chunks: int = 1,
+                 first_chunk_weight: float = 1.0) -> None:
         self._fingerprint = fingerprint
         self._dimensions = int(dimensions)
         self._load = load
         self.max_tokens = int(max_tokens)
         self.max_chunks = int(max_chunks)
+        self.first_chunk_weight = float(first_chunk_weight)
         self.hybrid_weight = float(hybrid_weight)
         self._source = source
         self._lock = threading.Lock()

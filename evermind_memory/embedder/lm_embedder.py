@@ -2,7 +2,8 @@
 
 A text longer than `max_tokens` is either truncated there (max_chunks=1) or read in up to `max_chunks`
 windows of `max_tokens` tokens, each embedded alone, the text's one vector being the L2-normalised mean of the
-window vectors weighted by their token counts (a short tail window counts less).
+window vectors weighted by their token counts (a short tail window counts less), the first window's weight
+times `first_chunk_weight` (the head of a fact usually says what it is about).
 
 The fingerprint `evermind-lm/<arch>/<digest8>` names the whole function: its digest is a sha256 over every
 parameter tensor (so a merged adapter on any tensor changes it), an optional adapter digest, the tokenizer's
@@ -58,11 +59,12 @@ class LMEmbedder:
         tokenizer: a BPETokenizer (`encode`, `digest`, `bos_id`).
         max_tokens: tokens per window (texts are truncated to max_tokens * max_chunks tokens).
         max_chunks: windows per text; 1 truncates at max_tokens.
+        first_chunk_weight: the first window's weight relative to a later window of the same length.
         adapter_digest: digest of a LoRA adapter merged into `model`, recorded in the fingerprint.
         hybrid_weight: weight of the cosine score against BM25 over the best BM25 in hybrid recall.
         batch_size: rows per `embed_batch` call in `embed_many`.
     Raises:
-        InvalidInput: max_tokens, max_chunks or batch_size out of range.
+        InvalidInput: max_tokens, max_chunks, first_chunk_weight or batch_size out of range.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class LMEmbedder:
         *,
         max_tokens: int = 128,
         max_chunks: int = 1,
+        first_chunk_weight: float = 1.0,
         adapter_digest: str | None = None,
         hybrid_weight: float = 2.0,
         batch_size: int = DEFAULT_BATCH,
@@ -80,12 +83,16 @@ class LMEmbedder:
             raise InvalidInput(f"LMEmbedder expected 1 <= max_tokens <= 65536, got max_tokens={max_tokens!r}.")
         if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or not 1 <= max_chunks <= MAX_CHUNKS_LIMIT:
             raise InvalidInput(f"LMEmbedder expected 1 <= max_chunks <= {MAX_CHUNKS_LIMIT}, got max_chunks={max_chunks!r}.")
+        if isinstance(first_chunk_weight, bool) or not isinstance(first_chunk_weight, (int, float)) \
+                or not 0 < first_chunk_weight <= 1e6:
+            raise InvalidInput(f"LMEmbedder expected 0 < first_chunk_weight <= 1e6, got {first_chunk_weight!r}.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInput(f"LMEmbedder expected batch_size >= 1, got batch_size={batch_size!r}.")
         self.model = model
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.max_chunks = max_chunks
+        self.first_chunk_weight = float(first_chunk_weight)
         self.batch_size = batch_size
         self.hybrid_weight = float(hybrid_weight)
         self.adapter_digest = adapter_digest
@@ -110,7 +117,7 @@ class LMEmbedder:
         h.update(f"\ntokenizer:{self.tokenizer.digest()}".encode())
         h.update(f"\npooling:{POOLING}\nmax_tokens:{self.max_tokens}".encode())
         if self.max_chunks > 1:  # absent for one window, so truncating embedders keep their fingerprints
-            h.update(f"\nchunks:{self.max_chunks} length-weighted mean".encode())
+            h.update(f"\nchunks:{self.max_chunks} length-weighted mean, first x{self.first_chunk_weight!r}".encode())
         h.update(f"\nadapter:{self.adapter_digest or ''}".encode())
         return h.hexdigest()
 
@@ -179,17 +186,22 @@ class LMEmbedder:
         return out / np.maximum(norms, 1e-12)
 
     def _pooled_chunks(self, token_lists: list[list[int]]) -> np.ndarray:
-        """(N, C) unit rows: each text's window vectors, averaged with weights = window lengths."""
+        """(N, C) unit rows: each text's window vectors, averaged with weights = window lengths (the first
+        window's times first_chunk_weight)."""
         windows = [self._windows(ids) for ids in token_lists]
         owner = np.repeat(np.arange(len(windows)), [len(w) for w in windows])  # (W,) text of each window
         flat = [w for ws in windows for w in ws]
         vecs = self._embed_lists(flat)  # (W, C)
-        vecs *= np.array([len(w) for w in flat], dtype=np.float32)[:, None]
+        weight = np.array([len(w) for w in flat], dtype=np.float32)  # (W,)
+        first = np.cumsum([0] + [len(w) for w in windows[:-1]])  # (N,) index of each text's first window
+        weight[first] *= np.float32(self.first_chunk_weight)
+        vecs *= weight[:, None]
         out = np.zeros((len(windows), self._dimensions), dtype=np.float32)  # (N, C)
         np.add.at(out, owner, vecs)
         norms = np.linalg.norm(out, axis=1, keepdims=True)  # (N, 1)
         return out / np.maximum(norms, 1e-12)
 
     def __repr__(self) -> str:
-        chunks = f", max_chunks={self.max_chunks}" if self.max_chunks > 1 else ""
+        chunks = (f", max_chunks={self.max_chunks}, first_chunk_weight={self.first_chunk_weight:g}"
+                  if self.max_chunks > 1 else "")
         return f"LMEmbedder({self._fingerprint!r}, max_tokens={self.max_tokens}{chunks})"

@@ -29,7 +29,7 @@ def _check_tokenizer(tokenizer: Any, where: str) -> None:
 
 def embedder_for(
     model: Any, tokenizer: Any, *, max_tokens: int = 128, hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
-    adapter: Any = None, max_chunks: int = 1,
+    adapter: Any = None, max_chunks: int = 1, first_chunk_weight: float = 1.0,
 ) -> LMEmbedder | SequenceEmbedder:
     """Wrap a model already in memory with its tokenizer as an embedder.
 
@@ -40,6 +40,7 @@ def embedder_for(
         hybrid_weight: weight of the cosine score against BM25 in hybrid recall.
         adapter: lm.adapter.LoRAWeights to merge into an EvermindLM, or None.
         max_chunks: an EvermindLM reads up to this many windows of max_tokens (LMEmbedder); 1 truncates.
+        first_chunk_weight: the first window's weight in the pooled vector (LMEmbedder).
     Returns:
         An LMEmbedder (EvermindLM) or a SequenceEmbedder (SequenceBackbone).
     Raises:
@@ -53,23 +54,25 @@ def embedder_for(
     if isinstance(model, SequenceBackbone):
         if adapter is not None:
             raise InvalidInput("LoRA adapters apply to EvermindLM models only; this is a sequence backbone.")
-        if max_chunks != 1:
-            raise InvalidInput(f"max_chunks applies to EvermindLM models only; got max_chunks={max_chunks!r} for a "
-                               "sequence backbone (pass 1).")
+        if max_chunks != 1 or first_chunk_weight != 1.0:
+            raise InvalidInput(f"max_chunks applies to EvermindLM models only; got max_chunks={max_chunks!r}, "
+                               f"first_chunk_weight={first_chunk_weight!r} for a sequence backbone (pass 1 and 1.0).")
         return SequenceEmbedder(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight)
     if not isinstance(model, EvermindLM):
         raise InvalidInput(f"embedder_for expected an EvermindLM or a SequenceBackbone, got {type(model).__name__}.")
     if adapter is None:
-        return LMEmbedder(model, tokenizer, max_tokens=max_tokens, max_chunks=max_chunks, hybrid_weight=hybrid_weight)
+        return LMEmbedder(model, tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
+                          first_chunk_weight=first_chunk_weight, hybrid_weight=hybrid_weight)
     from ..lm.adapter import adapter_digest, merge_adapter
 
     return LMEmbedder(merge_adapter(model, adapter), tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
-                      adapter_digest=adapter_digest(adapter), hybrid_weight=hybrid_weight)
+                      first_chunk_weight=first_chunk_weight, adapter_digest=adapter_digest(adapter), hybrid_weight=hybrid_weight)
 
 
 def load_embedder(
     path: str | os.PathLike[str], tokenizer: Any, *, max_tokens: int = 128,
     hybrid_weight: float = DEFAULT_HYBRID_WEIGHT, adapter: Any = None, max_chunks: int = 1,
+    first_chunk_weight: float = 1.0,
 ) -> LMEmbedder | SequenceEmbedder:
     """Load a model checkpoint (.evlm) of either backbone as an embedder.
 
@@ -80,6 +83,7 @@ def load_embedder(
         hybrid_weight: weight of the cosine score against BM25 in hybrid recall.
         adapter: LoRAWeights, or the path of an adapter file (lm.adapter.save_adapter), to merge; or None.
         max_chunks: windows of max_tokens an EvermindLM reads per text (see LMEmbedder); 1 truncates.
+        first_chunk_weight: the first window's weight in the pooled vector (LMEmbedder).
     Returns:
         An LMEmbedder for an EvermindLM file, a SequenceEmbedder for a sequence-backbone file.
     Raises:
@@ -104,7 +108,7 @@ def load_embedder(
 
         adapter = load_adapter(adapter, model=model)
     return embedder_for(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight, adapter=adapter,
-                        max_chunks=max_chunks)
+                        max_chunks=max_chunks, first_chunk_weight=first_chunk_weight)
 
 
 def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
@@ -114,8 +118,8 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
         base: the base LMEmbedder (or the default LazyEmbedder, which loads here).
         weights: lm.adapter.LoRAWeights fitted on base.model.
     Returns:
-        A new LMEmbedder with base's tokenizer, max_tokens, max_chunks, hybrid weight and batch size (base is
-        not changed).
+        A new LMEmbedder with base's tokenizer, max_tokens, max_chunks, first_chunk_weight, hybrid weight and
+        batch size (base is not changed).
     Raises:
         InvalidInput: the adapter does not fit the model or the merged weights are not finite.
     """
@@ -123,7 +127,8 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
 
     return LMEmbedder(
         merge_adapter(base.model, weights), base.tokenizer, max_tokens=base.max_tokens,
-        max_chunks=getattr(base, "max_chunks", 1), adapter_digest=adapter_digest(weights),
+        max_chunks=getattr(base, "max_chunks", 1), first_chunk_weight=getattr(base, "first_chunk_weight", 1.0),
+        adapter_digest=adapter_digest(weights),
         hybrid_weight=getattr(base, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
         batch_size=getattr(base, "batch_size", DEFAULT_BATCH),
     )
@@ -132,7 +137,9 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
 def _load_shipped(meta: dict[str, Any]) -> LMEmbedder | SequenceEmbedder:
     with shipped_path(meta["model_file"]) as model_path, shipped_path(meta["tokenizer_file"]) as tok_path:
         return load_embedder(model_path, tok_path, max_tokens=int(meta["max_tokens"]),
-                             max_chunks=int(meta.get("max_chunks", 1)), hybrid_weight=float(meta["hybrid_weight"]))
+                             max_chunks=int(meta.get("max_chunks", 1)),
+                             first_chunk_weight=float(meta.get("first_chunk_weight", 1.0)),
+                             hybrid_weight=float(meta["hybrid_weight"]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,4 +159,6 @@ def default_embedder() -> LazyEmbedder:
     meta = card()
     return LazyEmbedder(fingerprint=meta["fingerprint"], dimensions=int(meta["config"]["d_model"]),
                         load=functools.partial(_load_shipped, meta), max_tokens=int(meta["max_tokens"]),
-                        max_chunks=int(meta.get("max_chunks", 1)), hybrid_weight=float(meta["hybrid_weight"]))
+                        max_chunks=int(meta.get("max_chunks", 1)),
+                        first_chunk_weight=float(meta.get("first_chunk_weight", 1.0)),
+                        hybrid_weight=float(meta["hybrid_weight"]))

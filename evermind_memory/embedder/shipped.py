@@ -49,6 +49,9 @@ def card() -> dict[str, Any]:
     chunks = data.get("max_chunks", 1) if isinstance(data, dict) else 1
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         wrong.append("max_chunks")
+    first = data.get("first_chunk_weight", 1.0) if isinstance(data, dict) else 1.0
+    if not isinstance(first, (int, float)) or isinstance(first, bool) or not 0 < first <= 1e6:
+        wrong.append("first_chunk_weight")
     if wrong or "d_model" not in data["config"]:
         raise CheckpointError(
             f"the shipped model card {_CARD} lacks or mistypes {wrong or ['config.d_model']}; reinstall evermind_memory."

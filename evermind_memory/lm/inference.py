@@ -205,14 +205,17 @@ def embed_threads() -> int:
 
 
 _POOL_LOCK = threading.Lock()
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
+    """The process's pool of n embedding workers (keyed by pid too: a forked child has none of the parent's
+    threads, so it starts its own pool instead of queueing work no thread would take)."""
+    key = (os.getpid(), n)
     with _POOL_LOCK:
-        pool = _POOLS.get(n)
+        pool = _POOLS.get(key)
         if pool is None:
-            pool = _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="evermind-embed")
+            pool = _POOLS[key] = ThreadPoolExecutor(n, thread_name_prefix="evermind-embed")
         return pool
 
 

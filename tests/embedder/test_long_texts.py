@@ -42,12 +42,16 @@ def test_one_chunk_keeps_the_truncating_fingerprint_and_vectors(model, tokenizer
     np.testing.assert_array_equal(one.embed_many(_texts(20)), plain.embed_many(_texts(20)))
 
 
-def test_chunks_change_the_fingerprint_and_pool_the_window_vectors_by_length(model, tokenizer):
+@pytest.mark.parametrize("first", [1.0, 4.0])
+def test_chunks_change_the_fingerprint_and_pool_the_window_vectors_by_length(model, tokenizer, first):
     w, n = 16, 3
-    chunked = LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n)
+    chunked = LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n, first_chunk_weight=first)
     plain = LMEmbedder(model, tokenizer, max_tokens=w)
     assert chunked.fingerprint != plain.fingerprint
-    assert chunked.fingerprint != LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n + 1).fingerprint
+    assert chunked.fingerprint != LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n + 1,
+                                             first_chunk_weight=first).fingerprint
+    assert chunked.fingerprint != LMEmbedder(model, tokenizer, max_tokens=w, max_chunks=n,
+                                             first_chunk_weight=first + 1).fingerprint
     texts = _texts(30)
     got = chunked.embed_many(texts)
     want = []
@@ -55,7 +59,8 @@ def test_chunks_change_the_fingerprint_and_pool_the_window_vectors_by_length(mod
         ids = tokenizer.encode(text)[: w * n]
         windows = [ids[i : i + w] for i in range(0, len(ids), w)]
         vecs = np.stack([model.embed(win) for win in windows])  # unit rows, the training path's twin
-        pooled = (vecs * np.array([len(win) for win in windows], dtype=np.float32)[:, None]).sum(axis=0)
+        weights = np.array([len(win) * (first if j == 0 else 1.0) for j, win in enumerate(windows)])
+        pooled = (vecs * weights[:, None]).sum(axis=0)
         want.append(pooled / np.linalg.norm(pooled))
     np.testing.assert_allclose(got, np.array(want), rtol=0, atol=1e-5)
     assert any(len(tokenizer.encode(t)) > w for t in texts) and any(len(tokenizer.encode(t)) <= w for t in texts)
@@ -69,13 +74,16 @@ def test_chunks_change_the_fingerprint_and_pool_the_window_vectors_by_length(mod
 
 
 def test_max_chunks_travels_through_the_loader_and_an_adapter(model, tokenizer):
-    base = embedder_for(model, tokenizer, max_tokens=16, max_chunks=2)
-    assert base.max_chunks == 2
+    base = embedder_for(model, tokenizer, max_tokens=16, max_chunks=2, first_chunk_weight=3.0)
+    assert (base.max_chunks, base.first_chunk_weight) == (2, 3.0)
     adapted = adapted_embedder(base, adapter_for(model))
-    assert adapted.max_chunks == 2 and adapted.fingerprint != base.fingerprint
+    assert (adapted.max_chunks, adapted.first_chunk_weight) == (2, 3.0) and adapted.fingerprint != base.fingerprint
     for bad in (0, -1, 65, 2.0, True):
         with pytest.raises(InvalidInput, match="max_chunks"):
             LMEmbedder(model, tokenizer, max_tokens=16, max_chunks=bad)
+    for bad in (0.0, -1.0, float("nan"), "2", True):
+        with pytest.raises(InvalidInput, match="first_chunk_weight"):
+            LMEmbedder(model, tokenizer, max_tokens=16, max_chunks=2, first_chunk_weight=bad)
 
 
 def test_worker_threads_give_the_vectors_of_one_thread(model, tokenizer, monkeypatch):
@@ -90,3 +98,17 @@ def test_worker_threads_give_the_vectors_of_one_thread(model, tokenizer, monkeyp
         monkeypatch.setenv(EMBED_THREADS_ENV, bad)
         with pytest.raises(InvalidInput, match=EMBED_THREADS_ENV):
             emb.embed_many(texts)
+
+
+def test_a_forked_child_embeds_with_its_own_workers(model, tokenizer, monkeypatch):
+    import multiprocessing as mp
+
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    monkeypatch.setenv(EMBED_THREADS_ENV, "2")
+    texts = _texts(200, seed=2)
+    emb = LMEmbedder(model, tokenizer, max_tokens=64, batch_size=200)
+    want = emb.embed_many(texts)  # the parent's pool now exists
+    with mp.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(emb.embed_many, (texts,)).get(timeout=60)
+    np.testing.assert_array_equal(got, want)
