@@ -190,13 +190,15 @@ def _embed_bucket(plan: _Plan, seqs: Sequence[np.ndarray], ids: list[int], lens:
 
 
 def embed_threads() -> int:
-    """Worker threads for the buckets of one embed_many: EVERMIND_EMBED_THREADS, default min(2, CPUs).
+    """Worker threads for the buckets of one embed_many: EVERMIND_EMBED_THREADS, default 1.
 
     Each worker runs whole buckets with single-threaded BLAS (see _blas.py: no spinning threads), and buckets
-    are computed exactly as serially, so the vectors do not depend on the thread count."""
+    are computed exactly as serially, so the vectors do not depend on the thread count. The default stays 1:
+    on the shared 2-core machine two workers gained 11% at best (benchmarks/results/embed_speed_dev_docs.json,
+    load 8-17), and a background embed on both cores would take the core a concurrent recall needs."""
     raw = os.environ.get(EMBED_THREADS_ENV, "")
     try:
-        n = int(raw) if raw.strip() else min(2, os.cpu_count() or 1)
+        n = int(raw) if raw.strip() else 1
     except ValueError:
         raise InvalidInput(f"{EMBED_THREADS_ENV} expected a whole number of threads >= 1, got {raw!r}.") from None
     if n < 1:
