@@ -23,7 +23,7 @@ from .._crash import crash_point
 from ..errors import InvalidInput
 from .access import Access
 from .backend import Backend
-from .index import IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
 from .lock import RWLock
 
@@ -221,7 +221,7 @@ class VectorCache:
         right after (so rebuild at once instead of doing both)."""
         if len(labels) + len(removed) < REBUILD_BEHIND_MIN:
             return False
-        retired = index.element_count - index.live_count + sum(1 for label in removed if label in index)
+        retired = index.retired_count + sum(1 for label in removed if label in index)  # (nodes; labels for removed)
         total = index.element_count + len(labels)
         return total >= 64 and retired / total > self.config.rebuild_deleted_ratio
 
@@ -387,6 +387,6 @@ def disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) ->
         pos = np.minimum(pos, len(file_labels) - 1)  # (M,)
         in_file = file_labels[pos] == labels  # (M,) labels the file holds (the rest came from replay)
         file_vecs = info.vectors[order][pos[in_file]]  # (m, D)
-        if not np.array_equal(file_vecs, vectors[in_file]):
+        if len(file_vecs) and np.abs(file_vecs - vectors[in_file]).max() > NEAR_TOL:  # (a fact's node's vector)
             return "index vectors disagree with SQLite"
     return None
