@@ -41,14 +41,14 @@ SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib 
 HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib 0.8 saveIndex header, 96 bytes
 MAX_MANIFEST_BYTES = 64 * 1024
 MAX_LEVEL = 64
-EXACT_MAX = 4096  # IndexConfig.exact_max's default, from benchmarks/exact_vs_hnsw.py
+EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py, shipped model (256-d), 2 cores:
+# exact p50 0.07 / 0.14 / 0.50 / 7.0 ms at 1k / 2k / 5k / 20k vectors, the graph 0.08 / 0.13 / 0.27 / 0.63 ms
 GROUP_ROW = 16  # a groups file row: (label, node) as little-endian int64
 # Vectors that differ by at most NEAR_TOL in every component share a graph node (and its score, within
 # NEAR_TOL * sqrt(D)): the same text embedded in two batches differs by ~1e-7 (the shipped model and the tiny
 # test model alike); two different texts of the shipped model are at most ~0.92 apart in cosine.
 NEAR_TOL = 1e-6
-NEAR_COS = 1e-5  # a pair is compared component by component only when its cosine is within this of 1
-ADD_CHUNK = 256  # add() groups and inserts this many rows at a time
+NEAR_WINDOW = 4  # near_duplicates() compares each row with the next this many in projection order
 _FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
 
 
@@ -67,8 +67,8 @@ class IndexConfig:
             ef 96 gives 0.972 at 100k (128: 0.983), so 1.5 keeps recall@10 >= 0.97 as the store grows.
         initial_capacity: elements allocated at first (1..2**20); doubled on demand.
         exact_max: up to this many graph nodes (distinct vectors, deleted ones included) a search is exact, over
-            the vectors kept in memory (0: always the graph). benchmarks/exact_vs_hnsw.py: at 1k-5k vectors exact
-            search is as fast as the graph's; from 20k on the graph is faster.
+            the vectors kept in memory (0: always the graph; at most 2**20). Default EXACT_MAX (2048): up to 2k
+            256-d vectors exact search is as fast as the graph's, at 5k twice as slow (benchmarks/exact_vs_hnsw.py).
         rebuild_deleted_ratio: rebuild once deleted/total exceeds this (R8).
         threads: hnswlib threads for bulk adds (1..256).
         seed: hnswlib's level-generator seed (0..2**63 - 1).
@@ -176,6 +176,43 @@ def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: 
 def vector_key(row: np.ndarray) -> bytes:
     """A digest of a (D,) float32 row's bytes: equal for bit-identical vectors (which share a graph node)."""
     return hashlib.blake2b(row.tobytes(), digest_size=16).digest()
+
+
+def near_duplicates(vectors: np.ndarray) -> np.ndarray:
+    """For (R, D) rows, the first row each one is a near-duplicate of (itself when none): (R,) row numbers.
+
+    Rows within NEAR_TOL of each other in every component have projections on any unit direction within
+    NEAR_TOL * sqrt(D), so after sorting by one projection they sit next to each other: each row is compared with
+    the next NEAR_WINDOW rows in that order (a chance row between two copies can split a group into two nodes,
+    which costs nothing but a node)."""
+    n = len(vectors)
+    first = np.arange(n)  # (R,)
+    if n < 2:
+        return first
+    direction = np.random.default_rng(0).standard_normal(vectors.shape[1]).astype(np.float32)  # (D,)
+    direction /= np.linalg.norm(direction)
+    proj = vectors @ direction  # (R,)
+    order = np.argsort(proj, kind="stable")  # (R,)
+    proj = proj[order]
+    slack = NEAR_TOL * np.sqrt(vectors.shape[1]) + 1e-6  # (+ float32 rounding of the projections)
+    pairs = []
+    for step in range(1, min(NEAR_WINDOW, n - 1) + 1):
+        a, b = order[:-step], order[step:]  # (R - step,) rows `step` apart in projection order
+        cand = np.flatnonzero(proj[step:] - proj[:-step] <= slack)
+        a, b = a[cand], b[cand]
+        same = np.abs(vectors[a] - vectors[b]).max(axis=1) <= NEAR_TOL
+        pairs.append((a[same], b[same]))
+    a = np.concatenate([p[0] for p in pairs])  # (P,)
+    b = np.concatenate([p[1] for p in pairs])  # (P,)
+    while len(a):  # connected components: every row takes the smallest row it is linked to, until none changes
+        low = np.minimum(first[a], first[b])  # (P,)
+        before = first.copy()
+        np.minimum.at(first, a, low)
+        np.minimum.at(first, b, low)
+        first = first[first]
+        if np.array_equal(first, before):
+            break
+    return first
 
 
 class NodeMatrix:
@@ -316,7 +353,7 @@ class VectorIndex:
     def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
         """Add vectors under new labels, doubling capacity first if needed; a vector the index already holds (the
         same up to NEAR_TOL in every component: the same text embedded in another batch differs in the last bits)
-        joins that vector's node instead of getting one of its own.
+        joins that vector's node instead of getting one of its own, and so do near-identical rows of one batch.
 
         Args:
             labels: (N,) distinct ints never used in this index before.
@@ -330,73 +367,58 @@ class VectorIndex:
             return
         if len(set(labels.tolist())) != len(labels) or (labels < 0).any():
             raise InvalidInput("VectorIndex.add expected distinct non-negative labels.")
+        keys = [vector_key(row) for row in vectors]
         with self._lock.write():
             if any(int(label) in self._live for label in labels):
                 raise InvalidInput("VectorIndex.add got a label that is already in the index.")
-            for start in range(0, len(labels), ADD_CHUNK):  # a chunk's new nodes are in the graph for the next
-                self._add_chunk(labels[start:start + ADD_CHUNK], vectors[start:start + ADD_CHUNK])
+            node = np.array([self._node_key.get(key, -1) for key in keys], dtype=np.int64)  # (N,) -1: none yet
+            rest = np.flatnonzero(node < 0)  # (R,)
+            if len(rest) and self._members:  # the nearest live node, if it is this vector
+                near, same = self._nearest_nodes(vectors[rest])  # (R,), (R,)
+                node[rest[same]] = near[same]
+                rest = rest[~same]
+            first = rest[near_duplicates(vectors[rest])]  # (R,) the batch row whose node each row joins
+            node[rest] = labels[first]
+            rest = rest[first == rest]  # the rows that make new nodes
+            if len(rest):
+                needed = self._elements + len(rest)
+                cap = int(self._hnsw.get_max_elements())
+                if needed > cap:
+                    new_cap = max(cap, 1)
+                    while new_cap < needed:
+                        new_cap *= 2
+                    self._hnsw.resize_index(new_cap)
+                threads = self.config.threads if len(rest) >= 256 else 1
+                self._hnsw.add_items(vectors[rest], labels[rest].astype(np.uint64), num_threads=threads)
+                self._elements += len(rest)
+            for i in rest.tolist():  # the graph took them: record the new nodes, then every label's node
+                new = int(labels[i])
+                self._node_key[keys[i]], self._key_of[new], self._members[new] = new, keys[i], {}
+            for label, n in zip(labels.tolist(), node.tolist()):
+                self._members[n][label] = None
+                self._node_of[label] = n
+            self._live.update(labels.tolist())
+            if self._matrix is not None:
+                if self._elements > self.config.exact_max:
+                    self._matrix = None  # the graph is faster from here on; a rebuild that shrinks it brings it back
+                else:
+                    self._matrix.add(labels[rest], vectors[rest])
             self._set_ef()
 
-    def _add_chunk(self, labels: np.ndarray, vectors: np.ndarray) -> None:
-        """add() of (B,) labels and (B, D) vectors, B <= ADD_CHUNK; the caller holds the exclusive lock."""
-        keys = [vector_key(row) for row in vectors]
-        node = np.array([self._node_key.get(key, -1) for key in keys], dtype=np.int64)  # (B,) -1: no node yet
-        rest = np.flatnonzero(node < 0)  # (R,)
-        if len(rest) and self._members:  # the nearest live node, if it is this vector
-            try:
-                near, near_vecs = self._nearest_nodes(vectors[rest])  # (R,), (R, D)
-            except RuntimeError:  # the graph could not answer: the rows make nodes of their own (still correct)
-                near, near_vecs = np.zeros(len(rest), np.int64), np.full((len(rest), self.dim), np.inf, np.float32)
-            same = np.abs(near_vecs - vectors[rest]).max(axis=1) <= NEAR_TOL  # (R,)
-            node[rest[same]] = near[same]
-            rest = rest[~same]
-        if len(rest) > 1:  # near-identical rows within the chunk: each joins the first of them
-            sub = vectors[rest]  # (R, D)
-            i, j = np.nonzero(np.triu(sub @ sub.T >= 1.0 - NEAR_COS, 1))  # candidate pairs i < j
-            ok = np.abs(sub[i] - sub[j]).max(axis=1) <= NEAR_TOL  # (P,)
-            root = np.arange(len(rest))  # (R,)
-            np.minimum.at(root, j[ok], i[ok])
-            while (root[root] != root).any():  # follow chains to the first row of each group
-                root = root[root]
-            first = rest[root]  # (R,)
-            node[rest] = labels[first]
-            rest = rest[root == np.arange(len(rest))]
-        else:
-            node[rest] = labels[rest]
-        if len(rest):
-            needed = self._elements + len(rest)
-            cap = int(self._hnsw.get_max_elements())
-            if needed > cap:
-                new_cap = max(cap, 1)
-                while new_cap < needed:
-                    new_cap *= 2
-                self._hnsw.resize_index(new_cap)
-            threads = self.config.threads if len(rest) >= 256 else 1
-            self._hnsw.add_items(vectors[rest], labels[rest].astype(np.uint64), num_threads=threads)
-            self._elements += len(rest)
-        for i in rest.tolist():  # the graph took them: record the new nodes, then every label's node
-            new = int(labels[i])
-            self._node_key[keys[i]], self._key_of[new], self._members[new] = new, keys[i], {}
-        for label, n in zip(labels.tolist(), node.tolist()):
-            self._members[n][label] = None
-            self._node_of[label] = n
-        self._live.update(labels.tolist())
-        if self._matrix is not None:
-            if self._elements > self.config.exact_max:
-                self._matrix = None  # the graph is faster from here on; a rebuild that shrinks it brings it back
-            else:
-                self._matrix.add(labels[rest], vectors[rest])
-
     def _nearest_nodes(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The nearest live node of each (R, D) row, exactly while the matrix is kept, else by the graph:
-        (nodes (R,), their vectors (R, D))."""
+        """The nearest live node of each (R, D) row (exactly while the matrix is kept, else by the graph), and
+        whether it is that row's vector up to NEAR_TOL: (nodes (R,), same (R,)). The caller holds the lock."""
         if self._matrix is not None:
             matrix = self._matrix
             rows = np.argmax(vectors @ matrix.vectors[:matrix.count].T, axis=1)  # (R,)
-            return matrix.nodes[rows], matrix.vectors[rows]
-        nodes, _ = self._hnsw.knn_query(vectors, k=1, num_threads=self.config.threads)  # (R, 1)
-        nodes = nodes[:, 0].astype(np.int64)  # (R,)
-        return nodes, np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
+            nodes, found = matrix.nodes[rows], matrix.vectors[rows]  # (R,), (R, D)
+        else:
+            try:
+                nodes = self._hnsw.knn_query(vectors, k=1, num_threads=self.config.threads)[0][:, 0].astype(np.int64)
+                found = np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
+            except RuntimeError:  # the graph could not answer: the rows make nodes of their own (still correct)
+                return np.zeros(len(vectors), np.int64), np.zeros(len(vectors), bool)
+        return nodes, np.abs(found - vectors).max(axis=1) <= NEAR_TOL
 
     def mark_deleted(self, labels: object) -> int:
         """Hide labels from search (a node when its last label goes); labels not live in this index are ignored.

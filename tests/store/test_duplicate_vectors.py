@@ -15,7 +15,7 @@ from store_helpers import recall_at_k
 WORDS = "tea coffee cat dog river fox morning meeting report garden book music city office home green".split()
 
 
-@pytest.mark.parametrize("exact_max", [0, None], ids=["graph", "default"])
+@pytest.mark.parametrize("exact_max", [0, 1 << 20], ids=["graph", "exact"])
 def test_vector_recall_among_many_identical_vectors(target, embedder, exact_max):
     # 5,000 facts: 50 templated texts stored 50 times each, and 2,500 other facts
     rng = np.random.default_rng(11)
@@ -24,7 +24,7 @@ def test_vector_recall_among_many_identical_vectors(target, embedder, exact_max)
     texts = [*np.repeat(templates, 50).tolist(), *others]
     texts = [texts[i] for i in rng.permutation(len(texts))]
     queries = [*templates[:10], *(" ".join(rng.choice(WORDS, size=3)) for _ in range(10))]
-    config = None if exact_max is None else IndexConfig(exact_max=exact_max)
+    config = IndexConfig(exact_max=exact_max)
     with MemoryStore(target, embedder, index_config=config) as store:
         store.remember_many(texts)
         info = store.info()
