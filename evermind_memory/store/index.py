@@ -173,9 +173,12 @@ def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: 
     return labels[top].astype(np.int64), scores[top].astype(np.float32)
 
 
-def vector_key(row: np.ndarray) -> bytes:
-    """A digest of a (D,) float32 row's bytes: equal for bit-identical vectors (which share a graph node)."""
-    return hashlib.blake2b(row.tobytes(), digest_size=16).digest()
+def vector_keys(vectors: np.ndarray) -> list[int]:
+    """A 64-bit hash of each (N, D) float32 row's bits (a random linear hash mod 2**64): equal for bit-identical
+    rows. Only a shortcut to a candidate node: add() checks the node's vector before a row joins it."""
+    bits = np.ascontiguousarray(vectors, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, D)
+    mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=vectors.shape[1], dtype=np.uint64)  # (D,)
+    return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64).tolist()  # (N,) wraps mod 2**64
 
 
 def near_duplicates(vectors: np.ndarray) -> np.ndarray:
@@ -245,6 +248,10 @@ class NodeMatrix:
         self._row.update(zip(nodes.tolist(), range(self.count, self.count + n)))
         self.count += n
 
+    def row(self, node: int) -> int:
+        """The row holding a live node's vector."""
+        return self._row[node]
+
     def delete(self, node: int) -> None:
         """Drop a node (its row gets the last row)."""
         row, last = self._row.pop(node), self.count - 1
@@ -292,8 +299,8 @@ class VectorIndex:
         self._elements = 0  # graph nodes ever added, deleted ones included
         self._node_of: dict[int, int] = {}  # live label -> its node
         self._members: dict[int, dict[int, None]] = {}  # live node -> its live labels (an ordered set)
-        self._node_key: dict[bytes, int] = {}  # a live node's vector digest -> the node
-        self._key_of: dict[int, bytes] = {}  # live node -> its vector digest
+        self._node_key: dict[int, int] = {}  # a live node's vector hash -> the node (vector_keys)
+        self._key_of: dict[int, int] = {}  # live node -> its vector hash
         self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
         self.file_info: HnswFileInfo | None = None
 
@@ -367,11 +374,15 @@ class VectorIndex:
             return
         if len(set(labels.tolist())) != len(labels) or (labels < 0).any():
             raise InvalidInput("VectorIndex.add expected distinct non-negative labels.")
-        keys = [vector_key(row) for row in vectors]
+        keys = vector_keys(vectors)
         with self._lock.write():
             if any(int(label) in self._live for label in labels):
                 raise InvalidInput("VectorIndex.add got a label that is already in the index.")
             node = np.array([self._node_key.get(key, -1) for key in keys], dtype=np.int64)  # (N,) -1: none yet
+            hit = np.flatnonzero(node >= 0)  # (H,) rows whose hash names a live node: is it their vector?
+            if len(hit):
+                differ = np.abs(self._node_vectors(node[hit]) - vectors[hit]).max(axis=1) > NEAR_TOL  # (H,)
+                node[hit[differ]] = -1
             rest = np.flatnonzero(node < 0)  # (R,)
             if len(rest) and self._members:  # the nearest live node, if it is this vector
                 near, same = self._nearest_nodes(vectors[rest])  # (R,), (R,)
@@ -393,7 +404,8 @@ class VectorIndex:
                 self._elements += len(rest)
             for i in rest.tolist():  # the graph took them: record the new nodes, then every label's node
                 new = int(labels[i])
-                self._node_key[keys[i]], self._key_of[new], self._members[new] = new, keys[i], {}
+                self._node_key.setdefault(keys[i], new)
+                self._key_of[new], self._members[new] = keys[i], {}
             for label, n in zip(labels.tolist(), node.tolist()):
                 self._members[n][label] = None
                 self._node_of[label] = n
@@ -404,6 +416,12 @@ class VectorIndex:
                 else:
                     self._matrix.add(labels[rest], vectors[rest])
             self._set_ef()
+
+    def _node_vectors(self, nodes: np.ndarray) -> np.ndarray:
+        """The (N, D) vectors of (N,) live nodes; the caller holds the lock."""
+        if self._matrix is not None:
+            return self._matrix.vectors[[self._matrix.row(int(n)) for n in nodes.tolist()]]
+        return np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
 
     def _nearest_nodes(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The nearest live node of each (R, D) row (exactly while the matrix is kept, else by the graph), and
@@ -439,7 +457,10 @@ class VectorIndex:
                 members = self._members[node]
                 del members[label]
                 if not members:
-                    del self._members[node], self._node_key[self._key_of.pop(node)]
+                    del self._members[node]
+                    key = self._key_of.pop(node)
+                    if self._node_key.get(key) == node:
+                        del self._node_key[key]
                     self._hnsw.mark_deleted(node)
                     if self._matrix is not None:
                         self._matrix.delete(node)
@@ -633,9 +654,7 @@ class VectorIndex:
             raise IndexRejected("index holds a node no label belongs to")
         if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
             raise IndexRejected("index groups hold a label newer than its watermark")
-        keys = [vector_key(row) for row in node_vectors]
-        if len(set(keys)) != len(keys):
-            raise IndexRejected("index holds two nodes with one vector")
+        keys = vector_keys(node_vectors)
         self = cls(dim, config)
         with self._lock.write():
             hnsw = hnswlib.Index(space=SPACE, dim=dim)
