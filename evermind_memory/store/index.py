@@ -4,6 +4,15 @@ Every hnswlib call runs under one readers-writer lock (R7); capacity doubles bef
 `k` is clamped and a failed search is retried, then reported so the caller can search exactly (R9). Files are
 saved with temp + fsync + rename and a manifest written last (R4, R5), and a file is parsed and checked by us
 (sha256, header, link lists, labels) before hnswlib is allowed to read it (R6).
+
+One graph node per distinct vector: facts whose vectors are bit-identical (templated or repeated memories; the
+tiny model maps many texts to one vector) share a node, and a search expands each node it finds into its facts.
+hnswlib's neighbour heuristic keeps a candidate only when it is closer to the new node than to every neighbour
+already kept, so among exact duplicates (distance 0 to each other) each node kept a single link, and groups of
+duplicates came loose from the graph: recall@10 fell to 0.75-0.9 against exact search. The node -> facts table
+is saved beside the graph (`<file>.groups`, checked like it). While the graph holds at most
+IndexConfig.exact_max nodes, a search is exact instead (a matrix product over the nodes' vectors, kept in
+memory up to that size): as fast or faster there (benchmarks/exact_vs_hnsw.py) and never misses a fact.
 """
 
 from __future__ import annotations
@@ -27,11 +36,19 @@ from .._crash import crash_point
 from ..errors import InvalidInput
 from .lock import RWLock
 
-INDEX_FORMAT = "evermind-hnsw 1"
+INDEX_FORMAT = "evermind-hnsw 2"  # 2: one node per distinct vector, with a groups file
 SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
 HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib 0.8 saveIndex header, 96 bytes
 MAX_MANIFEST_BYTES = 64 * 1024
 MAX_LEVEL = 64
+EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py, shipped model (256-d), 2 cores:
+# exact p50 0.07 / 0.14 / 0.50 / 7.0 ms at 1k / 2k / 5k / 20k vectors, the graph 0.08 / 0.13 / 0.27 / 0.63 ms
+GROUP_ROW = 16  # a groups file row: (label, node) as little-endian int64
+# Vectors that differ by at most NEAR_TOL in every component share a graph node (and its score, within
+# NEAR_TOL * sqrt(D)): the same text embedded in two batches differs by ~1e-7 (the shipped model and the tiny
+# test model alike); two different texts of the shipped model are at most ~0.92 apart in cosine.
+NEAR_TOL = 1e-6
+NEAR_WINDOW = 4  # near_duplicates() compares each row with the next this many in projection order
 _FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
 
 
@@ -49,6 +66,9 @@ class IndexConfig:
             (M=16, ef_construction=100): a fixed ef 64 gives recall@10 0.984 at 10k vectors but 0.941 at 100k;
             ef 96 gives 0.972 at 100k (128: 0.983), so 1.5 keeps recall@10 >= 0.97 as the store grows.
         initial_capacity: elements allocated at first (1..2**20); doubled on demand.
+        exact_max: up to this many graph nodes (distinct vectors, deleted ones included) a search is exact, over
+            the vectors kept in memory (0: always the graph; at most 2**20). Default EXACT_MAX (2048): up to 2k
+            256-d vectors exact search is as fast as the graph's, at 5k twice as slow (benchmarks/exact_vs_hnsw.py).
         rebuild_deleted_ratio: rebuild once deleted/total exceeds this (R8).
         threads: hnswlib threads for bulk adds (1..256).
         seed: hnswlib's level-generator seed (0..2**63 - 1).
@@ -62,6 +82,7 @@ class IndexConfig:
     ef_base_size: int = 10_000
     ef_growth: float = 1.5
     initial_capacity: int = 1024
+    exact_max: int = EXACT_MAX
     rebuild_deleted_ratio: float = 0.2
     threads: int = 2
     seed: int = 100
@@ -89,7 +110,7 @@ class IndexConfig:
 # The bounds keep every configuration openable again: a saved index must pass parse_hnsw_file (M and
 # ef_construction are in its header; max_elements at most 2 * count + 2**20), and no allocation is absurd.
 _INT_BOUNDS = {"M": (2, 256), "ef_construction": (2, 10_000), "ef_search": (1, 100_000), "ef_base_size": (1, 10**9),
-               "initial_capacity": (1, 1 << 20), "threads": (1, 256), "seed": (0, 2**63 - 1)}
+               "initial_capacity": (1, 1 << 20), "exact_max": (0, 1 << 20), "threads": (1, 256), "seed": (0, 2**63 - 1)}
 _INT_WHY = {"M": " (hnswlib's graph degree; 2 to 100 is its documented range)",
             "initial_capacity": " (elements allocated before the first add; the index doubles on demand)"}
 _REAL_BOUNDS = {"ef_growth": (1.0, 10.0), "rebuild_deleted_ratio": (0.0, 1.0)}
@@ -152,8 +173,109 @@ def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: 
     return labels[top].astype(np.int64), scores[top].astype(np.float32)
 
 
+def vector_keys(vectors: np.ndarray) -> list[int]:
+    """A 64-bit hash of each (N, D) float32 row's bits (a random linear hash mod 2**64): equal for bit-identical
+    rows. Only a shortcut to a candidate node: add() checks the node's vector before a row joins it."""
+    bits = np.ascontiguousarray(vectors, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, D)
+    mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=vectors.shape[1], dtype=np.uint64)  # (D,)
+    return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64).tolist()  # (N,) wraps mod 2**64
+
+
+def near_duplicates(vectors: np.ndarray) -> np.ndarray:
+    """For (R, D) rows, the first row each one is a near-duplicate of (itself when none): (R,) row numbers.
+
+    Rows within NEAR_TOL of each other in every component have projections on any unit direction within
+    NEAR_TOL * sqrt(D), so after sorting by one projection they sit next to each other: each row is compared with
+    the next NEAR_WINDOW rows in that order (a chance row between two copies can split a group into two nodes,
+    which costs nothing but a node)."""
+    n = len(vectors)
+    first = np.arange(n)  # (R,)
+    if n < 2:
+        return first
+    direction = np.random.default_rng(0).standard_normal(vectors.shape[1]).astype(np.float32)  # (D,)
+    direction /= np.linalg.norm(direction)
+    proj = vectors @ direction  # (R,)
+    order = np.argsort(proj, kind="stable")  # (R,)
+    proj = proj[order]
+    slack = NEAR_TOL * np.sqrt(vectors.shape[1]) + 1e-6  # (+ float32 rounding of the projections)
+    pairs = []
+    for step in range(1, min(NEAR_WINDOW, n - 1) + 1):
+        a, b = order[:-step], order[step:]  # (R - step,) rows `step` apart in projection order
+        cand = np.flatnonzero(proj[step:] - proj[:-step] <= slack)
+        a, b = a[cand], b[cand]
+        same = np.abs(vectors[a] - vectors[b]).max(axis=1) <= NEAR_TOL
+        pairs.append((a[same], b[same]))
+    a = np.concatenate([p[0] for p in pairs])  # (P,)
+    b = np.concatenate([p[1] for p in pairs])  # (P,)
+    while len(a):  # connected components: every row takes the smallest row it is linked to, until none changes
+        low = np.minimum(first[a], first[b])  # (P,)
+        before = first.copy()
+        np.minimum.at(first, a, low)
+        np.minimum.at(first, b, low)
+        first = first[first]
+        if np.array_equal(first, before):
+            break
+    return first
+
+
+class NodeMatrix:
+    """The live nodes' vectors as one (N, D) matrix, for exact search while the graph is small; rows stay packed
+    (a deleted node's row takes the last row's place), so a search reads them without a copy. Not thread-safe:
+    VectorIndex calls it under its lock.
+
+    Args:
+        dim: vector length.
+    """
+
+    def __init__(self, dim: int) -> None:
+        self.vectors = np.zeros((0, dim), dtype=np.float32)  # (capacity, D)
+        self.nodes = np.zeros(0, dtype=np.int64)  # (capacity,)
+        self.count = 0
+        self._row: dict[int, int] = {}
+
+    def add(self, nodes: np.ndarray, vectors: np.ndarray) -> None:
+        """Append (N,) nodes with their (N, D) vectors."""
+        n = len(nodes)
+        if self.count + n > len(self.nodes):
+            cap = max(64, 2 * len(self.nodes), self.count + n)
+            grown = np.zeros((cap, self.vectors.shape[1]), dtype=np.float32)  # (cap, D)
+            grown[:self.count] = self.vectors[:self.count]
+            ids = np.zeros(cap, dtype=np.int64)  # (cap,)
+            ids[:self.count] = self.nodes[:self.count]
+            self.vectors, self.nodes = grown, ids
+        self.vectors[self.count:self.count + n] = vectors
+        self.nodes[self.count:self.count + n] = nodes
+        self._row.update(zip(nodes.tolist(), range(self.count, self.count + n)))
+        self.count += n
+
+    def row(self, node: int) -> int:
+        """The row holding a live node's vector."""
+        return self._row[node]
+
+    def delete(self, node: int) -> None:
+        """Drop a node (its row gets the last row)."""
+        row, last = self._row.pop(node), self.count - 1
+        if row != last:
+            moved = int(self.nodes[last])
+            self.vectors[row], self.nodes[row] = self.vectors[last], moved
+            self._row[moved] = row
+        self.count = last
+
+    def search(self, query: np.ndarray, k: int, allow: Callable[[int], bool] | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k nodes for a (D,) query among those `allow` passes: (nodes (k',), scores (k',))."""
+        vectors, nodes = self.vectors[:self.count], self.nodes[:self.count]  # (N, D), (N,)
+        if allow is not None:
+            keep = np.fromiter(map(allow, nodes.tolist()), dtype=bool, count=len(nodes))  # (N,)
+            vectors, nodes = vectors[keep], nodes[keep]
+        return exact_search(vectors, nodes, query, k)
+
+
 class VectorIndex:
     """An hnswlib index over unit float32 vectors with integer labels; thread-safe for all methods.
+
+    The graph holds one node per distinct vector, named by the first label that carried it; a node lives while
+    any of its labels does (see the module docstring). While the graph has at most config.exact_max nodes, their
+    vectors are also kept in one matrix and searched exactly.
 
     Args:
         dim: vector length.
@@ -173,8 +295,13 @@ class VectorIndex:
         self._ef = search_ef(config, 0)
         self._hnsw.set_ef(self._ef)
         self._hnsw.set_num_threads(1)
-        self._live: set[int] = set()
-        self._elements = 0
+        self._live: set[int] = set()  # live labels
+        self._elements = 0  # graph nodes ever added, deleted ones included
+        self._node_of: dict[int, int] = {}  # live label -> its node
+        self._members: dict[int, dict[int, None]] = {}  # live node -> its live labels (an ordered set)
+        self._node_key: dict[int, int] = {}  # a live node's vector hash -> the node (vector_keys)
+        self._key_of: dict[int, int] = {}  # live node -> its vector hash
+        self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
         self.file_info: HnswFileInfo | None = None
 
     # ---- state -------------------------------------------------------------------------------------------
@@ -185,8 +312,18 @@ class VectorIndex:
 
     @property
     def element_count(self) -> int:
-        """Vectors ever added to this index, deleted ones included."""
+        """Graph nodes ever added to this index, deleted ones included."""
         return self._elements
+
+    @property
+    def retired_count(self) -> int:
+        """Graph nodes deleted (none of their labels is live) but still in the graph, until a rebuild."""
+        return self._elements - len(self._members)
+
+    @property
+    def exact(self) -> bool:
+        """Whether searches are exact now (the graph is at most config.exact_max nodes)."""
+        return self._matrix is not None
 
     @property
     def capacity(self) -> int:
@@ -200,8 +337,8 @@ class VectorIndex:
         return self._ef
 
     def deleted_ratio(self) -> float:
-        """deleted / total, 0.0 when empty."""
-        return 0.0 if self._elements == 0 else 1.0 - len(self._live) / self._elements
+        """deleted / total graph nodes, 0.0 when empty."""
+        return 0.0 if self._elements == 0 else self.retired_count / self._elements
 
     def live_labels(self) -> frozenset[int]:
         """A snapshot of the live labels."""
@@ -216,11 +353,14 @@ class VectorIndex:
         with self._lock.read():
             if not labels:
                 return np.zeros((0, self.dim), dtype=np.float32)  # (0, D)
-            return np.asarray(self._hnsw.get_items(list(labels), return_type="numpy"), dtype=np.float32)  # (N, D)
+            nodes = [self._node_of.get(int(label), int(label)) for label in labels]
+            return np.asarray(self._hnsw.get_items(nodes, return_type="numpy"), dtype=np.float32)  # (N, D)
 
     # ---- writes (exclusive) --------------------------------------------------------------------------------
     def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
-        """Add vectors under new labels, doubling capacity first if needed.
+        """Add vectors under new labels, doubling capacity first if needed; a vector the index already holds (the
+        same up to NEAR_TOL in every component: the same text embedded in another batch differs in the last bits)
+        joins that vector's node instead of getting one of its own, and so do near-identical rows of one batch.
 
         Args:
             labels: (N,) distinct ints never used in this index before.
@@ -234,24 +374,72 @@ class VectorIndex:
             return
         if len(set(labels.tolist())) != len(labels) or (labels < 0).any():
             raise InvalidInput("VectorIndex.add expected distinct non-negative labels.")
+        keys = vector_keys(vectors)
         with self._lock.write():
             if any(int(label) in self._live for label in labels):
                 raise InvalidInput("VectorIndex.add got a label that is already in the index.")
-            needed = self._elements + len(labels)
-            cap = int(self._hnsw.get_max_elements())
-            if needed > cap:
-                new_cap = max(cap, 1)
-                while new_cap < needed:
-                    new_cap *= 2
-                self._hnsw.resize_index(new_cap)
-            threads = self.config.threads if len(labels) >= 256 else 1
-            self._hnsw.add_items(vectors, labels.astype(np.uint64), num_threads=threads)
-            self._elements += len(labels)
-            self._live.update(int(label) for label in labels)
+            node = np.array([self._node_key.get(key, -1) for key in keys], dtype=np.int64)  # (N,) -1: none yet
+            hit = np.flatnonzero(node >= 0)  # (H,) rows whose hash names a live node: is it their vector?
+            if len(hit):
+                differ = np.abs(self._node_vectors(node[hit]) - vectors[hit]).max(axis=1) > NEAR_TOL  # (H,)
+                node[hit[differ]] = -1
+            rest = np.flatnonzero(node < 0)  # (R,)
+            if len(rest) and self._members:  # the nearest live node, if it is this vector
+                near, same = self._nearest_nodes(vectors[rest])  # (R,), (R,)
+                node[rest[same]] = near[same]
+                rest = rest[~same]
+            first = rest[near_duplicates(vectors[rest])]  # (R,) the batch row whose node each row joins
+            node[rest] = labels[first]
+            rest = rest[first == rest]  # the rows that make new nodes
+            if len(rest):
+                needed = self._elements + len(rest)
+                cap = int(self._hnsw.get_max_elements())
+                if needed > cap:
+                    new_cap = max(cap, 1)
+                    while new_cap < needed:
+                        new_cap *= 2
+                    self._hnsw.resize_index(new_cap)
+                threads = self.config.threads if len(rest) >= 256 else 1
+                self._hnsw.add_items(vectors[rest], labels[rest].astype(np.uint64), num_threads=threads)
+                self._elements += len(rest)
+            for i in rest.tolist():  # the graph took them: record the new nodes, then every label's node
+                new = int(labels[i])
+                self._node_key.setdefault(keys[i], new)
+                self._key_of[new], self._members[new] = keys[i], {}
+            for label, n in zip(labels.tolist(), node.tolist()):
+                self._members[n][label] = None
+                self._node_of[label] = n
+            self._live.update(labels.tolist())
+            if self._matrix is not None:
+                if self._elements > self.config.exact_max:
+                    self._matrix = None  # the graph is faster from here on; a rebuild that shrinks it brings it back
+                else:
+                    self._matrix.add(labels[rest], vectors[rest])
             self._set_ef()
 
+    def _node_vectors(self, nodes: np.ndarray) -> np.ndarray:
+        """The (N, D) vectors of (N,) live nodes; the caller holds the lock."""
+        if self._matrix is not None:
+            return self._matrix.vectors[[self._matrix.row(int(n)) for n in nodes.tolist()]]
+        return np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
+
+    def _nearest_nodes(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The nearest live node of each (R, D) row (exactly while the matrix is kept, else by the graph), and
+        whether it is that row's vector up to NEAR_TOL: (nodes (R,), same (R,)). The caller holds the lock."""
+        if self._matrix is not None:
+            matrix = self._matrix
+            rows = np.argmax(vectors @ matrix.vectors[:matrix.count].T, axis=1)  # (R,)
+            nodes, found = matrix.nodes[rows], matrix.vectors[rows]  # (R,), (R, D)
+        else:
+            try:
+                nodes = self._hnsw.knn_query(vectors, k=1, num_threads=self.config.threads)[0][:, 0].astype(np.int64)
+                found = np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
+            except RuntimeError:  # the graph could not answer: the rows make nodes of their own (still correct)
+                return np.zeros(len(vectors), np.int64), np.zeros(len(vectors), bool)
+        return nodes, np.abs(found - vectors).max(axis=1) <= NEAR_TOL
+
     def mark_deleted(self, labels: object) -> int:
-        """Hide labels from search; labels not live in this index are ignored.
+        """Hide labels from search (a node when its last label goes); labels not live in this index are ignored.
 
         Args:
             labels: iterable of ints.
@@ -262,10 +450,21 @@ class VectorIndex:
         with self._lock.write():
             done = 0
             for label in wanted:
-                if label in self._live:
-                    self._hnsw.mark_deleted(label)
-                    self._live.discard(label)
-                    done += 1
+                node = self._node_of.pop(label, None)
+                if node is None:
+                    continue
+                self._live.discard(label)
+                members = self._members[node]
+                del members[label]
+                if not members:
+                    del self._members[node]
+                    key = self._key_of.pop(node)
+                    if self._node_key.get(key) == node:
+                        del self._node_key[key]
+                    self._hnsw.mark_deleted(node)
+                    if self._matrix is not None:
+                        self._matrix.delete(node)
+                done += 1
             return done
 
     def _set_ef(self) -> None:
@@ -275,14 +474,14 @@ class VectorIndex:
 
     # ---- reads (shared) ------------------------------------------------------------------------------------
     def query(self, vector: np.ndarray, k: int, allow: Callable[[int], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Approximate top-k by inner product.
+        """Top-k by inner product: exact while the graph is small (see `exact`), else approximate.
 
         Args:
             vector: (D,) float32 unit query.
             k: wanted neighbours (>= 1; clamped to the live count).
             allow: only labels for which it returns True (hnswlib's filtered search: the graph walk skips the
-                others, so k allowed neighbours come back however few the allowed labels are; single-threaded,
-                where the Python callback is cheap).
+                nodes none of whose labels it allows, so k allowed neighbours come back however few the allowed
+                labels are; single-threaded, where the Python callback is cheap).
         Returns:
             (labels (k',), scores (k',)) best first, k' = min(k, live).
         Raises:
@@ -293,27 +492,53 @@ class VectorIndex:
             k_eff = min(int(k), len(self._live))
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            node_allow = self._node_filter(allow)
+            if self._matrix is not None:
+                return self._expand(*self._matrix.search(q[0], k_eff, node_allow), k_eff, allow)
             try:
-                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1, filter=allow)
-                return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
+                nodes, dist = self._hnsw.knn_query(q, k=min(k_eff, len(self._members)), num_threads=1, filter=node_allow)
+                return self._expand(nodes[0], 1.0 - dist[0], k_eff, allow)
             except RuntimeError:
                 pass
         with self._lock.write():  # retry once with a wider beam (ef changes only under the exclusive lock)
             k_eff = min(int(k), len(self._live))
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-            self._hnsw.set_ef(max(self._ef, 4 * k_eff, min(self._elements, 4 * k_eff + 256)))
+            k_nodes = min(k_eff, len(self._members))
+            self._hnsw.set_ef(max(self._ef, 4 * k_nodes, min(self._elements, 4 * k_nodes + 256)))
             try:
-                labels, dist = self._hnsw.knn_query(q, k=k_eff, num_threads=1, filter=allow)
-                return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
+                nodes, dist = self._hnsw.knn_query(q, k=k_nodes, num_threads=1, filter=self._node_filter(allow))
+                return self._expand(nodes[0], 1.0 - dist[0], k_eff, allow)
             except RuntimeError as exc:
                 raise SearchFailed(str(exc)) from None
             finally:
                 self._hnsw.set_ef(self._ef)
 
+    def _node_filter(self, allow: Callable[[int], bool] | None) -> Callable[[int], bool] | None:
+        """`allow` over labels as a filter over nodes: a node passes when any of its labels does."""
+        if allow is None:
+            return None
+        members = self._members
+        return lambda node: any(map(allow, members.get(node, ())))
+
+    def _expand(self, nodes: np.ndarray, scores: np.ndarray, k: int, allow: Callable[[int], bool] | None) -> tuple[np.ndarray, np.ndarray]:
+        """(labels (k',), scores (k',)): the allowed labels of `nodes` (best first, with their `scores`), the first
+        k of them (a node's labels share its score)."""
+        out: list[int] = []
+        out_scores: list[float] = []
+        for node, score in zip(nodes.tolist(), scores.tolist()):
+            for label in self._members.get(int(node), ()):
+                if allow is None or allow(label):
+                    out.append(label)
+                    out_scores.append(score)
+                    if len(out) == k:
+                        return np.array(out, dtype=np.int64), np.array(out_scores, dtype=np.float32)
+        return np.array(out, dtype=np.int64), np.array(out_scores, dtype=np.float32)
+
     # ---- files ---------------------------------------------------------------------------------------------
     def save(self, directory: Path, stem: str, meta: dict) -> dict:
-        """Save atomically: index temp file + fsync + rename, verify, then the manifest (the commit point).
+        """Save atomically: index temp file + fsync + rename, verify, the groups file (label -> node) likewise,
+        then the manifest (the commit point).
 
         Args:
             directory: where the store lives.
@@ -326,7 +551,7 @@ class VectorIndex:
         """
         directory = Path(directory)
         name = f"{stem}.{secrets.token_hex(6)}.hnsw"
-        final = directory / name
+        final, groups_file = directory / name, directory / groups_name(name)
         tmp = directory / (name + ".tmp")
         with self._lock.write():
             try:
@@ -335,6 +560,9 @@ class VectorIndex:
                 tmp.unlink(missing_ok=True)
                 raise OSError(f"hnswlib could not write {tmp.name} ({exc})") from None
             count, live, cap = self._elements, len(self._live), int(self._hnsw.get_max_elements())
+            nodes = len(self._members)
+            groups = np.array(sorted(self._node_of.items()), dtype="<i8").reshape(-1, 2)  # (live, 2) label, node
+        groups_data = groups.tobytes()
         try:
             crash_point("index.save.written")
             fsync_path(tmp)
@@ -344,13 +572,15 @@ class VectorIndex:
                 "format": INDEX_FORMAT, "space": SPACE, "dim": self.dim, "M": self.config.M,
                 "ef_construction": self.config.ef_construction, "max_elements": cap, "count": count,
                 "live": live, "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                "groups_size": len(groups_data), "groups_sha256": hashlib.sha256(groups_data).hexdigest(),
             }
             try:
                 info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
             except IndexRejected as exc:
                 raise OSError(f"index file {tmp.name} was not written whole ({exc}); disk full?") from None
-            if info.count != count or int((~info.deleted).sum()) != live:
+            if info.count != count or int((~info.deleted).sum()) != nodes:
                 raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
+            write_atomic(groups_file, groups_data)
             os.replace(tmp, final)
             crash_point("index.save.before_manifest")
             write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
@@ -358,9 +588,11 @@ class VectorIndex:
             tmp.unlink(missing_ok=True)
             if name not in _manifest_names(directory / f"{stem}.json"):
                 final.unlink(missing_ok=True)
+                groups_file.unlink(missing_ok=True)
             raise
-        for old in [*directory.glob(f"{stem}.*.hnsw*"), *directory.glob(f"{stem}.json.*.tmp")]:
-            if old.name != name:
+        olds = [*directory.glob(f"{stem}.*.hnsw*"), *directory.glob(f"{stem}.*.groups*"), *directory.glob(f"{stem}.json.*.tmp")]
+        for old in olds:
+            if old.name not in (name, groups_file.name):
                 try:
                     old.unlink(missing_ok=True)
                 except OSError:
@@ -387,7 +619,7 @@ class VectorIndex:
         for key, value in want.items():
             if manifest.get(key) != value:
                 raise IndexRejected(f"manifest {key} is {manifest.get(key)!r:.80}, expected {value!r:.80}")
-        for key in ("watermark", "count", "live", "max_elements", "size"):
+        for key in ("watermark", "count", "live", "max_elements", "size", "groups_size"):
             if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
                 raise IndexRejected(f"manifest {key} is not a non-negative integer")
         if manifest["watermark"] > max_seq:
@@ -411,19 +643,42 @@ class VectorIndex:
             raise IndexRejected("index header counts disagree with the manifest")
         if info.count and int(info.labels.max()) > manifest["watermark"]:
             raise IndexRejected("index holds a label newer than its watermark")
-        live = set(info.labels[~info.deleted].tolist())
-        if len(live) != manifest["live"]:
-            raise IndexRejected(f"index holds {len(live)} live vectors, manifest says {manifest['live']}")
+        groups = read_groups(Path(directory) / groups_name(name), manifest)  # (live, 2) label, node
+        alive = ~info.deleted  # (count,)
+        nodes, node_vectors = info.labels[alive].astype(np.int64), info.vectors[alive]  # (n,), (n, D)
+        order = np.argsort(nodes)  # (n,)
+        at = np.minimum(np.searchsorted(nodes[order], groups[:, 1]), max(len(nodes) - 1, 0))  # (live,)
+        if len(groups) and (not len(nodes) or (nodes[order][at] != groups[:, 1]).any()):
+            raise IndexRejected("index groups name a node the graph does not hold")
+        if len(set(groups[:, 1].tolist())) != len(nodes):
+            raise IndexRejected("index holds a node no label belongs to")
+        if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
+            raise IndexRejected("index groups hold a label newer than its watermark")
+        keys = vector_keys(node_vectors)
         self = cls(dim, config)
         with self._lock.write():
             hnsw = hnswlib.Index(space=SPACE, dim=dim)
             hnsw.load_index(str(path), max_elements=info.max_elements)
             hnsw.set_num_threads(1)
             self._hnsw = hnsw
-            self._live = live
             self._elements = info.count
+            self._node_key = dict(zip(keys, nodes.tolist()))
+            self._key_of = dict(zip(nodes.tolist(), keys))
+            self._members = {node: {} for node in nodes.tolist()}
+            for label, node in groups.tolist():
+                self._members[node][label] = None
+            self._node_of = dict(groups.tolist())
+            self._live = set(self._node_of)
+            if self._matrix is not None:
+                if info.count > config.exact_max:
+                    self._matrix = None
+                else:
+                    self._matrix.add(nodes, node_vectors)
             self._set_ef()
-        self.file_info = info  # kept for the caller to compare with SQLite, then dropped
+        # kept for the caller to compare with SQLite, then dropped: each live label with its node's vector
+        self.file_info = HnswFileInfo(len(groups), info.max_elements, info.ef_construction,
+                                      groups[:, 0].astype(np.uint64), np.zeros(len(groups), bool),
+                                      node_vectors[order][at] if len(groups) else node_vectors[:0])
         return self, manifest
 
 
@@ -518,6 +773,33 @@ def parse_hnsw_file(data: bytes, dim: int, M: int) -> HnswFileInfo:
     if levels[enter] != maxlevel:
         raise IndexRejected("index entry point is not on the top level")
     return HnswFileInfo(int(cur), int(max_el), int(efc), labels, deleted, vectors)
+
+
+def groups_name(index_file: str) -> str:
+    """The groups file saved beside an index file ("s.db.<token>.hnsw" -> "s.db.<token>.groups")."""
+    return index_file[: -len(".hnsw")] + ".groups"
+
+
+def read_groups(path: Path, manifest: dict) -> np.ndarray:
+    """Read and check a groups file against its manifest: (live, 2) int64 rows (label, node), labels ascending.
+
+    Raises:
+        IndexRejected: missing, another size or hash than the manifest's, or labels not distinct and ascending.
+    """
+    size = manifest["groups_size"]
+    if size != GROUP_ROW * manifest["live"]:
+        raise IndexRejected(f"index groups are {size} bytes, expected {GROUP_ROW} per live vector ({manifest['live']})")
+    if not path.is_file() or path.is_symlink():
+        raise IndexRejected(f"index groups file {path.name} is missing")
+    if path.stat().st_size != size:
+        raise IndexRejected(f"index groups file is {path.stat().st_size} bytes, manifest says {size}")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != manifest.get("groups_sha256"):
+        raise IndexRejected("index groups file sha256 does not match the manifest")
+    groups = np.frombuffer(data, dtype="<i8").reshape(-1, 2).astype(np.int64)  # (live, 2)
+    if (groups < 0).any() or (np.diff(groups[:, 0]) <= 0).any():
+        raise IndexRejected("index groups labels are not distinct non-negative and ascending")
+    return groups
 
 
 def read_manifest(path: Path) -> dict:

@@ -263,7 +263,7 @@ class MaintenanceMethods:
             self._db.vacuum()
             self._checkpoints.now()  # the file shrinks once the WAL holding the rewritten pages is copied back
         index = self._vectors.current.index
-        if index.element_count > index.live_count:
+        if index.retired_count:
             self._vectors.rebuild("compact() was called")
         return self.stats()
 

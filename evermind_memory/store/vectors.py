@@ -4,7 +4,8 @@ The truth is the backend (facts, vectors, fingerprints, the change sequence); th
 of it. The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a
 rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
 up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
-(R6) and checked against SQLite, else rebuilt. A snapshot is saved with compare-and-swap on the watermark, so
+(R6) and checked against SQLite, else rebuilt; a process far behind adopts a newer snapshot another process
+saved, checked the same way, else rebuilds. A snapshot is saved with compare-and-swap on the watermark, so
 a stale process never overwrites a newer index (R13). Any number of processes write the store: each one's
 index follows every process's commits through the same feed. Model changes themselves are in generations.py.
 """
@@ -23,12 +24,13 @@ from .._crash import crash_point
 from ..errors import InvalidInput
 from .access import Access
 from .backend import Backend
-from .index import IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
 from .lock import RWLock
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
-# A node this far behind rebuilds its index from the vectors table instead of replaying the feed: more pending
+# A node this far behind adopts a newer snapshot another process saved, or else rebuilds its index from the
+# vectors table, instead of replaying the feed: more pending
 # changes than REBUILD_BEHIND_RATIO x the vectors it serves (and at least REBUILD_BEHIND_MIN). An insert costs
 # about the same either way (benchmarks/catch_up.py, tiny model, 10k facts: replaying 10k changes 0.9 s against
 # a rebuild's 1.3 s; 100k changes 13.8 s against 10.6 s), so only a node several times its index behind gains:
@@ -221,32 +223,35 @@ class VectorCache:
         right after (so rebuild at once instead of doing both)."""
         if len(labels) + len(removed) < REBUILD_BEHIND_MIN:
             return False
-        retired = index.element_count - index.live_count + sum(1 for label in removed if label in index)
+        retired = index.retired_count + sum(1 for label in removed if label in index)  # (nodes; labels for removed)
         total = index.element_count + len(labels)
         return total >= 64 and retired / total > self.config.rebuild_deleted_ratio
 
     def _rebuild_behind(self, reason: str) -> None:
-        """Catch up a far-behind index by building a new one from the vectors table, then swap it in.
+        """Catch up a far-behind index: adopt a newer snapshot another process saved (when one validates, is not
+        itself far behind, and agrees with SQLite after its replay), else build a new index from the vectors
+        table; then swap it in.
 
-        The build runs outside the write mutex (this process's writes and recalls go on with the current index
-        meanwhile); under the mutex, the changes committed since the build's snapshot are replayed onto the new
-        index and it is installed as one value."""
+        The load or build runs outside the write mutex (this process's writes and recalls go on with the current
+        index meanwhile); under the mutex, the changes committed since are replayed onto the new index and it is
+        installed as one value."""
         db = self._db
         gen = self._gen
-        with db.snapshot() as r:
-            top = r.max_seq()
-            labels, vectors = r.vectors(gen.fingerprint, self.dim)
-        index = build_index(self.dim, self.config, labels, vectors)
+        adopted = self._adopt_snapshot(gen)
+        if adopted is not None:
+            index, top, status = adopted
+        else:
+            with db.snapshot() as r:
+                top = r.max_seq()
+                labels, vectors = r.vectors(gen.fingerprint, self.dim)
+            index, status = build_index(self.dim, self.config, labels, vectors), f"rebuilt ({reason})"
         with db.write_mutex:
             now = self._gen
             if now.fingerprint != gen.fingerprint:
                 return  # another thread swapped models meanwhile (and built that generation's index)
             with db.snapshot() as r:
                 head = r.max_seq()
-                changes = r.changes_after(top, head)
-                added = [c.seq for c in changes if c.vector_added]
-                removed = [c.label_removed for c in changes if c.label_removed is not None]
-                new_labels, new_vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
+                new_labels, new_vectors, removed, _ = feed_after(r, gen.fingerprint, self.dim, top, head)
                 pruned = pruned_past(r, top)
             if pruned is not None:
                 self.rebuild(pruned)
@@ -257,9 +262,49 @@ class VectorCache:
                 self.rebuild(f"replay failed ({exc})")
                 return
             crash_point("rebuild.before_swap")
-            self.install(Generation(now.embedder, now.fingerprint, index, max(head, top)), f"rebuilt ({reason})")
-            if self._access.saves_index:
+            self.install(Generation(now.embedder, now.fingerprint, index, max(head, top)), status)
+            if adopted is None and self._access.saves_index:
                 self.save()
+
+    def _adopt_snapshot(self, gen: Generation) -> tuple[VectorIndex, int, str] | None:
+        """The snapshot on disk, when another process saved one newer than `gen`'s index that is not itself far
+        behind the feed: loaded only after it validates (R6), the changes after its watermark replayed, and then
+        compared with every vector in SQLite, as an open compares it. Returns (index, the seq it reflects, status),
+        or None (no such snapshot, or it failed a check: the caller rebuilds)."""
+        if not self._access.snapshot_files:
+            return None
+        directory, stem = self._files()
+        try:
+            manifest = read_manifest(directory / f"{stem}.json")
+        except IndexRejected:
+            return None
+        mark, live = manifest.get("watermark"), manifest.get("live")
+        with self._db.reading() as r:
+            top = r.max_seq()
+        if (manifest.get("store_id") != self.store_id or manifest.get("fingerprint") != gen.fingerprint
+                or not isinstance(mark, int) or not isinstance(live, int) or not gen.watermark < mark <= top
+                or self._far_behind(top - mark, live)):
+            return None
+        expect = {"store_id": self.store_id, "fingerprint": gen.fingerprint, "dim": self.dim}
+        try:
+            index, manifest = VectorIndex.load(directory, stem, expect=expect, config=self.config, max_seq=top)
+        except (IndexRejected, OSError, RuntimeError, MemoryError):
+            return None
+        mark = manifest["watermark"]
+        with self._db.snapshot() as r:
+            top = r.max_seq()
+            labels, vectors, removed, count = feed_after(r, gen.fingerprint, self.dim, mark, top)
+            truth_labels, truth_vectors = r.vectors(gen.fingerprint, self.dim)
+            pruned = pruned_past(r, mark)
+        if pruned is not None:
+            return None
+        try:
+            replay(index, labels, vectors, removed)
+        except (InvalidInput, RuntimeError, MemoryError):
+            return None
+        if disagreement(index, truth_labels, truth_vectors) is not None:
+            return None
+        return index, top, f"adopted a saved index (seq {mark}, replayed {count} changes; was {gen.watermark})"
 
     def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], before: int, top: int) -> None:
         """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
@@ -366,6 +411,16 @@ def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed:
     index.add(labels[fresh], vectors[fresh])
 
 
+def feed_after(r: Any, fingerprint: str, dim: int, after: int, top: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
+    """The change feed (after, top] as reader `r` sees it: (labels (N,) and vectors (N, D) added under
+    `fingerprint`, labels retired, how many changes)."""
+    changes = r.changes_after(after, top)
+    added = [c.seq for c in changes if c.vector_added]
+    removed = [c.label_removed for c in changes if c.label_removed is not None]
+    labels, vectors = r.vectors(fingerprint, dim, labels=added)
+    return labels, vectors, removed, len(changes)
+
+
 def pruned_past(r: Any, watermark: int) -> str | None:
     """Why an index at `watermark` cannot replay the change feed: compact() pruned changes after it (meta
     `history_pruned`, the highest seq pruned), so a forget may be missing; None when it can."""
@@ -387,6 +442,6 @@ def disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) ->
         pos = np.minimum(pos, len(file_labels) - 1)  # (M,)
         in_file = file_labels[pos] == labels  # (M,) labels the file holds (the rest came from replay)
         file_vecs = info.vectors[order][pos[in_file]]  # (m, D)
-        if not np.array_equal(file_vecs, vectors[in_file]):
+        if len(file_vecs) and np.abs(file_vecs - vectors[in_file]).max() > NEAR_TOL:  # (a fact's node's vector)
             return "index vectors disagree with SQLite"
     return None

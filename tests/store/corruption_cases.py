@@ -155,10 +155,37 @@ def _nan_in_manifest(d: Path) -> None:
 def _older_generation(d: Path) -> None:
     saved = d / "older"
     m = json.loads((saved / f"{STEM}.json").read_text())
-    for p in d.glob(f"{STEM}.*.hnsw"):
+    for p in [*d.glob(f"{STEM}.*.hnsw"), *d.glob(f"{STEM}.*.groups")]:
         p.unlink()
-    shutil.copy(saved / m["file"], d / m["file"])
-    shutil.copy(saved / f"{STEM}.json", d / f"{STEM}.json")
+    for name in (m["file"], _groups_name(m["file"]), f"{STEM}.json"):
+        shutil.copy(saved / name, d / name)
+
+
+def _groups_name(index_file: str) -> str:
+    return index_file[: -len(".hnsw")] + ".groups"
+
+
+def _raw_groups(mutate: Callable[[np.ndarray], np.ndarray]):
+    """Rewrite the groups file's (label, node) rows and re-sign the manifest, so only deeper checks can tell."""
+    def apply(d: Path) -> None:
+        m = _manifest(d)
+        path = d / _groups_name(m["file"])
+        rows = mutate(np.frombuffer(path.read_bytes(), dtype="<i8").reshape(-1, 2).copy())
+        data = np.ascontiguousarray(rows, dtype="<i8").tobytes()
+        path.write_bytes(data)
+        m["groups_size"], m["groups_sha256"] = len(data), hashlib.sha256(data).hexdigest()
+        m["live"] = len(rows)
+        _write_manifest(d, m)
+    return apply
+
+
+def _swap_nodes(rows: np.ndarray) -> np.ndarray:
+    rows[[3, 40], 1] = rows[[40, 3], 1]  # two facts claim each other's node: each would get the other's vector
+    return rows
+
+
+def _groups_unlink(d: Path) -> None:
+    (d / _groups_name(_manifest(d)["file"])).unlink()
 
 
 # name -> (damage, expected status prefix)
@@ -202,6 +229,11 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str]] = {
     "forged_other_vectors": (_raw_index(_negate_vectors), "rebuilt"),
     "forged_deleted_flag": (_raw_index(_flip_deleted_flag), "rebuilt"),
     "older_generation": (_older_generation, "loaded (replayed"),
+    "groups_missing": (_groups_unlink, "rebuilt"),
+    "groups_truncated": (_raw_groups(lambda rows: rows[:-1]), "rebuilt"),
+    "groups_nodes_swapped": (_raw_groups(_swap_nodes), "rebuilt"),
+    "groups_unordered": (_raw_groups(lambda rows: rows[::-1]), "rebuilt"),
+    "groups_foreign_node": (_raw_groups(lambda rows: np.column_stack([rows[:, 0], np.where(rows[:, 1] == rows[0, 1], 10**6, rows[:, 1])])), "rebuilt"),
 }
 
 
@@ -231,8 +263,8 @@ def run(model_path: str, tok_path: str, workdir: str, names: list[str]) -> None:
             if name == "older_generation":
                 (d / "older").mkdir()
                 m = _manifest(d)
-                shutil.copy(d / m["file"], d / "older" / m["file"])
-                shutil.copy(d / f"{STEM}.json", d / "older" / f"{STEM}.json")
+                for saved in (m["file"], _groups_name(m["file"]), f"{STEM}.json"):
+                    shutil.copy(d / saved, d / "older" / saved)
                 with MemoryStore(db, emb) as store:
                     store.remember_many(texts[100:])
                     store.forget(ids[10])

@@ -1,10 +1,12 @@
 """A node that stayed open while another process wrote many changes answers like a freshly opened store,
-whichever way it catches up: replaying the change feed, or rebuilding its index from the vectors table because
-it is far behind (more pending changes than a fraction of its index), or because the replay would retire so
-many vectors that the index would be rebuilt right after anyway."""
+whichever way it catches up: replaying the change feed; when it is far behind (more pending changes than a
+fraction of its index), adopting the newer snapshot the other process saved (after it validates and agrees with
+SQLite), or rebuilding its index from the vectors table when there is none or it fails a check; or rebuilding
+because the replay would retire so many vectors that the index would be rebuilt right after anyway."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -28,8 +30,10 @@ with MemoryStore(db, emb) as store:
 
 # (REBUILD_BEHIND_MIN, REBUILD_BEHIND_RATIO) that force each path for ~270 pending changes on 100 vectors;
 # "retire": a replay of at least 50 changes that would leave over 20 % of the graph deleted rebuilds instead
-PATHS = {"replay": (10**9, 1.0), "rebuild": (1, 0.0), "retire": (50, 10**6)}
-FORGETS = {"replay": 25, "rebuild": 25, "retire": 60}  # seed facts node B forgets (it updates 20 more)
+PATHS = {"replay": (10**9, 1.0), "rebuild": (1, 0.0), "adopt": (1, 0.0), "adopt_damaged": (1, 0.0),
+         "retire": (50, 10**6)}
+FORGETS = {"replay": 25, "rebuild": 25, "adopt": 25, "adopt_damaged": 25, "retire": 60}  # seed facts node B
+# forgets (it updates 20 more); "rebuild": node B's snapshot is removed, "adopt_damaged": a byte of it flipped
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -49,6 +53,14 @@ def test_a_node_left_behind_answers_like_a_fresh_open(path, model_files, embedde
         assert child.returncode == 0, child.stderr[-3000:]
         written = child.stdout.split()[-1].split(",")
         gone = set(seed[20:20 + FORGETS[path]])
+        manifest = db_path.parent / f"{db_path.name}.json"
+        if path == "rebuild":
+            manifest.unlink()  # no snapshot to adopt
+        elif path == "adopt_damaged":
+            graph = db_path.parent / json.loads(manifest.read_text())["file"]
+            data = bytearray(graph.read_bytes())
+            data[len(data) // 2] ^= 0x40
+            graph.write_bytes(bytes(data))
 
         queries = [f"updated seed fact {n}: the meeting moved to friday {n * 3}" for n in range(0, 20, 3)]
         queries += [f"seed fact {i} about tea {i % 5} with ada in paris {i * 7 % 9}" for i in range(80, 100, 4)]
@@ -58,8 +70,10 @@ def test_a_node_left_behind_answers_like_a_fresh_open(path, model_files, embedde
         status = node.info()["index_status"]
         if path == "replay":
             assert status == before, status  # replayed: no rebuild
-        elif path == "rebuild":
+        elif path in ("rebuild", "adopt_damaged"):
             assert status.startswith("rebuilt (") and "changes behind" in status, status
+        elif path == "adopt":
+            assert status.startswith("adopted a saved index"), status
         else:
             assert status.startswith("rebuilt (") and "retiring" in status, status
         assert node.info()["indexed"] == 100 - FORGETS[path] + 135 + 30

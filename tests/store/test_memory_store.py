@@ -13,6 +13,7 @@ import pytest
 
 from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, MemoryStore, Recall
 from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
+from evermind_memory.store.index import groups_name
 from store_helpers import recall_at_k
 
 TEXTS = [
@@ -216,14 +217,16 @@ def test_replay_after_watermark(db_path: Path, embedder):
     with MemoryStore(db_path, embedder) as store:
         store.remember_many(TEXTS)
     manifest = json.loads((db_path.parent / "memory.db.json").read_text())
-    saved = (db_path.parent / manifest["file"]).read_bytes()
+    files = (manifest["file"], groups_name(manifest["file"]))  # the graph, and which facts each node holds
+    saved = [(db_path.parent / name).read_bytes() for name in files]
     with MemoryStore(db_path, embedder) as store:
         new = store.remember("a brand new fact about zebras")
         gone = store.list()[0].id
         store.forget(gone)
     # put back the older index generation: the store must replay the two changes after its watermark
     (db_path.parent / "memory.db.json").write_text(json.dumps(manifest))
-    (db_path.parent / manifest["file"]).write_bytes(saved)
+    for name, data in zip(files, saved):
+        (db_path.parent / name).write_bytes(data)
     with MemoryStore(db_path, embedder) as store:
         # remember, forget and (default background embedding) the new fact's vector: all after the watermark
         changes = store.info()["max_seq"] - manifest["watermark"]
