@@ -35,12 +35,13 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 
-import numpy as np
-
+from ..._lazy import lazy_import
 from ...errors import RowDamaged
 from ..filters import Filter, MatchAll
 from ..records import Change, Fact, Recall
 from ..scope import scope_parts
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 
 def utc_now() -> str:
