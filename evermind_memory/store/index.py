@@ -77,7 +77,8 @@ class IndexConfig:
             object.__setattr__(self, name, int(value))
         for name, (low, high) in _REAL_BOUNDS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) or is_numpy(value, "integer", "floating")) \
+            number = isinstance(value, (int, float)) or is_numpy(value, "integer", "floating")
+            if isinstance(value, bool) or not number \
                     or not math.isfinite(value) or not low <= value <= high or (name == "rebuild_deleted_ratio" and value <= 0):
                 raise InvalidInput(f"IndexConfig.{name} expected a number from {low} to {high}"
                                    f"{' (above 0)' if name == 'rebuild_deleted_ratio' else ''}, got {value!r:.40}.")

@@ -4,9 +4,9 @@ The truth is the backend (facts, vectors, fingerprints, the change sequence); th
 of it. The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a
 rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
 up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
-(R6) and checked against SQLite, else rebuilt. That load happens on the first vector use, not at open (issue 19:
-commands that only read rows never import numpy or hnswlib, nor read the snapshot). A snapshot is saved with compare-and-swap on the watermark, so
-a stale process never overwrites a newer index (R13). Any number of processes write the store: each one's
+(R6) and checked against SQLite, else rebuilt. That load happens on the first vector use, not at open (issue
+19: commands that only read rows never import numpy or hnswlib, nor read the snapshot). A snapshot is saved
+with compare-and-swap on the watermark, so a stale process never overwrites a newer index (R13). Any number of processes write the store: each one's
 index follows every process's commits through the same feed. Model changes themselves are in generations.py.
 """
 

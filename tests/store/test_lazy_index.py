@@ -117,8 +117,11 @@ def test_threads_of_one_process_share_one_load(db_path: Path, embedder) -> None:
         ids = s.remember_many(FACTS)
     with MemoryStore(db_path, embedder, read_only=True) as r:
         hits: dict[int, str] = {}
-        threads = [threading.Thread(target=lambda i=i: hits.__setitem__(i, r.recall(FACTS[i], k=1, mode="vector")[0].id))
-                   for i in range(8)]
+
+        def first_hit(i: int) -> None:
+            hits[i] = r.recall(FACTS[i], k=1, mode="vector")[0].id
+
+        threads = [threading.Thread(target=first_hit, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
