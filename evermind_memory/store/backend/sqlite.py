@@ -23,13 +23,12 @@ import functools
 import os
 import sqlite3
 import threading
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
-from . import utc_now
+from . import new_id, utc_now
 from .filter_sql import migrate_typed_tags
 from .sqlite_faults import preflight, repair_hint, translate
 from .sqlite_session import SQLiteSession
@@ -476,7 +475,7 @@ class SQLiteBackend:
         now = utc_now()
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
-            [("schema_version", str(SCHEMA_VERSION)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
+            [("schema_version", str(SCHEMA_VERSION)), ("store_id", new_id()), ("created_at", now)],
         )
 
 
