@@ -16,9 +16,7 @@ A leaf module: it imports nothing from the package.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
-import glob
 import os
 import sys
 import threading
@@ -35,6 +33,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _candidates() -> list[str]:
     """Shared libraries that may be numpy's OpenBLAS, loaded ones first."""
+    import glob  # (here and in _find: only a process that runs numpy products needs them)
+
     found = []
     try:
         with open("/proc/self/maps") as maps:
@@ -64,6 +64,8 @@ class _Controller:
         self._found = False
 
     def _find(self) -> None:
+        import ctypes
+
         self._found = True
         for path in _candidates():
             try:

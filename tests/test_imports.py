@@ -177,3 +177,50 @@ def test_no_import_cycle_through_store_or_adaptation() -> None:
     ours = [c for c in find_cycles(graph)
             if any(m.startswith(("evermind_memory.store", "evermind_memory.adaptation")) for m in c)]
     assert ours == []
+
+
+# The commands that read rows only: they must not import numpy or hnswlib (~0.1 s of start-up), nor read the
+# index snapshot; the first vector recall of the same process then loads both and answers (issue 19).
+ROW_ONLY = """
+import io, json, os, sys
+opened = []
+sys.addaudithook(lambda event, args: opened.append(os.fsdecode(args[0]))
+                 if event == "open" and isinstance(args[0], (str, bytes)) else None)
+from evermind_memory.cli import main
+
+db, first, export = sys.argv[1:]
+codes, outs = {}, {}
+for name, command in (("get", ["get", first]), ("list", ["list"]), ("history", ["history", first]),
+                      ("count", ["count"]), ("stats", ["stats"]), ("export", ["export", export]),
+                      ("recall", ["recall", "flight Tuesday", "--mode", "lexical", "--json"]),
+                      ("scoped get", ["get", first, "--user", "ada"])):
+    out = io.StringIO()
+    codes[name] = main(["--db", db, *command], out=out)
+    outs[name] = out.getvalue()
+row_only = {"numpy": "numpy" in sys.modules, "hnswlib": "hnswlib" in sys.modules,
+            "snapshot_read": [p for p in opened if p.endswith((".hnsw", ".db.json"))]}
+out = io.StringIO()
+codes["recall vector"] = main(["--db", db, "recall", "flight Tuesday", "--mode", "vector", "--json"], out=out)
+print(json.dumps({"codes": codes, "lexical": json.loads(outs["recall"]), "count": outs["count"].strip(),
+                  "row_only": row_only, "vector": json.loads(out.getvalue()),
+                  "after_vector": {"numpy": "numpy" in sys.modules, "hnswlib": "hnswlib" in sys.modules}}))
+"""
+
+
+def test_row_only_commands_import_no_numpy_nor_hnswlib(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    with MemoryStore(db) as store:
+        ids = store.remember_many(["Ada's flight is on Tuesday", "Bob drinks black coffee", "the server restarts at 3"])
+    assert list(tmp_path.glob("m.db.*.hnsw")), "the writer left an index snapshot"
+    run = subprocess.run([sys.executable, "-c", ROW_ONLY, str(db), ids[0], str(tmp_path / "out.jsonl")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    # every command ran and answered (the scoped get: no fact of user ada -> not found, exit 3)
+    assert result["codes"] == {"get": 0, "list": 0, "history": 0, "count": 0, "stats": 0, "export": 0, "recall": 0,
+                               "scoped get": 3, "recall vector": 0}
+    assert result["count"] == "3" and result["lexical"][0]["id"] == ids[0]
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
+    assert result["row_only"] == {"numpy": False, "hnswlib": False, "snapshot_read": []}
+    # the first vector recall of the same process loads the index (and numpy, hnswlib) and finds the fact
+    assert result["vector"][0]["id"] == ids[0] and result["after_vector"] == {"numpy": True, "hnswlib": True}

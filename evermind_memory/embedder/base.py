@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence, runtime_checkable
 
-import numpy as np
-
+from .._lazy import is_numpy, lazy_import
 from ..errors import EmbedderOutputInvalid, InvalidInput
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 MAX_DIMENSIONS = 65_536
 MAX_FINGERPRINT_CHARS = 512
@@ -56,7 +57,8 @@ def check_embedder(embedder: object) -> tuple[int, str]:
     if not callable(embedder.embed) or not callable(embedder.embed_many):
         raise InvalidInput(f"expected embedder.embed and embedder.embed_many to be callable ({type(embedder).__name__}).")
     dim = embedder.dimensions
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= int(dim) <= MAX_DIMENSIONS:
+    if isinstance(dim, bool) or not (isinstance(dim, int) or is_numpy(dim, "integer")) \
+            or not 1 <= int(dim) <= MAX_DIMENSIONS:
         raise InvalidInput(f"expected embedder.dimensions to be an int in [1, {MAX_DIMENSIONS}], got {dim!r}.")
     fp = embedder.fingerprint
     if not isinstance(fp, str) or not fp or len(fp) > MAX_FINGERPRINT_CHARS or "\x00" in fp:

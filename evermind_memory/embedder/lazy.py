@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
+from .._lazy import lazy_import
 from ..errors import CheckpointError
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 
 class LazyEmbedder:

@@ -16,10 +16,11 @@ import hashlib
 import json
 from typing import Sequence
 
-import numpy as np
-
 from .._blas import single_blas
+from .._lazy import lazy_import
 from ..errors import InvalidInput
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 FINGERPRINT_FORMAT = "evermind-embedder 1"
 POOLING = "mean-l2"

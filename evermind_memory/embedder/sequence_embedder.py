@@ -12,9 +12,10 @@ import json
 import zlib
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
+from .._lazy import lazy_import
 from ..errors import InvalidInput
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:  # the backbone's module is imported when an embedder is built, not with this package
     from ..lm.sequence import SequenceBackbone

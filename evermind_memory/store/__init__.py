@@ -18,7 +18,18 @@ from __future__ import annotations
 from .index import IndexConfig
 from .memory_store import MemoryStore
 from .records import Change, CheckReport, DuplicatePair, Fact, Recall, StoreStats
-from .repair import RepairReport, repair_store
 
 __all__ = ["Change", "CheckReport", "DuplicatePair", "Fact", "IndexConfig", "MemoryStore", "Recall", "RepairReport",
            "StoreStats", "repair_store"]
+
+
+def __getattr__(name: str):
+    # repair.py (and the backend's repair code under it) is imported when it is first used: a command that only
+    # reads rows starts without it (issue 19)
+    if name in ("RepairReport", "repair_store"):
+        from . import repair
+
+        value = getattr(repair, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

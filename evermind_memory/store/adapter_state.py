@@ -13,11 +13,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from .._lazy import lazy_import
 from ..errors import CheckpointError, InvalidInput
 from .backend import Backend
 from .vectors import VectorCache
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 # Adaptation state in the database (the truth): the active adapter, the base model it sits on, a publish in
 # progress, and how far the serving adapter has seen the memories.

@@ -104,7 +104,8 @@ def follower(store: MemoryStore) -> Any:
         live = ref()
         if live is None or live._closed:
             return
-        if head < 0 or head > live._vectors.current.watermark:
+        cache = live._vectors
+        if cache.loaded and (head < 0 or head > cache.current.watermark):  # (not loaded: its load reads it all)
             live._sync()
 
     return on_change

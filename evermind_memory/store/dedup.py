@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
-import numpy as np
+from .._lazy import lazy_import
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 # Fitted on the dev split by benchmarks/dedup_quality.py (it prints the fit next to these): min_cosine is the 99th
 # percentile of the cosine between unrelated facts, min_overlap the widest margin at dev precision 1.0.

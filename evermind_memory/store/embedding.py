@@ -22,15 +22,16 @@ import time
 import weakref
 from typing import Any, Sequence
 
-import numpy as np
-
 from .._blas import single_blas
 from .._crash import crash_point
+from .._lazy import lazy_import
 from ..embedder.lazy import LazyEmbedder
 from ..errors import EmbedderOutputInvalid, EvermindError
 from .backend import Backend, WaitingRow, utc_now
 from .leases import Owner, owner_alive
 from .vectors import Generation, VectorCache
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 EMBED_CHUNK = 256
 PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)
@@ -73,9 +74,10 @@ def embed_serving(cache: VectorCache, texts: Sequence[str], earlier: tuple[Gener
     """(generation, vectors (N, D)) of `texts` by the serving model.
 
     Call once before taking the write mutex, then again under it with that result as `earlier`: the texts are
-    embedded a second time only if a generation swap changed the model meanwhile.
+    embedded a second time only if a generation swap changed the model meanwhile. The generation's index is
+    None when nothing loaded it yet: a caller that searches it calls cache.ensure_loaded() first.
     """
-    gen = cache.current
+    gen = cache.model
     if earlier is not None and earlier[0].fingerprint == gen.fingerprint:
         return earlier
     return gen, embed_texts(gen.embedder, texts, cache.dim)
@@ -156,7 +158,7 @@ class VectorWorker:
         with self._db.reading() as r:
             owners = r.waiting_owners()
             serving = r.meta("fingerprint")
-        if serving not in (None, self._cache.current.fingerprint):
+        if serving not in (None, self._cache.model.fingerprint):
             return 0  # this process has not followed a model swap yet: leave them to one that has
         dead = [o for o in owners if o != self.holder.token and owner_alive(o) is False]
         adopted: list[WaitingRow] = []
@@ -246,12 +248,12 @@ class VectorWorker:
                     batch = list(itertools.islice(self._waiting.items(), PENDING_BATCH))
                 if not batch:
                     return
-                gen = cache.current
+                gen = cache.model  # (the model only: apply() below loads the index if nothing did yet)
                 rids = [rid for rid, _ in batch]
                 ids = [fid for _, (fid, _) in batch]
                 texts = [text for _, (_, text) in batch]
                 vectors, failed = self._embed(texts, gen.embedder)  # (b, D)
-                if gen.fingerprint != cache.current.fingerprint:
+                if gen.fingerprint != cache.model.fingerprint:
                     continue  # the model was swapped meanwhile: embed this batch again with the new one
                 # The transaction does not hold the write mutex: the database orders it with every other writer
                 # (on PostgreSQL over the network: a remember of this process must not wait for its round
@@ -271,7 +273,7 @@ class VectorWorker:
                 crash_point("remember.vectors_committed")
                 if pairs:  # (set_vectors hands out consecutive seqs: ours are pairs[0][0]..pairs[-1][0])
                     with db.write_mutex:
-                        if gen.fingerprint == cache.current.fingerprint:
+                        if gen.fingerprint == cache.model.fingerprint:
                             cache.apply(np.array([p[0] for p in pairs], dtype=np.int64), vectors[keep], [],
                                         pairs[0][0] - 1, pairs[-1][0])
                         else:  # swapped since our commit: the new generation takes what it serves from the feed

@@ -24,9 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-import numpy as np
-
+from .._lazy import lazy_import
 from ..errors import CheckpointError
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 RRF_K = 60
 # BM25 below this is no evidence: FTS5 clamps the idf of a word held by half the facts or more to 1e-6, so a row

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-import numpy as np
-
 from .._crash import crash_point
+from .._lazy import lazy_import
 from ..errors import CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, InvalidInput
 from .access import Access
 from .adapter_state import (
@@ -46,6 +45,8 @@ from .backend import Backend, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
 from .leases import Heartbeat, Leases
 from .vectors import Generation, VectorCache, build_index
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 REEMBED_BATCH = 256
 GENERATION_LEASE = "generation"  # held while building a new generation: a re-embed, an adaptation round, a rollback
@@ -130,12 +131,12 @@ class Generations(AdapterState):
     @property
     def embedder(self) -> Any:
         """The serving embedder."""
-        return self._cache.current.embedder
+        return self._cache.model.embedder
 
     @property
     def fingerprint(self) -> str:
         """The serving fingerprint."""
-        return self._cache.current.fingerprint
+        return self._cache.model.fingerprint
 
     @property
     def adapters_dir(self) -> Path:
@@ -212,7 +213,7 @@ class Generations(AdapterState):
         """At open: when the store serves base + adapter and we were given that base, serve the adapter too."""
         if self._access.memory:
             return
-        gen = self._cache.current
+        gen = self._cache.model  # (the index is not loaded yet: it is loaded for the model chosen here)
         with self._db.reading() as r:
             stored_fp = r.meta("fingerprint")
             raw = r.meta(META_ADAPTER)
@@ -230,7 +231,7 @@ class Generations(AdapterState):
         if embedder.fingerprint != stored_fp:
             self.note = f"base + adapter {entry.get('id')} gives {embedder.fingerprint}, not {stored_fp}"
             return
-        self._cache.install(Generation(embedder, embedder.fingerprint, gen.index, gen.watermark), self._cache.status)
+        self._cache.serve_model(embedder, embedder.fingerprint)
 
     def settle(self, on_mismatch: str) -> None:
         """At open: serve the stored adapter if it sits on our embedder, then deal with vectors of another model.
@@ -248,7 +249,7 @@ class Generations(AdapterState):
         """
         self.apply_active_adapter()
         db, access, dim = self._db, self._access, self._cache.dim
-        fingerprint = self._cache.current.fingerprint
+        fingerprint = self._cache.model.fingerprint
         while True:
             with db.reading() as r:
                 stored_fp = r.meta("fingerprint")
@@ -285,14 +286,14 @@ class Generations(AdapterState):
         Raises:
             EmbedderMismatch: another process is building a different model right now.
         """
-        ours = self._cache.current.fingerprint
+        ours = self._cache.model.fingerprint
         while True:
             with self.claimed() as mine:
                 if mine:
                     pending = self.pending()
                     report = RebuildReport(kind="reembed")
                     resume = pending is not None and pending.get("fingerprint") == ours
-                    self.publish(self._cache.current.embedder, None, report, resume=resume)
+                    self.publish(self._cache.model.embedder, None, report, resume=resume)
                     if report.status != "swapped":
                         raise EmbedderMismatch(
                             f"{self._access.path}: re-embedding it for {ours} did not finish ({report.status}: "
@@ -318,7 +319,7 @@ class Generations(AdapterState):
 
     def _mismatch(self, stored_fp: str | None, stored_dim: str | None, stale: int, *, reader: bool) -> str:
         what = f"{self._access.path} holds {stale} vectors made by embedder {stored_fp} (dim {stored_dim})"
-        now = f"the current one is {self._cache.current.fingerprint} (dim {self._cache.dim})"
+        now = f"the current one is {self._cache.model.fingerprint} (dim {self._cache.dim})"
         if self.note:
             now += f"; {self.note}"
         if reader:
@@ -335,10 +336,10 @@ class Generations(AdapterState):
         cache = self._cache
         with self._db.reading() as r:
             stored_fp = r.meta("fingerprint")
-        if stored_fp is None or stored_fp == cache.current.fingerprint:
+        if stored_fp is None or stored_fp == cache.model.fingerprint:
             return
         with cache.swapping():
-            if stored_fp == cache.current.fingerprint:
+            if stored_fp == cache.model.fingerprint:
                 return  # another thread of ours switched first
             base = self.base_embedder
             embedder = base if stored_fp == getattr(base, "fingerprint", None) else None
@@ -351,7 +352,7 @@ class Generations(AdapterState):
             if embedder is None or embedder.fingerprint != stored_fp:
                 raise EmbedderMismatch(
                     f"{self._access.path} now serves {stored_fp} (the writer swapped models); this reader has "
-                    f"{cache.current.fingerprint}. Reopen it with the store's base embedder."
+                    f"{cache.model.fingerprint}. Reopen it with the store's base embedder."
                 )
             cache.rebuild("the writer swapped to a new generation", model=(embedder, stored_fp))
 
@@ -377,7 +378,7 @@ class Generations(AdapterState):
 
         db, cache = self._db, self._cache
         with db.write_mutex:
-            gen = cache.current
+            gen = cache.model  # (the model only: at open the index is not loaded; with_index's apply() loads it)
             with db.reading() as r:
                 total = r.count() if force else r.count_stale(gen.fingerprint, include_waiting)
             done, after = 0, 0

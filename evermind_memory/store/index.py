@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import hnswlib
-import numpy as np
-
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
+from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .lock import RWLock
+
+hnswlib = lazy_import("hnswlib", globals(), "hnswlib")
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 INDEX_FORMAT = "evermind-hnsw 2"  # 2: one node per distinct vector, with a groups file
 SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
@@ -90,13 +91,15 @@ class IndexConfig:
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_BOUNDS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+            if isinstance(value, bool) or not (isinstance(value, int) or is_numpy(value, "integer")) \
+                    or not low <= value <= high:
                 raise InvalidInput(f"IndexConfig.{name} expected an int from {low} to {high:,}, got {value!r:.40}"
                                    f"{_INT_WHY.get(name, '')}.")
             object.__setattr__(self, name, int(value))
         for name, (low, high) in _REAL_BOUNDS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            number = isinstance(value, (int, float)) or is_numpy(value, "integer", "floating")
+            if isinstance(value, bool) or not number \
                     or not math.isfinite(value) or not low <= value <= high or (name == "rebuild_deleted_ratio" and value <= 0):
                 raise InvalidInput(f"IndexConfig.{name} expected a number from {low} to {high}"
                                    f"{' (above 0)' if name == 'rebuild_deleted_ratio' else ''}, got {value!r:.40}.")

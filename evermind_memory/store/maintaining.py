@@ -13,16 +13,18 @@ import os
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from . import maintenance
 from .generations import REEMBED_BATCH
 from .records import CheckReport, DuplicatePair, StoreStats
-from .repair import RepairReport
 from .selection import select
 from .timing import check_retention
 from .validate import MAX_LIST_LIMIT, check_flag, check_int
+
+if TYPE_CHECKING:  # (repair.py is imported when repair() runs)
+    from .repair import RepairReport
 
 
 class MaintenanceMethods:
@@ -128,7 +130,7 @@ class MaintenanceMethods:
             StoreCorrupt: salvage could not build a sound file (the original is left as it was).
             InvalidInput: a scope view (repair the store that opened it).
         """
-        from .repair import report_of, salvage_store
+        from .repair import RepairReport, report_of, salvage_store
 
         self._check_writable("repair")
         self._check_owner("repair")

@@ -20,15 +20,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .._atomic import atomic_write
+from .._lazy import lazy_import
 from ..errors import EvermindError, InvalidInput, StorageError
 from .access import Access
 from .backend import Backend, FactRow, NewFact, Selection, new_id, utc_now
 from .damage import readable
 from .embedding import VectorWorker, embed_serving
-from .dedup import NEIGHBOURS, find_duplicate
 from .generations import Generations
 from .index import SearchFailed
 from .leases import Leases, owner_alive
@@ -38,6 +36,8 @@ from .search import EXACT_FILTER_MAX
 from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags
 from .vectors import VectorCache
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:
     from .memory_store import MemoryStore
@@ -468,6 +468,8 @@ def duplicate_pairs(db: Backend, search: Any, gen: Any, sel: Selection, limit: i
     with its NEIGHBOURS nearest older facts: exactly for groups up to EXACT_FILTER_MAX facts, through
     the index's filtered search above that.
     """
+    from .dedup import NEIGHBOURS, find_duplicate  # (imported when it is used: opening a store does not need it)
+
     with db.snapshot() as r:
         rows = r.list_rows(-1, 0, sel)
         labels, vecs = r.vectors(gen.fingerprint, gen.index.dim, sel=sel)

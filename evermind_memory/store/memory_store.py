@@ -167,7 +167,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         with self._db.reading() as r:
             self._vectors.store_id = r.meta("store_id")
         self._gens.settle(self._on_mismatch)  # which model serves; build the generation of ours if it differs
-        self._vectors.load()
+        # (the index is loaded on its first use, not here: commands that read rows never need it; issue 19)
         if self._access.embeds_waiting and self._worker.adopt_orphans():
             # remembered without a vector by a process that died (or whose embedder failed on them): retry now
             if self._access.embeds_in_background:
@@ -200,11 +200,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             raise InvalidInput(f"{method}() looks after the whole store; call it on the MemoryStore that opened the "
                                "store, not on a scope view.")
 
-    def _sync(self) -> None:
+    def _sync(self, *, index: bool = True) -> None:
         """Serve the generation the database names and replay the changes after our watermark (every process,
-        before it answers; for the only writer of a store both are one cheap read)."""
+        before it answers; for the only writer of a store both are one cheap read). index=False (a lexical
+        recall): leave an index not loaded yet as it is."""
         self._gens.follow()
-        self._vectors.catch_up()
+        if index or self._vectors.loaded:
+            self._vectors.catch_up()
 
     # ---- writes --------------------------------------------------------------------------------------------
     def remember(self, text: str, *, tags: dict | None = None, source: str | None = None, id: str | None = None,
@@ -528,14 +530,14 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                min_relevance=min_relevance, explain=explain)
         try:
-            self._sync()
+            self._sync(index=q.mode != "lexical")
         except EmbedderMismatch:
             if q.mode != "lexical":  # text needs no model: a lexical recall still answers
                 raise
         if q.mode != "lexical" and self._access.writes:
             self._worker.wait()
             self._worker.raise_failures("recall")
-        with self._vectors.serving() as gen:  # one generation (model, fingerprint, index) for the whole recall
+        with self._vectors.serving(load=q.mode != "lexical") as gen:  # one generation (model, fingerprint, index)
             hits = self._search.recall(gen, q, self._hybrid_weight)
         return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:q.k]
 
@@ -583,12 +585,12 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     @property
     def fingerprint(self) -> str:
         """The fingerprint of the embedder whose vectors this store serves."""
-        return self._vectors.current.fingerprint
+        return self._vectors.model.fingerprint
 
     @property
     def embedder(self) -> Any:
         """The embedder in use."""
-        return self._vectors.current.embedder
+        return self._vectors.model.embedder
 
     @property
     def path(self) -> str:

@@ -13,16 +13,15 @@ distinct vector, so facts sharing a vector are never stranded (store/index.py).
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
-from typing import Any, Callable, NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from .._blas import single_blas
+from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .backend import Backend, FactRow, Selection
 from .embedding import embed_query
-from .fusion import CandidatePool, Fused, FusionParams, fuse_pool, params_for
 from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, phrase_query, query_words
 from .records import Explain
@@ -32,6 +31,11 @@ from .validate import (
     FUSIONS, K_MAX, MODES, check_choice, check_flag, check_k, check_min_score, check_relevance, check_text,
 )
 from .vectors import Generation
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+
+if TYPE_CHECKING:  # (fusion.py is imported by the first hybrid recall: a lexical one never needs it)
+    from .fusion import CandidatePool, Fused, FusionParams
 
 DEFAULT_HYBRID_WEIGHT = 2.0  # the vector side's weight in hybrid recall for an embedder that names none
 EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched exactly (R9)
@@ -70,7 +74,7 @@ def fts_match(query: str, max_terms: int = MAX_TERMS) -> str | None:
 def hybrid_weight(embedder: Any) -> float:
     """The embedder's own `hybrid_weight` when it is a finite number, else DEFAULT_HYBRID_WEIGHT."""
     weight = getattr(embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT)
-    return float(weight) if isinstance(weight, (int, float)) and np.isfinite(weight) else DEFAULT_HYBRID_WEIGHT
+    return float(weight) if isinstance(weight, (int, float)) and math.isfinite(weight) else DEFAULT_HYBRID_WEIGHT
 
 
 class Search:
@@ -171,6 +175,8 @@ class Search:
         """The fitted hybrid rule of the store's embedder (store/fusion.py params_for), looked up once; an adapted
         model keeps its base model's rule. None: the embedder has none (hybrid then fuses by weight)."""
         if self._params is _UNSET:
+            from .fusion import params_for
+
             self._params = params_for(self._base)
         return self._params
 
@@ -196,6 +202,8 @@ class Search:
         Returns:
             (rid -> FactRow, CandidatePool keyed by rid).
         """
+        from .fusion import CandidatePool
+
         vec = self.rows_for(self.vector(gen, qv, size, sel))
         lex = self.lexical(query, size, sel)
         rows = {row.rid: row for row, _ in vec}
@@ -227,6 +235,8 @@ class Search:
         Returns:
             ((row, score) best first, at most k; rid -> Detail (relevance, and an Explain when `explain`)).
         """
+        from .fusion import fuse_pool
+
         params = self.fusion_params()
         size = candidate_pool(k) if params is None else min(K_MAX, max(params.pool, 2 * k))
         rows, pool = self.pool(gen, query, qv, size, sel, stats=params is not None)

@@ -12,9 +12,10 @@ import math
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-import numpy as np
-
+from .._lazy import lazy_import
 from ..errors import InvalidInput
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 MAX_TTL = timedelta(days=36_525)  # 100 years: any longer is "forever" (no ttl), and now + ttl must fit a datetime
 _EXAMPLE = "e.g. '2025-05-01T09:30:00+00:00', '2025-05-01T09:30:00Z' or datetime(2025, 5, 1, tzinfo=timezone.utc)"

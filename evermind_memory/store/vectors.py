@@ -4,9 +4,11 @@ The truth is the backend (facts, vectors, fingerprints, the change sequence); th
 of it. The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a
 rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
 up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
-(R6) and checked against SQLite, else rebuilt; a process far behind adopts a newer snapshot another process
-saved, checked the same way, else rebuilds. A snapshot is saved with compare-and-swap on the watermark, so
-a stale process never overwrites a newer index (R13). Any number of processes write the store: each one's
+(R6) and checked against SQLite, else rebuilt. That load happens on the first vector use, not at open (issue
+19: commands that only read rows never import numpy or hnswlib, nor read the snapshot). A process far behind
+adopts a newer snapshot another process saved, checked the same way, else rebuilds. A snapshot is saved with
+compare-and-swap on the watermark, so a stale process never overwrites a newer index (R13). Any number of
+processes write the store: each one's
 index follows every process's commits through the same feed. Model changes themselves are in generations.py.
 """
 
@@ -18,15 +20,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-
 from .._crash import crash_point
+from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .access import Access
 from .backend import Backend
 from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
 from .lock import RWLock
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
 # A node this far behind adopts a newer snapshot another process saved, or else rebuilds its index from the
@@ -47,7 +50,7 @@ class Generation:
     Attributes:
         embedder: the model that embeds queries (and new facts).
         fingerprint: its fingerprint; only vectors carrying it are in the index.
-        index: the HNSW cache.
+        index: the HNSW cache (None only inside a VectorCache not loaded yet: `current` never returns that).
         watermark: the highest change seq the index reflects.
     """
 
@@ -67,6 +70,11 @@ def build_index(dim: int, config: IndexConfig, labels: np.ndarray, vectors: np.n
 
 class VectorCache:
     """This process's index of one store, and the lock that keeps a recall on one generation.
+
+    The index is loaded on first use, not at open: `current`, `serving()`, `catch_up()` and the first commit
+    this process mirrors (apply(), advance()) load it, under the write mutex, once. A process that only reads
+    rows never loads it: save() then has nothing to save (the snapshot on disk stays as it is), and `model`
+    names the serving model without loading anything.
 
     Thread-safety: catch_up, apply, advance, rebuild and save run under the backend's write mutex (they take
     it, or their caller holds it; a catch-up far behind builds its new index outside it, then takes it to replay
@@ -92,7 +100,8 @@ class VectorCache:
         self.config = config
         self.store_id: str | None = None  # set at open, from the database: the manifest must name the same store
         self.status = "new"
-        self._gen = Generation(embedder, fingerprint, VectorIndex(dim, config), 0)
+        self._gen = Generation(embedder, fingerprint, None, 0)  # the index: on first use (ensure_loaded)
+        self._loaded = False  # set, under the write mutex, once a loaded (or built) index serves
         self._saved_watermark = -1
         self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively
         self._behind = threading.Lock()  # one far-behind rebuild at a time (it runs outside the write mutex)
@@ -100,12 +109,44 @@ class VectorCache:
     # ---- the serving generation ----------------------------------------------------------------------------
     @property
     def current(self) -> Generation:
-        """The serving generation (a value: read it once and use that)."""
+        """The serving generation (a value: read it once and use that); loads the index on first use."""
+        if not self._loaded:
+            self.ensure_loaded()
         return self._gen
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the index was loaded (or built) yet."""
+        return self._loaded
+
+    @property
+    def model(self) -> Generation:
+        """The serving generation without loading the index: read only its embedder and fingerprint (its index is
+        None before the first vector use)."""
+        return self._gen
+
+    def serve_model(self, embedder: Any, fingerprint: str) -> None:
+        """At open, before the index is loaded: serve this model (the stored adapter on our base embedder)."""
+        self._gen = replace(self._gen, embedder=embedder, fingerprint=fingerprint)
+
+    def ensure_loaded(self) -> None:
+        """Load the index now if it is not loaded yet (once; other threads wait for it). Never call it holding
+        serving(): a model swap holds the write mutex while it waits for the readers to leave."""
+        if self._loaded:
+            return
+        with self._db.write_mutex:  # apply() and advance() run under it too: none slips between load and serve
+            if not self._loaded:
+                self.load()
+                self._loaded = True
+
     @contextlib.contextmanager
-    def serving(self) -> Iterator[Generation]:
-        """Hold the shared side: the generation yielded stays the serving one until the block ends."""
+    def serving(self, *, load: bool = True) -> Iterator[Generation]:
+        """Hold the shared side: the generation yielded stays the serving one until the block ends.
+
+        load=False (a lexical recall): yield the generation as it is, its index None when not loaded yet.
+        """
+        if load:
+            self.ensure_loaded()  # (before the shared side: see ensure_loaded)
         with self._lock.read():
             yield self._gen
 
@@ -114,13 +155,18 @@ class VectorCache:
         return self._lock.write()
 
     def install(self, generation: Generation, status: str) -> None:
-        """Serve `generation` from now on (the caller holds the write mutex, and swapping() for a model change)."""
+        """Serve `generation` (with its index) from now on (the caller holds the write mutex, and swapping() for a
+        model change)."""
         self._gen = generation
         self.status = status
+        self._loaded = True
 
     def advance(self, before: int, top: int) -> None:
         """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top`, or
         catch up through the change feed when another process committed since our watermark (write mutex held)."""
+        if not self._loaded:
+            self.ensure_loaded()  # its replay of the feed includes our change
+            return
         if self._gen.watermark != before:
             self.catch_up(mutex_held=True)
             return
@@ -128,7 +174,8 @@ class VectorCache:
 
     # ---- keeping up with the database ----------------------------------------------------------------------
     def load(self) -> None:
-        """Load the saved snapshot if it validates, replay newer changes, verify it against SQLite, else rebuild."""
+        """Load the saved snapshot if it validates, replay newer changes, verify it against SQLite, else rebuild
+        (ensure_loaded() calls it, under the write mutex)."""
         if not self._access.snapshot_files:  # ":memory:", or a server whose nodes keep no files: from the database
             self.rebuild("new in-memory store" if self._access.memory else "built from the database")
             return
@@ -149,6 +196,7 @@ class VectorCache:
         self._gen = replace(self._gen, index=index, watermark=manifest["watermark"])
         self._saved_watermark = manifest["watermark"]
         replayed = self.catch_up(verify=True)
+        self._loaded = True  # (a rebuild in catch_up installed its own index)
         if replayed is None:
             return
         self.status = f"loaded (replayed {replayed} changes)"
@@ -163,8 +211,11 @@ class VectorCache:
             mutex_held: the caller holds the write mutex (then a far-behind index is replayed when another thread
                 is rebuilding it right now, instead of waiting for that thread).
         Returns:
-            how many changes were replayed, or None when the index disagreed and was rebuilt.
+            how many changes were replayed, or None when the index disagreed and was rebuilt (or was loaded now).
         """
+        if not self._loaded and not verify:  # (load() itself verifies)
+            self.ensure_loaded()
+            return None
         db = self._db
         if not verify:
             with db.reading() as r:
@@ -312,7 +363,11 @@ class VectorCache:
 
         `before` is the head of the change feed when the change's transaction began. When the watermark is
         behind it, another process committed in between: replay the feed instead (our change is in it), so the
-        watermark never moves past a change this index has not seen."""
+        watermark never moves past a change this index has not seen. The first one loads the index (its replay of
+        the feed includes this change)."""
+        if not self._loaded:
+            self.ensure_loaded()
+            return
         gen = self._gen
         if gen.watermark != before:
             self.catch_up(mutex_held=True)
@@ -368,8 +423,9 @@ class VectorCache:
 
         The compare and the swap run under the "snapshot" lease, so two processes never interleave them; when
         another process is saving right now, this save is skipped (the index is a cache: the next open replays).
+        An index never loaded is not saved: the snapshot on disk stays as it is.
         """
-        if not self._access.saves_index:
+        if not self._access.saves_index or not self._loaded:
             return
         leases = self._leases
         if leases is not None and not leases.claim(SNAPSHOT_LEASE):
@@ -399,8 +455,8 @@ class VectorCache:
 
     @property
     def unsaved(self) -> bool:
-        """Whether the index moved since it was last loaded or saved."""
-        return self._gen.watermark != self._saved_watermark
+        """Whether the index moved since it was last loaded or saved (never before it is loaded)."""
+        return self._loaded and self._gen.watermark != self._saved_watermark
 
 
 def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed: list[int]) -> None:

@@ -16,14 +16,12 @@ queued without a vector names this store as its owner; after a commit the store 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .._crash import crash_point
+from .._lazy import lazy_import
 from ..errors import FactNotFound, InvalidInput
 from .backend import Backend, FactRow, NewFact, new_id, utc_now
-from .dedup import NEIGHBOURS, Decision, find_duplicate
 from .embedding import PENDING_MAX, VectorWorker, embed_serving, embed_texts
 from .generations import Generations
 from .maintenance import Checkpoints
@@ -33,6 +31,11 @@ from .selection import same_kind
 from .timing import expiry, time_text
 from .validate import check_flag, check_source, check_text, check_typed_tags
 from .vectors import VectorCache
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+
+if TYPE_CHECKING:  # (dedup.py is imported by the first remember(dedup=True))
+    from .dedup import Decision
 
 SWEEP_BATCH = 1000  # expired facts deleted per transaction
 
@@ -172,7 +175,10 @@ class Writer:
         database's writer lock, so two threads or processes remembering the same fact store it once. Returns
         (id, the Decision when it was a duplicate, else None).
         """
+        from .dedup import find_duplicate
+
         self._worker.wait()  # facts queued before this call get their vectors (outside the mutex: the worker takes it)
+        self._cache.ensure_loaded()  # the candidates come from the index (loaded outside the mutex's readers)
         made = embed_serving(self._cache, [item.text])
         with self._db.write_mutex:
             gen, vectors = embed_serving(self._cache, [item.text], made)
@@ -191,6 +197,8 @@ class Writer:
 
     def _candidates(self, tx, gen, vec: np.ndarray, item: NewFact) -> list[tuple[str, str, np.ndarray]]:
         """(id, text, vector) of the stored facts `item` could duplicate (inside the write transaction `tx`)."""
+        from .dedup import NEIGHBOURS
+
         sel = same_kind(item.scope, item.tags, item.source, datetime.now(timezone.utc))
         near = [row for row, _ in self._search.rows_for(self._search.vector(gen, vec, NEIGHBOURS, sel))]
         seen = {row.id for row in near}
@@ -211,7 +219,7 @@ class Writer:
         """Change a reachable fact's text, tags or source (None keeps it); returns the new FactRow."""
         made = None if text is None else embed_serving(self._cache, [text])
         with self._db.write_mutex:
-            gen, vector = self._cache.current, None
+            gen, vector = self._cache.model, None
             if made is not None:
                 gen, vectors = embed_serving(self._cache, [text], made)  # again if the model changed meanwhile
                 vector = vectors[0]  # (D,)

@@ -157,6 +157,7 @@ def test_a_reader_behind_the_pruned_history_rebuilds_its_index(tmp_path, embedde
         writer.remember("the first fact")
         writer.flush()
         reader = MemoryStore(path, embedder, read_only=True)
+        reader.flush()  # its index is loaded now (on first use), so the churn below leaves it behind
         doomed = writer.remember_many([f"doomed {i}" for i in range(20)])
         for fid in doomed:
             writer.forget(fid)

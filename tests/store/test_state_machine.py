@@ -121,7 +121,10 @@ class StoreMachine(RuleBasedStateMachine):
             elif how == "garbage":
                 manifest.write_bytes(b"\x00garbage")
             else:
-                m = json.loads(manifest.read_text())
+                try:
+                    m = json.loads(manifest.read_text())
+                except ValueError:  # an earlier "garbage": only a process that loads the index saves it again
+                    m = {}
                 m["sha256"] = "0" * 64
                 manifest.write_text(json.dumps(m))
         self.store = MemoryStore(self.db, embedder(self.seed))

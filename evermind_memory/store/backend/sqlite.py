@@ -23,14 +23,12 @@ import functools
 import os
 import sqlite3
 import threading
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
-from . import utc_now
-from . import sqlite_repair
+from . import new_id, utc_now
 from .filter_sql import migrate_typed_tags
 from .sqlite_faults import preflight, repair_hint, translate
 from .sqlite_session import SQLiteSession
@@ -313,6 +311,8 @@ class SQLiteBackend:
 
     def count_damaged(self, dim: int) -> tuple[int, int, str | None]:
         """(fact rows a read would skip, damaged vectors, the first reason): check()'s row audit."""
+        from . import sqlite_repair  # (repair code: imported when a check or repair needs it)
+
         with self.snapshot() as session:
             return sqlite_repair.count_damaged(session.conn, dim)
 
@@ -320,6 +320,8 @@ class SQLiteBackend:
         """Repair in place, in one write transaction (other processes may stay open): rebuild the indexes, fix or
         quarantine damaged fact rows, rebuild the tag rows and the full-text index. Returns (what was done, the
         integrity check afterwards: ["ok"] when the file is sound, else the file needs salvage)."""
+        from . import sqlite_repair  # (repair code: imported when a check or repair needs it)
+
         counts = sqlite_repair.RepairCounts()
         with self.write_mutex:
             try:
@@ -473,7 +475,7 @@ class SQLiteBackend:
         now = utc_now()
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
-            [("schema_version", str(SCHEMA_VERSION)), ("store_id", uuid.uuid4().hex), ("created_at", now)],
+            [("schema_version", str(SCHEMA_VERSION)), ("store_id", new_id()), ("created_at", now)],
         )
 
 
@@ -518,6 +520,8 @@ def salvage_into(damaged: str, new_path: str, final_path: str, dim: int) -> tupl
     Returns:
         (what was done, the new file's integrity check).
     """
+    from . import sqlite_repair  # (repair code: imported when a check or repair needs it)
+
     counts = sqlite_repair.RepairCounts()
     if not sqlite_repair.patch_header(damaged) and os.path.getsize(damaged) == 0:
         counts.note("the database file was empty: nothing to salvage")

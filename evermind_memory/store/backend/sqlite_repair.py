@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator
 
-import numpy as np
-
+from ..._lazy import lazy_import
 from ..scope import LEVELS
 from . import new_id, row_problem, utc_now
 from .filter_sql import REBUILD_TAGS_SQL
 from .sqlite_session import _INSERT_CHANGE, UNIT_TOLERANCE
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 QUARANTINE_SQL = (
     "CREATE TABLE IF NOT EXISTS quarantine (qid INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, "

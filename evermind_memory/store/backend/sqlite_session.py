@@ -16,13 +16,14 @@ import sqlite3
 from datetime import datetime, timezone
 from typing import Iterable, Iterator, Sequence
 
-import numpy as np
-
+from ..._lazy import lazy_import
 from ..lexical import document_frequencies, plan
 from ..records import Change
 from ..timing import time_text
 from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq, expires_at, pinned, scope"
 _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
