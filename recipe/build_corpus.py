@@ -878,7 +878,6 @@ BROAD_DOCSETS = {
     "broad-doxygen": _broad("doxygen-doc", "usr/share/doc/doxygen/html"),
     "broad-glib": _broad("libglib2.0-doc", "usr/share/gtk-doc/html", (r"^(glib|gio|gobject)/",)),
     "broad-gtk3": _broad("libgtk-3-doc", "usr/share/gtk-doc/html", (r"^(gtk3|gdk3)/",)),
-    "broad-erlang": _broad("erlang-doc", "usr/share/doc/erlang-doc/html", (r"_chapter\.html$",)),
     "broad-java": _broad("openjdk-17-doc", "usr/share/doc/openjdk-17-jre-headless/api",
                          (r"^java\.base/java/(lang|util|io|net|time|math|text|nio/file)/[A-Z][A-Za-z]*\.html$",)),
 }
