@@ -761,6 +761,8 @@ class DocSet:
     api: bool = False                # read dt/dd API pairs
     headings: bool = True            # read h2/h3 heading <-> body pairs
     passage_min: int = PASSAGE_MIN
+    include: tuple = ()              # if given, a path (relative to base) must match one of these regexes
+    pair_prefix: str = ""            # pair sources are "<pair_prefix>-heading" / "-api" (default: the name's first word)
 
 
 _SPHINX_EXCLUDE = (r"(^|/)genindex", r"(^|/)search\.html$", r"(^|/)_[a-z]+/", r"^_",
@@ -794,9 +796,99 @@ DOCSETS = {
     "fortunes": ("fortunes", DocSet("usr/share/games/fortunes", "", (r"\.", r"^(ascii-)?art$"),
                                     reader="fortune", headings=False, passage_min=60)),
 }
+
+# Broad documentation (issue 16, item 4): manuals of libraries, languages, servers, Debian itself and GNOME
+# applications, read from the package root with the same extractors, so that the student sees the kinds of
+# text its teacher was trained on, not only the narrow mix above. Sources are "broad-<name>" and their pairs
+# "broad-<name>-heading" / "-api" (recipe/pack_corpus.py --merge-pair-prefix broad- folds them into one
+# sampler source). Left out on purpose: the nine dev packages of /work/data/dev (apache2-doc, gimp-help-en,
+# libreoffice-help-*, lilypond-doc*, maxima-doc, nodejs-doc, octave-doc, rust-doc, python-statsmodels-doc),
+# every manual page and HTML rendering of one (the _FORBIDDEN_PATH check, manpages/ folders, *.N.html, clisp.html,
+# libvirt's manpages/), Erlang's per-module reference pages, and manuals of command-line tools that repeat
+# their man pages (coreutils, bash, grep, sed, tar, findutils, ...): all reserved for evaluation.
+_BROAD_EXCLUDE = (r"(^|/)_(modules|sources|static|images|downloads|autosummary)/", r"(^|/)genindex",
+                  r"(^|/)search(index)?\.html$", r"(^|/)(py-)?modindex\.html$", r"(^|/)manpages?(/|$)",
+                  r"(^|/)(releasenotes|release-notes|release_notes|changelog|changes|whatsnew|announce|history|"
+                  r"news|license|copyright|authors)([./_-]|$)", r"(^|/)[^/]*\.[1-9][a-z]*\.html$",
+                  r"(^|/)examples?/")
+
+
+def _broad(package: str, base: str, include: tuple = (), *, reader: str = "html", api: bool = False,
+           exclude: tuple = ()) -> tuple[str, DocSet]:
+    suffix = ".page" if reader == "mallard" else ".html"
+    return package, DocSet(base, suffix, _BROAD_EXCLUDE + exclude, reader=reader, api=api, include=include)
+
+
+_SPHINX_BROAD = {  # name: (package, html directory)
+    "flask": ("python-flask-doc", "usr/share/doc/python-flask-doc/html"),
+    "werkzeug": ("python-werkzeug-doc", "usr/share/doc/python-werkzeug-doc/html"),
+    "jinja2": ("python-jinja2-doc", "usr/share/doc/python-jinja2-doc/html"),
+    "requests": ("python-requests-doc", "usr/share/doc/python-requests-doc/html"),
+    "sqlalchemy": ("python-sqlalchemy-doc", "usr/share/doc/python-sqlalchemy-doc/html"),
+    "lxml": ("python-lxml-doc", "usr/share/doc/python-lxml/html"),
+    "pil": ("python-pil-doc", "usr/share/doc/python-pil-doc/html"),
+    "docutils": ("docutils-doc", "usr/share/doc/docutils-doc/docs"),
+    "babel": ("python-babel-doc", "usr/share/doc/python-babel-doc/html"),
+    "cython": ("cython-doc", "usr/share/doc/cython-doc/html"),
+    "h5py": ("python-h5py-doc", "usr/share/doc/python-h5py-doc/html"),
+    "mpmath": ("python-mpmath-doc", "usr/share/doc/python-mpmath-doc/html"),
+    "scrapy": ("python-scrapy-doc", "usr/share/doc/python-scrapy-doc/html"),
+    "celery": ("python-celery-doc", "usr/share/doc/python-celery-doc/html"),
+    "pytest": ("python-pytest-doc", "usr/share/doc/python-pytest-doc/html"),
+    "setuptools": ("python-setuptools-doc", "usr/share/doc/python-setuptools-doc/html"),
+    "psycopg2": ("python-psycopg2-doc", "usr/share/doc/python-psycopg2-doc/html"),
+    "xarray": ("python-xarray-doc", "usr/share/doc/python-xarray-doc/html"),
+    "nibabel": ("python-nibabel-doc", "usr/share/doc/python-nibabel-doc/html"),
+    "pymongo": ("python-pymongo-doc", "usr/share/doc/python-pymongo-doc/html"),
+    "dask": ("python-dask-doc", "usr/share/doc/python-dask-doc/html"),
+    "sphinx": ("sphinx-doc", "usr/share/doc/sphinx-doc/html"),
+    "rsyslog": ("rsyslog-doc", "usr/share/doc/rsyslog-doc/html"),
+    "bind9": ("bind9-doc", "usr/share/doc/bind9-doc/arm"),
+    "developers-reference": ("developers-reference", "usr/share/developers-reference"),
+}
+_GNOME_BROAD = {  # name: package whose usr/share/help/C/<name> holds the application's Mallard help
+    "evince": "evince-common", "gedit": "gedit-common", "eog": "eog", "gnome-terminal": "gnome-terminal-data",
+    "totem": "totem-common", "gnome-system-monitor": "gnome-system-monitor", "baobab": "baobab",
+    "simple-scan": "simple-scan", "gnome-clocks": "gnome-clocks", "shotwell": "shotwell-common",
+    "gnome-calculator": "gnome-calculator", "gnote": "gnote", "seahorse": "seahorse", "file-roller": "file-roller",
+    "gnome-boxes": "gnome-boxes", "epiphany": "epiphany-browser-data", "evolution": "evolution-common",
+    "pitivi": "pitivi", "brasero": "brasero-common",
+}
+BROAD_DOCSETS = {
+    **{f"broad-{name}": _broad(pkg, base, api=True) for name, (pkg, base) in _SPHINX_BROAD.items()},
+    **{f"broad-{name}": _broad(pkg, f"usr/share/help/C/{name}", reader="mallard")
+       for name, pkg in _GNOME_BROAD.items()},
+    "broad-debian-reference": _broad("debian-reference-en", "usr/share/debian-reference", (r"\.en\.html$",)),
+    "broad-debian-policy": _broad("debian-policy", "usr/share/doc/debian-policy",
+                                  (r"^policy\.html/", r"^(menu|perl)-policy\.html/", r"^[a-z-]+\.html$")),
+    "broad-maint-guide": _broad("maint-guide", "usr/share/doc/maint-guide/html", (r"\.en\.html$",)),
+    "broad-harden": _broad("harden-doc", "usr/share/doc/harden-doc/html/en-US"),
+    "broad-r-manuals": _broad("r-doc-html", "usr/share/R/doc/manual"),
+    "broad-go": _broad("golang-1.19-doc", "usr/share/doc/golang-1.19-doc/html", (r"^(go_spec|go_mem|asm)\.html$",)),
+    "broad-sbcl": _broad("sbcl-doc", "usr/share/doc/sbcl"),
+    "broad-clisp": _broad("clisp-doc", "usr/share/doc/clisp/doc", (r"^impnotes\.html$",)),
+    "broad-swi-prolog": _broad("swi-prolog-doc", "usr/share/swi-prolog/doc"),
+    "broad-gprolog": _broad("gprolog-doc", "usr/share/doc/gprolog-doc", (r"^gprolog\.html$",)),
+    "broad-gap": _broad("gap-doc", "usr/share/gap/doc", (r"^(ref|tut|hpc)/chap[^/]*\.html$",)),
+    "broad-libvirt": _broad("libvirt-doc", "usr/share/doc/libvirt-doc/html"),
+    "broad-postgis": _broad("postgis-doc", "usr/share/doc/postgis-doc", (r"^postgis\.html$",)),
+    "broad-wireshark": _broad("wireshark-doc", "usr/share/doc/wireshark", (r"^ws[ud]g_html_chunked/",)),
+    "broad-exim": _broad("exim4-doc-html", "usr/share/doc/exim4-doc-html/spec_html"),
+    "broad-kicad": _broad("kicad-doc-en", "usr/share/doc/kicad/help/en"),
+    "broad-doxygen": _broad("doxygen-doc", "usr/share/doc/doxygen/html"),
+    "broad-glib": _broad("libglib2.0-doc", "usr/share/gtk-doc/html", (r"^(glib|gio|gobject)/",)),
+    "broad-gtk3": _broad("libgtk-3-doc", "usr/share/gtk-doc/html", (r"^(gtk3|gdk3)/",)),
+    "broad-java": _broad("openjdk-17-doc", "usr/share/doc/openjdk-17-jre-headless/api",
+                         (r"^java\.base/java/(lang|util|io|net|time|math|text|nio/file)/[A-Z][A-Za-z]*\.html$",)),
+}
+for _name, (_pkg, _spec) in BROAD_DOCSETS.items():
+    BROAD_DOCSETS[_name] = (_pkg, DocSet(_spec.base, _spec.suffix, _spec.exclude, _spec.reader, _spec.api,
+                                         _spec.headings, _spec.passage_min, _spec.include, _name))
+DOCSETS.update(BROAD_DOCSETS)
 DICTS = {"foldoc": "dict-foldoc", "jargon": "dict-jargon"}
 LICENSE_PREFER = {"vim-runtime": "runtime/doc/*"}
-ALL_SOURCES = ["debian", "wordnet", "foldoc", "jargon", "stdlib", *DOCSETS]
+DEFAULT_SOURCES = ["debian", "wordnet", "foldoc", "jargon", "stdlib", *(d for d in DOCSETS if d not in BROAD_DOCSETS)]
+ALL_SOURCES = [*DEFAULT_SOURCES, *BROAD_DOCSETS]   # the broad sets are opt-in: --sources ...,broad
 
 _STDLIB_SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__hello__",
                 "__phello__", "test", "lib2to3", "xxlimited", "xxlimited_35", "xxsubtype", "pydoc_data",
@@ -1109,7 +1201,8 @@ class _Builder:
             return
         excludes = [re.compile(p) for p in spec.exclude]
         pages: list[Page] = []
-        short = {"debian-handbook": "handbook"}.get(source, source.split("-")[0])
+        short = spec.pair_prefix or {"debian-handbook": "handbook"}.get(source, source.split("-")[0])
+        includes = [re.compile(p) for p in spec.include]
         files = 0
         for path in sorted(base.rglob("*")):
             rel = path.relative_to(base).as_posix()
@@ -1118,6 +1211,8 @@ class _Builder:
             if spec.suffix and not rel.endswith(spec.suffix):
                 continue
             if any(p.search(rel) for p in excludes):
+                continue
+            if includes and not any(p.search(rel) for p in includes):
                 continue
             text = path.read_text(encoding="utf-8", errors="replace")
             files += 1
@@ -1290,7 +1385,7 @@ class _Builder:
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
         t0 = time.time()
-        wanted = self.args.sources or ALL_SOURCES
+        wanted = self.args.sources or DEFAULT_SOURCES
         for source in ALL_SOURCES:
             if source not in wanted:
                 continue
@@ -1554,7 +1649,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--work-dir", default="/work/corpus_work", help="downloads and unpacked packages")
     ap.add_argument("--seed", type=int, default=0, help="seed of the eval split and passage sampling")
     ap.add_argument("--max-per-source", type=int, default=0, help="cap pairs and passages per source (0: none)")
-    ap.add_argument("--sources", default="", help=f"comma-separated subset of: {','.join(ALL_SOURCES)}")
+    ap.add_argument("--sources", default="", help=f"comma-separated subset of: {','.join(DEFAULT_SOURCES)}; "
+                    f"'broad' adds the {len(BROAD_DOCSETS)} broad documentation sets (broad-<name>; default: all "
+                    "but those)")
     ap.add_argument("--toy", action="store_true", help="tiny CI run: bundled inputs unless --inputs is given")
     ap.add_argument("--inputs", default="", help="read pkgs/<package>/ and translations/ from here, no download")
     ap.add_argument("--eval-debian", type=int, default=2000, help="held-out Debian pairs")
@@ -1578,6 +1675,7 @@ def build_corpus(argv: list[str] | None = None) -> dict:
     """
     args = _parser().parse_args(argv)
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    sources = [name for s in sources for name in (BROAD_DOCSETS if s == "broad" else [s])]
     unknown = [s for s in sources if s not in ALL_SOURCES]
     if unknown:
         raise ValueError(f"--sources: unknown {unknown}; expected names from {ALL_SOURCES}")

@@ -95,11 +95,13 @@ def test_a_paraphrase_ranks_above_unrelated_facts(tmp_path):
                 ranks[mode, query] = hit_ids.index(ids[want]) + 1
     # Most probes share no content word with their fact ("machine reboot" vs "server restarts"), so this
     # is semantic, not lexical. Chance would put the fact at rank 3.5 of 6. Floors measured on the shipped
-    # model (vector: 3 of 5 first, all in the top 2; hybrid: 4 of 5 first), kept as a regression check.
+    # model (vector: 4 of 5 first, "Which foods must Bob avoid?" puts the peanut allergy 4th, its cosine
+    # 0.07 against 0.12 for the best; hybrid: 5 of 5 first), kept as a regression check. The previous model
+    # had vector 3 of 5 first, all in the top 2, and hybrid 4 of 5.
     vector = [r for (mode, _), r in ranks.items() if mode == "vector"]
     hybrid = [r for (mode, _), r in ranks.items() if mode == "hybrid"]
-    assert max(vector) <= 2 and vector.count(1) >= 3, ranks
-    assert max(hybrid) <= 2 and hybrid.count(1) >= 4, ranks
+    assert max(vector) <= 4 and vector.count(1) >= 4, ranks
+    assert hybrid.count(1) >= 5, ranks
 
 
 SMALL_STORE = [

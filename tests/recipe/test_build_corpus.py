@@ -343,3 +343,40 @@ def test_leak_index_catches_copies_near_copies_and_whole_template_docs():
     assert index.leaks(" ".join(eval_doc.split()[:12]))                               # most of it
     assert index.leaks(background[0])              # contains the whole template-only eval doc
     assert not index.leaks(_sentence("unrelated", 20))
+
+
+def _sphinx_page(title: str, seed: str) -> str:
+    sections = "".join(f"<div class='section'><h2>{title} part {k}</h2><p>{_sentence(seed + str(k), 30)} "
+                       f"{_sentence(seed + 'x' + str(k), 30)}</p></div>" for k in range(3))
+    return f"<html><head><title>{title}</title></head><body><h1>{title}</h1>{sections}</body></html>"
+
+
+def test_broad_sets_read_only_their_pages_and_label_pairs_per_set(tmp_path):
+    """A broad doc set reads its own pages under its include rule, never man-page renderings or _modules/,
+    and names its pairs broad-<name>-heading; 'broad' in --sources selects every broad set (missing ones
+    are skipped), and the default build reads none of them."""
+    root = tmp_path / "inputs"
+    base = "pkgs/python-flask-doc/usr/share/doc/python-flask-doc/html"
+    _put(root, f"{base}/quickstart.html", _sphinx_page("Quickstart guide", "flask-quick"))
+    _put(root, f"{base}/patterns/sqlite.html", _sphinx_page("Using SQLite", "flask-sqlite"))
+    _put(root, f"{base}/manpages/flask.html", _reserved_page("MANPAGESENTINEL"))
+    _put(root, f"{base}/flask.1.html", _reserved_page("APPPAGESENTINEL"))
+    _put(root, f"{base}/_modules/flask/app.html", _reserved_page("SOURCESSENTINEL"))
+    _put(root, f"{base}/examples/tutorial.html", _reserved_page("CODESENTINEL"))
+    _put(root, "pkgs/golang-1.19-doc/usr/share/doc/golang-1.19-doc/html/go_spec.html",
+         _sphinx_page("The Go spec", "go-spec"))
+    _put(root, "pkgs/golang-1.19-doc/usr/share/doc/golang-1.19-doc/html/other.html", _reserved_page("NAVSENTINEL"))
+    (root / "translations").mkdir()
+    out = tmp_path / "out"
+    manifest = _run(root, out, "--sources", "broad")
+    pairs, passages = _lines(out / "pairs.jsonl"), _lines(out / "passages.jsonl")
+    text = json.dumps(pairs + passages)
+    assert not any(s in text for s in SENTINELS)
+    assert {p["source"] for p in pairs} == {"broad-flask-heading", "broad-go-heading"}
+    assert any(p["query"].startswith("Using SQLite") for p in pairs)
+    assert {p["source"] for p in passages} == {"broad-flask", "broad-go"}
+    assert manifest["sources"]["broad-flask"]["files_read"] == 2
+    assert manifest["sources"]["broad-go"]["files_read"] == 1
+    assert "broad-gedit" in manifest["skipped_sources"]             # not in the inputs: skipped, not fatal
+    default = _run(root, tmp_path / "default")
+    assert not any(s.startswith("broad-") for s in default["sources"])
