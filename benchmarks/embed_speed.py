@@ -109,6 +109,18 @@ def best_rate(embed, texts: list[str], best: dict, key: str) -> None:
     best[key] = max(best.get(key, 0.0), rate)
 
 
+def best_rates(runners: dict, texts: list[str], repeats: int) -> dict[str, float]:
+    """Warm every runner up, then time them in turn `repeats` times (alternating, so load from other processes hits
+    each alike); the best docs/s of each."""
+    for run in runners.values():
+        run(texts[:64])
+    rates: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            best_rate(run, texts, rates, name)
+    return rates
+
+
 def latency(embed_one, query: str, n: int) -> tuple[float, float]:
     """p50/p99 milliseconds of embed_one(query) after a warm-up."""
     for _ in range(20):
@@ -171,12 +183,7 @@ def main() -> None:
         runners["MiniLM"] = lambda texts: minilm.encode(texts, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
         singles["MiniLM"] = lambda text: minilm.encode([text], convert_to_numpy=True, show_progress_bar=False)
 
-    for run in runners.values():  # warm-up
-        run(docs[:64])
-    rates: dict[str, float] = {}
-    for _ in range(args.repeats):  # alternate, so load from other processes hits every model alike
-        for name, run in runners.items():
-            best_rate(run, docs, rates, name)
+    rates = best_rates(runners, docs, args.repeats)
     lat = {name: latency(one, query, args.queries) for name, one in singles.items()}
     load_end = os.getloadavg()
 
@@ -245,12 +252,7 @@ def dev_docs_speed(args: argparse.Namespace) -> None:
     if minilm is not None:
         runners["MiniLM"] = lambda texts: minilm.encode(texts, batch_size=32, convert_to_numpy=True,
                                                         show_progress_bar=False)
-    for run in runners.values():  # warm-up
-        run(docs[:64])
-    rates: dict[str, float] = {}
-    for _ in range(args.repeats):  # alternate, so load from other processes hits every row alike
-        for name, run in runners.items():
-            best_rate(run, docs, rates, name)
+    rates = best_rates(runners, docs, args.repeats)
     load_end = os.getloadavg()
     results = {name: {"docs_per_s": rate, **meta_rows.get(name, {})} for name, rate in rates.items()}
     if "MiniLM" in rates:
