@@ -336,9 +336,9 @@ class VectorCache:
                 or not isinstance(mark, int) or not isinstance(live, int) or not gen.watermark < mark <= top
                 or self._far_behind(top - mark, live)):
             return None
-        expect = {"store_id": self.store_id, "fingerprint": gen.fingerprint, "dim": self.dim}
         try:
-            index, manifest = VectorIndex.load(directory, stem, expect=expect, config=self.config, max_seq=top)
+            index, manifest = VectorIndex.load(directory, stem, expect=self.expect(gen.fingerprint), config=self.config,
+                                               max_seq=top)
         except (IndexRejected, OSError, RuntimeError, MemoryError):
             return None
         mark = manifest["watermark"]
@@ -410,9 +410,10 @@ class VectorCache:
             return len(labels)
 
     # ---- snapshots on disk ---------------------------------------------------------------------------------
-    def expect(self) -> dict:
-        """The manifest fields a snapshot must carry to be this store's, of this generation."""
-        return {"store_id": self.store_id, "fingerprint": self._gen.fingerprint, "dim": self.dim}
+    def expect(self, fingerprint: str | None = None) -> dict:
+        """The manifest fields a snapshot must carry to be this store's, of this generation (or of the generation
+        with `fingerprint`)."""
+        return {"store_id": self.store_id, "fingerprint": fingerprint or self._gen.fingerprint, "dim": self.dim}
 
     def _files(self) -> tuple[Path, str]:
         path = Path(self._access.path)
@@ -467,7 +468,8 @@ def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed:
     index.add(labels[fresh], vectors[fresh])
 
 
-def feed_after(r: Any, fingerprint: str, dim: int, after: int, top: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
+def feed_after(r: Any, fingerprint: str, dim: int, after: int,
+               top: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
     """The change feed (after, top] as reader `r` sees it: (labels (N,) and vectors (N, D) added under
     `fingerprint`, labels retired, how many changes)."""
     changes = r.changes_after(after, top)
