@@ -9,7 +9,7 @@ texts is dropped. --drop-sources: every pair and passage whose source name start
 dropped only to save space (they repeat their pair docs). eval/ travels as it is (the training log's ndcg).
 Prints what was dropped; writes <out> and <out>.json (the counts).
 
---add-corpus DIR --add-prefix broad-: also pack the pairs and passages of DIR whose source starts with the
+--add-corpus DIR --add-prefix broad- (repeatable, in pairs): also pack the pairs and passages of DIR whose source starts with the
 prefix (a corpus built with `build_corpus.py --sources ...,broad`), after the same exclusions and a leak check:
 an added text that covers 30% or more of the word 8-grams of any eval doc of --corpus or any doc of --leak-docs
 (the dev sets' *.jsonl / *.docs.jsonl) is dropped. --add-passages N keeps N of the added passages, shared evenly
@@ -44,9 +44,11 @@ def main() -> None:
     ap.add_argument("--drop-sources", default="")
     ap.add_argument("--drop-passages", default="")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--add-corpus", type=Path, default=None)
-    ap.add_argument("--add-prefix", default="broad-")
-    ap.add_argument("--add-passages", type=int, default=0, help="keep this many added passages (0: all)")
+    ap.add_argument("--add-corpus", type=Path, action="append", default=[],
+                    help="repeatable; the n-th --add-prefix and --add-passages go with the n-th corpus")
+    ap.add_argument("--add-prefix", action="append", default=[], help="default broad-")
+    ap.add_argument("--add-passages", type=int, action="append", default=[],
+                    help="keep this many added passages (0 or unset: all)")
     ap.add_argument("--leak-docs", type=Path, action="append", default=[],
                     help="JSONL files whose 'doc' texts added rows must not contain")
     ap.add_argument("--merge-pair-prefix", default="")
@@ -76,9 +78,13 @@ def main() -> None:
             counts["passages: repeat pair docs (space)"] += 1
         else:
             kept_passages.append(p)
-    added = {}
-    if args.add_corpus:
-        kept_pairs, kept_passages, added = add_corpus(args, held, kept_pairs, kept_passages, counts)
+    added = []
+    for i, corpus in enumerate(args.add_corpus):
+        prefix = args.add_prefix[i] if i < len(args.add_prefix) else "broad-"
+        keep = args.add_passages[i] if i < len(args.add_passages) else 0
+        kept_pairs, kept_passages, summary = add_corpus(args, corpus, prefix, keep, held, kept_pairs,
+                                                        kept_passages, counts)
+        added.append(summary)
     if args.merge_pair_prefix:
         pre = args.merge_pair_prefix
         for p in kept_pairs:
@@ -104,11 +110,11 @@ def main() -> None:
     print(json.dumps(summary["counts"], indent=1))
 
 
-def add_corpus(args, held: set, pairs: list[dict], passages: list[dict], counts: Counter):
-    """The --add-corpus rows of --add-prefix sources, excluded and leak-checked as the docstring says."""
-    pre = args.add_prefix
-    new_pairs = [p for p in read_jsonl(args.add_corpus / "pairs.jsonl") if p["source"].startswith(pre)]
-    new_passages = [p for p in read_jsonl(args.add_corpus / "passages.jsonl") if p["source"].startswith(pre)]
+def add_corpus(args, corpus: Path, pre: str, keep: int, held: set, pairs: list[dict], passages: list[dict],
+               counts: Counter):
+    """One --add-corpus's rows of its prefix's sources, excluded and leak-checked as the docstring says."""
+    new_pairs = [p for p in read_jsonl(corpus / "pairs.jsonl") if p["source"].startswith(pre)]
+    new_passages = [p for p in read_jsonl(corpus / "passages.jsonl") if p["source"].startswith(pre)]
     eval_docs = [r["doc"] for path in sorted((args.corpus / "eval").glob("*.jsonl")) for r in read_jsonl(path)]
     dev_docs = [r["doc"] for path in args.leak_docs for r in read_jsonl(path)]
     leak = _LeakIndex(sorted(set(eval_docs + dev_docs)), background=[p["doc"] for p in pairs + new_pairs])
@@ -129,15 +135,16 @@ def add_corpus(args, held: set, pairs: list[dict], passages: list[dict], counts:
         else:
             by_source.setdefault(p["source"], []).append(p)
     available = sum(len(v) for v in by_source.values())
-    want = min(args.add_passages or available, available)
+    want = min(keep or available, available)
     quota = _water_fill({s: len(v) for s, v in by_source.items()}, want)
     out_passages = []
     for source in sorted(by_source):
         rows = sorted(by_source[source], key=lambda r: hashlib.sha1(f"{args.seed}:{r['text']}".encode()).hexdigest())
         out_passages.extend(rows[: quota[source]])
-    counts["added pairs"], counts["added passages"] = len(out_pairs), len(out_passages)
-    counts["added passages: left out by --add-passages"] = available - len(out_passages)
-    summary = {"corpus": str(args.add_corpus), "prefix": pre, "leak_docs": [str(p) for p in args.leak_docs],
+    counts["added pairs"] += len(out_pairs)
+    counts["added passages"] += len(out_passages)
+    counts["added passages: left out by --add-passages"] += available - len(out_passages)
+    summary = {"corpus": str(corpus), "prefix": pre, "leak_docs": [str(p) for p in args.leak_docs],
                "pairs_by_source": dict(Counter(p["source"] for p in out_pairs)),
                "passages_by_source": dict(Counter(p["source"] for p in out_passages)),
                "passages_available_by_source": {s: len(v) for s, v in sorted(by_source.items())}}
