@@ -14,6 +14,9 @@ a least-squares fit of the teacher vectors on the loaded model's embeddings, and
 over --warmup steps (100 by default with --init). `--hard-negatives K` mines, per pair, the K docs nearest
 to the query by the teacher (not the positive, not another doc of that query, scoring below 0.95 x the
 positive's teacher score) and adds one of them per row to the query->doc contrastive denominator.
+`--teacher-pairs MIN_COS` adds a pair source "teacher-nn": each passage with its nearest other passage by the
+teacher's cosine, kept where MIN_COS <= cosine < 0.92 (above that they are near-copies). Free paraphrase-like
+pairs in the teacher's sense of "about the same thing", mined once on the GPU before hard negatives.
 """
 
 from __future__ import annotations
@@ -192,6 +195,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None, help="LR warmup steps (default 200; 100 with --init)")
     ap.add_argument("--hard-negatives", type=int, default=0, metavar="K",
                     help="mine K teacher-nearest docs per pair and add one per row to the contrastive loss (0: off)")
+    ap.add_argument("--teacher-pairs", type=float, default=0.0, metavar="MIN_COS",
+                    help="add a 'teacher-nn' pair source: each passage with its nearest other passage by the "
+                         "teacher, where that cosine is >= MIN_COS and < 0.92 (0: off)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--batch", type=int, default=512)
@@ -355,6 +361,15 @@ def main() -> None:
         model.train()
         print(f"step 0 (warm start from {args.init}) eval ndcg@10 {history[-1]['eval']}", flush=True)
 
+    if args.teacher_pairs:
+        t0 = time.time()
+        nq, nd = mine_teacher_pairs(passage_ids, teach_t, args.teacher_pairs)
+        pair_q, pair_d = np.concatenate([pair_q, nq]), np.concatenate([pair_d, nd])
+        pair_src = np.concatenate([pair_src, np.full(len(nq), len(pair_src_names))])
+        pair_src_names.append("teacher-nn")
+        print(f"mined {len(nq)} teacher-nn pairs from {len(np.unique(passage_ids))} passages in "
+              f"{time.time() - t0:.1f}s", flush=True)
+
     hard_neg = None
     if args.hard_negatives:
         t0 = time.time()
@@ -507,6 +522,23 @@ def fit_head(head: torch.nn.Linear, embed_ids, teach_t: torch.Tensor, ids: np.nd
 
 
 @torch.no_grad()
+def mine_teacher_pairs(passage_ids: np.ndarray, teach_t: torch.Tensor, min_cos: float, max_cos: float = 0.92,
+                       chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Each passage with its nearest other passage by teacher cosine, kept where min_cos <= cosine < max_cos
+    (above max_cos the two are near-copies and teach nothing). Returns (query ids, doc ids), text ids."""
+    ids = np.unique(passage_ids)
+    t_all = teach_t[torch.tensor(ids, device=teach_t.device)]  # (P, 384), unit rows
+    qs, ds = [], []
+    for i in range(0, len(ids), chunk):
+        sim = t_all[i: i + chunk] @ t_all.T  # (b, P)
+        sim[sim >= max_cos] = -1.0  # itself (1.0) and near-copies
+        score, col = sim.max(dim=1)
+        keep = (score >= min_cos).cpu().numpy()
+        qs.append(ids[i: i + chunk][keep])
+        ds.append(ids[col.cpu().numpy()][keep])
+    return np.concatenate(qs), np.concatenate(ds)
+
+
 def mine_hard_negatives(pair_q: np.ndarray, pair_d: np.ndarray, teach_t: torch.Tensor, k: int,
                         keep_below: float = 0.95, chunk: int = 2048) -> np.ndarray:
     """Per pair, up to k text ids of pair docs nearest to the query by teacher cosine, excluding any doc paired
