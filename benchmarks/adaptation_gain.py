@@ -17,6 +17,7 @@ honest figure of the selection.
     nice python benchmarks/adaptation_gain.py --jobs 2 --out benchmarks/results/adaptation_gain.json
     python benchmarks/adaptation_gain.py --config base: --config lr6:lr=6e-3 --config r16:rank=16,alpha=32
     python benchmarks/adaptation_gain.py --report benchmarks/results/adaptation_gain.json   # print a saved run
+    python benchmarks/adaptation_gain.py --report A.json B.json   # runs of one seed side by side, one LOSO table
 
 Target (issue 16 item 5): vector ndcg@10 +0.03 or more after adapt_now() on a domain's documents alone.
 """
@@ -222,6 +223,33 @@ def print_tables(result: dict) -> None:
               f"   (target >= +{TARGET})")
 
 
+def merge_results(results: list[dict]) -> dict:
+    """Several saved runs of the same model, documents and seed as one result (their configs side by side, with
+    the leave-one-source-out tables over all of them); a config name seen again gets a suffix (#2, ...)."""
+    first = results[0]
+    same = ("model", "docs", "query_share", "seed", "sources", "policy_defaults")
+    for r in results[1:]:
+        differ = [k for k in same if r.get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"--report: these runs differ in {differ}; only runs of one setting merge")
+    merged = {**first, "configs": [], "overrides": {}, "runs": [], "seconds": sum(r["seconds"] for r in results)}
+    for r in results:
+        names = {}
+        for c in r["configs"]:
+            name, k = c, 1
+            while name in merged["overrides"]:
+                k += 1
+                name = f"{c}#{k}"
+            names[c] = name
+            merged["configs"].append(name)
+            merged["overrides"][name] = r["overrides"][c]
+        merged["runs"] += [{**run, "config": names[run["config"]]} for run in r["runs"]]
+    if len(merged["configs"]) > 1:
+        merged["loso"] = loso(merged["runs"], merged["configs"], merged["sources"])
+        merged["loso_gated"] = loso(merged["runs"], merged["configs"], merged["sources"], "gated_delta")
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dev", type=Path, default=Path("/work/data/dev"), help="the dev sets (recipe/build_devsets.py)")
@@ -235,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one BLAS thread each)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    ap.add_argument("--report", type=Path, default=None, help="print the tables of a saved --out file and exit")
+    ap.add_argument("--report", type=Path, nargs="+", default=None,
+                    help="print the tables of saved --out files (several: merged, one LOSO table over all) and exit")
     args = ap.parse_args(argv)
     if args.report:
-        print_tables(json.loads(args.report.read_text(encoding="utf-8")))
+        print_tables(merge_results([json.loads(p.read_text(encoding="utf-8")) for p in args.report]))
         return 0
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     missing = [s for s in sources if not (args.dev / f"{s}.jsonl").is_file()]
