@@ -225,9 +225,11 @@ def print_tables(result: dict) -> None:
 
 def merge_results(results: list[dict]) -> dict:
     """Several saved runs of the same model, documents and seed as one result (their configs side by side, with
-    the leave-one-source-out tables over all of them); a config name seen again gets a suffix (#2, ...)."""
+    the leave-one-source-out tables over all of them); a config name seen again gets a suffix (#2, ...). Runs
+    made under other policy defaults have their configs' overrides restated against the first run's defaults."""
     first = results[0]
-    same = ("model", "docs", "query_share", "seed", "sources", "policy_defaults")
+    base = first["policy_defaults"]
+    same = ("model", "docs", "query_share", "seed", "sources")
     for r in results[1:]:
         differ = [k for k in same if r.get(k) != first.get(k)]
         if differ:
@@ -242,7 +244,8 @@ def merge_results(results: list[dict]) -> dict:
                 name = f"{c}#{k}"
             names[c] = name
             merged["configs"].append(name)
-            merged["overrides"][name] = r["overrides"][c]
+            effective = {**r["policy_defaults"], **r["overrides"][c]}
+            merged["overrides"][name] = {k: v for k, v in effective.items() if base.get(k) != v}
         merged["runs"] += [{**run, "config": names[run["config"]]} for run in r["runs"]]
     if len(merged["configs"]) > 1:
         merged["loso"] = loso(merged["runs"], merged["configs"], merged["sources"])
