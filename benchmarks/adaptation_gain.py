@@ -238,10 +238,10 @@ def merge_results(results: list[dict]) -> dict:
     for r in results:
         names = {}
         for c in r["configs"]:
-            name, k = c, 1
+            name, n = c, 1
             while name in merged["overrides"]:
-                k += 1
-                name = f"{c}#{k}"
+                n += 1
+                name = f"{c}#{n}"
             names[c] = name
             merged["configs"].append(name)
             effective = {**r["policy_defaults"], **r["overrides"][c]}
