@@ -265,7 +265,7 @@ def test_gate_refuses_a_tie_and_passes_an_equal_candidate_only_when_told(base: L
 
 def test_gate_passes_only_a_gain_beyond_its_standard_error(base: LMEmbedder) -> None:
     other = LMEmbedder(EvermindLM(base.model.config, seed=99), base.tokenizer)
-    for margin in (0.0, 2.0):
+    for margin in (0.0, AdaptationPolicy().gate_margin, 2.0):  # the default (1 SE) between the extremes
         policy = AdaptationPolicy(probe_k=1, min_probe_queries=8, gate_margin=margin, gate_tolerance=1.0)
         for a, b in ((base, other), (other, base)):  # one way round is a gain, the other a loss (or both tie)
             v = gate_candidate(a, b, TEXTS[:12], TEXTS[12:], policy)
