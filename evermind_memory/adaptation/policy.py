@@ -86,7 +86,7 @@ class AdaptationPolicy:
             reciprocal rank (per held-out memory, the mean over its views) must be > 0 and > gate_margin standard
             errors of its mean over the memories (1.0: about a one-sided 16% chance that a candidate no better on
             the probe passes). A tie is refused. 1.0 over 2.0: with the gate off, 8 of 9 rounds on unseen
-            manuals raised recall on their real queries and none lowered it, while 2 SE refused most of them
+            manuals (one sample) raised recall on their real queries and none lowered it, while 2 SE refused most of them
             (the probe is a noisy view of query recall); 1 SE kept most of that gain: of the 27 rounds it let
             through on five samples, 3 lowered query recall (by 0.004, 0.0004 and 0.013).
         require_gain: False turns the margin test off (a candidate as good as the current one within
