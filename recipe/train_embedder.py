@@ -17,6 +17,9 @@ positive's teacher score) and adds one of them per row to the query->doc contras
 `--teacher-pairs MIN_COS` adds a pair source "teacher-nn": each passage with its nearest other passage by the
 teacher's cosine, kept where MIN_COS <= cosine < 0.92 (above that they are near-copies). Free paraphrase-like
 pairs in the teacher's sense of "about the same thing", mined once on the GPU before hard negatives.
+`--kd-weight W` adds in-batch ranking distillation: the KL divergence from the teacher's softmax over each
+query's batch of doc cosines (temperature --kd-tau) to the student's, so the student learns the teacher's
+order of the negatives, not only which doc is the positive.
 """
 
 from __future__ import annotations
@@ -205,6 +208,10 @@ def main() -> None:
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--distill-weight", type=float, default=4.0)
     ap.add_argument("--simmat-weight", type=float, default=1.0)
+    ap.add_argument("--kd-weight", type=float, default=0.0,
+                    help="weight of the in-batch ranking distillation: KL from the teacher's softmax over the "
+                         "batch's query->doc cosines to the student's (0: off)")
+    ap.add_argument("--kd-tau", type=float, default=None, help="the teacher's temperature there (default: --tau)")
     ap.add_argument("--time-budget", type=float, default=480.0, help="seconds of training in this call")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
@@ -410,6 +417,13 @@ def main() -> None:
         sim = sim.masked_fill(same & ~diag, -1e4)  # duplicate docs (and negatives equal to a row's positive)
         target = torch.arange(B, device=dev)
         l_con = 0.5 * (F.cross_entropy(sim, target) + F.cross_entropy(sim[:, :B].T, target))
+        if args.kd_weight > 0:  # the teacher's ranking of the same columns as soft targets
+            t_sim = (teach_t[q_ids] @ teach_t[col_ids].T) / (args.kd_tau or args.tau)  # (B, B) or (B, 2B)
+            t_sim = t_sim.masked_fill(same & ~diag, -1e4)
+            l_kd = F.kl_div(F.log_softmax(sim, dim=-1), F.log_softmax(t_sim, dim=-1), log_target=True,
+                            reduction="batchmean")
+        else:
+            l_kd = torch.zeros((), device=dev)
         if hard_neg is not None:
             all_ids = torch.cat([q_ids, col_ids, p_ids])
             pooled_all = torch.cat([eq, e_cols, F.normalize(embed_ids(p_ids), dim=-1)])
@@ -422,7 +436,7 @@ def main() -> None:
         s_sub = pooled_all[-B:] @ pooled_all[-B:].T
         t_sub = t_all[-B:] @ t_all[-B:].T
         l_sim = F.mse_loss(s_sub, t_sub)
-        loss = l_con + args.distill_weight * l_dis + args.simmat_weight * l_sim
+        loss = l_con + args.distill_weight * l_dis + args.simmat_weight * l_sim + args.kd_weight * l_kd
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -436,7 +450,7 @@ def main() -> None:
             args.steps = min(args.steps, fits)
         if step % 100 == 0:
             rec = {"step": step, "loss": loss.item(), "contrastive": l_con.item(), "distill": l_dis.item(),
-                   "simmat": l_sim.item(), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
+                   "simmat": l_sim.item(), "kd": l_kd.item(), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
             history.append(rec)
             print(json.dumps(rec), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
