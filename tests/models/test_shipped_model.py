@@ -126,14 +126,15 @@ def test_relevance_puts_a_no_match_query_far_below_real_matches(tmp_path):
         for query, want in {"what does Ada drink?": 0, "who is allergic to nuts?": 1}.items():
             top = store.recall(query, k=1, explain=True)[0]
             assert top.id == ids[want], query
-            # measured: 0.27 and 0.31 against 0.008 for the nonsense query
+            # measured: 0.29 and 0.34 against 0.009 for the nonsense query (0.27 and 0.31 with the previous model)
             assert top.relevance >= SAFE_MIN_RELEVANCE and top.relevance >= 10 * worst_noise, (query, top, nonsense)
             assert top.explain.rule == "learned" and top.explain.lexical > 0 and top.explain.vector > 0
         assert store.recall("asdfghjkl", min_relevance=SAFE_MIN_RELEVANCE) == []
         assert store.recall("what does Ada drink?", min_relevance=SAFE_MIN_RELEVANCE)[0].id == ids[0]
 
 
-PROBE_HYBRID_FLOOR = 11  # right fact first for 11 of 50 with the shipped model (vector mode 15, lexical 7)
+PROBE_HYBRID_FLOOR = 18  # right fact first for 19 of 50 with the shipped model (vector mode 21, lexical 7); one
+# question of slack for a tie that another BLAS breaks the other way. (16 and 11 with the two models before it.)
 
 
 def test_paraphrase_probe_stays_at_its_floor(tmp_path):
