@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "recipe")]
 
 import calibrate_fusion as cf  # noqa: E402
-import dev_pools  # noqa: E402
 import embedder_dev  # noqa: E402
 from evermind_memory.embedder.loader import default_embedder  # noqa: E402
 from evermind_memory.store.fusion import fuse_pool, shipped_params  # noqa: E402
@@ -43,12 +42,6 @@ GRIDS = {
     "prf": [(m, beta) for m in (1, 2, 3, 5) for beta in (0.25, 0.5, 1.0)],
     "windows": [(a,) for a in (0.25, 0.5, 1.0)],
 }
-
-
-def _source(name: str, dev: Path, corpus: Path) -> dev_pools.DevSource:
-    if (dev / f"{name}.jsonl").is_file():
-        return dev_pools.load_dev_source(name, dev)
-    return dev_pools.load_eval_source(name, corpus)
 
 
 def _window_vectors(inner, docs: list[str], path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -70,16 +63,14 @@ def _window_vectors(inner, docs: list[str], path: Path) -> tuple[np.ndarray, np.
 
 def ndcg_rescored(d: dict, params, cosine: Callable[[int, np.ndarray, np.ndarray], np.ndarray], w_scale: float) -> float:
     """Mean ndcg@10 of the pools of one source when each candidate's cosine is cosine(query i, ids, fused score)."""
-    gains = np.zeros(len(d["gold"]))
+    rankings = []
     for i, pool in enumerate(d["pools"]):
         pool = pool.truncate(params.pool)
         fused = fuse_pool(pool, "score", params, 0.0)[1]
         ids = np.array(pool.ids)
         score = fused.lexical + w_scale * params.weights[1] * cosine(i, ids, fused.score)
-        top = [pool.ids[j] for j in np.argsort(-score, kind="stable")[:10]]
-        gold = d["gold"][i]
-        gains[i] = 1.0 / np.log2(top.index(gold) + 2.0) if gold in top else 0.0
-    return float(gains.mean())
+        rankings.append(ids[np.argsort(-score, kind="stable")[: cf.TOP]].tolist())
+    return cf.ndcg(cf.ranks_of(rankings, d["gold"]))
 
 
 def main(argv=None) -> dict:
@@ -99,7 +90,7 @@ def main(argv=None) -> dict:
     data = cf.load_data(emb, dev, corpus, None, minilm=None, log=lambda s: print(s, file=sys.stderr))
     scores: dict[str, dict[str, float]] = {}
     for name, d in data.items():
-        src = _source(name, dev, corpus)
+        src = d["source"]
         D = cache.get(src.docs, inner.embed_many)  # (N, C)
         Q = cache.get(src.queries, inner.embed_many)  # (Q, C)
         V, owner = _window_vectors(inner, src.docs, embedder_dev.CACHE_DIR / f"windows-{name}-{fp}-{src.digest()}.npz")
