@@ -18,6 +18,7 @@ honest figure of the selection.
     python benchmarks/adaptation_gain.py --config base: --config lr6:lr=6e-3 --config r16:rank=16,alpha=32
     python benchmarks/adaptation_gain.py --report benchmarks/results/adaptation_gain.json   # print a saved run
     python benchmarks/adaptation_gain.py --report A.json B.json   # runs of one seed side by side, one LOSO table
+    python benchmarks/adaptation_gain.py --report S0.json S1.json ...  # several seeds: mean gains, LOSO over them
 
 Target (issue 16 item 5): vector ndcg@10 +0.03 or more after adapt_now() on a domain's documents alone.
 """
@@ -253,6 +254,42 @@ def merge_results(results: list[dict]) -> dict:
     return merged
 
 
+def seeds_table(results: list[dict]) -> dict:
+    """Saved runs of several seeds (samples of documents and queries): each seed's runs merged, then per config and
+    source the mean gain over the seeds that ran it, and the leave-one-source-out choice over those means."""
+    by_seed: dict[int, list[dict]] = {}
+    for r in results:
+        by_seed.setdefault(r["seed"], []).append(r)
+    merged = [merge_results(group) for _, group in sorted(by_seed.items())]
+    configs = [c for c in merged[0]["configs"] if all(c in m["configs"] for m in merged)]
+    sources = merged[0]["sources"]
+    runs = []
+    for c in configs:
+        for s in sources:
+            mine = [r for m in merged for r in m["runs"] if r["config"] == c and r["source"] == s]
+            runs.append({"config": c, "source": s, "delta": {"domain": float(np.mean([r["delta"]["domain"] for r in mine]))},
+                         "gated_delta": float(np.mean([r["gated_delta"] for r in mine])),
+                         "swapped": sum(r["status"] == "swapped" for r in mine)})
+    return {"seeds": sorted(by_seed), "configs": configs, "sources": sources, "runs": runs,
+            "loso": loso(runs, configs, sources) if len(configs) > 1 else []}
+
+
+def print_seeds_table(table: dict) -> None:
+    configs, sources, runs = table["configs"], table["sources"], table["runs"]
+    gain = {(r["source"], r["config"]): r for r in runs}
+    print(f"mean vector ndcg@10 gain over seeds {table['seeds']} (configs run on every seed; swapped rounds in brackets)")
+    print(f"{'source':<12} " + " ".join(f"{c:>14}" for c in configs))
+    for s in sources:
+        print(f"{s:<12} " + " ".join("{:>14}".format(f"{gain[(s, c)]['delta']['domain']:+.4f} ({gain[(s, c)]['swapped']})") for c in configs))
+    print(f"{'mean':<12} " + " ".join(f"{np.mean([gain[(s, c)]['delta']['domain'] for s in sources]):+14.4f}" for c in configs))
+    if table["loso"]:
+        print("\nleave-one-source-out over the seed means: the config with the best mean on the other sources")
+        for row in table["loso"]:
+            print(f"{row['source']:<12} {row['chosen']:<16} {row['chosen_on_others']:+14.4f} {row['left_out_gain']:+13.4f}")
+        print(f"{'mean':<12} {'':<16} {'':>14} {float(np.mean([r['left_out_gain'] for r in table['loso']])):+13.4f}"
+              f"   (target >= +{TARGET})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dev", type=Path, default=Path("/work/data/dev"), help="the dev sets (recipe/build_devsets.py)")
@@ -270,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the tables of saved --out files (several: merged, one LOSO table over all) and exit")
     args = ap.parse_args(argv)
     if args.report:
-        print_tables(merge_results([json.loads(p.read_text(encoding="utf-8")) for p in args.report]))
+        saved = [json.loads(p.read_text(encoding="utf-8")) for p in args.report]
+        if len({r["seed"] for r in saved}) > 1:
+            print_seeds_table(seeds_table(saved))
+        else:
+            print_tables(merge_results(saved))
         return 0
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     missing = [s for s in sources if not (args.dev / f"{s}.jsonl").is_file()]
