@@ -201,6 +201,9 @@ def main() -> None:
     ap.add_argument("--teacher-pairs", type=float, default=0.0, metavar="MIN_COS",
                     help="add a 'teacher-nn' pair source: each passage with its nearest other passage by the "
                          "teacher, where that cosine is >= MIN_COS and < 0.92 (0: off)")
+    ap.add_argument("--lexical-focus", type=float, default=0.0, metavar="F",
+                    help="within each source, draw a pair with weight 1 + F x (share of its query's words missing "
+                         "from its doc): more of the pairs keyword search cannot answer (0: uniform)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--batch", type=int, default=512)
@@ -391,6 +394,14 @@ def main() -> None:
     src_concat = np.concatenate(src_rows)
     src_start = np.cumsum([0] + [len(r) for r in src_rows])[:-1]
     src_size = np.array([len(r) for r in src_rows])
+    focus_cdf = None
+    if args.lexical_focus:
+        missing = query_words_missing(texts, pair_q, pair_d)  # (P,)
+        focus_cdf = segment_cdf(1.0 + args.lexical_focus * missing[src_concat], src_size)
+        drawn = np.searchsorted(focus_cdf, np.repeat(np.arange(n_src), 1000) + rng.random(1000 * n_src), side="right")
+        print(f"lexical focus {args.lexical_focus}: share of query words missing from the doc {missing.mean():.3f} "
+              f"over pairs, {missing[src_concat[np.minimum(drawn, len(src_concat) - 1)]].mean():.3f} as drawn "
+              "(sources equal)", flush=True)
     B = args.batch
     model.train()
     t_train = time.time()
@@ -398,7 +409,11 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         srcs = rng.choice(n_src, size=B, p=src_w)
-        rows = src_concat[src_start[srcs] + (rng.random(B) * src_size[srcs]).astype(np.int64)]
+        if focus_cdf is None:
+            rows = src_concat[src_start[srcs] + (rng.random(B) * src_size[srcs]).astype(np.int64)]
+        else:  # source k's cumulative weights run over (k, k + 1]: one search draws inside the chosen source
+            rows = src_concat[np.minimum(np.searchsorted(focus_cdf, srcs + rng.random(B), side="right"),
+                                         src_start[srcs] + src_size[srcs] - 1)]
         q_ids = torch.tensor(pair_q[rows], device=dev)
         d_ids = torch.tensor(pair_d[rows], device=dev)
         p_ids = torch.tensor(passage_ids[rng.integers(len(passage_ids), size=B)], device=dev)
@@ -481,6 +496,37 @@ ARCH_ARGS = {  # LMConfig field -> (argparse dest, default without --init)
     "d_model": ("d_model", 128), "n_layers": ("n_layers", 4), "conv_kernel": ("conv_kernel", 4),
     "hidden_dim": ("hidden", None), "n_experts": ("experts", 4), "top_k": ("top_k", 2), "attn_heads": ("attn_heads", 4),
 }
+
+
+def query_words_missing(texts: list[str], pair_q: np.ndarray, pair_d: np.ndarray) -> np.ndarray:
+    """Per pair (P,): the share of the query's distinct words (lower-cased runs of 3+ letters or digits) that its
+    doc does not contain; 0 when the query has no such word."""
+    import re
+
+    word = re.compile(r"[0-9a-z]{3,}")
+    sets: dict[int, set[str]] = {}
+
+    def words(i: int) -> set[str]:
+        if i not in sets:
+            sets[i] = set(word.findall(texts[i].lower()))
+        return sets[i]
+
+    out = np.zeros(len(pair_q), dtype=np.float64)
+    for n, (q, d) in enumerate(zip(pair_q.tolist(), pair_d.tolist())):
+        qw = words(q)
+        if qw:
+            out[n] = len(qw - words(d)) / len(qw)
+    return out
+
+
+def segment_cdf(weights: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Cumulative weights of consecutive segments (sizes), each scaled to (k, k + 1] for segment k."""
+    seg = np.repeat(np.arange(len(sizes)), sizes)  # (N,)
+    cum = np.cumsum(weights)
+    starts = np.cumsum(np.concatenate([[0], sizes]))[:-1]
+    before = np.concatenate([[0.0], cum])[starts]  # (S,) total weight before each segment
+    total = np.add.reduceat(weights, starts) if len(weights) else np.zeros(0)  # (S,)
+    return seg + (cum - before[seg]) / total[seg]
 
 
 def fresh_config(args, vocab_size: int) -> LMConfig:
