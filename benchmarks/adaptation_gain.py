@@ -186,6 +186,16 @@ def loso(runs: list[dict], configs: list[str], sources: list[str], key: str = "d
     return rows
 
 
+def print_loso(rows: list[dict], title: str) -> None:
+    """One leave-one-source-out table (rows from loso()) and its mean against the target."""
+    print(f"\n{title}")
+    print(f"{'left out':<12} {'chosen':<16} {'gain on others':>14} {'left-out gain':>13}")
+    for row in rows:
+        print(f"{row['source']:<12} {row['chosen']:<16} {row['chosen_on_others']:+14.4f} {row['left_out_gain']:+13.4f}")
+    print(f"{'mean':<12} {'':<16} {'':>14} {float(np.mean([r['left_out_gain'] for r in rows])):+13.4f}"
+          f"   (target >= +{TARGET})")
+
+
 def print_tables(result: dict) -> None:
     runs, configs, sources = result["runs"], result["configs"], result["sources"]
     print(f"model: {result['model']}; {result['docs']} docs per source ({result['query_share']:.0%} of them the "
@@ -213,15 +223,9 @@ def print_tables(result: dict) -> None:
                   + " ".join(f"{r['source']} {r['gated_delta']:+.4f}" for r in mine)
                   + f"; mean {float(np.mean([r['gated_delta'] for r in mine])):+.4f}")
     for key, what in (("loso", "gain as run"), ("loso_gated", "gain the strict gate lets through")):
-        if key not in result:
-            continue
-        print(f"\nleave-one-source-out ({what}): the config chosen on the other sources' mean, scored on the one left out")
-        print(f"{'left out':<12} {'chosen':<16} {'gain on others':>14} {'left-out gain':>13}")
-        rows = result[key]
-        for row in rows:
-            print(f"{row['source']:<12} {row['chosen']:<16} {row['chosen_on_others']:+14.4f} {row['left_out_gain']:+13.4f}")
-        print(f"{'mean':<12} {'':<16} {'':>14} {float(np.mean([r['left_out_gain'] for r in rows])):+13.4f}"
-              f"   (target >= +{TARGET})")
+        if key in result:
+            print_loso(result[key], f"leave-one-source-out ({what}): the config chosen on the other sources' mean, "
+                                    "scored on the one left out")
 
 
 def merge_results(results: list[dict]) -> dict:
@@ -283,11 +287,8 @@ def print_seeds_table(table: dict) -> None:
         print(f"{s:<12} " + " ".join("{:>14}".format(f"{gain[(s, c)]['delta']['domain']:+.4f} ({gain[(s, c)]['swapped']})") for c in configs))
     print(f"{'mean':<12} " + " ".join(f"{np.mean([gain[(s, c)]['delta']['domain'] for s in sources]):+14.4f}" for c in configs))
     if table["loso"]:
-        print("\nleave-one-source-out over the seed means: the config with the best mean on the other sources")
-        for row in table["loso"]:
-            print(f"{row['source']:<12} {row['chosen']:<16} {row['chosen_on_others']:+14.4f} {row['left_out_gain']:+13.4f}")
-        print(f"{'mean':<12} {'':<16} {'':>14} {float(np.mean([r['left_out_gain'] for r in table['loso']])):+13.4f}"
-              f"   (target >= +{TARGET})")
+        print_loso(table["loso"], "leave-one-source-out over the seed means: the config with the best mean on the "
+                                  "other sources")
 
 
 def main(argv: list[str] | None = None) -> int:

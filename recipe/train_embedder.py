@@ -395,13 +395,21 @@ def main() -> None:
     src_start = np.cumsum([0] + [len(r) for r in src_rows])[:-1]
     src_size = np.array([len(r) for r in src_rows])
     focus_cdf = None
+
+    def draw_rows(srcs: np.ndarray) -> np.ndarray:
+        """One pair row of each chosen source: uniform, or by the lexical-focus weights (source k's cumulative
+        weights run over (k, k + 1], so one search draws inside the chosen source)."""
+        if focus_cdf is None:
+            return src_concat[src_start[srcs] + (rng.random(len(srcs)) * src_size[srcs]).astype(np.int64)]
+        at = np.searchsorted(focus_cdf, srcs + rng.random(len(srcs)), side="right")
+        return src_concat[np.minimum(at, src_start[srcs] + src_size[srcs] - 1)]
+
     if args.lexical_focus:
         missing = query_words_missing(texts, pair_q, pair_d)  # (P,)
         focus_cdf = segment_cdf(1.0 + args.lexical_focus * missing[src_concat], src_size)
-        drawn = np.searchsorted(focus_cdf, np.repeat(np.arange(n_src), 1000) + rng.random(1000 * n_src), side="right")
+        drawn = draw_rows(np.repeat(np.arange(n_src), 1000))
         print(f"lexical focus {args.lexical_focus}: share of query words missing from the doc {missing.mean():.3f} "
-              f"over pairs, {missing[src_concat[np.minimum(drawn, len(src_concat) - 1)]].mean():.3f} as drawn "
-              "(sources equal)", flush=True)
+              f"over pairs, {missing[drawn].mean():.3f} as drawn (sources equal)", flush=True)
     B = args.batch
     model.train()
     t_train = time.time()
@@ -409,11 +417,7 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         srcs = rng.choice(n_src, size=B, p=src_w)
-        if focus_cdf is None:
-            rows = src_concat[src_start[srcs] + (rng.random(B) * src_size[srcs]).astype(np.int64)]
-        else:  # source k's cumulative weights run over (k, k + 1]: one search draws inside the chosen source
-            rows = src_concat[np.minimum(np.searchsorted(focus_cdf, srcs + rng.random(B), side="right"),
-                                         src_start[srcs] + src_size[srcs] - 1)]
+        rows = draw_rows(srcs)
         q_ids = torch.tensor(pair_q[rows], device=dev)
         d_ids = torch.tensor(pair_d[rows], device=dev)
         p_ids = torch.tensor(passage_ids[rng.integers(len(passage_ids), size=B)], device=dev)
