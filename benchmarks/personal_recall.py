@@ -1,0 +1,276 @@
+"""The personal-memory dev protocol: recall of facts about people, asked in each person's scope and store-wide.
+
+The data is benchmarks/personal_data.py (generated people with distractors and notes, and a hand-written part):
+673 facts of 47 people in one store, each person's facts in their own scope (`store.scope(user=...)`), the notes in
+none. Every answerable question is asked in its person's scope and across the whole store (first-person questions
+only in the scope); unanswerable questions (about a kind of fact the person has none of) are asked in the scope.
+
+Reported per embedder and mode (lexical, vector, hybrid): right fact first (count and share), MRR@10 and the right
+fact in the top 5, for the generated and the hand-written parts, scoped and store-wide; for hybrid with a fitted
+rule, the relevance of the top hit: the share of right top hits a threshold keeps and of unanswerable questions it
+drops. Nothing is fitted here.
+
+    python benchmarks/personal_recall.py [--model M.evlm --tokenizer T.json] [--minilm] [--json out.json]
+
+--minilm adds all-MiniLM-L6-v2 as the store's embedder (with benchmarks/results/fusion_minilm.json, its rule
+fitted on the manual sources): the reference row of the protocol.
+
+`personal_sources(embedder)` gives the same questions as candidate pools in recipe/calibrate_fusion.py's format
+(sources "personal" and "personal-hand"), so fusion and relevance can be fitted and judged with them left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+if __name__ == "__main__":
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "2")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import numpy as np  # noqa: E402
+
+from evermind_memory import MemoryStore  # noqa: E402
+from personal_data import PersonalSet, personal_set  # noqa: E402
+
+K = 10
+MODES = ("lexical", "vector", "hybrid")
+THRESHOLDS = (0.02, 0.05, 0.1, 0.2, 0.3)
+MINILM_FUSION = REPO / "benchmarks" / "results" / "fusion_minilm.json"
+
+
+def build(path: Path, embedder: object, ps: PersonalSet) -> tuple[MemoryStore, list[str]]:
+    """A store at `path` holding every fact of `ps`, each in its user's scope. Returns (store, fact ids in order)."""
+    store = MemoryStore(path, embedder)
+    ids: list[str | None] = [None] * len(ps.facts)
+    by_user: dict[str | None, list[int]] = {}
+    for i, f in enumerate(ps.facts):
+        by_user.setdefault(f.user, []).append(i)
+    for user, idx in by_user.items():
+        view = store if user is None else store.scope(user=user)
+        for i, fid in zip(idx, view.remember_many([ps.facts[i].text for i in idx])):
+            ids[i] = fid
+    return store, ids  # type: ignore[return-value]
+
+
+def asks(ps: PersonalSet) -> list[tuple[int, str]]:
+    """(question index, "scoped" | "all") for every recall the protocol makes, in order."""
+    out = []
+    for qi, q in enumerate(ps.questions):
+        out.append((qi, "scoped"))
+        if q.fact is not None and not q.first_person:
+            out.append((qi, "all"))
+    return out
+
+
+def run(embedder: object, ps: PersonalSet, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Every ask of the protocol through the public recall API, in every mode.
+
+    Returns:
+        {"fingerprint", "asks": [{"q", "scope", "part", "answerable", "ranks": {mode: rank 1..K or 0},
+        "top_relevance": float | None}]} (ranks of the right fact; 0: not in the top K or unanswerable).
+    """
+    with tempfile.TemporaryDirectory(prefix="personal_") as tmp:
+        t0 = time.perf_counter()
+        store, ids = build(Path(tmp) / "p.db", embedder, ps)
+        log(f"stored {len(ids)} facts in {time.perf_counter() - t0:.1f}s")
+        index = {fid: i for i, fid in enumerate(ids)}
+        rows = []
+        try:
+            for qi, scope in asks(ps):
+                q = ps.questions[qi]
+                view = store.scope(user=q.user) if scope == "scoped" else store
+                rec = {"q": qi, "scope": scope, "part": q.part, "answerable": q.fact is not None, "ranks": {}}
+                for mode in MODES:
+                    hits = view.recall(q.text, k=K, mode=mode)
+                    found = [index[h.id] for h in hits]
+                    rec["ranks"][mode] = found.index(q.fact) + 1 if q.fact in found else 0
+                    if mode == "hybrid":
+                        rec["top_relevance"] = hits[0].relevance if hits else None
+                        rec["top_right"] = bool(found) and found[0] == q.fact
+                rows.append(rec)
+        finally:
+            store.close()
+    return {"fingerprint": embedder.fingerprint, "asks": rows}
+
+
+def summarise(res: dict) -> dict:
+    """Per (part, scope) and mode: first, mrr@10, top5 (answerable asks); and the relevance thresholds."""
+    out: dict = {"groups": {}, "relevance": {}}
+    asks_ = res["asks"]
+    groups = {}
+    for part in ("generated", "hand"):
+        for scope in ("scoped", "all"):
+            groups[f"{part}/{scope}"] = [a for a in asks_ if a["answerable"] and a["part"] == part and a["scope"] == scope]
+    groups["all answerable"] = [a for a in asks_ if a["answerable"]]
+    for name, rows in groups.items():
+        g = {"n": len(rows)}
+        for mode in MODES:
+            r = np.array([a["ranks"][mode] for a in rows], dtype=np.float64)
+            g[mode] = {"first": int((r == 1).sum()), "first_share": float((r == 1).mean()) if len(r) else 0.0,
+                       "mrr@10": float(np.where(r > 0, 1.0 / np.maximum(r, 1), 0.0).mean()) if len(r) else 0.0,
+                       "top5": float(((r >= 1) & (r <= 5)).mean()) if len(r) else 0.0}
+        out["groups"][name] = g
+    right = np.array([a["top_relevance"] for a in asks_ if a["answerable"] and a.get("top_right")
+                      and a.get("top_relevance") is not None])
+    none = np.array([a["top_relevance"] for a in asks_ if not a["answerable"] and a.get("top_relevance") is not None])
+    if len(right) and len(none):
+        out["relevance"] = {f"{t:g}": {"keeps_right_top": float((right >= t).mean()), "drops_unanswerable":
+                                       float((none < t).mean())} for t in THRESHOLDS}
+        out["relevance"]["median"] = {"right_top": float(np.median(right)), "unanswerable_top": float(np.median(none))}
+    return out
+
+
+def format_table(label: str, summary: dict) -> str:
+    lines = [f"{label}", f"  {'group':<20}{'n':>5}" + "".join(f"{m + ' first':>16}{'mrr':>7}" for m in MODES)]
+    for name, g in summary["groups"].items():
+        cells = "".join(f"{g[m]['first']:>9} ({g[m]['first_share']:.2f}){g[m]['mrr@10']:>7.3f}" for m in MODES)
+        lines.append(f"  {name:<20}{g['n']:>5}{cells}")
+    rel = summary.get("relevance")
+    if rel:
+        lines.append("  relevance of the hybrid top hit (threshold: share of right top hits kept / of unanswerable "
+                     "questions dropped): " + ", ".join(f"{t}: {v['keeps_right_top']:.2f} / {v['drops_unanswerable']:.2f}"
+                                                         for t, v in rel.items() if t != "median")
+                     + f"; medians right {rel['median']['right_top']:.3f}, unanswerable {rel['median']['unanswerable_top']:.3f}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ candidate pools for calibrate_fusion.py
+
+
+def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm: object | None = None,
+                     cache_dir: Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
+    """Sources "personal" (generated) and "personal-hand" in recipe/calibrate_fusion.py's load_data format.
+
+    Each source's queries are its answerable asks (scoped and store-wide; a DevSource whose docs are all facts of
+    the one store); its "foreign" pools are its unanswerable questions in their scopes. Cached by fingerprint.
+    """
+    import dev_pools as dp
+    from evermind_memory.store.fusion import CandidatePool
+    from evermind_memory.store.search import gather
+
+    ps = ps or personal_set()
+    cache_dir = Path(cache_dir or dp.CACHE_DIR)
+    fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
+    path = cache_dir / f"personal-{fp}-{dp.POOL_MAX}-{ps.digest()}.json.gz"
+    docs = [f.text for f in ps.facts]
+    all_asks = asks(ps)
+    if path.is_file():
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            cached = json.load(fh)
+    else:
+        t0 = time.perf_counter()
+        wrapped = dp.QueryCachingEmbedder(embedder) if hasattr(dp, "QueryCachingEmbedder") else embedder
+        cached = {"pools": [], "store": {"lexical": [], "vector": []}, "fts5": []}
+        with tempfile.TemporaryDirectory(prefix="personal_pools_") as tmp:
+            store, ids = build(Path(tmp) / "p.db", wrapped, ps)
+            index = {fid: i for i, fid in enumerate(ids)}
+            try:
+                wrapped.warm([q.text for q in ps.questions]) if hasattr(wrapped, "warm") else None
+                for qi, scope in all_asks:
+                    q = ps.questions[qi]
+                    view = store.scope(user=q.user) if scope == "scoped" else store
+                    rows, p = gather(view, q.text, dp.POOL_MAX, wrapped.embed(q.text))
+                    cached["pools"].append(CandidatePool(tuple(index[rows[r].id] for r in p.ids), p.bm25, p.lex_rank,
+                                                         p.cos, p.vec_rank, p.chars, p.idf, p.n_facts).to_json())
+                    for mode in ("lexical", "vector"):
+                        cached["store"][mode].append([index[h.id] for h in view.recall(q.text, k=K, mode=mode)])
+            finally:
+                store.close()
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_name(path.name + ".tmp")
+        with gzip.open(tmp_path, "wt", encoding="utf-8") as fh:
+            json.dump(cached, fh)
+        os.replace(tmp_path, path)
+        log(f"personal: {len(all_asks)} asks pooled in {time.perf_counter() - t0:.1f}s")
+    minilm_rank = _minilm_rankings(ps, all_asks, minilm, cache_dir) if minilm is not None else None
+    pools = [CandidatePool.from_json(p) for p in cached["pools"]]
+    out = {}
+    for name, part in (("personal", "generated"), ("personal-hand", "hand")):
+        sel = [i for i, (qi, _) in enumerate(all_asks) if ps.questions[qi].part == part]
+        ans = [i for i in sel if ps.questions[all_asks[i][0]].fact is not None]
+        una = [i for i in sel if ps.questions[all_asks[i][0]].fact is None]
+        gold = np.array([ps.questions[all_asks[i][0]].fact for i in ans], dtype=np.int64)
+        src = dp.DevSource(name, [ps.questions[all_asks[i][0]].text for i in ans],
+                           [all_asks[i][1] for i in ans], docs, gold)
+        out[name] = {"source": src, "pools": [pools[i] for i in ans], "gold": gold,
+                     "store": {m: [cached["store"][m][i] for i in ans] for m in ("lexical", "vector")},
+                     "fts5": [cached["store"]["lexical"][i] for i in ans],
+                     "minilm": None if minilm_rank is None else [minilm_rank[i] for i in ans],
+                     "foreign": [pools[i] for i in una], "foreign_from": f"{name} (unanswerable)"}
+    return out
+
+
+def _minilm_rankings(ps: PersonalSet, all_asks: list[tuple[int, str]], minilm: object, cache_dir: Path
+                     ) -> list[list[int]]:
+    """MiniLM's exact-cosine top 50 for every ask, among the facts the ask's scope holds."""
+    import dev_pools as dp
+    from recall_quality import _minilm_embed
+
+    vc = dp.VectorCache(dp.MINILM_CACHE, "all-MiniLM-L6-v2")
+    d = vc.get([f.text for f in ps.facts], lambda t: _minilm_embed(minilm, t))  # (N, 384)
+    q = vc.get([ps.questions[qi].text for qi, _ in all_asks], lambda t: _minilm_embed(minilm, t))  # (A, 384)
+    users = np.array([f.user or "" for f in ps.facts])
+    out = []
+    for row, (qi, scope) in zip(q, all_asks):
+        sim = d @ row
+        if scope == "scoped":
+            sim = np.where(users == ps.questions[qi].user, sim, -np.inf)
+        order = np.argsort(-sim, kind="stable")[: dp.REF_K]
+        out.append([int(i) for i in order if np.isfinite(sim[i])])
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Command line: see the module docstring."""
+    from recall_quality import load_embedder
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="an .evlm checkpoint (default: the shipped model)")
+    ap.add_argument("--tokenizer", default=None, help="its tokenizer.json")
+    ap.add_argument("--fusion", default=None, help="fitted fusion parameters for --model (calibrate_fusion.py)")
+    ap.add_argument("--minilm", action="store_true", help="add all-MiniLM-L6-v2 in our store as the reference row")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(f"[personal_recall] {msg}", file=sys.stderr, flush=True)
+
+    ps = personal_set()
+    n_ans = sum(q.fact is not None for q in ps.questions)
+    print(f"personal-memory dev protocol: {len(ps.facts)} facts, {len(ps.users())} users, {n_ans} answerable and "
+          f"{len(ps.questions) - n_ans} unanswerable questions, {len(asks(ps))} recalls per mode")
+    embedders = [("ours", load_embedder(args.model, args.tokenizer))]
+    if args.fusion:
+        embedders[0][1].fusion_params = args.fusion
+    if args.minilm:
+        minilm = load_embedder("minilm", None)
+        if MINILM_FUSION.is_file():
+            minilm.fusion_params = str(MINILM_FUSION)
+        embedders.append(("MiniLM in our store", minilm))
+    out = {}
+    for label, emb in embedders:
+        t0 = time.perf_counter()
+        res = run(emb, ps, log)
+        summary = summarise(res)
+        out[label] = {"fingerprint": res["fingerprint"], "summary": summary, "asks": res["asks"],
+                      "seconds": round(time.perf_counter() - t0, 1)}
+        print(format_table(f"{label} ({res['fingerprint']})", summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":
+    main()
