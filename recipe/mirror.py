@@ -3,8 +3,16 @@
 A dev-time tool only: the package never imports torch. Parameter names and shapes are exactly those of
 `evermind_memory.lm.model.param_shapes`, so `to_numpy_params()` exports straight into our checkpoint format,
 and the numpy model must reproduce this module's embeddings (checked in CI against golden vectors).
-Routed experts are computed densely here (the GPU does not care) and combined with the same top-k gates,
-which gives the same function and gradients as the numpy model's sparse dispatch.
+Routed experts are computed densely here, all experts in one batched product, and combined with the same top-k
+gates, which gives the same function and gradients as the numpy model's sparse dispatch (at this width a gather by
+expert costs more than the experts it skips).
+
+Mixed precision: under `torch.autocast(dtype=torch.bfloat16)` the matrix products run in bf16 while the residual
+stream, every RMSNorm, the attention softmax and the pooled mean stay float32 (rmsnorm computes in float32 and
+returns float32), so an fp32 run is exactly what it was and a bf16 run only rounds the products' inputs.
+`embed_bucketed` runs a batch of mixed lengths as a few length buckets, each padded only to its own longest
+sequence (rounded up to a multiple of 16, so a compiled model sees few shapes); the backbone is causal and the
+pooling masks padding, so a sequence's vector does not depend on how much padding follows it.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ RMS_EPS = 1e-5
 
 
 def rmsnorm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """RMSNorm in float32 whatever x's dtype (bf16 products under autocast feed it)."""
+    x = x.float()
     return g * x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + RMS_EPS)
 
 
@@ -46,10 +56,18 @@ class MirrorLM(torch.nn.Module):
         h = F.relu(x @ self.w(prefix + ".w1") + self.w(prefix + ".b1"))
         return h @ self.w(prefix + ".w2") + self.w(prefix + ".b2")
 
+    moe_impl = "grouped"  # "gather": the previous step's dense (E, B, T, C) einsum and gather (benchmarks only)
+
     def _moe(self, x, l):
+        if self.moe_impl == "gather":
+            return self._moe_gather(x, l)
+        return self._moe_grouped(x, l)
+
+    def _moe_gather(self, x, l):
+        """The previous formulation: every expert's output (E, B, T, C), then the top-k gathered and gated."""
         E, k = self.cfg["n_experts"], self.cfg["top_k"]
         pre = f"layers.{l}"
-        out = self._ffn(x, pre + ".shared")  # (B, T, C)
+        out = self._ffn(x, pre + ".shared").float()  # (B, T, C)
         logits = x @ self.w(pre + ".router")  # (B, T, E)
         top, idx = torch.topk(logits, k, dim=-1)  # (B, T, k)
         gates = torch.softmax(top, dim=-1)  # (B, T, k)
@@ -61,7 +79,28 @@ class MirrorLM(torch.nn.Module):
         y = torch.einsum("ebth,ehc->ebtc", h, w2) + b2[:, None, None, :]  # (E, B, T, C)
         y = y.permute(1, 2, 0, 3)  # (B, T, E, C)
         chosen = torch.gather(y, 2, idx[..., None].expand(-1, -1, -1, y.shape[-1]))  # (B, T, k, C)
-        return out + (gates[..., None] * chosen).sum(dim=2)
+        return out + (gates[..., None].float() * chosen.float()).sum(dim=2)
+
+    def _moe_grouped(self, x, l):
+        """Shared FFN plus the top-k routed experts: sum_e g_e * (relu(x W1_e + b1_e) W2_e + b2_e), with g_e the
+        softmax over the top-k router logits and 0 for the other experts. Written as two products over all experts
+        side by side, (C, E*H) then (E*H, C), with the hidden units of unchosen experts zeroed by their gate: the
+        same function and gradients as a sparse dispatch, in two large matrix products."""
+        E, k = self.cfg["n_experts"], self.cfg["top_k"]
+        pre = f"layers.{l}"
+        out = self._ffn(x, pre + ".shared").float()  # (B, T, C)
+        with torch.autocast(x.device.type, enabled=False):  # routing in float32, as the numpy model routes
+            logits = x.float() @ self.w(pre + ".router")  # (B, T, E)
+        top, idx = torch.topk(logits, k, dim=-1)  # (B, T, k)
+        gates = torch.zeros_like(logits).scatter(-1, idx, torch.softmax(top, dim=-1))  # (B, T, E)
+        w1 = torch.cat([self.w(f"{pre}.expert{e}.w1") for e in range(E)], dim=1)  # (C, E*H)
+        b1 = torch.cat([self.w(f"{pre}.expert{e}.b1") for e in range(E)])  # (E*H,)
+        w2 = torch.cat([self.w(f"{pre}.expert{e}.w2") for e in range(E)], dim=0)  # (E*H, C)
+        b2 = torch.stack([self.w(f"{pre}.expert{e}.b2") for e in range(E)])  # (E, C)
+        h = F.relu(x @ w1 + b1)  # (B, T, E*H)
+        B, T, EH = h.shape
+        h = (h.view(B, T, E, EH // E) * gates[..., None].to(h.dtype)).view(B, T, EH)
+        return out + (h @ w2).float() + gates @ b2
 
     def _conv(self, x, l):
         K = self.cfg["conv_kernel"]
@@ -90,10 +129,45 @@ class MirrorLM(torch.nn.Module):
             s = q @ k.transpose(-1, -2) / math.sqrt(C // nh)
             s = s.masked_fill(~real[:, None, None, :], -1e9)
             o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-            h = h + o @ self.w("pool.wo")
+            h = h + (o @ self.w("pool.wo")).float()
             h = rmsnorm(h, self.w("pool.out_norm"))
+        h = h.float()
         m = real[..., None].to(h.dtype)
         return (h * m).sum(dim=1) / lengths[:, None].to(h.dtype)
 
     def embed(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.pooled(tokens, lengths), dim=-1, eps=1e-12)
+
+
+def bucket_plan(lengths: np.ndarray, buckets: int, multiple: int = 16) -> list[tuple[np.ndarray, int]]:
+    """Split rows by length into `buckets` groups of equal count (sorted by length) and give each group's padded
+    length: its longest row rounded up to `multiple`. Returns [(row positions, padded length)]."""
+    order = np.argsort(lengths, kind="stable")
+    out = []
+    for part in np.array_split(order, max(1, min(buckets, len(order)))):
+        if len(part):
+            longest = int(lengths[part].max())
+            out.append((part, int(-(-longest // multiple) * multiple)))
+    return out
+
+
+def embed_bucketed(pooled_fn, tok_mat: torch.Tensor, tok_len: torch.Tensor, ids: torch.Tensor, lengths: np.ndarray,
+                   buckets: int) -> torch.Tensor:
+    """Unnormalised pooled vectors (B, C) of texts `ids` (rows of tok_mat / tok_len), in the order given.
+
+    `lengths` (B,) are the same rows' token counts on the host (to plan without a device sync); `pooled_fn` is
+    MirrorLM.pooled or a compiled copy of it. With buckets <= 1, one batch padded to the longest row (the old step).
+    """
+    if buckets <= 1:
+        T = int(lengths.max())
+        return pooled_fn(tok_mat[ids, :T], tok_len[ids])
+    parts, outs = [], []
+    for pos, T in bucket_plan(lengths, buckets):
+        sel = ids[torch.as_tensor(pos, device=ids.device)]
+        T = min(T, tok_mat.shape[1])
+        outs.append(pooled_fn(tok_mat[sel, :T], tok_len[sel]))
+        parts.append(pos)
+    out = torch.cat(outs)
+    inverse = np.empty(len(lengths), dtype=np.int64)
+    inverse[np.concatenate(parts)] = np.arange(len(lengths))
+    return out[torch.as_tensor(inverse, device=out.device)]

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mirror import MirrorLM  # noqa: E402
+from mirror import MirrorLM, embed_bucketed  # noqa: E402
 
 from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
@@ -230,6 +230,18 @@ def main() -> None:
                          "a GPU with others, where --fit-budget's estimate can be off)")
     ap.add_argument("--fit-budget", action="store_true",
                     help="on a fresh run, time the first 20 steps and lower --steps to what fits the time budget")
+    ap.add_argument("--total-budget", type=float, default=0.0, metavar="SECONDS",
+                    help="on a fresh run, time steps 20-40 and set --steps to what fits SECONDS of training in all, "
+                         "over this and later calls that resume the state (the cosine schedule spans them all)")
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                    help="bf16: matrix products under bf16 autocast, norms, residuals and losses in float32 (default; "
+                         "CUDA only, fp32 elsewhere); fp32: everything in float32 (TF32 products), the old step")
+    ap.add_argument("--compile", choices=("dynamic", "static", "off"), default="dynamic",
+                    help="torch.compile the model's forward (CUDA only): one graph with symbolic batch and length "
+                         "(dynamic, the default), one graph per shape (static), or eager (off)")
+    ap.add_argument("--buckets", type=int, default=3,
+                    help="embed each batch as this many length buckets, each padded to its own longest text "
+                         "(1: one batch padded to the longest, the old step)")
     args = ap.parse_args()
     t_start = time.time()
     torch.manual_seed(args.seed)  # the distillation head's init
@@ -346,10 +358,10 @@ def main() -> None:
             return args.lr * (s + 1) / warm
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
 
-    def embed_ids(ids: torch.Tensor) -> torch.Tensor:
-        lens = tok_len_t[ids]
-        T = int(lens.max())
-        return model.pooled(tok_mat_t[ids, :T], lens)
+    embed = Embed(model, tok_mat_t, tok_len_t, tok_len, args, dev)
+
+    def embed_ids(ids: torch.Tensor) -> torch.Tensor:  # unnormalised, float32 (eval, head fit: uncompiled)
+        return embed_bucketed(model.pooled, tok_mat_t, tok_len_t, ids, tok_len[ids.cpu().numpy()], args.buckets)
 
     @torch.no_grad()
     def embed_np(ids: np.ndarray) -> np.ndarray:
@@ -418,44 +430,14 @@ def main() -> None:
             g["lr"] = lr_at(step)
         srcs = rng.choice(n_src, size=B, p=src_w)
         rows = draw_rows(srcs)
-        q_ids = torch.tensor(pair_q[rows], device=dev)
-        d_ids = torch.tensor(pair_d[rows], device=dev)
-        p_ids = torch.tensor(passage_ids[rng.integers(len(passage_ids), size=B)], device=dev)
-        eq = F.normalize(embed_ids(q_ids), dim=-1)
-        ed = F.normalize(embed_ids(d_ids), dim=-1)
-        col_ids, e_cols = d_ids, ed  # the docs each query is scored against: the batch's, then hard negatives
+        h_np = None
         if hard_neg is not None:
-            pick = hard_neg[rows, rng.integers(hard_neg.shape[1], size=B)]
-            empty = pick < 0  # no negative survived the filter: a random pair doc instead
-            pick[empty] = pair_d[rng.integers(len(pair_d), size=int(empty.sum()))]
-            h_ids = torch.tensor(pick, device=dev)
-            col_ids, e_cols = torch.cat([d_ids, h_ids]), torch.cat([ed, F.normalize(embed_ids(h_ids), dim=-1)])
-        sim = eq @ e_cols.T / args.tau  # (B, B) or (B, 2B)
-        same = col_ids[None, :] == d_ids[:, None]
-        diag = torch.eye(B, sim.shape[1], dtype=torch.bool, device=dev)
-        sim = sim.masked_fill(same & ~diag, -1e4)  # duplicate docs (and negatives equal to a row's positive)
-        target = torch.arange(B, device=dev)
-        l_con = 0.5 * (F.cross_entropy(sim, target) + F.cross_entropy(sim[:, :B].T, target))
-        if args.kd_weight > 0:  # the teacher's ranking of the same columns as soft targets
-            t_sim = (teach_t[q_ids] @ teach_t[col_ids].T) / (args.kd_tau or args.tau)  # (B, B) or (B, 2B)
-            t_sim = t_sim.masked_fill(same & ~diag, -1e4)
-            l_kd = F.kl_div(F.log_softmax(sim, dim=-1), F.log_softmax(t_sim, dim=-1), log_target=True,
-                            reduction="batchmean")
-        else:
-            l_kd = torch.zeros((), device=dev)
-        if hard_neg is not None:
-            all_ids = torch.cat([q_ids, col_ids, p_ids])
-            pooled_all = torch.cat([eq, e_cols, F.normalize(embed_ids(p_ids), dim=-1)])
-        else:
-            all_ids = torch.cat([q_ids, d_ids, p_ids])
-            pooled_all = torch.cat([eq, ed, F.normalize(embed_ids(p_ids), dim=-1)])
-        t_all = teach_t[all_ids]
-        h_all = F.normalize(head(pooled_all), dim=-1)
-        l_dis = (1 - (h_all * t_all).sum(-1)).mean()
-        s_sub = pooled_all[-B:] @ pooled_all[-B:].T
-        t_sub = t_all[-B:] @ t_all[-B:].T
-        l_sim = F.mse_loss(s_sub, t_sub)
-        loss = l_con + args.distill_weight * l_dis + args.simmat_weight * l_sim + args.kd_weight * l_kd
+            h_np = hard_neg[rows, rng.integers(hard_neg.shape[1], size=B)]
+            empty = h_np < 0  # no negative survived the filter: a random pair doc instead
+            h_np[empty] = pair_d[rng.integers(len(pair_d), size=int(empty.sum()))]
+        loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows],
+                                passage_ids[rng.integers(len(passage_ids), size=B)], h_np, args, dev)
+        l_con, l_dis, l_sim, l_kd = parts
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -467,6 +449,18 @@ def main() -> None:
             fits = 20 + int(0.92 * (args.time_budget - (time.time() - t_train)) / per_step)
             print(f"{per_step * 1000:.0f} ms/step: planning {min(args.steps, fits)} steps", flush=True)
             args.steps = min(args.steps, fits)
+        if args.total_budget and not st_file.exists():  # steps 20-40 are past the compiles of the common shapes
+            if step == 20:
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+                t20 = time.time()
+            elif step == 40:
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+                per_step = (time.time() - t20) / 20
+                used = time.time() - t_train
+                fits = 40 + int(0.97 * (args.total_budget - used) / per_step)
+                print(f"{per_step * 1000:.1f} ms/step: planning {min(args.steps, fits)} steps for "
+                      f"{args.total_budget:.0f}s of training in all", flush=True)
+                args.steps = min(args.steps, fits)
         if step % 100 == 0:
             rec = {"step": step, "loss": loss.item(), "contrastive": l_con.item(), "distill": l_dis.item(),
                    "simmat": l_sim.item(), "kd": l_kd.item(), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
@@ -494,6 +488,69 @@ def main() -> None:
             print(f"exporting at step {step} of {args.steps} planned (time budget)", flush=True)
             history.append({"cut_at_step": step, "planned_steps": args.steps})
         export(model, cfg, tok, args, history, out)
+
+
+class Embed:
+    """The training step's embedding of text ids: bucketed by length, bf16 products under autocast and a compiled
+    forward (CUDA), normalised float32 vectors out. `--precision fp32 --no-compile --buckets 1` is the old step."""
+
+    def __init__(self, model: MirrorLM, tok_mat_t: torch.Tensor, tok_len_t: torch.Tensor, tok_len: np.ndarray,
+                 args, dev: torch.device) -> None:
+        self.cuda = dev.type == "cuda"
+        self.amp = args.precision == "bf16" and self.cuda
+        if args.compile != "off" and self.cuda:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = 64  # static: one graph per (rows, padded length) of the buckets
+            self.pooled = torch.compile(model.pooled, dynamic=args.compile == "dynamic")
+        else:
+            self.pooled = model.pooled
+        self.tok_mat_t, self.tok_len_t, self.tok_len = tok_mat_t, tok_len_t, tok_len
+        self.buckets, self.dev = args.buckets, dev
+
+    def __call__(self, ids: np.ndarray) -> torch.Tensor:
+        """(B, C) unit vectors of the texts `ids` (host array of text ids)."""
+        ids_t = torch.as_tensor(ids, device=self.dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
+            v = embed_bucketed(self.pooled, self.tok_mat_t, self.tok_len_t, ids_t, self.tok_len[ids], self.buckets)
+        return F.normalize(v.float(), dim=-1)
+
+
+def step_loss(embed: Embed, head: torch.nn.Linear, teach_t: torch.Tensor, q_np: np.ndarray, d_np: np.ndarray,
+              p_np: np.ndarray, h_np: np.ndarray | None, args, dev: torch.device):
+    """The recipe's loss for one batch: query->doc InfoNCE (both directions; over hard negatives too when h_np is
+    given), the teacher-vector head, the passages' similarity matrix against the teacher's and, with --kd-weight,
+    in-batch ranking distillation. Returns (loss, (contrastive, distill, simmat, kd))."""
+    B = len(q_np)
+    q_ids, d_ids = torch.as_tensor(q_np, device=dev), torch.as_tensor(d_np, device=dev)
+    eq, ed = embed(q_np), embed(d_np)
+    col_ids, e_cols = d_ids, ed  # the docs each query is scored against: the batch's, then hard negatives
+    if h_np is not None:
+        col_ids, e_cols = torch.cat([d_ids, torch.as_tensor(h_np, device=dev)]), torch.cat([ed, embed(h_np)])
+    sim = eq @ e_cols.T / args.tau  # (B, B) or (B, 2B)
+    same = col_ids[None, :] == d_ids[:, None]
+    diag = torch.eye(B, sim.shape[1], dtype=torch.bool, device=dev)
+    sim = sim.masked_fill(same & ~diag, -1e4)  # duplicate docs (and negatives equal to a row's positive)
+    target = torch.arange(B, device=dev)
+    l_con = 0.5 * (F.cross_entropy(sim, target) + F.cross_entropy(sim[:, :B].T, target))
+    if args.kd_weight > 0:  # the teacher's ranking of the same columns as soft targets
+        t_sim = (teach_t[q_ids] @ teach_t[col_ids].T) / (args.kd_tau or args.tau)  # (B, B) or (B, 2B)
+        t_sim = t_sim.masked_fill(same & ~diag, -1e4)
+        l_kd = F.kl_div(F.log_softmax(sim, dim=-1), F.log_softmax(t_sim, dim=-1), log_target=True,
+                        reduction="batchmean")
+    else:
+        l_kd = torch.zeros((), device=dev)
+    p_vec = embed(p_np)
+    all_ids = torch.cat([q_ids, col_ids, torch.as_tensor(p_np, device=dev)])
+    pooled_all = torch.cat([eq, e_cols, p_vec])
+    t_all = teach_t[all_ids]
+    h_all = F.normalize(head(pooled_all), dim=-1)
+    l_dis = (1 - (h_all * t_all).sum(-1)).mean()
+    s_sub = p_vec @ p_vec.T
+    t_sub = t_all[-B:] @ t_all[-B:].T
+    l_sim = F.mse_loss(s_sub, t_sub)
+    loss = l_con + args.distill_weight * l_dis + args.simmat_weight * l_sim + args.kd_weight * l_kd
+    return loss, (l_con, l_dis, l_sim, l_kd)
 
 
 ARCH_ARGS = {  # LMConfig field -> (argparse dest, default without --init)
