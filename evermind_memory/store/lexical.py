@@ -16,10 +16,17 @@ document frequencies that FTS5's `fts5vocab` table gives without touching the ro
 
 The vocabulary table holds porter-stemmed terms, so words are stemmed by a private in-memory FTS5 table with
 the tokenizer of facts_fts (FTS_TOKENIZE, which must stay equal to the one in backend/sqlite.py's schema).
+
+Statistics over what is searched. BM25's idf and average length are those of the facts a recall selects: a
+recall in Ada's scope, or filtered to user=ada, weighs "Ada" by how many of *those* facts hold it (all of them:
+idf 1e-6, no evidence), not by how many of the whole file do. Over the whole store FTS5's bm25() has exactly these
+statistics; for a narrowing selection both engines count the query terms' postings among the selected facts and
+score with `bm25_scores` (selection_stats keeps the count and total length per selection and change sequence).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 import threading
@@ -37,6 +44,7 @@ STOPWORDS = frozenset(
 _CAMEL_BOUNDARY = re.compile(r"[a-z0-9][A-Z]|[A-Z][A-Z][a-z]")  # ZipFile, Qt5Core, HTTPServer
 _CAMEL_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z0-9]+|[A-Z][A-Z0-9]*")
 _VOCAB = "temp.facts_fts_vocab"
+BM25_K1, BM25_B = 1.2, 0.75  # FTS5's bm25() constants
 
 
 class LexicalPlan(NamedTuple):
@@ -106,6 +114,11 @@ class _Stemmer:
 _STEMMER = _Stemmer()
 
 
+def stem_terms(words: list[str]) -> list[tuple[str, ...]]:
+    """For each word, the terms facts_fts indexes for it (FTS5's own tokenizer; most words give one)."""
+    return _STEMMER.terms(words)
+
+
 def document_frequencies(conn: sqlite3.Connection, words: list[str]) -> list[int]:
     """For each word, how many facts hold it (for a word FTS5 splits into several terms, the rarest term's count:
     an upper bound of the phrase's). Reads facts_fts's vocabulary, not the rows."""
@@ -148,3 +161,47 @@ def choose(words: list[str], df: list[int], n_facts: int) -> tuple[list[str], bo
     rare = [(w, d) for w, d in held if d <= COMMON_FRACTION * n_facts]
     kept = rare or held
     return [w for w, _ in kept], len(kept) > 1 and sum(d for _, d in kept) > OR_BUDGET
+
+
+def idf(df: int, n: int) -> float:
+    """BM25's idf as FTS5 computes it (a non-positive one counts as 1e-6)."""
+    ratio = (n - df + 0.5) / (df + 0.5) if n else 0.0
+    return math.log(ratio) if ratio > 1.0 else 1e-6
+
+
+def word_postings(stems: list[tuple[str, ...]], term_tf: dict[int, dict[str, int]]) -> tuple[list[int], dict[int, list[int]]]:
+    """Per word, its frequency in each fact, from each fact's term frequencies (`term_tf`: rid -> term -> count).
+
+    A word that the tokenizer splits into several terms counts as often as its rarest term (the phrase's count, at
+    most). Returns (document frequency per word, rid -> frequency per word) over the facts in `term_tf`.
+    """
+    tf = {rid: [min((terms.get(t, 0) for t in s), default=0) for s in stems] for rid, terms in term_tf.items()}
+    df = [sum(1 for v in tf.values() if v[i] > 0) for i in range(len(stems))]
+    return df, tf
+
+
+def bm25_scores(tf: dict[int, list[int]], lengths: dict[int, int], df: list[int], keep: list[int], n: int,
+                total_tokens: int) -> dict[int, float]:
+    """BM25 (FTS5's formula, higher is better) of each fact in `tf` over the words at positions `keep`, with the
+    statistics of a selection of `n` facts holding `total_tokens` tokens."""
+    avg = max(1.0, total_tokens / max(1, n))
+    weights = [(i, idf(df[i], n)) for i in keep]
+    out = {}
+    for rid, freqs in tf.items():
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths.get(rid, 1) / avg)
+        score = sum(w * freqs[i] * (BM25_K1 + 1) / (freqs[i] + norm) for i, w in weights if freqs[i])
+        if score > 0:
+            out[rid] = score
+    return out
+
+
+def varint(blob: bytes) -> int:
+    """The first SQLite varint of an FTS5 docsize blob (the token count of the table's one column)."""
+    value = 0
+    for i, byte in enumerate(blob):
+        if i == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            break
+    return value

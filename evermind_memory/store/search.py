@@ -217,8 +217,8 @@ class Search:
                 labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
                 by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
                 cosine = {row.rid: by_label[row.label] for row, _ in lex if row.rid not in in_vec and row.label in by_label}
-            df = r.document_frequencies(words) if words and stats else []
-            n_facts = r.count() if stats else 0
+            df = r.document_frequencies(words, sel) if words and stats else []
+            n_facts = (r.selection_size(sel)[0] if sel.narrows else r.count()) if stats else 0
         return rows, CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
                                          {rid: len(row.text) for rid, row in rows.items()}, df, n_facts)
 

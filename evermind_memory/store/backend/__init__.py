@@ -291,8 +291,12 @@ class Reads(Protocol):
         """Full-text search for `words` (store/lexical.query_words) among the facts `sel` selects: (row, score)
         best first, higher is better."""
 
-    def document_frequencies(self, words: list[str]) -> list[int]:
-        """For each of `words` (store/lexical.query_words), how many facts hold it: the idf hybrid fusion reads."""
+    def document_frequencies(self, words: list[str], sel: Selection | None = None) -> list[int]:
+        """For each of `words` (store/lexical.query_words), how many facts hold it (of those `sel` selects, when
+        given and narrowing): the idf hybrid fusion reads."""
+
+    def selection_size(self, sel: Selection) -> tuple[int, int]:
+        """(facts, tokens) that `sel` selects: the statistics lexical recall scores a narrowing selection with."""
 
     def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
         """Facts `sel` selects that changed after change `seq` or have no vector yet: what an index at watermark

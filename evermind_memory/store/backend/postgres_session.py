@@ -19,20 +19,18 @@ words are matched is planned as for SQLite (store/lexical.choose), from the same
 from __future__ import annotations
 
 import json
-import math
 from datetime import datetime, timezone
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..lexical import choose
+from ..lexical import BM25_B, BM25_K1, choose, idf
 from ..records import Change
 from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import POSTGRES, compile_selection, scope_condition, tag_row
 from .sqlite_session import tags_json, usable_rows, vectors_from_blobs
 
 GEN_TABLE = "adapt_vectors"
-BM25_K1, BM25_B = 1.2, 0.75
 RANKING = "bm25"  # or "ts_rank_cd" (benchmarks/pg_speed.py --lexical compares them)
 FTS_CONFIG = "evermind"
 
@@ -102,12 +100,6 @@ def _blob(vector: np.ndarray) -> bytes:
 def selection(sel: Selection) -> tuple[str, list]:
     """A Selection as a PostgreSQL condition on `facts f` (backend/filter_sql.py)."""
     return compile_selection(sel, POSTGRES, "f")
-
-
-def idf(df: int, n: int) -> float:
-    """BM25's idf as FTS5 computes it (a non-positive one counts as 1e-6)."""
-    ratio = (n - df + 0.5) / (df + 0.5) if n else 0.0
-    return math.log(ratio) if ratio > 1.0 else 1e-6
 
 
 class PostgresSession:
@@ -361,12 +353,7 @@ class PostgresSession:
             return []
         stems = self._stems(words)
         terms = sorted({t for s in stems for t in s})
-        # One statement, one snapshot: read apart, a commit in between could give a term more documents than
-        # the store holds (another node writing; a negative idf).
-        docs, tokens, found, counts = self._one(
-            "SELECT s.docs, s.tokens, ARRAY(SELECT term FROM fts_terms WHERE term = ANY(%s) ORDER BY term), "
-            "ARRAY(SELECT df FROM fts_terms WHERE term = ANY(%s) ORDER BY term) FROM fts_stats s", (terms, terms))
-        df = dict(zip(found, counts))
+        docs, tokens, df = self._term_stats(terms, sel)
         word_df = [min((df.get(t, 0) for t in s), default=0) for s in stems]
         kept, all_first = choose(words, word_df, int(docs))
         if not kept:
@@ -378,6 +365,34 @@ class PostgresSession:
             if len(hits) >= limit:
                 return hits
         return self._match(kept, "||", weights, avg, limit, sel)
+
+    def _term_stats(self, terms: list[str], sel: Selection | None) -> tuple[int, int, dict[str, int]]:
+        """(documents, tokens, term -> document frequency) of the whole store (the trigger-kept fts_stats and
+        fts_terms), or of the facts a narrowing `sel` selects (counted over them: store/lexical.py). One statement,
+        one snapshot: read apart, a commit in between could give a term more documents than counted (a negative
+        idf)."""
+        if sel is None or not sel.narrows:
+            docs, tokens, found, counts = self._one(
+                "SELECT s.docs, s.tokens, ARRAY(SELECT term FROM fts_terms WHERE term = ANY(%s) ORDER BY term), "
+                "ARRAY(SELECT df FROM fts_terms WHERE term = ANY(%s) ORDER BY term) FROM fts_stats s", (terms, terms))
+        else:
+            where, params = selection(sel)
+            docs, tokens, found, counts = self._one(
+                f"WITH s AS MATERIALIZED (SELECT f.tsv, f.ntok FROM facts f WHERE {where}), "
+                "t AS (SELECT u AS term, COUNT(*) AS df FROM s, unnest(tsvector_to_array(s.tsv)) u "
+                "WHERE u = ANY(%s) GROUP BY u) "
+                "SELECT (SELECT COUNT(*) FROM s), (SELECT COALESCE(SUM(ntok), 0) FROM s), "
+                "ARRAY(SELECT term FROM t ORDER BY term), ARRAY(SELECT df FROM t ORDER BY term)", [*params, terms])
+        return int(docs), int(tokens), dict(zip(found, (int(c) for c in counts)))
+
+    def document_frequencies(self, words: list[str], sel: Selection | None = None) -> list[int]:
+        stems = self._stems(words)
+        _, _, df = self._term_stats(sorted({t for s in stems for t in s}), sel)
+        return [min((df.get(t, 0) for t in s), default=0) for s in stems]
+
+    def selection_size(self, sel: Selection) -> tuple[int, int]:
+        docs, tokens, _ = self._term_stats([], sel)
+        return docs, tokens
 
     def _match(self, words: list[str], glue: str, weights: dict[str, float], avg: float, limit: int,
                sel: Selection) -> list[tuple[FactRow, float]]:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
-from ..lexical import document_frequencies, plan
+from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_terms, varint, word_postings
 from ..records import Change
 from ..timing import time_text
 from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
@@ -29,6 +29,7 @@ FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, l
 _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
 _IN_CHUNK = 500
+_INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
 UNIT_TOLERANCE = 0.02  # a stored vector's squared norm is 1 within float32 rounding; one damaged float moves it more
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
@@ -90,6 +91,7 @@ class SQLiteSession:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        self._sizes: dict[tuple, tuple[int, int, int]] = {}  # selection key -> (change seq, facts, tokens)
 
     # ---- meta ----------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -313,6 +315,8 @@ class SQLiteSession:
     def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         if not words:
             return []
+        if sel.narrows:  # BM25 with the statistics of the selected facts (store/lexical.py)
+            return self._lexical_selected(words, limit, sel)
         chosen = plan(self.conn, words, self.count())
         if chosen.all_words is not None:  # many postings: the rows holding every word, when there are enough
             hits = self._match(chosen.all_words, limit, sel)
@@ -320,8 +324,60 @@ class SQLiteSession:
                 return hits
         return [] if chosen.any_word is None else self._match(chosen.any_word, limit, sel)
 
-    def document_frequencies(self, words: list[str]) -> list[int]:
+    def document_frequencies(self, words: list[str], sel: Selection | None = None) -> list[int]:
+        if sel is not None and sel.narrows:
+            return self._postings(words, sel)[0]
         return document_frequencies(self.conn, words)
+
+    def _postings(self, words: list[str], sel: Selection) -> tuple[list[int], dict[int, list[int]]]:
+        """(per word, how many selected facts hold it; rid -> per word, its count in that fact), over the facts
+        `sel` selects that hold any of `words`: read from FTS5's instance vocabulary, not from the texts."""
+        stems = stem_terms(words)
+        terms = sorted({t for st in stems for t in st})
+        term_tf: dict[int, dict[str, int]] = {}
+        if terms:
+            self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, instance)")
+            where, params = selection_sql(sel)
+            sql = (f"SELECT i.doc, i.term, COUNT(*) FROM {_INSTANCES} i JOIN facts f ON f.rid = i.doc "
+                   f"WHERE i.term IN ({','.join('?' * len(terms))}) AND {where} GROUP BY i.doc, i.term")
+            for rid, term, n in self.conn.execute(sql, [*terms, *params]):
+                term_tf.setdefault(rid, {})[term] = n
+        return word_postings(stems, term_tf)
+
+    def selection_size(self, sel: Selection) -> tuple[int, int]:
+        """(facts, tokens) that `sel` selects, kept per selection until the next change. (A fact that expires
+        between two changes still counts until the sweeper removes it: its one change then refreshes this.)"""
+        key = (sel.scope, sel.below, repr(sel.where))
+        seq = self.max_seq()
+        hit = self._sizes.get(key)
+        if hit is not None and hit[0] == seq:
+            return hit[1], hit[2]
+        where, params = selection_sql(sel)
+        n = tokens = 0
+        for (size,) in self.conn.execute(f"SELECT d.sz FROM facts f JOIN facts_fts_docsize d ON d.id = f.rid "
+                                         f"WHERE {where}", params):
+            n += 1
+            tokens += varint(size)
+        if len(self._sizes) >= 256:
+            self._sizes.clear()
+        self._sizes[key] = (seq, n, tokens)
+        return n, tokens
+
+    def _lexical_selected(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
+        df, tf = self._postings(words, sel)
+        n, tokens = self.selection_size(sel)
+        kept, _ = choose(words, df, n)
+        if not kept:
+            return []
+        keep = [i for i, w in enumerate(words) if w in set(kept)]
+        lengths: dict[int, int] = {}
+        for chunk in _chunks(list(tf)):
+            lengths.update((rid, varint(size)) for rid, size in self.conn.execute(
+                f"SELECT id, sz FROM facts_fts_docsize WHERE id IN ({','.join('?' * len(chunk))})", list(chunk)))
+        scores = bm25_scores(tf, lengths, df, keep, n, tokens)
+        best = sorted(scores, key=lambda rid: (-scores[rid], rid))[:limit]
+        rows = self.fetch_where("rid", best)
+        return [(rows[rid], scores[rid]) for rid in best if rid in rows]
 
     def _match(self, match: str, limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         """FTS5 BM25 search: [(row, score)] with score = -bm25 (higher is better), best first."""
