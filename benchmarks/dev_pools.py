@@ -41,6 +41,7 @@ from recall_quality import (  # noqa: E402
 )
 
 POOL_MAX = 100          # candidates per list kept in the cache; rules may use any pool up to this
+POOL_FORMAT = "p2"      # in every cache name: p2 pools hold each candidate's coverage and per-selection statistics
 REF_K = 50              # depth of the reference rankings kept (FTS5, MiniLM) for RRF
 FOREIGN_QUERIES = 200   # queries of another source run against a store: real questions it holds no answer to
 CACHE_DIR = Path(os.environ.get("EVERMIND_POOL_CACHE", "/work/data/pool_cache"))
@@ -202,7 +203,7 @@ def foreign_pools(src: DevSource, other: DevSource, embedder: object, n: int = F
     fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
     queries = other.queries[:n]
     digest = hashlib.sha256("\x00".join(queries).encode("utf-8")).hexdigest()[:12]
-    path = Path(cache_dir) / f"{src.name}-{fp}-foreign-{other.name}-{n}-{src.digest()}-{digest}.json.gz"
+    path = Path(cache_dir) / f"{src.name}-{fp}-foreign{POOL_FORMAT}-{other.name}-{n}-{src.digest()}-{digest}.json.gz"
     if path.is_file():
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             return [CandidatePool.from_json(p) for p in json.load(fh)]
@@ -236,7 +237,7 @@ def source_pools(src: DevSource, embedder: object, *, minilm: object | None = No
     """
     cache_dir, minilm_cache = Path(cache_dir or CACHE_DIR), Path(minilm_cache or MINILM_CACHE)
     fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
-    path = Path(cache_dir) / f"{src.name}-{fp}-{POOL_MAX}-{src.digest()}.json.gz"
+    path = Path(cache_dir) / f"{src.name}-{fp}-{POOL_MAX}{POOL_FORMAT}-{src.digest()}.json.gz"
     cached = None
     if path.is_file():
         with gzip.open(path, "rt", encoding="utf-8") as fh:

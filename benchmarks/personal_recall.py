@@ -163,7 +163,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
     ps = ps or personal_set()
     cache_dir = Path(cache_dir or dp.CACHE_DIR)
     fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
-    path = cache_dir / f"personal-{fp}-{dp.POOL_MAX}-{ps.digest()}.json.gz"
+    path = cache_dir / f"personal-{fp}-{dp.POOL_MAX}{dp.POOL_FORMAT}-{ps.digest()}.json.gz"
     docs = [f.text for f in ps.facts]
     all_asks = asks(ps)
     if path.is_file():

@@ -84,9 +84,14 @@ class Rule:
 GAP_GRID = (0.0,) + tuple(float(f"{v:.3g}") for v in np.geomspace(0.05, 20.0, 15))
 ADAPTIVE = ("lex", "lex_abs", "lex_rr", "cos", "vec_rr", "vec_gap1", "lex_gap1", "lex_x_agree", "cos_x_agree",
             "cos_x_abstop", "cos_x_words", "cos_z", "cos_x_cut")
+COVER_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
 RULES = tuple(
     [Rule(f"weight/pool{p}", ("lex", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
     + [Rule(f"weight+gap/pool{p}", ("lex", "cos", "vec_gap1"), p, "grid", (WEIGHT_GRID[::2], GAP_GRID))
+       for p in POOLS]
+    # coverage: which query words a fact holds, by idf, without BM25's length normalisation (issue 32 item 2)
+    + [Rule(f"cover/pool{p}", ("cover", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
+    + [Rule(f"weight+cover/pool{p}", ("lex", "cos", "cover"), p, "grid", (WEIGHT_GRID[::2], COVER_GRID))
        for p in POOLS]
 )
 # Rules that lost on the shipped model's left-out figures (kept for --study, which reproduces the comparison).
@@ -478,11 +483,15 @@ def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray
 
 
 def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources: Sequence[str] | None = None,
-              minilm: object | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
+              minilm: object | None = None, log: Callable[[str], None] = lambda s: None,
+              personal: bool = True) -> dict[str, dict]:
     """Every source's cached store pass (dev_pools.py): pools, gold, reference rankings and foreign pools.
 
     Sources: the dev folder's, plus the corpus's held-out eval sets (debian, pyapi, foldoc) when corpus_dir is
-    given. Each source's foreign queries are the first FOREIGN_QUERIES of the next source (sorted, cyclic).
+    given. Each source's foreign queries are the first FOREIGN_QUERIES of the next source (sorted, cyclic). With
+    `personal`, also the personal-memory protocol's two sources (benchmarks/personal_recall.py: "personal" and
+    "personal-hand", asked in each person's scope and store-wide; their foreign queries are their unanswerable
+    questions).
     """
     import dev_pools as dp
 
@@ -507,6 +516,10 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
         data[name] = {"source": src, "pools": sp.pools, "gold": src.gold, "store": sp.store, "fts5": sp.fts5,
                       "minilm": sp.minilm, "foreign": dp.foreign_pools(src, other, embedder, log=log),
                       "foreign_from": other.name}
+    if personal and not sources:
+        from personal_recall import personal_sources
+
+        data.update(personal_sources(embedder, minilm=minilm, log=log))
     return data
 
 
@@ -589,6 +602,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                                 "no --model is given)")
     ap.add_argument("--report", default=None, help="also write the left-out report here")
     ap.add_argument("--study", action="store_true", help="also weigh the rules that lost (STUDY_RULES: slower)")
+    ap.add_argument("--no-personal", action="store_true",
+                    help="leave out the personal-memory sources (benchmarks/personal_recall.py)")
     args = ap.parse_args(argv)
 
     def log(msg: str) -> None:
@@ -603,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise InvalidInput("--out is required with --model (the shipped model's fusion.json is for the shipped model).")
     t0 = time.perf_counter()
     data = load_data(embedder, Path(args.dev), Path(args.corpus) if args.corpus else None,
-                     [s for s in args.sources.split(",") if s.strip()] or None, log=log)
+                     [s for s in args.sources.split(",") if s.strip()] or None, log=log, personal=not args.no_personal)
     rules = RULES + STUDY_RULES if args.study else RULES
     fits = build_fits(data, rules, log=log)
     rs = RelevanceStacks(data, rules)

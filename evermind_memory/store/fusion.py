@@ -89,7 +89,9 @@ class CandidatePool:
         vec_rank: (n,) 0-based rank in the vector list, -1 when not in it.
         chars: (n,) the fact's length in characters.
         idf: (m,) FTS5 idf of each of the query's words (store/lexical.py query_words), held by a fact or not.
-        n_facts: facts in the store.
+        n_facts: facts in the store (in the selection searched, when it narrows).
+        cover: (n,) the share of the query's idf that the candidate's words hold (store/lexical.py coverage):
+            which words matched, without BM25's length normalisation; None when not gathered (old caches).
     """
 
     ids: tuple
@@ -100,11 +102,12 @@ class CandidatePool:
     chars: np.ndarray
     idf: np.ndarray
     n_facts: int
+    cover: np.ndarray | None = None
 
     @classmethod
     def build(cls, lexical: Sequence[tuple[Hashable, float]], vector: Sequence[tuple[Hashable, float]],
               cosine: Mapping[Hashable, float], chars: Mapping[Hashable, int], df: Sequence[int],
-              n_facts: int) -> "CandidatePool":
+              n_facts: int, cover: Mapping[Hashable, float] | None = None) -> "CandidatePool":
         """A pool from the two ranked lists.
 
         Args:
@@ -114,6 +117,7 @@ class CandidatePool:
             chars: candidate -> text length.
             df: how many facts hold each query word.
             n_facts: facts in the store.
+            cover: candidate -> the share of the query's idf its words hold (None: not gathered).
         """
         ids = list(dict.fromkeys([c for c, _ in lexical] + [c for c, _ in vector]))
         pos = {c: i for i, c in enumerate(ids)}
@@ -130,7 +134,8 @@ class CandidatePool:
         for r, (c, s) in enumerate(vector):
             cos[pos[c]], vec_rank[pos[c]] = s, r
         return cls(tuple(ids), bm25, lex_rank, cos, vec_rank,
-                   np.array([chars.get(c, 0) for c in ids], dtype=np.float64), fts5_idf(df, n_facts), int(n_facts))
+                   np.array([chars.get(c, 0) for c in ids], dtype=np.float64), fts5_idf(df, n_facts), int(n_facts),
+                   None if cover is None else np.array([cover.get(c, 0.0) for c in ids], dtype=np.float64))
 
     def truncate(self, pool: int) -> "CandidatePool":
         """The pool the store would gather with `pool` candidates per list (ranks past it forgotten)."""
@@ -139,13 +144,15 @@ class CandidatePool:
         keep = (lex >= 0) | (vec >= 0)  # (n,)
         idx = np.flatnonzero(keep)
         return CandidatePool(tuple(self.ids[i] for i in idx), np.where(lex >= 0, self.bm25, 0.0)[idx], lex[idx],
-                             self.cos[idx], vec[idx], self.chars[idx], self.idf, self.n_facts)
+                             self.cos[idx], vec[idx], self.chars[idx], self.idf, self.n_facts,
+                             None if self.cover is None else self.cover[idx])
 
     def to_json(self) -> dict:
         """A JSON-ready dict (for caches): ids must be ints or strings."""
         return {"ids": list(self.ids), "bm25": self.bm25.tolist(), "lex_rank": self.lex_rank.tolist(),
                 "cos": [None if math.isnan(c) else c for c in self.cos.tolist()], "vec_rank": self.vec_rank.tolist(),
-                "chars": self.chars.tolist(), "idf": self.idf.tolist(), "n_facts": self.n_facts}
+                "chars": self.chars.tolist(), "idf": self.idf.tolist(), "n_facts": self.n_facts,
+                **({} if self.cover is None else {"cover": self.cover.tolist()})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "CandidatePool":
@@ -153,7 +160,8 @@ class CandidatePool:
         return cls(tuple(d["ids"]), np.asarray(d["bm25"], dtype=np.float64), np.asarray(d["lex_rank"], dtype=np.int32),
                    np.array([np.nan if c is None else c for c in d["cos"]], dtype=np.float64),
                    np.asarray(d["vec_rank"], dtype=np.int32), np.asarray(d["chars"], dtype=np.float64),
-                   np.asarray(d["idf"], dtype=np.float64), int(d["n_facts"]))
+                   np.asarray(d["idf"], dtype=np.float64), int(d["n_facts"]),
+                   None if d.get("cover") is None else np.asarray(d["cover"], dtype=np.float64))
 
 
 # ----------------------------------------------------------------------------------------------- features
@@ -175,6 +183,15 @@ def _lex_abs(p: CandidatePool) -> np.ndarray:
 
 def _lex_rr(p: CandidatePool) -> np.ndarray:
     return np.where((p.lex_rank >= 0) & (p.bm25 > LEXICAL_EVIDENCE), 1.0 / (1.0 + np.maximum(p.lex_rank, 0)), 0.0)
+
+
+def _cover(p: CandidatePool) -> np.ndarray:
+    """The share of the query's idf that the candidate's words hold (0 without coverage data or evidence): which
+    words matched, weighed by idf, with no length normalisation, so facts matching the same words tie and the
+    vector side orders them."""
+    if p.cover is None:
+        return np.zeros(len(p.ids))
+    return np.where(p.cover * float(p.idf.sum()) > LEXICAL_EVIDENCE, p.cover, 0.0)
 
 
 def _cos(p: CandidatePool) -> np.ndarray:
@@ -245,6 +262,8 @@ FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     "lex_rr": ("lexical", _lex_rr),
     "lex_gap1": ("lexical", _lex_gap1),
     "lex_x_agree": ("lexical", lambda p: _lex(p) * _agree(p)),
+    "cover": ("lexical", _cover),
+    "cover_sq": ("lexical", lambda p: _cover(p) ** 2),
     "cos": ("vector", _cos),
     "cos_z": ("vector", _cos_z),
     "vec_rr": ("vector", _vec_rr),

@@ -30,7 +30,7 @@ import math
 import re
 import sqlite3
 import threading
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 FTS_TOKENIZE = "porter unicode61"  # facts_fts's tokenizer (backend/sqlite.py); stems must come out the same
 MAX_TERMS = 64
@@ -205,3 +205,17 @@ def varint(blob: bytes) -> int:
         if byte < 0x80:
             break
     return value
+
+
+def coverage(words: list[str], idf: Sequence[float], texts: Sequence[str]) -> list[float]:
+    """For each text, the share of the query's idf (one weight per word of `words`) that its words hold: a word
+    counts when every term FTS5 indexes for it is among the text's terms. 0 for a query of no weight."""
+    total = float(sum(idf))
+    if not words or total <= 0:
+        return [0.0] * len(texts)
+    need = stem_terms(words)
+    out = []
+    for text in texts:
+        held = {t for st in stem_terms(list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(text)))) for t in st}
+        out.append(sum(w for st, w in zip(need, idf) if st and all(t in held for t in st)) / total)
+    return out
