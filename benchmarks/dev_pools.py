@@ -190,8 +190,7 @@ def _collect(store, id_to_doc: dict[str, int], queries: Sequence[str], embedder:
     out = []
     for query in queries:
         rows, p = gather(store, query, pool, embedder.embed(query))
-        out.append(CandidatePool(tuple(id_to_doc[rows[r].id] for r in p.ids), p.bm25, p.lex_rank, p.cos, p.vec_rank,
-                                 p.chars, p.idf, p.n_facts))
+        out.append(p.relabel([id_to_doc[rows[r].id] for r in p.ids]))
     return out
 
 

@@ -182,8 +182,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
                     q = ps.questions[qi]
                     view = store.scope(user=q.user) if scope == "scoped" else store
                     rows, p = gather(view, q.text, dp.POOL_MAX, wrapped.embed(q.text))
-                    cached["pools"].append(CandidatePool(tuple(index[rows[r].id] for r in p.ids), p.bm25, p.lex_rank,
-                                                         p.cos, p.vec_rank, p.chars, p.idf, p.n_facts).to_json())
+                    cached["pools"].append(p.relabel([index[rows[r].id] for r in p.ids]).to_json())
                     for mode in ("lexical", "vector"):
                         cached["store"][mode].append([index[h.id] for h in view.recall(q.text, k=K, mode=mode)])
             finally:
@@ -210,6 +209,86 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
                      "minilm": None if minilm_rank is None else [minilm_rank[i] for i in ans],
                      "foreign": [pools[i] for i in una], "foreign_from": f"{name} (unanswerable)"}
     return out
+
+
+SMALL_SIZES = (2, 3, 5, 8, 13, 20, 30, 50, 100, 200, 400)
+SMALL_STORES = 66     # six stores of each size
+SMALL_ASKS = 16       # answerable asks per store, at most, and as many asks whose fact it lacks
+
+
+def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed: int = 0,
+                       cache_dir: Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Source "personal-small" in calibrate_fusion's load_data format: the generated part's store-wide questions
+    asked in stores of 2 to 400 facts (SMALL_SIZES), so the fusion rule and the relevance model also see the
+    small stores a new user has. Each store holds a random sample of the facts; its answerable asks are questions
+    whose fact it holds, its "foreign" asks questions whose fact it lacks (mostly about a person it holds facts
+    of: near misses). Unscoped stores (a scope is a small store too, and is what the scoped asks test)."""
+    import dev_pools as dp
+    from evermind_memory.store.fusion import CandidatePool
+    from evermind_memory.store.search import gather
+
+    ps = ps or personal_set()
+    cache_dir = Path(cache_dir or dp.CACHE_DIR)
+    fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
+    path = cache_dir / f"personal-small-{fp}-{dp.POOL_MAX}{dp.POOL_FORMAT}-{ps.digest()}-{seed}.json.gz"
+    qs = [i for i, q in enumerate(ps.questions) if q.fact is not None and not q.first_person and q.part == "generated"]
+    if path.is_file():
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            cached = json.load(fh)
+    else:
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(seed)
+        wrapped = dp.QueryCachingEmbedder(embedder)
+        wrapped.warm([ps.questions[i].text for i in qs])
+        people = [f for f in range(len(ps.facts)) if ps.facts[f].person]
+        cached = {"asks": [], "pools": [], "foreign": [], "sizes": []}
+        for n in range(SMALL_STORES):
+            size = SMALL_SIZES[n % len(SMALL_SIZES)]
+            held = rng.choice(people, size=min(size, len(people)), replace=False)
+            inside = set(held.tolist())
+            ans = [i for i in qs if ps.questions[i].fact in inside]
+            users = {ps.facts[f].user for f in inside}
+            miss = [i for i in qs if ps.questions[i].fact not in inside and ps.questions[i].user in users]
+            ans = rng.permutation(ans)[:SMALL_ASKS].tolist()
+            miss = rng.permutation(miss)[:SMALL_ASKS].tolist()
+            with tempfile.TemporaryDirectory(prefix="personal_small_") as tmp:
+                store = MemoryStore(Path(tmp) / "s.db", wrapped)
+                try:
+                    order = held.tolist()
+                    ids = store.remember_many([ps.facts[f].text for f in order])
+                    index = dict(zip(ids, order))
+                    for kind, asks_ in (("pools", ans), ("foreign", miss)):
+                        for qi in asks_:
+                            rows, p = gather(store, ps.questions[qi].text, dp.POOL_MAX,
+                                             wrapped.embed(ps.questions[qi].text))
+                            cached[kind].append(p.relabel([index[rows[r].id] for r in p.ids]).to_json())
+                            if kind == "pools":
+                                cached["asks"].append(qi)
+                                cached["sizes"].append(size)
+                finally:
+                    store.close()
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_name(path.name + ".tmp")
+        with gzip.open(tmp_path, "wt", encoding="utf-8") as fh:
+            json.dump(cached, fh)
+        os.replace(tmp_path, path)
+        log(f"personal-small: {len(cached['asks'])} asks in {SMALL_STORES} stores pooled in "
+            f"{time.perf_counter() - t0:.1f}s")
+    pools = [CandidatePool.from_json(p) for p in cached["pools"]]
+    gold = np.array([ps.questions[qi].fact for qi in cached["asks"]], dtype=np.int64)
+
+    def top(mode: str) -> list[list[int]]:  # the store's own lexical / vector top 10 from the pool's ranks
+        rank = "lex_rank" if mode == "lexical" else "vec_rank"
+        return [[p.ids[i] for i in np.argsort(np.where(getattr(p, rank) >= 0, getattr(p, rank), 1 << 30),
+                                              kind="stable")[:K] if getattr(p, rank)[i] >= 0] for p in pools]
+
+    src = dp.DevSource("personal-small", [ps.questions[qi].text for qi in cached["asks"]],
+                       [f"size {n}" for n in cached["sizes"]], [f.text for f in ps.facts], gold)
+    lexical = top("lexical")
+    return {"personal-small": {"source": src, "pools": pools, "gold": gold,
+                               "store": {"lexical": lexical, "vector": top("vector")}, "fts5": lexical, "minilm": None,
+                               "foreign": [CandidatePool.from_json(p) for p in cached["foreign"]],
+                               "foreign_from": "personal-small (questions whose fact the store lacks)"}}
 
 
 def _minilm_rankings(ps: PersonalSet, all_asks: list[tuple[int, str]], minilm: object, cache_dir: Path

@@ -322,7 +322,8 @@ def without(pool: CandidatePool, doc: int) -> CandidatePool:
     lex = np.where((pool.lex_rank > pool.lex_rank[i]) & (pool.lex_rank[i] >= 0), pool.lex_rank - 1, pool.lex_rank)
     vec = np.where((pool.vec_rank > pool.vec_rank[i]) & (pool.vec_rank[i] >= 0), pool.vec_rank - 1, pool.vec_rank)
     return CandidatePool(tuple(np.asarray(pool.ids)[keep].tolist()), pool.bm25[keep], lex[keep], pool.cos[keep],
-                         vec[keep], pool.chars[keep], pool.idf, pool.n_facts)
+                         vec[keep], pool.chars[keep], pool.idf, pool.n_facts,
+                         None if pool.cover is None else pool.cover[keep])
 
 
 class RelevanceStacks:
@@ -517,9 +518,10 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
                       "minilm": sp.minilm, "foreign": dp.foreign_pools(src, other, embedder, log=log),
                       "foreign_from": other.name}
     if personal and not sources:
-        from personal_recall import personal_sources
+        from personal_recall import personal_sources, small_store_source
 
         data.update(personal_sources(embedder, minilm=minilm, log=log))
+        data.update(small_store_source(embedder, log=log))
     return data
 
 

@@ -233,6 +233,9 @@ def main() -> None:
     ap.add_argument("--total-budget", type=float, default=0.0, metavar="SECONDS",
                     help="on a fresh run, time steps 20-40 and set --steps to what fits SECONDS of training in all, "
                          "over this and later calls that resume the state (the cosine schedule spans them all)")
+    ap.add_argument("--wall-budget", type=float, default=0.0, metavar="SECONDS",
+                    help="also stop training (then save and export) once this many seconds have passed since the "
+                         "process started, data preparation included (a device call's limit; 0: no such limit)")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                     help="bf16: matrix products under bf16 autocast, norms, residuals and losses in float32 (default; "
                          "CUDA only, fp32 elsewhere); fp32: everything in float32 (TF32 products), the old step")
@@ -425,7 +428,10 @@ def main() -> None:
     B = args.batch
     model.train()
     t_train = time.time()
-    while step < args.steps and time.time() - t_train < args.time_budget:
+    def in_budget() -> bool:
+        return time.time() - t_train < args.time_budget and not (args.wall_budget and time.time() - t_start >= args.wall_budget)
+
+    while step < args.steps and in_budget():
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         srcs = rng.choice(n_src, size=B, p=src_w)
@@ -435,8 +441,15 @@ def main() -> None:
             h_np = hard_neg[rows, rng.integers(hard_neg.shape[1], size=B)]
             empty = h_np < 0  # no negative survived the filter: a random pair doc instead
             h_np[empty] = pair_d[rng.integers(len(pair_d), size=int(empty.sum()))]
-        loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows],
-                                passage_ids[rng.integers(len(passage_ids), size=B)], h_np, args, dev)
+        p_np = passage_ids[rng.integers(len(passage_ids), size=B)]
+        try:
+            loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args, dev)
+        except Exception as exc:  # a compiler failure shows at the first steps: train on, uncompiled
+            if embed.pooled is model.pooled:
+                raise
+            print(f"torch.compile failed ({type(exc).__name__}: {str(exc)[:300]}); continuing uncompiled", flush=True)
+            embed.pooled = model.pooled
+            loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args, dev)
         l_con, l_dis, l_sim, l_kd = parts
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -137,6 +137,12 @@ class CandidatePool:
                    np.array([chars.get(c, 0) for c in ids], dtype=np.float64), fts5_idf(df, n_facts), int(n_facts),
                    None if cover is None else np.array([cover.get(c, 0.0) for c in ids], dtype=np.float64))
 
+    def relabel(self, ids: Sequence[Hashable]) -> "CandidatePool":
+        """The same pool with other candidate keys (one per candidate, in order): e.g. rids -> doc indices."""
+        if len(ids) != len(self.ids):
+            raise ValueError(f"relabel() expected {len(self.ids)} ids, got {len(ids)}")
+        return replace(self, ids=tuple(ids))
+
     def truncate(self, pool: int) -> "CandidatePool":
         """The pool the store would gather with `pool` candidates per list (ranks past it forgotten)."""
         lex = np.where(self.lex_rank < pool, self.lex_rank, -1)  # (n,)
