@@ -1,7 +1,8 @@
 """Personal and conversational training text: facts about people, the questions asked about them, chat turns.
 
     python recipe/personal_corpus.py --wordnet /work/corpus_work/x/wordnet-base/usr/share/wordnet \
-        --out /work/corpus_personal [--people 30000] [--seed 0]
+        --out /work/corpus_personal [--people 40000] [--seed 0] [--dump-vocab vocab.json]
+    python recipe/personal_corpus.py --vocab vocab.json --out /tmp/corpus_personal   # the same corpus, offline
 
 What agents store is facts about the people they serve ("Marek's flight to Lisbon leaves Tuesday"), the user's own
 words ("I can't eat shellfish") and turns of conversation; what they are asked shares few words with it ("when is
@@ -19,7 +20,8 @@ Values come from WordNet (cities with their countries by part holonym, dishes, d
 sports, languages, ...), Faker's person names over many locales and its job titles, and lists here. Nothing of the
 personal dev set may appear: every name and value of benchmarks/personal_data.py (`reserved_words`) and of the
 paraphrase probe (tests/data/paraphrase_probe.jsonl) is dropped, and the templates here are written apart from the
-dev set's. Seeded; no network at run time.
+dev set's (no question or fact template is the same as one of the dev set's once names and values are blanked).
+Seeded; no network at run time.
 """
 
 from __future__ import annotations
@@ -179,9 +181,12 @@ def vocabulary(wordnet: Path, reserved: set[str]) -> dict[str, list]:
 
     wn = WordNet(wordnet)
 
+    phrases = [r for r in reserved if " " in r or "-" in r]
+
     def ok(v) -> bool:
-        text = v if isinstance(v, str) else v[0]
-        return text.lower() not in reserved and not any(w in reserved for w in re.findall(r"[a-z]+", text.lower()))
+        text = (v if isinstance(v, str) else " ".join(v)).lower()
+        return (not any(w in reserved for w in re.findall(r"[a-z]+", text))
+                and not any(ph in text for ph in phrases))
 
     names = set()
     jobs = set()
@@ -332,9 +337,9 @@ KINDS = {
                   "{P} celebrates turning thirty on {month} {date}.", "{P} will be sixty on {date} {month}."),
         "own": ("My birthday is on {month} {date}.", "I was born on the {date} of {month}."),
         "note": ("The user's birthday: {month} {date}.", "User was born {date} {month}."),
-        "asks": ("when is {P}'s birthday?", "when was {P} born?", "what is {P}'s date of birth?",
+        "asks": ("which day is {P}'s birthday?", "when does {P} celebrate their birthday?", "what is {P}'s date of birth?",
                  "when should we send {P} a card?", "how old is {P} turning and when?"),
-        "asks_own": ("when is my birthday?", "what's my date of birth?"),
+        "asks_own": ("which day is my birthday?", "what's my date of birth?"),
         "keys": ("{P} birthday", "{P} birth date"),
     },
     "language": {
@@ -371,7 +376,7 @@ KINDS = {
         "note": ("The user studied {subject}.", "User's degree: {subject}."),
         "asks": ("what did {P} study?", "what is {P}'s background?", "what degree does {P} have?",
                  "what did {P} go to university for?", "what is {P}'s field?"),
-        "asks_own": ("what did I study?", "what is my degree in?"),
+        "asks_own": ("what was my major?", "what is my degree in?"),
         "keys": ("{P} education", "{P} degree"),
     },
     "books": {
@@ -391,7 +396,7 @@ KINDS = {
                 "I'm visiting my {relation} {rname} next {day}."),
         "note": ("The user's {relation} is {rname}.", "User mentioned their {relation}, {rname}."),
         "asks": ("who is {rname}?", "who is {P}'s {relation}?", "does {P} have family nearby?",
-                 "who is {P} visiting on {day}?", "what is the name of {P}'s {relation}?"),
+                 "who is {P} visiting on {day}?", "what is {P}'s {relation} called?"),
         "asks_own": ("who is my {relation}?", "who am I visiting on {day}?"),
         "keys": ("{P} family", "{P} {relation}"),
     },
@@ -586,28 +591,42 @@ def reserved() -> set[str]:
         if line.strip():
             row = json.loads(line)
             words.update(w.lower() for w in re.findall(r"\b[A-Z][a-z]+\b", row["fact"] + " " + row["question"])
-                         if w not in {"The", "At", "You", "Away"})
+                         if w not in {"The", "At", "You", "Away", *DAYS, *MONTHS})
     return words
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--wordnet", type=Path, required=True, help="the unpacked usr/share/wordnet of wordnet-base")
+    ap.add_argument("--wordnet", type=Path, default=None, help="the unpacked usr/share/wordnet of wordnet-base")
+    ap.add_argument("--vocab", type=Path, default=None,
+                    help="read the slot values (and dialogue lines) from this JSON (--dump-vocab) instead of WordNet "
+                         "and Faker: how the corpus is rebuilt on a GPU machine without either")
+    ap.add_argument("--dump-vocab", type=Path, default=None, help="also write the slot values and dialogue lines here")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--people", type=int, default=40000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if (args.wordnet is None) == (args.vocab is None):
+        raise SystemExit("pass --wordnet (build the values) or --vocab (read them), not both or neither")
     res = reserved()
-    vocab = vocabulary(args.wordnet, res)
+    if args.vocab is not None:
+        vocab = json.loads(args.vocab.read_text(encoding="utf-8"))
+        vocab = {k: [tuple(x) if isinstance(x, list) else x for x in v] for k, v in vocab.items()}
+        dialogue = vocab.pop("dialogue", [])
+    else:
+        vocab = vocabulary(args.wordnet, res)
+        dialogue = [p["text"] for p in chatterbot_lines(res)]
+    if args.dump_vocab is not None:
+        args.dump_vocab.write_text(json.dumps({**vocab, "dialogue": dialogue}, ensure_ascii=False), encoding="utf-8")
     pairs, passages, counts = build(vocab, args.people, args.seed)
-    passages += chatterbot_lines(res)
+    passages += [{"text": t, "source": "personal-dialogue"} for t in dialogue]
     counts["passages personal-dialogue"] = sum(p["source"] == "personal-dialogue" for p in passages)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("pairs.jsonl", pairs), ("passages.jsonl", passages)):
         with open(args.out / name, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     manifest = {"generator": "recipe/personal_corpus.py", "seed": args.seed, "people": args.people,
-                "vocabulary": {k: len(v) for k, v in vocab.items()},
+                "vocabulary": {k: len(v) for k, v in vocab.items()}, "dialogue_lines": len(dialogue),
                 "sources": {"wordnet-base": "WordNet 3.0 licence", "faker": "MIT (PyPI faker)",
                             "chatterbot-corpus": "BSD-3-Clause (PyPI chatterbot-corpus)"},
                 "reserved_words_dropped": len(res), "counts": dict(counts), "pairs": len(pairs), "passages": len(passages)}

@@ -223,6 +223,11 @@ def main() -> None:
     ap.add_argument("--exclude", default=None,
                     help="a JSONL of pairs (e.g. the fusion dev set) whose docs and queries training must not see")
     ap.add_argument("--limit", type=int, default=0, help="use only this many pairs and passages (smoke tests)")
+    ap.add_argument("--extra-corpus", action="append", default=[], metavar="DIR",
+                    help="also train on the pairs and passages of DIR (repeatable; e.g. recipe/personal_corpus.py's "
+                         "output, generated on the GPU machine); its sources join the sampler as they are")
+    ap.add_argument("--extra-passages", type=int, default=0, metavar="N",
+                    help="keep N of each --extra-corpus's passages, drawn with --seed (0: all)")
     ap.add_argument("--augment", action="store_true",
                     help="add title, summary and question pairs made from the training rows (recipe/augment_pairs.py)")
     ap.add_argument("--export-at-budget", action="store_true",
@@ -273,6 +278,13 @@ def main() -> None:
         pairs = [p for p in pairs if p["query"] not in held and p["doc"] not in held]
         passages = [p for p in passages if p["text"] not in held]
         print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
+    for extra in args.extra_corpus:
+        more_pairs, more_passages = read_jsonl(Path(extra) / "pairs.jsonl"), read_jsonl(Path(extra) / "passages.jsonl")
+        if args.extra_passages and len(more_passages) > args.extra_passages:
+            keep = np.random.default_rng(args.seed).choice(len(more_passages), args.extra_passages, replace=False)
+            more_passages = [more_passages[i] for i in sorted(keep)]
+        pairs, passages = pairs + more_pairs, passages + more_passages
+        print(f"added {len(more_pairs)} pairs and {len(more_passages)} passages of {extra}", flush=True)
     if args.limit:
         pairs, passages = pairs[: args.limit], passages[: args.limit]
     if args.augment:
