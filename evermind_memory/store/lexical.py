@@ -36,7 +36,7 @@ FTS_TOKENIZE = "porter unicode61"  # facts_fts's tokenizer (backend/sqlite.py); 
 MAX_TERMS = 64
 COMMON_FRACTION = 0.5  # a word in more than this share of the facts is dropped when the query has rarer words
 OR_BUDGET = 10_000  # postings above which the rows holding every word are tried before the OR query
-_STEM_CACHE_MAX = 50_000
+_STEM_CACHE_MAX = 100_000
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 STOPWORDS = frozenset(
     "a an and are as at be by can did do does for from has have how in is it its of on or that the this to was "
@@ -85,7 +85,8 @@ def phrase_query(words: list[str], op: str = "OR") -> str | None:
 class _Stemmer:
     """Word -> the terms facts_fts indexes for it, by FTS5's own tokenizer (thread-safe, cached)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_words: int = _STEM_CACHE_MAX) -> None:
+        self._max = max_words
         self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self._conn.execute(f"CREATE VIRTUAL TABLE words USING fts5(w, tokenize='{FTS_TOKENIZE}')")
         self._conn.execute("CREATE VIRTUAL TABLE word_terms USING fts5vocab(words, instance)")
@@ -96,8 +97,9 @@ class _Stemmer:
         with self._lock:
             missing = [w for w in dict.fromkeys(words) if w not in self._cache]
             if missing:
-                if len(self._cache) + len(missing) > _STEM_CACHE_MAX:
+                if len(self._cache) + len(missing) > self._max:  # start afresh, with every word asked for now
                     self._cache.clear()
+                    missing = list(dict.fromkeys(words))
                 found: dict[int, list[str]] = {i: [] for i in range(len(missing))}
                 self._conn.execute("BEGIN")
                 try:  # rolled back: the table stays empty, the tokenizer's output is all we want

@@ -138,3 +138,12 @@ def test_an_identifier_finds_the_prose_that_describes_it(db_path: Path, embedder
     with sqlite3.connect(db_path) as conn:
         for query in ('"zipfile"', '"xmlparser" OR "buffer_size"'):
             assert conn.execute("SELECT count(*) FROM facts_fts WHERE facts_fts MATCH ?", [query]).fetchone() == (0,)
+
+
+def test_the_stem_cache_starts_afresh_without_losing_the_words_asked_for():
+    """When a call would overflow the cache, the cache is cleared and every word of that call stemmed again (it once
+    cleared the words it had just found cached, and raised KeyError)."""
+    stemmer = lexical._Stemmer(max_words=4)
+    assert stemmer.terms(["running", "cats"]) == [("run",), ("cat",)]
+    assert stemmer.terms(["running", "cats", "gardens", "walked"]) == [("run",), ("cat",), ("garden",), ("walk",)]
+    assert stemmer.terms(["walked", "trees"]) == [("walk",), ("tree",)]
