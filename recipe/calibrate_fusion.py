@@ -85,6 +85,7 @@ GAP_GRID = (0.0,) + tuple(float(f"{v:.3g}") for v in np.geomspace(0.05, 20.0, 15
 ADAPTIVE = ("lex", "lex_abs", "lex_rr", "cos", "vec_rr", "vec_gap1", "lex_gap1", "lex_x_agree", "cos_x_agree",
             "cos_x_abstop", "cos_x_words", "cos_z", "cos_x_cut")
 COVER_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
+NAME_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
 RULES = tuple(
     [Rule(f"weight/pool{p}", ("lex", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
     + [Rule(f"weight+gap/pool{p}", ("lex", "cos", "vec_gap1"), p, "grid", (WEIGHT_GRID[::2], GAP_GRID))
@@ -93,6 +94,9 @@ RULES = tuple(
     + [Rule(f"cover/pool{p}", ("cover", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
     + [Rule(f"weight+cover/pool{p}", ("lex", "cos", "cover"), p, "grid", (WEIGHT_GRID[::2], COVER_GRID))
        for p in POOLS]
+    # and the query's names (capitalised words) held: a question naming a person asks about that person
+    + [Rule(f"weight+cover+names/pool{p}", ("lex", "cos", "cover", "names"), p, "grid",
+            (WEIGHT_GRID[::2], COVER_GRID, NAME_GRID)) for p in POOLS]
 )
 # Rules that lost on the shipped model's left-out figures (kept for --study, which reproduces the comparison).
 STUDY_RULES = (Rule("softmax13/pool50", ADAPTIVE, 50, "softmax"),)
@@ -323,7 +327,7 @@ def without(pool: CandidatePool, doc: int) -> CandidatePool:
     vec = np.where((pool.vec_rank > pool.vec_rank[i]) & (pool.vec_rank[i] >= 0), pool.vec_rank - 1, pool.vec_rank)
     return CandidatePool(tuple(np.asarray(pool.ids)[keep].tolist()), pool.bm25[keep], lex[keep], pool.cos[keep],
                          vec[keep], pool.chars[keep], pool.idf, pool.n_facts,
-                         None if pool.cover is None else pool.cover[keep])
+                         None if pool.cover is None else pool.cover[keep], None if pool.names is None else pool.names[keep])
 
 
 class RelevanceStacks:

@@ -92,6 +92,8 @@ class CandidatePool:
         n_facts: facts in the store (in the selection searched, when it narrows).
         cover: (n,) the share of the query's idf that the candidate's words hold (store/lexical.py coverage):
             which words matched, without BM25's length normalisation; None when not gathered (old caches).
+        names: (n,) the share of the query's names (capitalised words: store/lexical.py query_names) the
+            candidate holds; 0 everywhere for a query without names; None when not gathered.
     """
 
     ids: tuple
@@ -103,11 +105,13 @@ class CandidatePool:
     idf: np.ndarray
     n_facts: int
     cover: np.ndarray | None = None
+    names: np.ndarray | None = None
 
     @classmethod
     def build(cls, lexical: Sequence[tuple[Hashable, float]], vector: Sequence[tuple[Hashable, float]],
               cosine: Mapping[Hashable, float], chars: Mapping[Hashable, int], df: Sequence[int],
-              n_facts: int, cover: Mapping[Hashable, float] | None = None) -> "CandidatePool":
+              n_facts: int, cover: Mapping[Hashable, float] | None = None,
+              names: Mapping[Hashable, float] | None = None) -> "CandidatePool":
         """A pool from the two ranked lists.
 
         Args:
@@ -118,6 +122,7 @@ class CandidatePool:
             df: how many facts hold each query word.
             n_facts: facts in the store.
             cover: candidate -> the share of the query's idf its words hold (None: not gathered).
+            names: candidate -> the share of the query's names it holds (None: not gathered).
         """
         ids = list(dict.fromkeys([c for c, _ in lexical] + [c for c, _ in vector]))
         pos = {c: i for i, c in enumerate(ids)}
@@ -135,7 +140,8 @@ class CandidatePool:
             cos[pos[c]], vec_rank[pos[c]] = s, r
         return cls(tuple(ids), bm25, lex_rank, cos, vec_rank,
                    np.array([chars.get(c, 0) for c in ids], dtype=np.float64), fts5_idf(df, n_facts), int(n_facts),
-                   None if cover is None else np.array([cover.get(c, 0.0) for c in ids], dtype=np.float64))
+                   None if cover is None else np.array([cover.get(c, 0.0) for c in ids], dtype=np.float64),
+                   None if names is None else np.array([names.get(c, 0.0) for c in ids], dtype=np.float64))
 
     def relabel(self, ids: Sequence[Hashable]) -> "CandidatePool":
         """The same pool with other candidate keys (one per candidate, in order): e.g. rids -> doc indices."""
@@ -151,14 +157,16 @@ class CandidatePool:
         idx = np.flatnonzero(keep)
         return CandidatePool(tuple(self.ids[i] for i in idx), np.where(lex >= 0, self.bm25, 0.0)[idx], lex[idx],
                              self.cos[idx], vec[idx], self.chars[idx], self.idf, self.n_facts,
-                             None if self.cover is None else self.cover[idx])
+                             None if self.cover is None else self.cover[idx],
+                             None if self.names is None else self.names[idx])
 
     def to_json(self) -> dict:
         """A JSON-ready dict (for caches): ids must be ints or strings."""
         return {"ids": list(self.ids), "bm25": self.bm25.tolist(), "lex_rank": self.lex_rank.tolist(),
                 "cos": [None if math.isnan(c) else c for c in self.cos.tolist()], "vec_rank": self.vec_rank.tolist(),
                 "chars": self.chars.tolist(), "idf": self.idf.tolist(), "n_facts": self.n_facts,
-                **({} if self.cover is None else {"cover": self.cover.tolist()})}
+                **({} if self.cover is None else {"cover": self.cover.tolist()}),
+                **({} if self.names is None else {"names": self.names.tolist()})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "CandidatePool":
@@ -167,7 +175,8 @@ class CandidatePool:
                    np.array([np.nan if c is None else c for c in d["cos"]], dtype=np.float64),
                    np.asarray(d["vec_rank"], dtype=np.int32), np.asarray(d["chars"], dtype=np.float64),
                    np.asarray(d["idf"], dtype=np.float64), int(d["n_facts"]),
-                   None if d.get("cover") is None else np.asarray(d["cover"], dtype=np.float64))
+                   None if d.get("cover") is None else np.asarray(d["cover"], dtype=np.float64),
+                   None if d.get("names") is None else np.asarray(d["names"], dtype=np.float64))
 
 
 # ----------------------------------------------------------------------------------------------- features
@@ -269,6 +278,7 @@ FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     "lex_gap1": ("lexical", _lex_gap1),
     "lex_x_agree": ("lexical", lambda p: _lex(p) * _agree(p)),
     "cover": ("lexical", _cover),
+    "names": ("lexical", lambda p: np.zeros(len(p.ids)) if p.names is None else p.names),
     "cover_sq": ("lexical", lambda p: _cover(p) ** 2),
     "cos": ("vector", _cos),
     "cos_z": ("vector", _cos_z),

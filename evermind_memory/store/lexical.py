@@ -221,3 +221,30 @@ def coverage(words: list[str], idf: Sequence[float], texts: Sequence[str]) -> li
         held = {t for st in stem_terms(list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(text)))) for t in st}
         out.append(sum(w for st, w in zip(need, idf) if st and all(t in held for t in st)) / total)
     return out
+
+
+QUESTION_WORDS = frozenset("what when where which who whom whose why how do does did is are was were can could should "
+                           "would will shall may might must has have had please tell show find give list remind".split())
+
+
+def query_names(query: str) -> list[str]:
+    """The query's names: capitalised words that are not English function or question words ("what does Ada
+    drink?" -> ["ada"]; "Ada tea" -> ["ada"]; "What is FTS5?" -> ["fts5"]), lower-cased, in order."""
+    out = []
+    for word in _WORD_RE.findall(query):
+        low = word.lower()
+        if word[:1].isupper() and low not in STOPWORDS and low not in QUESTION_WORDS and low not in out:
+            out.append(low)
+    return out
+
+
+def name_coverage(names: list[str], texts: Sequence[str]) -> list[float]:
+    """For each text, the share of `names` (query_names) it holds, matched as FTS5 terms; 0 when there are none."""
+    if not names:
+        return [0.0] * len(texts)
+    need = stem_terms(names)
+    out = []
+    for text in texts:
+        held = {t for st in stem_terms(list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(text)))) for t in st}
+        out.append(sum(1 for st in need if st and all(t in held for t in st)) / len(names))
+    return out

@@ -23,7 +23,7 @@ from ..errors import InvalidInput
 from .backend import Backend, FactRow, Selection
 from .embedding import embed_query
 from .index import SearchFailed, VectorIndex, exact_search
-from .lexical import MAX_TERMS, coverage, phrase_query, query_words
+from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words
 from .records import Explain
 from .selection import select
 from .timing import apply_recency, check_half_life
@@ -219,12 +219,14 @@ class Search:
                 cosine = {row.rid: by_label[row.label] for row, _ in lex if row.rid not in in_vec and row.label in by_label}
             df = r.document_frequencies(words, sel) if words and stats else []
             n_facts = (r.selection_size(sel)[0] if sel.narrows else r.count()) if stats else 0
-        cover = None
-        if stats:  # which query words each candidate holds, by idf (the fitted rule's "cover" feature)
+        cover = names = None
+        if stats:  # which query words and names each candidate holds (the fitted rule's "cover" and "names")
             rids = list(rows)
-            cover = dict(zip(rids, coverage(words, fts5_idf(df, n_facts).tolist(), [rows[r].text for r in rids])))
+            texts = [rows[r].text for r in rids]
+            cover = dict(zip(rids, coverage(words, fts5_idf(df, n_facts).tolist(), texts)))
+            names = dict(zip(rids, name_coverage(query_names(query), texts)))
         return rows, CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
-                                         {rid: len(row.text) for rid, row in rows.items()}, df, n_facts, cover)
+                                         {rid: len(row.text) for rid, row in rows.items()}, df, n_facts, cover, names)
 
     def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
                weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:

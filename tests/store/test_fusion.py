@@ -178,3 +178,25 @@ def test_relevance_and_explain_hold_under_filters_scopes_and_recency() -> None:
         assert {h.id for h in kept} == {i for i, r in again.items() if r >= floor} and len(kept) == 2
         assert bob.recall("apples", k=8, min_relevance=0.0, since="2000-01-01T00:00:00+00:00")
         assert all(h.text in FACTS[::2] for h in bob.recall("apples", k=8, min_relevance=0.0))
+
+
+def test_the_pool_says_which_query_words_and_names_each_candidate_holds(tmp_path):
+    """Coverage (the share of the query's idf a fact's words hold) and names (the share of the query's capitalised
+    words it holds) are gathered for every hybrid candidate, without BM25's length normalisation: two facts that
+    hold the same words cover the query equally, however long."""
+    from evermind_memory import MemoryStore
+    from evermind_memory.store.search import gather
+    from store_helpers import build_embedder
+
+    facts = ["Ada prefers green tea in the morning.", "Bob drinks black coffee every day.",
+             "Ada likes tea, and in the long summer evenings she also likes to sit in the garden with a book.",
+             "The train leaves at seven."]
+    filler = [f"Note {i}: the meeting room is booked." for i in range(6)]  # so "ada" and "tea" are rare words
+    with MemoryStore(tmp_path / "m.db", build_embedder(seed=0)) as store:
+        store.remember_many(facts + filler)
+        rows, pool = gather(store, "does Ada drink tea?", 10)
+    by_text = {rows[r].text: (c, n) for r, c, n in zip(pool.ids, pool.cover, pool.names)}
+    assert by_text[facts[0]] == pytest.approx(by_text[facts[2]])  # same words held, lengths differ
+    assert by_text[facts[0]][1] == 1.0 and by_text[facts[1]][1] == 0.0  # "Ada" held / not held
+    assert 0 < by_text[facts[1]][0] < by_text[facts[0]][0]  # "drink" (1 fact) < "ada" + "tea" (2 facts each)
+    assert facts[3] not in by_text or by_text[facts[3]] == (0.0, 0.0)
