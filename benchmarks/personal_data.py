@@ -372,3 +372,12 @@ def reserved_words() -> set[str]:
     with open(HAND_FILE, encoding="utf-8") as fh:
         words.update(json.loads(line)["user"] for line in fh if line.strip())
     return words
+
+
+def subset(ps: PersonalSet, users: set[str]) -> PersonalSet:
+    """The facts of `users` (and their questions), fact indices renumbered: a small protocol for smoke tests."""
+    keep = [i for i, f in enumerate(ps.facts) if f.user in users]
+    new = {old: i for i, old in enumerate(keep)}
+    return PersonalSet([ps.facts[i] for i in keep],
+                       [Question(q.text, q.user, None if q.fact is None else new[q.fact], q.category, q.first_person,
+                                 q.part) for q in ps.questions if q.user in users])

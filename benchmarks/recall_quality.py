@@ -571,7 +571,7 @@ LOSO_SYSTEMS = ("hybrid (ours)", "lexical (ours)", "vector (ours)", "hybrid w=3.
 
 
 def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, sources: Sequence[str] | None = None,
-             minilm: object | None = None, log: Callable[[str], None] = lambda s: None) -> dict:
+             minilm: object | None = None, log: Callable[[str], None] = lambda s: None, personal: bool = True) -> dict:
     """The left-out table (see the module docstring).
 
     Returns:
@@ -581,7 +581,7 @@ def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, source
     sys.path.insert(0, str(REPO / "recipe"))
     import calibrate_fusion as cf
 
-    data = cf.load_data(embedder, dev_dir, corpus_dir, sources, minilm=minilm, log=log)
+    data = cf.load_data(embedder, dev_dir, corpus_dir, sources, minilm=minilm, log=log, personal=personal)
     fits = cf.build_fits(data, log=log)
     loso = cf.evaluate_loso(data, fits, cf.RelevanceStacks(data, cf.RULES), log)
     before = cf.Rule("before", ("lex", "cos"), 50, "grid", ((PREVIOUS_WEIGHT,),))
@@ -608,10 +608,10 @@ def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, source
         }
     names = [n for n in LOSO_SYSTEMS if all(n in r["systems"] for r in out["sources"].values())]
     manual = {s: r for s, r in out["sources"].items() if not s.startswith("personal")}
-    personal = {s: r for s, r in out["sources"].items() if s.startswith("personal")}
+    personal_rows = {s: r for s, r in out["sources"].items() if s.startswith("personal")}
     out["mean"] = {n: float(np.mean([r["systems"][n] for r in manual.values()])) for n in names}
-    if personal:  # the personal-memory protocol's sources, reported apart from the manual mean
-        out["personal_mean"] = {n: float(np.mean([r["systems"][n] for r in personal.values()])) for n in names}
+    if personal_rows:  # the personal-memory protocol's sources, reported apart from the manual mean
+        out["personal_mean"] = {n: float(np.mean([r["systems"][n] for r in personal_rows.values()])) for n in names}
     m = out["mean"]
     targets = {"worst_no_harm_margin": min(r["no_harm_margin"] for r in out["sources"].values()),
                "sources_beating_both": sum(r["systems"]["hybrid (ours)"] > max(r["systems"]["lexical (ours)"],
@@ -660,6 +660,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--hybrid-weight", default=None, help="a number, or the JSON from recipe/calibrate_fusion.py")
     ap.add_argument("--teacher", default=None, help="all-MiniLM-L6-v2 directory (default .teacher/ or the pip package)")
     ap.add_argument("--no-minilm", action="store_true", help="skip the MiniLM rows")
+    ap.add_argument("--no-personal", action="store_true",
+                    help="--loso without the personal-memory sources (benchmarks/personal_recall.py)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for both models (BLAS and torch)")
     ap.add_argument("--speed-docs", type=int, default=512, help="docs per speed measurement (0: skip)")
     ap.add_argument("--json", default=None, help="write the results here")
@@ -677,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         t0 = time.perf_counter()
         sources = [s.strip() for s in args.sources.split(",") if s.strip()] if args.sources != ",".join(SOURCES) else None
         out = run_loso(embedder, Path(args.dev), Path(args.corpus) if args.corpus else None, sources=sources,
-                       minilm=minilm, log=log)
+                       minilm=minilm, log=log, personal=not args.no_personal)
         out["config"] = {"fingerprint": embedder.fingerprint, "model": args.model or "default_embedder()",
                          "dev": args.dev, "corpus": args.corpus, "seconds": round(time.perf_counter() - t0, 1),
                          "minilm_max_seq_length": getattr(minilm, "max_seq_length", None),

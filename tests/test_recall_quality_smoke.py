@@ -180,15 +180,42 @@ def test_calibrate_and_loso_table_end_to_end(tmp_path: Path, embedder: LMEmbedde
     embedder.model.save(tmp_path / "m.evlm")
     embedder.tokenizer.save(tmp_path / "t.json")
     model = ["--model", str(tmp_path / "m.evlm"), "--tokenizer", str(tmp_path / "t.json")]
-    out = cf.main(model + ["--dev", str(dev), "--corpus", "", "--out", str(tmp_path / "fusion.json")])
+    out = cf.main(model + ["--dev", str(dev), "--corpus", "", "--no-personal", "--out", str(tmp_path / "fusion.json")])
     params = load_params(tmp_path / "fusion.json")
     assert params.fingerprint == embedder.fingerprint and params.relevance_features == cf.RELEVANCE_FEATURES
     assert set(out["loso"]["sources"]) == {"alpha", "beta", "gamma"}
     for res in out["loso"]["sources"].values():  # the rare word finds every doc: lexical is perfect, so is hybrid
         assert res["ndcg@10"] == pytest.approx(1.0)
-    table = rq.main(model + ["--loso", "--dev", str(dev), "--corpus", "", "--no-minilm", "--json", str(tmp_path / "table.json")])
+    table = rq.main(model + ["--loso", "--dev", str(dev), "--corpus", "", "--no-minilm", "--no-personal", "--json",
+                             str(tmp_path / "table.json")])
     assert json.loads((tmp_path / "table.json").read_text()) == json.loads(json.dumps(table))
     for res in table["sources"].values():
         assert res["systems"]["lexical (ours)"] == pytest.approx(1.0) == res["systems"]["FTS5 BM25"]
         assert res["no_harm_margin"] == pytest.approx(0.0) and 0 <= res["systems"]["vector (ours)"] <= 1
     assert table["targets"]["worst_no_harm_margin"] == pytest.approx(0.0)
+
+
+def test_personal_protocol_runs_and_pools_through_a_real_store(tmp_path: Path, embedder: LMEmbedder, monkeypatch) -> None:
+    """benchmarks/personal_recall.py on three people with the tiny model: every ask is answered in every mode,
+    scoped asks stay in their person's scope, and the pools it gives calibrate_fusion hold the right fact when
+    lexical recall finds it."""
+    import dev_pools
+    import personal_data
+    import personal_recall as pr
+
+    monkeypatch.setattr(dev_pools, "CACHE_DIR", tmp_path / "cache")
+    ps = personal_data.subset(personal_data.personal_set(), {"ingrid", "tomasz", "rosa"})
+    res = pr.run(embedder, ps)
+    assert len(res["asks"]) == len(pr.asks(ps)) and {a["scope"] for a in res["asks"]} == {"scoped", "all"}
+    summary = pr.summarise(res)
+    assert summary["groups"]["all answerable"]["n"] == sum(q.fact is not None for q in ps.questions) + sum(
+        q.fact is not None and not q.first_person for q in ps.questions)
+    src = pr.personal_sources(embedder, ps)
+    for name, d in src.items():
+        assert len(d["pools"]) == len(d["gold"]) == len(d["source"].queries)
+        users = [ps.questions[qi].user for qi, scope in pr.asks(ps) if scope == "scoped"]
+        for pool, shape in zip(d["pools"], d["source"].shapes):
+            if shape == "scoped":  # a scoped pool holds facts of one person only
+                assert len({ps.facts[i].user for i in pool.ids}) <= 1
+            assert pool.cover is not None and pool.names is not None
+        assert users
