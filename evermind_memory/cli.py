@@ -46,7 +46,8 @@ EXIT_CODES = {
                 "CheckpointError, TokenizerError)",
     EXIT_OS: "system: the operating system refused a file operation (StorageError, OSError: permissions, disk "
              "full, ...)",
-    EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair` keeps every readable fact",
+    EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair PATH` keeps every "
+                  "readable fact",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -243,9 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("history", "every change of a fact")
     p.add_argument("id", help="the fact's id")
 
-    add("check", "check the store's integrity (exit status 1 when something is wrong)")
-    add("repair", "repair a damaged store: keep every readable fact, quarantine the rest, rebuild the indexes "
-                  "(the damaged files are kept aside)")
+    for name, help_text in (("check", "check the store's integrity (exit status 1 when something is wrong)"),
+                            ("repair", "repair a damaged store: keep every readable fact, quarantine the rest, "
+                                       "rebuild the indexes (the damaged files are kept aside)")):
+        p = add(name, help_text)  # `evermind repair PATH`, as the damaged-store errors print it; --db PATH works too
+        p.add_argument("store", nargs="?", type=_db, default=None, metavar="PATH",
+                       help="the store file or postgresql:// URL (the same as --db PATH)")
     p = add("reembed", "re-embed facts made by another embedder")
     p.add_argument("--force", action="store_true", help="re-embed every fact")
     add("rebuild", "rebuild the vector index from the vectors in SQLite")
@@ -347,7 +351,10 @@ def _open(args: argparse.Namespace, embedder: Any):
     path = args.db if args.db is not None else default_db_path()
     if args.command in READ_COMMANDS or getattr(args, "read_only", False):
         if not isinstance(path, str) and not path.exists():
-            raise InvalidInput(f"no store at {path} yet; `evermind remember TEXT` creates one.")
+            import shlex
+
+            given = "" if args.db is None else f" --db {shlex.quote(str(path))}"
+            raise InvalidInput(f"no store at {path} yet; `evermind{given} remember TEXT` creates one.")
         return MemoryStore(path, embedder, read_only=True)
     if not isinstance(path, str):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -375,8 +382,39 @@ def _fact_line(fact: Any) -> str:
     return f"{fact.id}  {fact.text}{extra}{source}"
 
 
-def _text_arg(text: str | None) -> str | None:
-    return sys.stdin.read().rstrip("\n") if text == "-" else text
+def _text_arg(text: str | None, command: str) -> str | None:
+    """A text argument; "-" reads stdin, which must be UTF-8 (the advice for anything else is a shell's)."""
+    if text != "-":
+        return text
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes underneath (a program's own sys.stdin)
+        return sys.stdin.read().rstrip("\n")
+    data = stream.read()
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"stdin is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (Latin-1 or another "
+            f"legacy encoding?). Convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | evermind {command} ...`."
+        ) from None
+    return decoded.removeprefix("\ufeff").rstrip("\r\n")
+
+
+def _check_argv(argv: Sequence[str]) -> None:
+    """Refuse command-line arguments that are not UTF-8: Python hands their bytes over as lone surrogates, which
+    the store would refuse with advice for Python programs, not for a shell."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            byte = ord(arg[exc.start]) - 0xDC00 if 0xDC80 <= ord(arg[exc.start]) <= 0xDCFF else None
+            what = f"the byte 0x{byte:02x}" if byte is not None else f"the character U+{ord(arg[exc.start]):04X}"
+            raise InvalidInput(
+                f"argument {i + 1} ({arg[:exc.start]!r:.40}...) is not UTF-8 text: {what} at position {exc.start} "
+                "(Latin-1 or another legacy encoding?). Convert it first, e.g. "
+                "`evermind remember \"$(printf '%s' \"$TEXT\" | iconv -f latin1 -t utf-8)\"`, or pass it on "
+                "stdin through iconv: `iconv -f latin1 -t utf-8 FILE | evermind remember -`."
+            ) from None
 
 
 def _run(args: argparse.Namespace, store: Any, out) -> int:
@@ -391,7 +429,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                 print(line, file=out)
 
     if cmd == "remember":
-        fid = store.remember(_text_arg(args.text), tags={**dict(args.tag), **(args.tags or {})} or None,
+        fid = store.remember(_text_arg(args.text, cmd), tags={**dict(args.tag), **(args.tags or {})} or None,
                              source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
                              pinned=args.pinned, dedup=args.dedup)
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
@@ -408,7 +446,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         if args.clear_tags and args.tag:
             raise InvalidInput("update takes --tag or --clear-tags, not both.")
         new_tags = {} if args.clear_tags else (dict(args.tag) or None)
-        fact = store.update(args.id, _text_arg(args.text), tags=new_tags, source=args.source)
+        fact = store.update(args.id, _text_arg(args.text, cmd), tags=new_tags, source=args.source)
         emit(fact, [_fact_line(fact)])
     elif cmd == "forget":
         chosen = {k: v for k, v in _filter_args(args).items() if v}
@@ -422,7 +460,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
             count = store.forget_where(**chosen)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
     elif cmd == "supersede":
-        fid = store.supersede(args.id, _text_arg(args.text))
+        fid = store.supersede(args.id, _text_arg(args.text, cmd))
         emit({"id": fid, "replaces": args.id}, [fid])
     elif cmd == "clear":
         count = store.clear(confirm=args.yes)
@@ -575,6 +613,12 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
     try:
         args = build_parser().parse_args(argv)
         as_json = args.json
+        _check_argv(argv)
+        if getattr(args, "store", None) is not None:  # `evermind repair PATH` / `evermind check PATH`
+            if args.db is not None and str(args.db) != str(args.store):
+                raise InvalidInput(f"`evermind {args.command}` got two stores, --db {args.db} and {args.store}; "
+                                   "give one.")
+            args.db = args.store
         if args.command == "demo":
             try:
                 from .demo import run_demo

@@ -305,3 +305,56 @@ def test_stats_sweep_and_compact(embedder, tmp_path: Path):
     code, out = run(embedder, db, "--json", "compact", "--keep-history-days", "0")
     stats = json.loads(out)
     assert code == 0 and stats["facts"] == 0 and stats["free_bytes"] == 0
+
+
+def _printed_commands(message: str) -> list[list[str]]:
+    """The `evermind ...` commands a message tells the user to run, split as a shell would."""
+    import re
+    import shlex
+
+    return [shlex.split(cmd) for cmd in re.findall(r"`(evermind [^`]+)`", message)]
+
+
+def test_the_commands_a_damaged_store_error_prints_run_as_printed(tmp_path: Path, capsys):
+    from evermind_memory import MemoryStore
+
+    db = tmp_path / "my store.db"  # a space: the printed path must be quoted for the shell
+    with MemoryStore(db) as s:  # the shipped model, which a pasted command uses too
+        s.remember_many(["tea in the morning", "coffee after lunch"])
+    data = bytearray(db.read_bytes())
+    data[3] ^= 0xFF  # the header's magic
+    db.write_bytes(bytes(data))
+    assert cli.main(["list", "--db", str(db)]) == cli.EXIT_DAMAGED
+    commands = _printed_commands(capsys.readouterr().err)
+    assert commands and commands[0] == ["evermind", "repair", str(db)]
+    for argv in commands:
+        assert cli.main(argv[1:], out=io.StringIO()) == 0, (argv, capsys.readouterr().err)
+    assert cli.main(["check", str(db)], out=io.StringIO()) == 0  # `evermind check PATH` too
+    with MemoryStore(db, read_only=True) as s:
+        assert {f.text for f in s.list()} == {"tea in the morning", "coffee after lunch"}
+    assert cli.main(["repair", str(db), "--db", str(tmp_path / "other.db")]) == cli.EXIT_USAGE
+    assert "got two stores" in capsys.readouterr().err
+
+
+def test_the_command_a_missing_store_error_prints_runs_as_printed(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "new store.db"
+    assert run(embedder, db, "list")[0] == cli.EXIT_USAGE
+    [argv] = _printed_commands(capsys.readouterr().err)
+    assert cli.main(argv[1:], embedder=embedder, out=io.StringIO()) == 0
+    assert run(embedder, db, "count")[1].strip() == "1"
+
+
+def test_text_that_is_not_utf8_gets_shell_advice(embedder, tmp_path: Path, capsys, monkeypatch):
+    db = tmp_path / "latin.db"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait\n")))
+    assert run(embedder, db, "remember", "-")[0] == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "stdin is not UTF-8 text: byte 0xe9 at offset 3" in err and "iconv -f latin1 -t utf-8" in err
+    assert "errors=" not in err and run(embedder, db, "count")[1].strip() == "0"
+    arg = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    assert run(embedder, db, "remember", arg)[0] == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "is not UTF-8 text: the byte 0xe9 at position 3" in err and "iconv -f latin1 -t utf-8" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\ufeffcafé au lait\r\n".encode())))
+    assert run(embedder, db, "remember", "-")[0] == 0  # UTF-8 (a BOM and CRLF are dropped)
+    assert run(embedder, db, "list")[1].split("  ")[1].strip() == "café au lait"

@@ -180,8 +180,11 @@ def _exclusive(real: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        import shlex
+
         raise StoreLocked(f"{real} needs repair from its files, and another process has it open; close every process "
-                          "using it (MCP servers, scripts), then run `evermind repair` again.") from None
+                          f"using it (MCP servers, scripts), then run `evermind repair {shlex.quote(real)}` again."
+                          ) from None
     return fd
 
 

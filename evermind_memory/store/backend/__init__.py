@@ -113,8 +113,9 @@ class FactRow(NamedTuple):
         except (ValueError, TypeError, AttributeError) as exc:
             reason = str(exc) if str(exc).startswith("its ") else f"{type(exc).__name__}: {exc}"
         if reason is not None:
-            raise RowDamaged(f"fact {self.id!r:.80} (row {self.rid}) is damaged: {reason}. Run store.repair() (or "
-                             "`evermind repair`): it fixes what it can and quarantines the rest.", part="fact row")
+            raise RowDamaged(f"fact {self.id!r:.80} (row {self.rid}) is damaged: {reason}. Run store.repair() (from a "
+                             "shell: `evermind repair PATH`, PATH the store's file): it fixes what it can and "
+                             "quarantines the rest.", part="fact row")
         return out
 
     def to_fact(self) -> Fact:
