@@ -256,6 +256,31 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -
     return value
 
 
+def check_path(value: Any, name: str, method: str) -> str:
+    """A file path argument: a str or os.PathLike naming a non-empty text path, without NUL.
+
+    Returns:
+        the path as text.
+    Raises:
+        InvalidInput: None, a number, bytes (or a PathLike giving bytes), an empty path or one with NUL.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise InvalidInput(f"{method}() expected {name} to be a str or os.PathLike path, got {_show(value)}.")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise InvalidInput(f"{method}() expected {name} to be a text path, got {_show(text)}; decode it first, "
+                           "e.g. os.fsdecode(path).")
+    if not text:
+        raise InvalidInput(f"{method}() expected {name} to be a path, got an empty string.")
+    if "\x00" in text:
+        raise InvalidInput(f"{method}() expected {name} to be a path without NUL characters, got {text!r:.80}.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass  # undecodable bytes of a real file name (surrogateescape): the OS takes them back as they were
+    return text
+
+
 def check_open_args(path: Any, durability: Any, on_mismatch: Any, lock_timeout: Any, busy_timeout: Any,
                     read_only: Any, background_embedding: Any) -> str:
     """MemoryStore()'s plain arguments; returns the path as text (index_config and namespace are checked there).
@@ -263,11 +288,7 @@ def check_open_args(path: Any, durability: Any, on_mismatch: Any, lock_timeout: 
     Raises:
         InvalidInput: a path that is not a non-empty text path; a bad durability, on_mismatch, timeout or flag.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise InvalidInput(f"MemoryStore() expected a non-empty text path, got {path!r:.80}.")
+    path = check_path(path, "path", "MemoryStore")
     check_choice(durability, "durability", ("normal", "full"), "MemoryStore")
     check_choice(on_mismatch, "on_mismatch", ("reembed", "raise"), "MemoryStore")
     for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):

@@ -221,3 +221,27 @@ def test_close_never_raises_and_check_never_raises_on_a_closed_store(db_path, em
     store.close()
     report = store.check()
     assert not report.ok and "closed" in report.problems[0]
+
+
+BAD_PATHS = [None, 3, b"in.jsonl", "", "in\x00.jsonl"]
+
+
+@pytest.mark.parametrize("bad", BAD_PATHS, ids=["None", "int", "bytes", "empty", "NUL"])
+def test_every_path_argument_refuses_what_is_not_a_text_path(db_path, embedder, tmp_path, bad):
+    from evermind_memory.store.backend.postgres_migrate import migrate
+
+    with MemoryStore(db_path, embedder) as store:
+        store.remember("still here")
+        for call in (store.export, store.import_, store.backup):
+            with pytest.raises(InvalidInput, match=r"expected (path|dest) to be"):
+                call(bad)
+    with pytest.raises(InvalidInput, match="expected path to be"):
+        repair_store(bad, embedder)
+    with pytest.raises(InvalidInput, match="expected source to be"):
+        migrate(bad, str(tmp_path / "copy.db"))
+    with pytest.raises(InvalidInput, match="expected dest to be"):
+        migrate(str(db_path), bad)
+    with pytest.raises(InvalidInput, match="expected path to be"):
+        MemoryStore(bad, embedder)
+    with MemoryStore(db_path, embedder, read_only=True) as reader:
+        assert [f.text for f in reader.list()] == ["still here"]
