@@ -159,10 +159,10 @@ def check_tag_value(value: Any, what: str) -> str | int | float | bool:
 
 
 def check_source(source: Any) -> str | None:
-    """source: None or a short label (1..256 characters) saying where a fact came from.
+    """source: None or a short label (1..256 characters, not only whitespace) saying where a fact came from.
 
     Raises:
-        InvalidInput: not a str, empty, too long, NUL or lone surrogates.
+        InvalidInput: not a str, empty, only whitespace, too long, NUL or lone surrogates.
     """
     if source is None:
         return None
@@ -170,20 +170,26 @@ def check_source(source: Any) -> str | None:
         raise InvalidInput(f"source expected a str or None, got {type(source).__name__}.")
     if not 1 <= len(source) <= MAX_SOURCE_CHARS:
         raise InvalidInput(f"source expected 1 to {MAX_SOURCE_CHARS} characters, got {len(source)}.")
+    if not source.strip():  # str.strip(): every Unicode space, tab, U+00A0, U+2028, U+3000 ...
+        raise InvalidInput(f"source expected a visible label such as 'chat' or None, got only whitespace "
+                           f"{source!r:.40}.")
     _plain_string(source, "source")
     return source
 
 
 def check_id(fact_id: Any) -> str:
-    """A fact id: a str of 1..128 characters (ids are opaque; a well-formed unknown id is FactNotFound).
+    """A fact id: a str of 1..128 characters, not only whitespace (ids are opaque; a well-formed unknown id is
+    FactNotFound).
 
     Raises:
-        InvalidInput: not a str, empty, too long, NUL or lone surrogates.
+        InvalidInput: not a str, empty, only whitespace, too long, NUL or lone surrogates.
     """
     if not isinstance(fact_id, str):
         raise InvalidInput(f"fact id expected a str, got {type(fact_id).__name__} {fact_id!r:.40}.")
     if not 1 <= len(fact_id) <= MAX_ID_CHARS:
         raise InvalidInput(f"fact id expected 1 to {MAX_ID_CHARS} characters, got {len(fact_id)}.")
+    if not fact_id.strip():  # reads and check() take a row with a blank id for a damaged one
+        raise InvalidInput(f"fact id expected some visible characters, got only whitespace {fact_id!r:.40}.")
     _plain_string(fact_id, "fact id")
     return fact_id
 
