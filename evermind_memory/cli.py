@@ -213,8 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("update", "change a fact's text, tags or source (its history keeps the old version)")
     p.add_argument("id", help="the fact's id")
     p.add_argument("text", nargs="?", default=None, help="the new text ('-' reads stdin); omit to keep the text")
-    tags(p, "a new tag (repeatable); the new tags replace all the old ones")
-    p.add_argument("--clear-tags", action="store_true", help="remove every tag")
+    tags(p, "set this tag, keeping the others (repeatable; the value is text)")
+    p.add_argument("--tags", type=_json_object, default=None, metavar="JSON",
+                   help='tags to set as JSON, values str, number or bool; null removes one: \'{"n": 3, "draft": null}\'')
+    p.add_argument("--untag", action="append", default=[], metavar="KEY", help="remove this tag (repeatable)")
+    p.add_argument("--replace-tags", action="store_true",
+                   help="the tags given replace all the old ones instead of being merged in (none given: remove all)")
+    p.add_argument("--clear-tags", action="store_true", help="remove every tag (the same as --replace-tags alone)")
     p.add_argument("--source", help="the new source")
 
     p = add("forget", "remove facts by id, or every fact matching --tag/--where/--source/--since/--until")
@@ -442,11 +447,15 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "get":
         fact = store.get(args.id)
         emit(fact, [_fact_line(fact), f"created {fact.created_at.isoformat()}  updated {fact.updated_at.isoformat()}"])
-    elif cmd == "update":
-        if args.clear_tags and args.tag:
-            raise InvalidInput("update takes --tag or --clear-tags, not both.")
-        new_tags = {} if args.clear_tags else (dict(args.tag) or None)
-        fact = store.update(args.id, _text_arg(args.text, cmd), tags=new_tags, source=args.source)
+    elif cmd == "update":  # tags merge by default, as in Python and MCP; --replace-tags / --clear-tags replace
+        patch = {**dict(args.tag), **(args.tags or {}), **{key: None for key in args.untag}}
+        if args.clear_tags and patch:
+            raise InvalidInput("update takes --clear-tags (remove every tag) or --tag/--tags/--untag, not both.")
+        if args.replace_tags and args.untag:
+            raise InvalidInput("update --replace-tags keeps only the tags given; --untag has nothing to remove there.")
+        replace = args.clear_tags or args.replace_tags
+        fact = store.update(args.id, _text_arg(args.text, cmd), tags=patch if (patch or replace) else None,
+                            source=args.source, replace_tags=replace)
         emit(fact, [_fact_line(fact)])
     elif cmd == "forget":
         chosen = {k: v for k, v in _filter_args(args).items() if v}

@@ -157,19 +157,26 @@ def test_real_entry_point_with_model_files(embedder, tmp_path: Path):
 
 def test_update_text_tags_and_source(embedder, tmp_path: Path, capsys, monkeypatch):
     db = tmp_path / "u.db"
-    fid = run(embedder, db, "remember", "Ada likes tea", "--tag", "user=ada")[1].strip()
-    code, out = run(embedder, db, "update", fid, "Ada likes green tea", "--json")
+    fid = run(embedder, db, "remember", "Cy likes tea", "--tags", '{"n": 3, "who": "cy"}')[1].strip()
+    code, out = run(embedder, db, "update", fid, "Cy likes green tea", "--json")
     fact = json.loads(out)
-    assert code == 0 and fact["text"] == "Ada likes green tea" and fact["tags"] == {"user": "ada"}
-    monkeypatch.setattr("sys.stdin", io.StringIO("Ada likes oolong\n"))
-    assert json.loads(run(embedder, db, "update", fid, "-", "--json")[1])["text"] == "Ada likes oolong"
-    fact = json.loads(run(embedder, db, "update", fid, "--tag", "who=ada", "--source", "chat", "--json")[1])
-    assert fact["tags"] == {"who": "ada"} and fact["source"] == "chat" and fact["text"] == "Ada likes oolong"
+    assert code == 0 and fact["text"] == "Cy likes green tea" and fact["tags"] == {"n": 3, "who": "cy"}
+    monkeypatch.setattr("sys.stdin", io.StringIO("Cy likes oolong\n"))
+    assert json.loads(run(embedder, db, "update", fid, "-", "--json")[1])["text"] == "Cy likes oolong"
+    # tags merge by default: the fact stays in every who=cy filter
+    fact = json.loads(run(embedder, db, "update", fid, "--tag", "mood=happy", "--source", "chat", "--json")[1])
+    assert fact["tags"] == {"n": 3, "who": "cy", "mood": "happy"} and fact["source"] == "chat"
+    assert run(embedder, db, "count", "--tag", "who=cy")[1].strip() == "1"
+    fact = json.loads(run(embedder, db, "update", fid, "--untag", "mood", "--tags", '{"n": 4}', "--json")[1])
+    assert fact["tags"] == {"n": 4, "who": "cy"}
+    fact = json.loads(run(embedder, db, "update", fid, "--tag", "who=cy", "--replace-tags", "--json")[1])
+    assert fact["tags"] == {"who": "cy"}
     assert json.loads(run(embedder, db, "update", fid, "--clear-tags", "--json")[1])["tags"] == {}
     ops = [c["op"] for c in json.loads(run(embedder, db, "history", fid, "--json")[1])]
-    assert ops == ["remember", "update", "update", "update", "update"]
+    assert ops == ["remember"] + ["update"] * 6
     assert run(embedder, db, "update", fid)[0] == cli.EXIT_USAGE  # nothing to change
     assert "expected at least one of text, tags or source" in capsys.readouterr().err
+    assert run(embedder, db, "update", fid, "--clear-tags", "--tag", "a=b")[0] == cli.EXIT_USAGE
     assert run(embedder, db, "update", "0" * 32, "x")[0] == cli.EXIT_NOT_FOUND
 
 

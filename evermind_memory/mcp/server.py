@@ -256,12 +256,16 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         return _result({"id": fid, "source": label, "tags": dict(tags or {}), "duplicate": duplicate})
 
     def update_memory(id: FactId, text: Annotated[str | None, Field(min_length=1, max_length=100_000, description="new text; omit to keep it")] = None,
-                      tags: Annotated[dict[str, str] | None, Field(description="new tags, replacing all old ones ({} clears them); omit to keep them")] = None,
+                      tags: Annotated[dict[str, TagValue | None] | None, Field(description="tags to set, merged into the memory's tags (a null value removes that tag); omit to keep them")] = None,
+                      replace_tags: Annotated[bool, Field(description="true: the given tags replace all the old ones ({} removes every tag) instead of being merged in")] = False,
                       ) -> Annotated[CallToolResult, UpdateResult]:
-        """MemoryStore.update (thread-safe; a new text is embedded before the commit)."""
+        """MemoryStore.update (thread-safe; a new text is embedded before the commit); tags merge unless replace_tags."""
         if text is None and tags is None:
             raise InvalidInput("update_memory expected text or tags (or both); neither was given.")
-        fact = store.update(id, text, tags=tags)
+        if tags == {} and not replace_tags:
+            raise InvalidInput("update_memory: tags {} merges nothing (tags are merged in by default); pass "
+                               "replace_tags: true to remove every tag, or {\"key\": null} to remove one.")
+        fact = store.update(id, text, tags=tags, replace_tags=replace_tags)
         return _result({"memory": _memory(fact)})
 
     def forget(ids: Annotated[list[FactId], Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],
@@ -386,8 +390,9 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
     if not store.read_only:
         add(remember, "Remember", "Store one self-contained fact for later recall; returns its id. Tags are "
             "exact-match labels for filtering.", read_only=False)
-        add(update_memory, "Update a memory", "Replace a memory's text and/or tags (its history keeps the old "
-            "version).", read_only=False, destructive=True, idempotent=True)
+        add(update_memory, "Update a memory", "Change a memory's text and/or tags: tags are merged in (null "
+            "removes one) unless replace_tags is true; its history keeps the old version.", read_only=False,
+            destructive=True, idempotent=True)
         add(forget, "Forget memories", "Delete memories by id; they are never recalled again.", read_only=False,
             destructive=True, idempotent=True)
         add(mark_useful, "Mark a memory useful", "Say that a recalled memory answered (useful=true) or did not "

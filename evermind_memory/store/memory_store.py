@@ -38,7 +38,8 @@ from .search import Search, hybrid_weight
 from .selection import select
 from .vectors import VectorCache
 from .validate import (
-    MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_text, check_typed_tags,
+    MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_tag_patch, check_text,
+    check_typed_tags,
 )
 from .writer import Writer, new_fact, not_found, reachable
 
@@ -308,29 +309,43 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return ids
 
     def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
-               source: str | None = None) -> Fact:
+               source: str | None = None, replace_tags: bool = False) -> Fact:
         """Change a fact's text, tags or source (None leaves that part as it is).
 
-        A new text gets a new vector; the old one is never returned again. The scope, expiry and pin stay
-        (remember(text, id=...) replaces those too). Thread-safe.
+        Tags are merged by default: `tags={"mood": "happy"}` sets that tag and keeps the others, and a None value
+        removes its tag (`tags={"mood": None}`); with replace_tags=True the given tags replace all of them
+        (`tags={}, replace_tags=True` removes every tag). The CLI (`update --tag`, `--replace-tags`) and the MCP
+        tool (`update_memory(tags, replace_tags)`) do the same. A new text gets a new vector; the old one is never
+        returned again. The scope, expiry and pin stay (remember(text, id=...) replaces those too). Thread-safe.
+
+            store.update(fid, tags={"mood": "happy", "draft": None})   # set one tag, remove another
 
         Args:
             fact_id: the fact.
             text: new text.
-            tags: new tags (replace the old ones; {} clears them).
+            tags: tags to merge in (None values remove), or with replace_tags=True the new tags.
             source: new source.
+            replace_tags: replace every tag by `tags` instead of merging.
         Returns:
             the updated Fact.
         Raises:
-            FactNotFound: no such fact in this scope (or it expired). InvalidInput: bad arguments or nothing to change.
+            FactNotFound: no such fact in this scope (or it expired). InvalidInput: bad arguments, nothing to
+                change, `tags={}` without replace_tags (it would merge nothing), or more than 32 tags after the merge.
         """
         self._check_writable("update")
         fact_id = check_id(fact_id)
+        replace_tags = check_flag(replace_tags, "replace_tags", "update")
+        if replace_tags and tags is None:
+            raise InvalidInput("update(replace_tags=True) expected tags= as well (tags={} removes every tag).")
         if text is None and tags is None and source is None:
             raise InvalidInput("update() expected at least one of text, tags or source.")
+        if tags is not None and not replace_tags and isinstance(tags, dict) and not tags:
+            raise InvalidInput("update(tags={}) would merge nothing: tags are merged by default. To remove every tag, "
+                               "call update(fact_id, tags={}, replace_tags=True); to remove one, tags={'key': None}.")
         new_text = None if text is None else check_text(text)
-        new_tags = None if tags is None else check_typed_tags(tags)
-        return self._writer.update(fact_id, self._scope, new_text, new_tags, check_source(source)).to_fact()
+        new_tags = None if tags is None else (check_typed_tags(tags) if replace_tags else check_tag_patch(tags))
+        return self._writer.update(fact_id, self._scope, new_text, new_tags, check_source(source),
+                                   merge=not replace_tags).to_fact()
 
     def supersede(self, old_id: str, text: str, *, tags: dict | None = None, source: str | None = None) -> str:
         """Replace a fact by a new one: "moved to Zurich" supersedes "lives in Bern". One transaction.

@@ -109,6 +109,34 @@ def check_typed_tags(tags: Any, what: str = "tags") -> dict[str, str | int | flo
             for key, value in _tag_items(tags, what, "str -> str, int, float or bool")}
 
 
+def check_tag_patch(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool | None]:
+    """Tags to merge into a fact's tags (update's default): as check_typed_tags, and a None value removes that tag.
+
+    Raises:
+        InvalidInput: as check_typed_tags.
+    """
+    return {key: None if value is None else check_tag_value(value, f"{what}[{key!r}]")
+            for key, value in _tag_items(tags, what, "str -> str, int, float, bool, or None to remove the tag")}
+
+
+def merge_tags(old: Mapping[str, Any], patch: Mapping[str, Any], method: str = "update") -> dict:
+    """`old` with `patch` merged in (a None value removes its key), checked against MAX_TAGS.
+
+    Raises:
+        InvalidInput: the merged tags would exceed MAX_TAGS.
+    """
+    merged = dict(old)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    if len(merged) > MAX_TAGS:
+        raise InvalidInput(f"{method}() would leave the fact with {len(merged)} tags, more than {MAX_TAGS}; remove some "
+                           "(a None value removes a tag) or pass replace_tags=True.")
+    return merged
+
+
 def value_type(value: Any) -> str:
     """The type a tag or filter value compares as: "bool", "number", "str" or "time" ("" for anything else)."""
     if isinstance(value, bool):

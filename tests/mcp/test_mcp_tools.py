@@ -119,7 +119,10 @@ async def test_update_forget_and_history(store):
         fid = payload(await c.call_tool("remember", {"text": "The meeting is on Monday", "tags": {"t": "1"}}))["id"]
         updated = payload(await c.call_tool("update_memory", {"id": fid, "text": "The meeting moved to Tuesday"}))
         assert updated["memory"]["text"] == "The meeting moved to Tuesday" and updated["memory"]["tags"] == {"t": "1"}
-        retagged = payload(await c.call_tool("update_memory", {"id": fid, "tags": {}}))
+        merged = payload(await c.call_tool("update_memory", {"id": fid, "tags": {"n": 2, "t": None}}))
+        assert merged["memory"]["tags"] == {"n": 2}  # merged in by default; null removes a tag
+        assert "replace_tags: true" in error_text(await c.call_tool("update_memory", {"id": fid, "tags": {}}))
+        retagged = payload(await c.call_tool("update_memory", {"id": fid, "tags": {}, "replace_tags": True}))
         assert retagged["memory"]["tags"] == {} and retagged["memory"]["text"] == "The meeting moved to Tuesday"
         hit = payload(await c.call_tool("recall", {"query": "when is the meeting", "k": 1}))["memories"][0]
         assert hit["id"] == fid and "Tuesday" in hit["text"]
@@ -128,7 +131,7 @@ async def test_update_forget_and_history(store):
         again = payload(await c.call_tool("forget", {"ids": [fid]}))  # idempotent: nothing left to forget
         assert again == {"forgotten": [], "not_found": [fid]}
         history = payload(await c.call_tool("memory_history", {"id": fid}))
-        assert [ch["op"] for ch in history["changes"]] == ["remember", "update", "update", "forget"]
+        assert [ch["op"] for ch in history["changes"]] == ["remember", "update", "update", "update", "forget"]
         assert history["changes"][0]["text"] == "The meeting is on Monday" and history["changes"][-1]["text"] is None
         page = payload(await c.call_tool("memory_history", {"id": fid, "limit": 3}))
         rest = payload(await c.call_tool("memory_history", {"id": fid, "limit": 3, "cursor": page["next_cursor"]}))

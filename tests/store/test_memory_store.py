@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, MemoryStore, Recall
+from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, InvalidInput, MemoryStore, Recall
 from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 from evermind_memory.store.index import groups_name
 from store_helpers import recall_at_k
@@ -154,6 +154,24 @@ def test_update_text_tags_source(store: MemoryStore):
     assert store.list(tags={"user": "ada"}) == []
     assert store.update(fid, source="import").source == "import"
     assert store.check().ok
+
+
+def test_update_merges_tags_unless_told_to_replace_them(store: MemoryStore):
+    fid = store.remember("Cy's notes", tags={"n": 3, "who": "cy"})
+    assert store.update(fid, tags={"mood": "happy"}).tags == {"n": 3, "who": "cy", "mood": "happy"}
+    assert store.count(tags={"who": "cy"}) == 1  # still in every who=cy filter
+    assert store.update(fid, tags={"mood": None, "n": 4}).tags == {"n": 4, "who": "cy"}  # None removes a tag
+    assert store.update(fid, tags={"who": "cy"}, replace_tags=True).tags == {"who": "cy"}
+    with pytest.raises(InvalidInput, match="merge nothing.*replace_tags=True"):
+        store.update(fid, tags={})
+    with pytest.raises(InvalidInput, match="expected tags= as well"):
+        store.update(fid, "text", replace_tags=True)
+    with pytest.raises(InvalidInput, match=r"tags\['x'\] expects a str, int, float or bool"):
+        store.update(fid, tags={"x": None}, replace_tags=True)
+    with pytest.raises(InvalidInput, match="more than 32"):
+        store.update(fid, tags={f"k{i}": i for i in range(32)})
+    assert store.update(fid, tags={}, replace_tags=True).tags == {}
+    assert [c.tags for c in store.history(fid)][-1] == {} and store.check().ok
 
 
 def test_forget_never_returns_the_fact(store: MemoryStore):

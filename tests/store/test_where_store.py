@@ -94,7 +94,7 @@ def test_typed_tags_round_trip_and_filter_by_type(store):
     assert type(fact.tags["i"]) is int and type(fact.tags["b"]) is bool
     assert store.count(tags={"i": 3}) == 1 and store.count(tags={"i": "3"}) == 0 and store.count(tags={"s": 3}) == 0
     assert store.count(where={"b": False}) == 1 and store.count(where={"b": 0}) == 0  # a bool is not a number
-    assert store.update(fid, tags={"i": 4}).tags == {"i": 4}
+    assert store.update(fid, tags={"i": 4}, replace_tags=True).tags == {"i": 4}
     assert store.count(where={"i": {"$gt": 3.5}}) == 1 and store.history(fid)[-1].tags == {"i": 4}
 
 
