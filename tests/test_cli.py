@@ -35,16 +35,16 @@ def run(embedder, db: Path, *argv: str) -> tuple[int, str]:
 
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
-    code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "user=ada", "--source", "chat")
+    code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
     assert code == 0
     fid = out.strip()
     code, out = run(embedder, db, "--json", "remember", "Bob drinks coffee")
     assert json.loads(out)["id"]
     code, out = run(embedder, db, "recall", "green tea", "-k", "1", "--mode", "lexical")
-    assert code == 0 and fid in out and "user=ada" in out and "(from chat)" in out
-    code, out = run(embedder, db, "recall", "green tea", "--json", "--tag", "user=ada")
+    assert code == 0 and fid in out and "person=ada" in out and "(from chat)" in out
+    code, out = run(embedder, db, "recall", "green tea", "--json", "--tag", "person=ada")
     hits = json.loads(out)
-    assert [h["id"] for h in hits] == [fid] and hits[0]["tags"] == {"user": "ada"} and "score" in hits[0]
+    assert [h["id"] for h in hits] == [fid] and hits[0]["tags"] == {"person": "ada"} and "score" in hits[0]
     code, out = run(embedder, db, "get", fid, "--json")
     assert json.loads(out)["text"] == "Ada prefers green tea"
     assert run(embedder, db, "forget", fid)[1].strip() == "forgot 1 fact"
@@ -365,3 +365,15 @@ def test_text_that_is_not_utf8_gets_shell_advice(embedder, tmp_path: Path, capsy
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\ufeffcafé au lait\r\n".encode())))
     assert run(embedder, db, "remember", "-")[0] == 0  # UTF-8 (a BOM and CRLF are dropped)
     assert run(embedder, db, "list")[1].split("  ")[1].strip() == "café au lait"
+
+
+def test_user_is_a_scope_on_the_command_line_as_in_python(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "users.db"
+    assert run(embedder, db, "remember", "Ada's Portugal trip is in June", "--tag", "user=ada")[0] == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "names a scope level, not a tag" in err and "--user ada on the command line" in err
+    fid = run(embedder, db, "--user", "ada", "remember", "Ada's Portugal trip is in June")[1].strip()
+    run(embedder, db, "--user", "bob", "remember", "Bob's Portugal trip is in May")
+    hits = json.loads(run(embedder, db, "--user", "ada", "--json", "recall", "Portugal trip")[1])
+    assert [h["id"] for h in hits] == [fid] and hits[0]["scope"] == {"user": "ada"}
+    assert run(embedder, db, "recall", "Portugal trip", "--where", '{"user": "ada"}')[0] == cli.EXIT_USAGE

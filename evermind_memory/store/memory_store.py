@@ -219,7 +219,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         raises if the embedder failed on it. With background_embedding=False, id= or dedup=True it is embedded
         before the commit. Thread-safe.
 
-            fid = store.remember("Ada's flight is on Tuesday", tags={"user": "ada", "n": 2}, ttl=86_400)
+            fid = store.scope(user="ada").remember("Ada's flight is on Tuesday", tags={"n": 2}, ttl=86_400)
 
         Args:
             text: the fact (1..100,000 characters, no NUL or lone surrogates).
@@ -461,7 +461,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             offset: skip this many first.
             tags: tags every fact must carry, exactly (typed: {"n": 3} is not {"n": "3"}).
             where: a Chroma-style filter over tags, source, created_at and updated_at:
-                {"user": "ada", "n": {"$gte": 2}}, {"$or": [...]}; $eq $ne $gt $gte $lt $lte $in $nin $exists
+                {"topic": "travel", "n": {"$gte": 2}}, {"$or": [...]}; $eq $ne $gt $gte $lt $lte $in $nin $exists
                 $and $or (store/filters.py has the whole language).
             source: exact source.
             since, until: inclusive bounds on created_at (aware datetimes or ISO 8601 text with an offset).
@@ -516,7 +516,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                min_relevance: float | None = None, explain: bool = False) -> list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
-            store.recall("Ada's travel plans", k=3, where={"user": "ada", "year": {"$gte": 2025}})
+            store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})
 
         Args:
             query: what to look for.

@@ -21,9 +21,9 @@ import re
 from typing import Any, Mapping
 
 from ..errors import InvalidInput
-from .validate import _plain_string
+from .validate import SCOPE_LEVELS, _plain_string
 
-LEVELS = ("namespace", "user", "agent", "run")
+LEVELS = SCOPE_LEVELS  # also the tag keys every interface refuses (validate.py): "user" has one meaning
 MAX_PART_CHARS = 128
 _PART_RE = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
 

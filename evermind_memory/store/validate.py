@@ -23,6 +23,10 @@ MAX_ID_CHARS = 128
 K_MAX = 1000
 MAX_LIST_LIMIT = 100_000
 TAG_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+# The scope levels (store/scope.py), in nesting order. Their names are not tag keys: "user" means one thing in
+# every interface, the user a fact belongs to (store.scope(user=...), the CLI's --user, `evermind mcp --user`).
+SCOPE_LEVELS = ("namespace", "user", "agent", "run")
+_SCOPE_EXAMPLE = {"namespace": "acme", "user": "ada", "agent": "planner", "run": "r1"}
 MODES = ("hybrid", "vector", "lexical")
 FUSIONS = ("score", "rrf")
 
@@ -59,8 +63,20 @@ def check_text(text: Any, what: str = "text") -> str:
     return text
 
 
-def _tag_items(tags: Any, what: str, expected: str) -> Iterator[tuple[str, Any]]:
-    """(key, value) of a tags mapping whose size and keys are checked; values are the caller's to check."""
+def scope_name_refused(key: str, what: str) -> InvalidInput:
+    """The error for a tag (or filter) key that names a scope level: what it means, and how each interface says it."""
+    example = _SCOPE_EXAMPLE[key]
+    return InvalidInput(
+        f"{what} key {key!r} names a scope level, not a tag: a fact belongs to a {key} through its scope, which every "
+        f"interface shares: store.scope({key}={example!r}) in Python, --{key} {example} on the command line, "
+        f"`evermind mcp --{key} {example}` for an MCP server. If it is only a label, call the tag something else "
+        f"(e.g. 'person')."
+    )
+
+
+def _tag_items(tags: Any, what: str, expected: str, scope_names: bool = False) -> Iterator[tuple[str, Any]]:
+    """(key, value) of a tags mapping whose size and keys are checked; values are the caller's to check. A key
+    naming a scope level is refused unless scope_names (tags an earlier version stored, rewritten as they are)."""
     if not isinstance(tags, Mapping):
         raise InvalidInput(f"{what} expected a dict of {expected}, got {type(tags).__name__}.")
     if len(tags) > MAX_TAGS:
@@ -68,8 +84,10 @@ def _tag_items(tags: Any, what: str, expected: str) -> Iterator[tuple[str, Any]]
     for key, value in tags.items():
         if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
             raise InvalidInput(
-                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'user', 'topic.sub'), got {key!r:.80}."
+                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'topic', 'topic.sub'), got {key!r:.80}."
             )
+        if key in SCOPE_LEVELS and not scope_names:
+            raise scope_name_refused(key, what)
         yield key, value
 
 
@@ -94,19 +112,22 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
     return out
 
 
-def check_typed_tags(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool]:
-    """Typed tags (issue 20): None or a mapping of short keys to str, int, float or bool values.
+def check_typed_tags(tags: Any, what: str = "tags", *, scope_names: bool = False) -> dict[str, str | int | float | bool]:
+    """Typed tags: None or a mapping of short keys to str, int, float or bool values.
 
-
+    Args:
+        scope_names: accept keys that name a scope level (namespace, user, agent, run): only for tags already
+            stored (an earlier version wrote them), never for a caller's.
     Returns:
         a plain dict (a copy), {} for None.
     Raises:
-        InvalidInput: not a mapping, too many, a bad key, a bad value (see `check_tag_value`).
+        InvalidInput: not a mapping, too many, a bad key (one naming a scope level, too), a bad value (see
+            `check_tag_value`).
     """
     if tags is None:
         return {}
     return {key: check_tag_value(value, f"{what}[{key!r}]")
-            for key, value in _tag_items(tags, what, "str -> str, int, float or bool")}
+            for key, value in _tag_items(tags, what, "str -> str, int, float or bool", scope_names)}
 
 
 def check_tag_patch(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool | None]:
@@ -115,8 +136,15 @@ def check_tag_patch(tags: Any, what: str = "tags") -> dict[str, str | int | floa
     Raises:
         InvalidInput: as check_typed_tags.
     """
-    return {key: None if value is None else check_tag_value(value, f"{what}[{key!r}]")
-            for key, value in _tag_items(tags, what, "str -> str, int, float, bool, or None to remove the tag")}
+    out = {}
+    for key, value in _tag_items(tags, what, "str -> str, int, float, bool, or None to remove the tag", True):
+        if value is None:  # (a tag named like a scope level that an earlier version stored may be removed)
+            out[key] = None
+        elif key in SCOPE_LEVELS:
+            raise scope_name_refused(key, what)
+        else:
+            out[key] = check_tag_value(value, f"{what}[{key!r}]")
+    return out
 
 
 def merge_tags(old: Mapping[str, Any], patch: Mapping[str, Any], method: str = "update") -> dict:

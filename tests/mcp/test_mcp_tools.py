@@ -47,9 +47,9 @@ async def test_tools_carry_annotations_and_schemas(store):
 
 async def test_remember_then_recall_with_provenance(store):
     async with client(store) as c:
-        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"user": "ada"}}))
+        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"person": "ada"}}))
         bob = payload(await c.call_tool("remember", {"text": "Bob drinks black coffee", "source": "chat 12"}))
-        assert ada["source"] == "mcp:pytest-agent" and ada["tags"] == {"user": "ada"}  # default provenance
+        assert ada["source"] == "mcp:pytest-agent" and ada["tags"] == {"person": "ada"}  # default provenance
         assert bob["source"] == "chat 12"
         out = payload(await c.call_tool("recall", {"query": "what does Ada drink?", "k": 2}))
         assert out["notice"] == NOTICE and out["omitted"] == 0 and out["mode"] == "hybrid"
@@ -61,7 +61,7 @@ async def test_remember_then_recall_with_provenance(store):
                                                      "min_relevance": top["relevance"] + 1e-3}))
         assert ada["id"] not in [m["id"] for m in above["memories"]]
         assert all(m["relevance"] >= top["relevance"] + 1e-3 for m in above["memories"])
-        only_bob = payload(await c.call_tool("recall", {"query": "drink", "tags": {"user": "ada"}, "mode": "lexical"}))
+        only_bob = payload(await c.call_tool("recall", {"query": "drink", "tags": {"person": "ada"}, "mode": "lexical"}))
         assert [m["id"] for m in only_bob["memories"]] == []  # tags filter exactly: "drink" alone is Bob's word
         lexical = payload(await c.call_tool("recall", {"query": "coffee", "mode": "lexical", "min_score": 0.0}))
         assert [m["id"] for m in lexical["memories"]] == [bob["id"]]
@@ -155,6 +155,8 @@ BAD_CALLS = [
     ("remember", {"text": "a\x00b"}, "InvalidInput: text must not contain NUL"),
     ("remember", {"text": "x", "tags": {"bad key!": "v"}}, "InvalidInput: tags keys must match"),
     ("remember", {"text": "x", "tags": {"k": [1]}}, "valid string"),
+    ("remember", {"text": "x", "tags": {"user": "ada"}}, "InvalidInput: tags key 'user' names a scope level"),
+    ("recall", {"query": "x", "where": {"user": "ada"}}, "`evermind mcp --user ada` for an MCP server"),
     ("remember", {"text": "x", "tags": {"k": 2**60}}, "InvalidInput: tags['k'] expects an int within"),
     ("remember", {"text": "x" * 100_001}, "at most 100000 characters"),
     ("remember", {}, "Field required"),
@@ -244,14 +246,14 @@ async def test_a_fact_that_could_not_be_embedded_is_a_warning_not_a_failed_recal
 
 async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
     async with client(store) as c:
-        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"user": "ada", "n": 3}}))
-        payload(await c.call_tool("remember", {"text": "Bob prefers green tea too", "tags": {"user": "bob", "n": 1}}))
-        again = payload(await c.call_tool("remember", {"text": "ada prefers green tea.", "tags": {"user": "ada", "n": 3},
+        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"person": "ada", "n": 3}}))
+        payload(await c.call_tool("remember", {"text": "Bob prefers green tea too", "tags": {"person": "bob", "n": 1}}))
+        again = payload(await c.call_tool("remember", {"text": "ada prefers green tea.", "tags": {"person": "ada", "n": 3},
                                                        "dedup": True}))
         assert again["id"] == ada["id"] and again["duplicate"] is True and ada["duplicate"] is False
         out = payload(await c.call_tool("recall", {"query": "green tea", "where": {"n": {"$gte": 2}}}))
         assert [m["id"] for m in out["memories"]] == [ada["id"]] and out["memories"][0]["tags"]["n"] == 3
-        page = payload(await c.call_tool("list_memories", {"where": {"$or": [{"n": 1}, {"user": "carol"}]}}))
+        page = payload(await c.call_tool("list_memories", {"where": {"$or": [{"n": 1}, {"person": "carol"}]}}))
         assert [m["text"] for m in page["memories"]] == ["Bob prefers green tea too"]
         short = payload(await c.call_tool("remember", {"text": "a passing note", "ttl_seconds": 3600}))
         got = payload(await c.call_tool("get_memory", {"ids": [short["id"]]}))["memories"][0]

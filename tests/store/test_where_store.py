@@ -128,7 +128,7 @@ def test_filter_errors_name_the_argument_and_the_place(store):
     with pytest.raises(InvalidInput, match=r'where\["\$or"\]\[1\]\["n"\]: \$gt expects a number or a string'):
         store.recall("x", where={"$or": [{"a": 1}, {"n": {"$gt": True}}]})
     with pytest.raises(InvalidInput, match="where expects a dict"):
-        store.list(where="user=ada")
+        store.list(where="person=ada")
     with pytest.raises(InvalidInput, match="since .* must not be after until"):
         store.count(since="2025-06-01T00:00:00Z", until="2025-05-01T00:00:00Z")
     with pytest.raises(InvalidInput, match="naive"):
