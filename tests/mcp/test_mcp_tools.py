@@ -136,7 +136,10 @@ async def test_update_forget_and_history(store):
         page = payload(await c.call_tool("memory_history", {"id": fid, "limit": 3}))
         rest = payload(await c.call_tool("memory_history", {"id": fid, "limit": 3, "cursor": page["next_cursor"]}))
         assert [ch["seq"] for ch in page["changes"] + rest["changes"]] == [ch["seq"] for ch in history["changes"]]
-        assert payload(await c.call_tool("get_memory", {"ids": [fid]}))["missing"] == [fid]
+        assert "FactNotFound: get() found no fact" in error_text(await c.call_tool("get_memory", {"ids": [fid]}))
+        kept = payload(await c.call_tool("remember", {"text": "kept"}))["id"]
+        both = payload(await c.call_tool("get_memory", {"ids": [kept, fid]}))  # some found: the rest in missing
+        assert [m["id"] for m in both["memories"]] == [kept] and both["missing"] == [fid]
 
 
 async def test_mark_useful_records_feedback_for_adaptation(store):
@@ -150,36 +153,41 @@ async def test_mark_useful_records_feedback_for_adaptation(store):
     assert stats["facts"] == 1 and stats["feedback"] >= 1 and "path" not in stats and stats["read_only"] is False
 
 
-BAD_CALLS = [
-    ("remember", {"text": ""}, "at least 1 character"),
+BAD_CALLS = [  # every refusal is the store's own error, or one InvalidInput sentence per argument
+    ("remember", {"text": ""}, "InvalidInput: remember() argument text: expected at least 1 character, got \"\" (string)."),
     ("remember", {"text": "a\x00b"}, "InvalidInput: text must not contain NUL"),
     ("remember", {"text": "x", "tags": {"bad key!": "v"}}, "InvalidInput: tags keys must match"),
-    ("remember", {"text": "x", "tags": {"k": [1]}}, "valid string"),
+    ("remember", {"text": "x", "tags": {"k": [1]}},
+     "InvalidInput: remember() argument tags['k']: expected str, int, float or bool, got [1] (array)."),
     ("remember", {"text": "x", "tags": {"user": "ada"}}, "InvalidInput: tags key 'user' names a scope level"),
     ("recall", {"query": "x", "where": {"user": "ada"}}, "`evermind mcp --user ada` for an MCP server"),
     ("remember", {"text": "x", "tags": {"k": 2**60}}, "InvalidInput: tags['k'] expects an int within"),
-    ("remember", {"text": "x" * 100_001}, "at most 100000 characters"),
-    ("remember", {}, "Field required"),
-    ("recall", {"query": "x", "k": 0}, "greater than or equal to 1"),
-    ("recall", {"query": "x", "k": 51}, "less than or equal to 50"),
-    ("recall", {"query": "x", "k": True}, "expected an integer, got the boolean true"),
-    ("recall", {"query": "x", "k": "three"}, "valid integer"),
-    ("recall", {"query": "x", "mode": "fuzzy"}, "'hybrid', 'vector' or 'lexical'"),
-    ("recall", {"query": "x", "min_score": "NaN"}, "finite number"),
-    ("recall", {"query": "x", "max_chars": 10}, "greater than or equal to 1000"),
+    ("remember", {"text": "x" * 100_001}, "argument text: expected at most 100000 characters"),
+    ("remember", {}, "InvalidInput: remember() is missing the argument text."),
+    ("remember", {"text": "x", "tag": {"k": "v"}}, "InvalidInput: remember() got the unknown argument 'tag'; it takes"),
+    ("recall", {"query": "x", "k": 0}, "InvalidInput: recall() argument k: expected a number >= 1, got 0 (integer)."),
+    ("recall", {"query": "x", "k": 51}, "argument k: expected a number <= 50, got 51 (integer)"),
+    ("recall", {"query": "x", "k": True}, "argument k: expected an integer, got the boolean true."),
+    ("recall", {"query": "x", "k": "three"}, "argument k: expected an integer, got \"three\" (string)."),
+    ("recall", {"query": "x", "mode": "fuzzy"}, "argument mode: expected 'hybrid', 'vector' or 'lexical', got"),
+    ("recall", {"query": "x", "min_score": "NaN"}, "argument min_score: expected a finite number"),
+    ("recall", {"query": "x", "max_chars": 10}, "argument max_chars: expected a number >= 1000"),
+    ("recall", {"query": "x", "tags": {"a": None}}, "argument tags['a']: expected str, int, float or bool, got null."),
     ("recall", {"query": "   "}, "InvalidInput: query expected some non-blank text"),
-    ("get_memory", {"ids": []}, "at least 1 item"),
-    ("get_memory", {"ids": ["x" * 129]}, "at most 128 characters"),
+    ("get_memory", {"ids": []}, "argument ids: expected at least 1 item, got [] (array)."),
+    ("get_memory", {"ids": ["x" * 129]}, "argument ids[0]: expected at most 128 characters"),
+    ("get_memory", {"ids": ["0" * 32]}, "FactNotFound: get() found no fact with id '" + "0" * 32 + "'"),
+    ("get_memory", {"ids": ["0" * 32, "1" * 32]}, "Nor any of the other ids: '" + "1" * 32 + "'."),
     ("update_memory", {"id": "0" * 32}, "update_memory expected text or tags"),
     ("update_memory", {"id": "0" * 32, "text": "new"}, "FactNotFound: update() found no fact"),
-    ("forget", {"ids": []}, "at least 1 item"),
-    ("forget", {"ids": "abc"}, "valid list"),
+    ("forget", {"ids": []}, "argument ids: expected at least 1 item"),
+    ("forget", {"ids": "abc"}, "argument ids: expected a list, got \"abc\" (string)."),
     ("forget", {"ids": ["FID", "bad\x00id"]}, "InvalidInput: fact id must not contain NUL"),  # checked before any forget
     ("list_memories", {"cursor": "not-a-cursor"}, "InvalidInput: the cursor is not one this server returned"),
-    ("list_memories", {"limit": 101}, "less than or equal to 100"),
+    ("list_memories", {"limit": 101}, "argument limit: expected a number <= 100"),
     ("memory_history", {"id": "0" * 32}, "FactNotFound: history() found no fact"),
     ("mark_useful", {"query": "q", "id": "0" * 32}, "FactNotFound: feedback() found no fact"),
-    ("mark_useful", {"query": "q", "id": "0" * 32, "useful": "maybe"}, "valid boolean"),
+    ("mark_useful", {"query": "q", "id": "0" * 32, "useful": "maybe"}, "argument useful: expected true or false"),
     ("no_such_tool", {}, "Unknown tool"),
 ]
 
@@ -192,6 +200,7 @@ async def test_bad_input_is_an_error_result_and_the_server_carries_on(store):
                     for k, v in args.items()}
             text = error_text(await c.call_tool(tool, args))
             assert expected in text, (tool, args, text)
+            assert "validation error" not in text and "pydantic" not in text, text
         assert payload(await c.call_tool("get_memory", {"ids": [fid]}))["memories"][0]["text"] == "still here"
     assert len(store) == 1  # no bad call stored anything
 
