@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     def filters(p: argparse.ArgumentParser, *, source: bool = True, times: bool = True) -> None:
         tags(p, "only facts carrying this tag (repeatable: all must match)")
         p.add_argument("--where", type=_json_object, default=None, metavar="JSON",
-                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (see the README)')
+                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (docs/filters-and-scopes.md)')
         if source:
             p.add_argument("--source", help="only facts from this source")
         if times:
@@ -569,7 +569,9 @@ def _mcp(args: argparse.Namespace, embedder: Any) -> int:
     from importlib.util import find_spec
 
     if find_spec("mcp") is None:
-        raise EvermindError("`evermind mcp` needs the MCP SDK, an optional extra: pip install 'evermind_memory[mcp]'.")
+        from ._extras import install_command
+
+        raise EvermindError(f"`evermind mcp` needs the MCP SDK, an optional extra: `{install_command('mcp')}`.")
     from .mcp import build_server, http_config, serve_http, serve_stdio
 
     config = None

@@ -28,8 +28,10 @@ try:
     from langchain_core.vectorstores import VectorStore
     from langchain_core.vectorstores.utils import maximal_marginal_relevance
 except ImportError as exc:  # pragma: no cover - the message is the point
+    from .._extras import install_command
+
     raise ImportError("evermind_memory.integrations.langchain needs langchain-core: "
-                      "pip install 'evermind_memory[langchain]'") from exc
+                      f"`{install_command('langchain')}`") from exc
 
 from ..errors import FactNotFound, InvalidInput
 from ..store.memory_store import MemoryStore
