@@ -2,7 +2,7 @@
 
 `build_server(store)` wraps one open MemoryStore in an MCPServer (the official SDK, v2). Every tool answers
 with structured content plus the same JSON as a text copy, within a `max_chars` budget, and marks recalled
-text as quoted data with its provenance (RELIABILITY R18). Our errors become is_error results carrying the
+text as quoted data with its provenance (docs/reliability.md R18). Our errors become is_error results carrying the
 error class and message; the server itself never stops on a bad call. Transports live in `transport.py`.
 
 Threads: the SDK runs these sync handlers on worker threads (anyio.to_thread), several at once; each one only

@@ -5,7 +5,7 @@ vector, hybrid), embedding.py (the background vector worker), generations.py (mo
 Adaptation (evermind_memory.adaptation) is imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
-index on disk is a validated, replayable cache (RELIABILITY R1-R14). Any number of processes open a store
+index on disk is a validated, replayable cache (docs/reliability.md R1-R14). Any number of processes open a store
 read-write (and any number read-only): SQLite orders their commits, each process's index follows all of them
 through the change feed before it answers, and leases (leases.py) pick the one process that runs each
 background job. A store is its database file, whatever path names it (identity.py).

@@ -1,4 +1,4 @@
-"""Input checks at the public boundary of MemoryStore (RELIABILITY §9, STYLE §6).
+"""Input checks at the public boundary of MemoryStore (docs/reliability.md R19).
 
 Each check raises `InvalidInput` with what was expected, what arrived and what to do; inner code trusts the
 values these functions return.
@@ -32,7 +32,7 @@ FUSIONS = ("score", "rrf")
 
 
 def _plain_string(value: str, what: str) -> None:
-    """Refuse NUL and lone surrogates, which SQLite truncates or refuses (R9)."""
+    """Refuse NUL and lone surrogates, which SQLite truncates or refuses (R19)."""
     nul = value.find("\x00")
     if nul >= 0:
         raise InvalidInput(f"{what} must not contain NUL characters, found one at position {nul}.")

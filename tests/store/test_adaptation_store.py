@@ -1,4 +1,4 @@
-"""Adaptation wired into MemoryStore (issue 7, RELIABILITY R11/R12, test list A): a round swaps generations
+"""Adaptation wired into MemoryStore (issue 7, docs/reliability.md R11/R12, tests A): a round swaps generations
 with no serving gap, recalls in 4 threads never fail, empty out or mix models, hooks fire in order and can
 veto, the gate drops bad candidates, rollback restores, reopening applies the adapter, and kill -9 at every
 named point of a publish reopens on the old or the new generation and resumes."""

@@ -1,4 +1,4 @@
-"""RELIABILITY E: a hypothesis state machine drives a MemoryStore against a dict + exact-search model:
+"""docs/reliability.md, tests E: a hypothesis state machine drives a MemoryStore against a dict + exact-search model:
 remember, update, forget, recall, flush, reopen, rebuild, drop or corrupt the index, swap the embedder.
 The store runs in the default mode (background embedding)."""
 

@@ -1,5 +1,5 @@
 """Every bad input at the public boundary gives an InvalidInput-family error that names the problem,
-and nothing is half-written (RELIABILITY §9, R10)."""
+and nothing is half-written (docs/reliability.md R19, R10)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ write transaction, committed when the block ends, rolled back if it raises). Ses
 their block and only by the thread that opened it.
 
 The change log is the change feed: every change of a fact gets the next `seq` (monotonic, never reused), and
-`max_seq()` / `changes_after()` let any vector cache catch up from its watermark (RELIABILITY R3).
+`max_seq()` / `changes_after()` let any vector cache catch up from its watermark (docs/reliability.md R3).
 `prune_history()` (compact) deletes the changes of long-forgotten facts and records how far it went in meta
 `history_pruned`: a cache whose watermark is below that cannot replay, and rebuilds.
 
