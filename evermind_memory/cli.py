@@ -387,8 +387,9 @@ def _fact_line(fact: Any) -> str:
     return f"{fact.id}  {fact.text}{extra}{source}"
 
 
-def _text_arg(text: str | None, command: str) -> str | None:
-    """A text argument; "-" reads stdin, which must be UTF-8 (the advice for anything else is a shell's)."""
+def _text_arg(text: str | None, argv: Sequence[str]) -> str | None:
+    """A text argument; "-" reads stdin, which must be UTF-8 (the advice for anything else is a shell's: the
+    user's own command line behind iconv)."""
     if text != "-":
         return text
     stream = getattr(sys.stdin, "buffer", None)
@@ -398,9 +399,11 @@ def _text_arg(text: str | None, command: str) -> str | None:
     try:
         decoded = data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        import shlex
+
         raise InvalidInput(
             f"stdin is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (Latin-1 or another "
-            f"legacy encoding?). Convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | evermind {command} ...`."
+            f"legacy encoding?). Convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | evermind {shlex.join(argv)}`."
         ) from None
     return decoded.removeprefix("\ufeff").rstrip("\r\n")
 
@@ -434,7 +437,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                 print(line, file=out)
 
     if cmd == "remember":
-        fid = store.remember(_text_arg(args.text, cmd), tags={**dict(args.tag), **(args.tags or {})} or None,
+        fid = store.remember(_text_arg(args.text, args.argv), tags={**dict(args.tag), **(args.tags or {})} or None,
                              source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
                              pinned=args.pinned, dedup=args.dedup)
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
@@ -454,7 +457,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         if args.replace_tags and args.untag:
             raise InvalidInput("update --replace-tags keeps only the tags given; --untag has nothing to remove there.")
         replace = args.clear_tags or args.replace_tags
-        fact = store.update(args.id, _text_arg(args.text, cmd), tags=patch if (patch or replace) else None,
+        fact = store.update(args.id, _text_arg(args.text, args.argv), tags=patch if (patch or replace) else None,
                             source=args.source, replace_tags=replace)
         emit(fact, [_fact_line(fact)])
     elif cmd == "forget":
@@ -469,7 +472,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
             count = store.forget_where(**chosen)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
     elif cmd == "supersede":
-        fid = store.supersede(args.id, _text_arg(args.text, cmd))
+        fid = store.supersede(args.id, _text_arg(args.text, args.argv))
         emit({"id": fid, "replaces": args.id}, [fid])
     elif cmd == "clear":
         count = store.clear(confirm=args.yes)
@@ -625,6 +628,7 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
         args = build_parser().parse_args(argv)
         as_json = args.json
         _check_argv(argv)
+        args.argv = argv  # (for advice that repeats the user's own command line)
         if getattr(args, "store", None) is not None:  # `evermind repair PATH` / `evermind check PATH`
             if args.db is not None and str(args.db) != str(args.store):
                 raise InvalidInput(f"`evermind {args.command}` got two stores, --db {args.db} and {args.store}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -358,13 +359,23 @@ def test_text_that_is_not_utf8_gets_shell_advice(embedder, tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "stdin is not UTF-8 text: byte 0xe9 at offset 3" in err and "iconv -f latin1 -t utf-8" in err
     assert "errors=" not in err and run(embedder, db, "count")[1].strip() == "0"
+    advice = re.search(r"`(iconv [^`]+)`", err).group(1)  # the user's own command behind iconv: run it so
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    pasted = advice.replace("FILE", str(tmp_path / "latin1.txt")).replace(str(db), str(tmp_path / "pasted.db"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", pasted], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr  # (the real entry point: the shipped model)
+    from evermind_memory import MemoryStore
+
+    with MemoryStore(tmp_path / "pasted.db", read_only=True) as pasted_store:
+        assert [f.text for f in pasted_store.list()] == ["café au lait"]
     arg = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
     assert run(embedder, db, "remember", arg)[0] == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "is not UTF-8 text: the byte 0xe9 at position 3" in err and "iconv -f latin1 -t utf-8" in err
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\ufeffcafé au lait\r\n".encode())))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\ufeffcafé crème\r\n".encode())))
     assert run(embedder, db, "remember", "-")[0] == 0  # UTF-8 (a BOM and CRLF are dropped)
-    assert run(embedder, db, "list")[1].split("  ")[1].strip() == "café au lait"
+    assert run(embedder, db, "list")[1].split("  ")[1].strip() == "café crème"
 
 
 def test_user_is_a_scope_on_the_command_line_as_in_python(embedder, tmp_path: Path, capsys):
