@@ -362,6 +362,8 @@ def _open(args: argparse.Namespace, embedder: Any):
             raise InvalidInput(f"no store at {path} yet; `evermind{given} remember TEXT` creates one.")
         return MemoryStore(path, embedder, read_only=True)
     if not isinstance(path, str):
+        if args.command == "check" and not path.exists():  # a mistyped path must not pass as a new, empty store
+            raise InvalidInput(f"no store at {path} to check.")
         path.parent.mkdir(parents=True, exist_ok=True)
     return MemoryStore(path, embedder, durability=args.durability)
 

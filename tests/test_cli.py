@@ -342,6 +342,8 @@ def test_the_commands_a_damaged_store_error_prints_run_as_printed(tmp_path: Path
         assert {f.text for f in s.list()} == {"tea in the morning", "coffee after lunch"}
     assert cli.main(["repair", str(db), "--db", str(tmp_path / "other.db")]) == cli.EXIT_USAGE
     assert "got two stores" in capsys.readouterr().err
+    assert cli.main(["check", str(tmp_path / "typo.db")]) == cli.EXIT_USAGE  # not a new, empty store that is "ok"
+    assert "no store at" in capsys.readouterr().err and not (tmp_path / "typo.db").exists()
 
 
 def test_the_command_a_missing_store_error_prints_runs_as_printed(embedder, tmp_path: Path, capsys):
