@@ -2,8 +2,9 @@
 
     from evermind_memory import MemoryStore
     with MemoryStore("agent.db") as store:
-        store.remember("Ada prefers green tea", tags={"user": "ada"})
-        hits = store.recall("what does Ada drink?", k=3)
+        ada = store.scope(user="ada")                     # Ada's memories: the one meaning of "user"
+        ada.remember("Ada prefers green tea", tags={"topic": "drinks"})
+        hits = ada.recall("what does Ada drink?", k=3)
 """
 
 from __future__ import annotations

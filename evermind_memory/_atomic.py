@@ -1,6 +1,6 @@
 """Atomic file writes: a temp file in the target's directory, fsync (F_FULLFSYNC on macOS), os.replace, then an
 fsync of the directory, so a crash leaves either the old file or the new one, never a half-written file
-(RELIABILITY R4). A leaf module: it imports nothing from the package, so any part of it may use it.
+(docs/reliability.md R4). A leaf module: it imports nothing from the package, so any part of it may use it.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ EXIT_CODES = {
                 "CheckpointError, TokenizerError)",
     EXIT_OS: "system: the operating system refused a file operation (StorageError, OSError: permissions, disk "
              "full, ...)",
-    EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair` keeps every readable fact",
+    EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair PATH` keeps every "
+                  "readable fact",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     def filters(p: argparse.ArgumentParser, *, source: bool = True, times: bool = True) -> None:
         tags(p, "only facts carrying this tag (repeatable: all must match)")
         p.add_argument("--where", type=_json_object, default=None, metavar="JSON",
-                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (see the README)')
+                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (docs/filters-and-scopes.md)')
         if source:
             p.add_argument("--source", help="only facts from this source")
         if times:
@@ -212,8 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("update", "change a fact's text, tags or source (its history keeps the old version)")
     p.add_argument("id", help="the fact's id")
     p.add_argument("text", nargs="?", default=None, help="the new text ('-' reads stdin); omit to keep the text")
-    tags(p, "a new tag (repeatable); the new tags replace all the old ones")
-    p.add_argument("--clear-tags", action="store_true", help="remove every tag")
+    tags(p, "set this tag, keeping the others (repeatable; the value is text)")
+    p.add_argument("--tags", type=_json_object, default=None, metavar="JSON",
+                   help='tags to set as JSON, values str, number or bool; null removes one: \'{"n": 3, "draft": null}\'')
+    p.add_argument("--untag", action="append", default=[], metavar="KEY", help="remove this tag (repeatable)")
+    p.add_argument("--replace-tags", action="store_true",
+                   help="the tags given replace all the old ones instead of being merged in (none given: remove all)")
+    p.add_argument("--clear-tags", action="store_true", help="remove every tag (the same as --replace-tags alone)")
     p.add_argument("--source", help="the new source")
 
     p = add("forget", "remove facts by id, or every fact matching --tag/--where/--source/--since/--until")
@@ -243,9 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("history", "every change of a fact")
     p.add_argument("id", help="the fact's id")
 
-    add("check", "check the store's integrity (exit status 1 when something is wrong)")
-    add("repair", "repair a damaged store: keep every readable fact, quarantine the rest, rebuild the indexes "
-                  "(the damaged files are kept aside)")
+    for name, help_text in (("check", "check the store's integrity (exit status 1 when something is wrong)"),
+                            ("repair", "repair a damaged store: keep every readable fact, quarantine the rest, "
+                                       "rebuild the indexes (the damaged files are kept aside)")):
+        p = add(name, help_text)  # `evermind repair PATH`, as the damaged-store errors print it; --db PATH works too
+        p.add_argument("store", nargs="?", type=_db, default=None, metavar="PATH",
+                       help="the store file or postgresql:// URL (the same as --db PATH)")
     p = add("reembed", "re-embed facts made by another embedder")
     p.add_argument("--force", action="store_true", help="re-embed every fact")
     add("rebuild", "rebuild the vector index from the vectors in SQLite")
@@ -347,9 +356,14 @@ def _open(args: argparse.Namespace, embedder: Any):
     path = args.db if args.db is not None else default_db_path()
     if args.command in READ_COMMANDS or getattr(args, "read_only", False):
         if not isinstance(path, str) and not path.exists():
-            raise InvalidInput(f"no store at {path} yet; `evermind remember TEXT` creates one.")
+            import shlex
+
+            given = "" if args.db is None else f" --db {shlex.quote(str(path))}"
+            raise InvalidInput(f"no store at {path} yet; `evermind{given} remember TEXT` creates one.")
         return MemoryStore(path, embedder, read_only=True)
     if not isinstance(path, str):
+        if args.command == "check" and not path.exists():  # a mistyped path must not pass as a new, empty store
+            raise InvalidInput(f"no store at {path} to check.")
         path.parent.mkdir(parents=True, exist_ok=True)
     return MemoryStore(path, embedder, durability=args.durability)
 
@@ -375,8 +389,42 @@ def _fact_line(fact: Any) -> str:
     return f"{fact.id}  {fact.text}{extra}{source}"
 
 
-def _text_arg(text: str | None) -> str | None:
-    return sys.stdin.read().rstrip("\n") if text == "-" else text
+def _text_arg(text: str | None, argv: Sequence[str]) -> str | None:
+    """A text argument; "-" reads stdin, which must be UTF-8 (the advice for anything else is a shell's: the
+    user's own command line behind iconv)."""
+    if text != "-":
+        return text
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes underneath (a program's own sys.stdin)
+        return sys.stdin.read().rstrip("\n")
+    data = stream.read()
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        import shlex
+
+        raise InvalidInput(
+            f"stdin is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (Latin-1 or another "
+            f"legacy encoding?). Convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | evermind {shlex.join(argv)}`."
+        ) from None
+    return decoded.removeprefix("\ufeff").rstrip("\r\n")
+
+
+def _check_argv(argv: Sequence[str]) -> None:
+    """Refuse command-line arguments that are not UTF-8: Python hands their bytes over as lone surrogates, which
+    the store would refuse with advice for Python programs, not for a shell."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            byte = ord(arg[exc.start]) - 0xDC00 if 0xDC80 <= ord(arg[exc.start]) <= 0xDCFF else None
+            what = f"the byte 0x{byte:02x}" if byte is not None else f"the character U+{ord(arg[exc.start]):04X}"
+            raise InvalidInput(
+                f"argument {i + 1} ({arg[:exc.start]!r:.40}...) is not UTF-8 text: {what} at position {exc.start} "
+                "(Latin-1 or another legacy encoding?). Convert it first, e.g. "
+                "`evermind remember \"$(printf '%s' \"$TEXT\" | iconv -f latin1 -t utf-8)\"`, or pass it on "
+                "stdin through iconv: `iconv -f latin1 -t utf-8 FILE | evermind remember -`."
+            ) from None
 
 
 def _run(args: argparse.Namespace, store: Any, out) -> int:
@@ -391,7 +439,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                 print(line, file=out)
 
     if cmd == "remember":
-        fid = store.remember(_text_arg(args.text), tags={**dict(args.tag), **(args.tags or {})} or None,
+        fid = store.remember(_text_arg(args.text, args.argv), tags={**dict(args.tag), **(args.tags or {})} or None,
                              source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
                              pinned=args.pinned, dedup=args.dedup)
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
@@ -404,11 +452,15 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "get":
         fact = store.get(args.id)
         emit(fact, [_fact_line(fact), f"created {fact.created_at.isoformat()}  updated {fact.updated_at.isoformat()}"])
-    elif cmd == "update":
-        if args.clear_tags and args.tag:
-            raise InvalidInput("update takes --tag or --clear-tags, not both.")
-        new_tags = {} if args.clear_tags else (dict(args.tag) or None)
-        fact = store.update(args.id, _text_arg(args.text), tags=new_tags, source=args.source)
+    elif cmd == "update":  # tags merge by default, as in Python and MCP; --replace-tags / --clear-tags replace
+        patch = {**dict(args.tag), **(args.tags or {}), **{key: None for key in args.untag}}
+        if args.clear_tags and patch:
+            raise InvalidInput("update takes --clear-tags (remove every tag) or --tag/--tags/--untag, not both.")
+        if args.replace_tags and args.untag:
+            raise InvalidInput("update --replace-tags keeps only the tags given; --untag has nothing to remove there.")
+        replace = args.clear_tags or args.replace_tags
+        fact = store.update(args.id, _text_arg(args.text, args.argv), tags=patch if (patch or replace) else None,
+                            source=args.source, replace_tags=replace)
         emit(fact, [_fact_line(fact)])
     elif cmd == "forget":
         chosen = {k: v for k, v in _filter_args(args).items() if v}
@@ -422,7 +474,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
             count = store.forget_where(**chosen)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
     elif cmd == "supersede":
-        fid = store.supersede(args.id, _text_arg(args.text))
+        fid = store.supersede(args.id, _text_arg(args.text, args.argv))
         emit({"id": fid, "replaces": args.id}, [fid])
     elif cmd == "clear":
         count = store.clear(confirm=args.yes)
@@ -522,7 +574,9 @@ def _mcp(args: argparse.Namespace, embedder: Any) -> int:
     from importlib.util import find_spec
 
     if find_spec("mcp") is None:
-        raise EvermindError("`evermind mcp` needs the MCP SDK, an optional extra: pip install 'evermind_memory[mcp]'.")
+        from ._extras import install_command
+
+        raise EvermindError(f"`evermind mcp` needs the MCP SDK, an optional extra: `{install_command('mcp')}`.")
     from .mcp import build_server, http_config, serve_http, serve_stdio
 
     config = None
@@ -575,6 +629,13 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
     try:
         args = build_parser().parse_args(argv)
         as_json = args.json
+        _check_argv(argv)
+        args.argv = argv  # (for advice that repeats the user's own command line)
+        if getattr(args, "store", None) is not None:  # `evermind repair PATH` / `evermind check PATH`
+            if args.db is not None and str(args.db) != str(args.store):
+                raise InvalidInput(f"`evermind {args.command}` got two stores, --db {args.db} and {args.store}; "
+                                   "give one.")
+            args.db = args.store
         if args.command == "demo":
             try:
                 from .demo import run_demo

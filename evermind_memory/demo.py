@@ -14,15 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-FACTS = [
-    ("Ada prefers green tea in the morning and coffee after lunch.", {"user": "ada"}),
-    ("Bob drinks black coffee every day and never takes sugar.", {"user": "bob"}),
-    ("Bob is allergic to peanuts, so the party food must not contain nuts.", {"user": "bob"}),
-    ("The train to the city leaves at seven in the morning from platform two.", {}),
-    ("My sister lives in Zurich and works as a nurse at the city hospital.", {}),
-    ("The password for the guest network is written on the card in the kitchen.", {}),
-    ("The server restarts every night at two, so backups run at one.", {}),
-    ("Ada's birthday is in May, and she would like a book about birds.", {"user": "ada"}),
+FACTS = [  # (text, the user it belongs to: a scope, store.scope(user=...); None: the whole household's)
+    ("Ada prefers green tea in the morning and coffee after lunch.", "ada"),
+    ("Bob drinks black coffee every day and never takes sugar.", "bob"),
+    ("Bob is allergic to peanuts, so the party food must not contain nuts.", "bob"),
+    ("The train to the city leaves at seven in the morning from platform two.", None),
+    ("My sister lives in Zurich and works as a nurse at the city hospital.", None),
+    ("The password for the guest network is written on the card in the kitchen.", None),
+    ("The server restarts every night at two, so backups run at one.", None),
+    ("Ada's birthday is in May, and she would like a book about birds.", "ada"),
 ]
 QUERIES = [
     "what does Ada drink?",
@@ -105,8 +105,8 @@ def run_demo(args=None, *, seconds: float = 8.0, out=None) -> int:
         with MemoryStore(path, embedder=embedder) as store:
             _say()
             _say(f"remember() x {len(FACTS)} into {path}")
-            for text, tags in FACTS:
-                store.remember(text, tags=tags, source="demo")
+            for text, user in FACTS:
+                (store if user is None else store.scope(user=user)).remember(text, source="demo")
             for query in QUERIES:
                 _say()
                 _say(f"recall({query!r}, k=2)")
@@ -115,9 +115,9 @@ def run_demo(args=None, *, seconds: float = 8.0, out=None) -> int:
                     _say(f"  {hit.score:5.2f}  {hit.text}")
                 result["recalls"].append({"query": query, "hits": [{"score": h.score, "text": h.text} for h in hits]})
             _say()
-            ada = store.recall("what does Ada like?", k=3, tags={"user": "ada"})
-            _say("recall('what does Ada like?', tags={'user': 'ada'}) -> " + "; ".join(h.text for h in ada))
-            result["recalls"].append({"query": "what does Ada like?", "tags": {"user": "ada"},
+            ada = store.scope(user="ada").recall("what does Ada like?", k=3)  # only Ada's memories
+            _say("scope(user='ada').recall('what does Ada like?') -> " + "; ".join(h.text for h in ada))
+            result["recalls"].append({"query": "what does Ada like?", "scope": {"user": "ada"},
                                       "hits": [{"score": h.score, "text": h.text} for h in ada]})
             report = store.check()
             _say(f"check(): {report}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -35,16 +36,16 @@ def run(embedder, db: Path, *argv: str) -> tuple[int, str]:
 
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
-    code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "user=ada", "--source", "chat")
+    code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
     assert code == 0
     fid = out.strip()
     code, out = run(embedder, db, "--json", "remember", "Bob drinks coffee")
     assert json.loads(out)["id"]
     code, out = run(embedder, db, "recall", "green tea", "-k", "1", "--mode", "lexical")
-    assert code == 0 and fid in out and "user=ada" in out and "(from chat)" in out
-    code, out = run(embedder, db, "recall", "green tea", "--json", "--tag", "user=ada")
+    assert code == 0 and fid in out and "person=ada" in out and "(from chat)" in out
+    code, out = run(embedder, db, "recall", "green tea", "--json", "--tag", "person=ada")
     hits = json.loads(out)
-    assert [h["id"] for h in hits] == [fid] and hits[0]["tags"] == {"user": "ada"} and "score" in hits[0]
+    assert [h["id"] for h in hits] == [fid] and hits[0]["tags"] == {"person": "ada"} and "score" in hits[0]
     code, out = run(embedder, db, "get", fid, "--json")
     assert json.loads(out)["text"] == "Ada prefers green tea"
     assert run(embedder, db, "forget", fid)[1].strip() == "forgot 1 fact"
@@ -157,19 +158,26 @@ def test_real_entry_point_with_model_files(embedder, tmp_path: Path):
 
 def test_update_text_tags_and_source(embedder, tmp_path: Path, capsys, monkeypatch):
     db = tmp_path / "u.db"
-    fid = run(embedder, db, "remember", "Ada likes tea", "--tag", "user=ada")[1].strip()
-    code, out = run(embedder, db, "update", fid, "Ada likes green tea", "--json")
+    fid = run(embedder, db, "remember", "Cy likes tea", "--tags", '{"n": 3, "who": "cy"}')[1].strip()
+    code, out = run(embedder, db, "update", fid, "Cy likes green tea", "--json")
     fact = json.loads(out)
-    assert code == 0 and fact["text"] == "Ada likes green tea" and fact["tags"] == {"user": "ada"}
-    monkeypatch.setattr("sys.stdin", io.StringIO("Ada likes oolong\n"))
-    assert json.loads(run(embedder, db, "update", fid, "-", "--json")[1])["text"] == "Ada likes oolong"
-    fact = json.loads(run(embedder, db, "update", fid, "--tag", "who=ada", "--source", "chat", "--json")[1])
-    assert fact["tags"] == {"who": "ada"} and fact["source"] == "chat" and fact["text"] == "Ada likes oolong"
+    assert code == 0 and fact["text"] == "Cy likes green tea" and fact["tags"] == {"n": 3, "who": "cy"}
+    monkeypatch.setattr("sys.stdin", io.StringIO("Cy likes oolong\n"))
+    assert json.loads(run(embedder, db, "update", fid, "-", "--json")[1])["text"] == "Cy likes oolong"
+    # tags merge by default: the fact stays in every who=cy filter
+    fact = json.loads(run(embedder, db, "update", fid, "--tag", "mood=happy", "--source", "chat", "--json")[1])
+    assert fact["tags"] == {"n": 3, "who": "cy", "mood": "happy"} and fact["source"] == "chat"
+    assert run(embedder, db, "count", "--tag", "who=cy")[1].strip() == "1"
+    fact = json.loads(run(embedder, db, "update", fid, "--untag", "mood", "--tags", '{"n": 4}', "--json")[1])
+    assert fact["tags"] == {"n": 4, "who": "cy"}
+    fact = json.loads(run(embedder, db, "update", fid, "--tag", "who=cy", "--replace-tags", "--json")[1])
+    assert fact["tags"] == {"who": "cy"}
     assert json.loads(run(embedder, db, "update", fid, "--clear-tags", "--json")[1])["tags"] == {}
     ops = [c["op"] for c in json.loads(run(embedder, db, "history", fid, "--json")[1])]
-    assert ops == ["remember", "update", "update", "update", "update"]
+    assert ops == ["remember"] + ["update"] * 6
     assert run(embedder, db, "update", fid)[0] == cli.EXIT_USAGE  # nothing to change
     assert "expected at least one of text, tags or source" in capsys.readouterr().err
+    assert run(embedder, db, "update", fid, "--clear-tags", "--tag", "a=b")[0] == cli.EXIT_USAGE
     assert run(embedder, db, "update", "0" * 32, "x")[0] == cli.EXIT_NOT_FOUND
 
 
@@ -305,3 +313,80 @@ def test_stats_sweep_and_compact(embedder, tmp_path: Path):
     code, out = run(embedder, db, "--json", "compact", "--keep-history-days", "0")
     stats = json.loads(out)
     assert code == 0 and stats["facts"] == 0 and stats["free_bytes"] == 0
+
+
+def _printed_commands(message: str) -> list[list[str]]:
+    """The `evermind ...` commands a message tells the user to run, split as a shell would."""
+    import re
+    import shlex
+
+    return [shlex.split(cmd) for cmd in re.findall(r"`(evermind [^`]+)`", message)]
+
+
+def test_the_commands_a_damaged_store_error_prints_run_as_printed(tmp_path: Path, capsys):
+    from evermind_memory import MemoryStore
+
+    db = tmp_path / "my store.db"  # a space: the printed path must be quoted for the shell
+    with MemoryStore(db) as s:  # the shipped model, which a pasted command uses too
+        s.remember_many(["tea in the morning", "coffee after lunch"])
+    data = bytearray(db.read_bytes())
+    data[3] ^= 0xFF  # the header's magic
+    db.write_bytes(bytes(data))
+    assert cli.main(["list", "--db", str(db)]) == cli.EXIT_DAMAGED
+    commands = _printed_commands(capsys.readouterr().err)
+    assert commands and commands[0] == ["evermind", "repair", str(db)]
+    for argv in commands:
+        assert cli.main(argv[1:], out=io.StringIO()) == 0, (argv, capsys.readouterr().err)
+    assert cli.main(["check", str(db)], out=io.StringIO()) == 0  # `evermind check PATH` too
+    with MemoryStore(db, read_only=True) as s:
+        assert {f.text for f in s.list()} == {"tea in the morning", "coffee after lunch"}
+    assert cli.main(["repair", str(db), "--db", str(tmp_path / "other.db")]) == cli.EXIT_USAGE
+    assert "got two stores" in capsys.readouterr().err
+    assert cli.main(["check", str(tmp_path / "typo.db")]) == cli.EXIT_USAGE  # not a new, empty store that is "ok"
+    assert "no store at" in capsys.readouterr().err and not (tmp_path / "typo.db").exists()
+
+
+def test_the_command_a_missing_store_error_prints_runs_as_printed(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "new store.db"
+    assert run(embedder, db, "list")[0] == cli.EXIT_USAGE
+    [argv] = _printed_commands(capsys.readouterr().err)
+    assert cli.main(argv[1:], embedder=embedder, out=io.StringIO()) == 0
+    assert run(embedder, db, "count")[1].strip() == "1"
+
+
+def test_text_that_is_not_utf8_gets_shell_advice(embedder, tmp_path: Path, capsys, monkeypatch):
+    db = tmp_path / "latin.db"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait\n")))
+    assert run(embedder, db, "remember", "-")[0] == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "stdin is not UTF-8 text: byte 0xe9 at offset 3" in err and "iconv -f latin1 -t utf-8" in err
+    assert "errors=" not in err and run(embedder, db, "count")[1].strip() == "0"
+    advice = re.search(r"`(iconv [^`]+)`", err).group(1)  # the user's own command behind iconv: run it so
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    pasted = advice.replace("FILE", str(tmp_path / "latin1.txt")).replace(str(db), str(tmp_path / "pasted.db"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", pasted], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr  # (the real entry point: the shipped model)
+    from evermind_memory import MemoryStore
+
+    with MemoryStore(tmp_path / "pasted.db", read_only=True) as pasted_store:
+        assert [f.text for f in pasted_store.list()] == ["café au lait"]
+    arg = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    assert run(embedder, db, "remember", arg)[0] == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "is not UTF-8 text: the byte 0xe9 at position 3" in err and "iconv -f latin1 -t utf-8" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\ufeffcafé crème\r\n".encode())))
+    assert run(embedder, db, "remember", "-")[0] == 0  # UTF-8 (a BOM and CRLF are dropped)
+    assert run(embedder, db, "list")[1].split("  ")[1].strip() == "café crème"
+
+
+def test_user_is_a_scope_on_the_command_line_as_in_python(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "users.db"
+    assert run(embedder, db, "remember", "Ada's Portugal trip is in June", "--tag", "user=ada")[0] == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "names a scope level, not a tag" in err and "--user ada on the command line" in err
+    fid = run(embedder, db, "--user", "ada", "remember", "Ada's Portugal trip is in June")[1].strip()
+    run(embedder, db, "--user", "bob", "remember", "Bob's Portugal trip is in May")
+    hits = json.loads(run(embedder, db, "--user", "ada", "--json", "recall", "Portugal trip")[1])
+    assert [h["id"] for h in hits] == [fid] and hits[0]["scope"] == {"user": "ada"}
+    assert run(embedder, db, "recall", "Portugal trip", "--where", '{"user": "ada"}')[0] == cli.EXIT_USAGE

@@ -150,9 +150,42 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     return result
 
 
+def probe_size(count: int, policy: AdaptationPolicy) -> int:
+    """How many of `count` memories split_probe holds out for the gate."""
+    n_probe = int(round(count * policy.probe_fraction))
+    return min(max(n_probe, policy.min_probe), policy.max_probe, count // 2)
+
+
 def split_probe(count: int, policy: AdaptationPolicy) -> tuple[np.ndarray, np.ndarray]:
     """Seeded split of `count` memories into (train indices, probe indices)."""
     order = np.random.default_rng([policy.seed, 11]).permutation(count)  # (N,)
-    n_probe = int(round(count * policy.probe_fraction))
-    n_probe = min(max(n_probe, policy.min_probe), policy.max_probe, count // 2)
+    n_probe = probe_size(count, policy)
     return np.sort(order[n_probe:]), np.sort(order[:n_probe])
+
+
+def too_small_to_judge(count: int, policy: AdaptationPolicy) -> str | None:
+    """Why a store of `count` memories is too small for the gate to judge a gain, or None when it is not (or the
+    policy does not ask for a gain). Known before training: the gate asks policy.probe_views queries of each
+    held-out memory and refuses fewer than policy.min_probe_queries, so a round on such a store would train for
+    nothing."""
+    if not policy.require_gain:
+        return None
+    queries = probe_size(count, policy) * policy.probe_views
+    if queries >= policy.min_probe_queries:
+        return None
+    need = -(-policy.min_probe_queries // policy.probe_views)  # held-out memories the gate needs
+    if need > policy.max_probe:
+        enough = None
+    else:  # the fewest memories whose split holds out `need` (probe_size never falls as count grows)
+        low = high = count + 1
+        while probe_size(high, policy) < need and high < 10**9:
+            high *= 2
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if probe_size(mid, policy) < need else (low, mid)
+        enough = low if probe_size(low, policy) >= need else None
+    at_least = (f"a store needs at least {enough} memories for a round under this policy" if enough is not None
+                else f"no store size reaches that under this policy (max_probe={policy.max_probe})")
+    return (f"too small to judge: {count} memories hold out {probe_size(count, policy)} for the gate, "
+            f"{queries} probe queries ({policy.probe_views} per memory), fewer than "
+            f"min_probe_queries={policy.min_probe_queries}; {at_least}. Nothing was trained.")

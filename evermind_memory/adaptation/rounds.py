@@ -18,7 +18,7 @@ from .._crash import crash_point
 from ..errors import EvermindError, InvalidInput, StoreLocked
 from ..lm.adapter import LoRAWeights
 from .fit import fit_adapter
-from .gate import gate_candidate, split_probe
+from .gate import gate_candidate, split_probe, too_small_to_judge
 from .policy import AdaptationHooks, AdaptationPolicy
 from .report import AdaptationReport, GateResult
 
@@ -130,6 +130,11 @@ def run_round(gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, ro
         report.memories = len(texts)
         if len(texts) < policy.min_facts:
             report.status, report.reason = "skipped", f"{len(texts)} memories, fewer than min_facts={policy.min_facts}"
+            report.total_seconds = time.perf_counter() - t0
+            return report
+        small = too_small_to_judge(len(texts), policy)
+        if small is not None:  # refused now, with the sizes, rather than after a training the gate must refuse
+            report.status, report.reason = "skipped", small
             report.total_seconds = time.perf_counter() - t0
             return report
         train_idx, probe_idx = split_probe(len(texts), policy)

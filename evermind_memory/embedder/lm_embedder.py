@@ -7,7 +7,7 @@ times `first_chunk_weight` (the head of a fact usually says what it is about).
 
 The fingerprint `evermind-lm/<arch>/<digest8>` names the whole function: its digest is a sha256 over every
 parameter tensor (so a merged adapter on any tensor changes it), an optional adapter digest, the tokenizer's
-digest, the pooling, the truncation length and a format version (RELIABILITY R11).
+digest, the pooling, the truncation length and a format version (docs/reliability.md R11).
 """
 
 from __future__ import annotations

@@ -41,9 +41,12 @@ def _wgpu() -> Any:
     try:
         import wgpu  # noqa: PLC0415
     except Exception as exc:  # ImportError, or OSError from the native library
+        import shlex
+        import sys
+
         raise GpuUnavailable(
-            f"the wgpu package could not be imported ({exc}); install it with `pip install wgpu`, "
-            "or set EVERMIND_GPU=0 to use the CPU path"
+            f"the wgpu package could not be imported ({exc}); install it with "
+            f"`{shlex.quote(sys.executable or 'python3')} -m pip install wgpu`, or set EVERMIND_GPU=0 to use the CPU path"
         ) from exc
     return wgpu
 

@@ -26,7 +26,7 @@ class AsyncMemoryStore:
     """A MemoryStore for asyncio programs: `await store.remember(...)`, `await store.recall(...)`.
 
         async with await AsyncMemoryStore.open("agent.db") as store:
-            fid = await store.remember("Ada prefers green tea", tags={"user": "ada"})
+            fid = await store.scope(user="ada").remember("Ada prefers green tea", tags={"topic": "drinks"})
             hits = await store.recall("what does Ada drink?", k=3)
 
     Every public method of MemoryStore is here as a coroutine with the same arguments, run in a bounded pool

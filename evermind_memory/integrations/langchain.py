@@ -28,13 +28,17 @@ try:
     from langchain_core.vectorstores import VectorStore
     from langchain_core.vectorstores.utils import maximal_marginal_relevance
 except ImportError as exc:  # pragma: no cover - the message is the point
+    from .._extras import install_command
+
     raise ImportError("evermind_memory.integrations.langchain needs langchain-core: "
-                      "pip install 'evermind_memory[langchain]'") from exc
+                      f"`{install_command('langchain')}`") from exc
 
 from ..errors import FactNotFound, InvalidInput
 from ..store.memory_store import MemoryStore
 from ..store.records import Fact, Recall
-from ..store.validate import check_choice, check_id, check_source, check_text, check_typed_tags, value_type
+from ..store.validate import (
+    SCOPE_LEVELS, check_choice, check_id, check_source, check_text, check_typed_tags, scope_name_refused, value_type,
+)
 
 JSON_KEYS_TAG = "lc.json"  # reserved tag: the metadata keys whose values are stored as JSON text
 SOURCE_KEY = "source"
@@ -127,9 +131,10 @@ class EvermindVectorStore(VectorStore):
     """A LangChain VectorStore on a MemoryStore (the module docstring has the Document <-> fact mapping).
 
         vs = EvermindVectorStore("notes.db")                     # the shipped model
-        vs.add_texts(["Ada prefers green tea"], metadatas=[{"user": "ada"}], ids=["ada-tea"])
-        vs.similarity_search("what does Ada drink?", k=1, filter={"user": "ada"})
-        vs.as_retriever(search_kwargs={"k": 3, "filter": {"user": "ada"}})
+        vs.add_texts(["Ada prefers green tea"], metadatas=[{"topic": "drinks"}], ids=["ada-tea"])
+        vs.similarity_search("what does Ada drink?", k=1, filter={"topic": "drinks"})
+        vs.as_retriever(search_kwargs={"k": 3, "filter": {"topic": {"$in": ["drinks", "food"]}}})
+        EvermindVectorStore(store.scope(user="ada"))             # one user's documents: a scope, not metadata
 
     Scores: similarity_search_with_score gives the store's recall score (cosine in the default vector mode,
     higher is closer); relevance scores are that cosine clipped to [0, 1] (vector mode only).
@@ -340,6 +345,9 @@ def metadata_to_tags(metadata: Mapping | None, non_scalar: str, what: str) -> tu
                 raise InvalidInput(f"{what}['source'] becomes the fact's source, which is text; got {value!r:.40} "
                                    f"({type(value).__name__}). Store it as a str.")
             source = value
+        elif key in SCOPE_LEVELS:  # "user" is a scope in every interface, not a label
+            raise InvalidInput(f"{scope_name_refused(key, what)} Here: EvermindVectorStore(store.scope({key}=...)) "
+                               f"keeps each {key}'s documents apart.")
         elif key == JSON_KEYS_TAG:
             raise InvalidInput(f"{what} uses the key {JSON_KEYS_TAG!r}, which the vector store reserves; rename it.")
         elif value_type(value) in ("str", "number", "bool"):

@@ -39,8 +39,10 @@ try:
         Result, SearchItem, SearchOp, TTLConfig, validate_op_namespace,
     )
 except ImportError as exc:  # pragma: no cover - the message is the point
+    from .._extras import install_command
+
     raise ImportError("evermind_memory.integrations.langgraph needs langgraph: "
-                      "pip install 'evermind_memory[langgraph]'") from exc
+                      f"`{install_command('langgraph')}`") from exc
 
 from ..errors import EvermindError, FactNotFound, InvalidInput
 from ..store.memory_store import MemoryStore

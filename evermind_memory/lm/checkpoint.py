@@ -2,7 +2,7 @@
 
 Layout (little-endian): magic (8 bytes) | format version (u32) | header length (u32) | JSON header |
 zero padding to 64 bytes | tensor data (each tensor 64-byte aligned) | CRC-32 of everything before it (u32).
-Files are written atomically (RELIABILITY R4) and checked, size first, before any tensor memory exists (R15).
+Files are written atomically (docs/reliability.md R4) and checked, size first, before any tensor memory exists (R15).
 This module is the container only: it imports no model. Model files (lm.model_file), LoRA adapters
 (lm.adapter) and row deltas (lm.delta) are laid out on top of it, each with its own magic.
 """

@@ -1,6 +1,6 @@
 """Serving the MCP server: stdio, or streamable HTTP behind a guard that treats the network as hostile.
 
-HTTP (RELIABILITY rule 10, R16): loopback by default; any other address needs a bearer token, compared as
+HTTP (docs/reliability.md R16): loopback by default; any other address needs a bearer token, compared as
 sha256 digests with hmac.compare_digest (the token itself is not kept); Host and Origin are checked against
 an allow-list (DNS rebinding); request bodies, sessions and requests per minute are capped.
 """

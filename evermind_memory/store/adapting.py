@@ -65,7 +65,8 @@ class AdaptationMethods:
             hooks: as for start_adaptation.
             adapter: a LoRAWeights to gate and publish instead of training one.
         Returns:
-            the AdaptationReport (status "swapped", "refused", "vetoed", "skipped" (too few memories, or another
+            the AdaptationReport (status "swapped", "refused", "vetoed", "skipped" (too few memories, a store too
+            small for the gate to judge a gain, said at once with the sizes and before any training, or another
             process is running a round or a re-embed), "stopped" or "abandoned").
         Raises:
             InvalidInput: as for start_adaptation.

@@ -5,12 +5,14 @@ names the place inside the filter that is wrong. `Filter.matches(fact)` evaluate
 oracle the SQL compilers (filter_sql.py) are tested against, and an in-memory filter. No SQL here.
 
 The language
-    {"user": "ada"}                                  a tag equals a value (implicit $eq)
-    {"user": "ada", "n": {"$gte": 2, "$lt": 5}}      top-level keys and several operators on one key: AND
-    {"$or": [{"user": "ada"}, {"source": "mail"}]}   $and / $or take a non-empty list of filters
+    {"topic": "travel"}                              a tag equals a value (implicit $eq)
+    {"topic": "travel", "n": {"$gte": 2, "$lt": 5}}  top-level keys and several operators on one key: AND
+    {"$or": [{"topic": "travel"}, {"source": "mail"}]}  $and / $or take a non-empty list of filters
     {"created_at": {"$gte": "2025-05-01T00:00:00Z"}}
 Fields: `source`, `created_at` and `updated_at` are the fact's own; any other key is a tag key. A tag whose key
-is one of those three names is written `tags[source]` (any tag may be written `tags[key]`).
+is one of those three names is written `tags[source]` (any tag may be written `tags[key]`). The scope levels
+(namespace, user, agent, run) are no keys at all: a scope is not a tag (store/scope.py), so {"user": ...} is refused
+with the way to say it; `tags[user]` reads such a tag an earlier version stored.
 Operators: $eq $ne $gt $gte $lt $lte $in $nin $exists, and $and $or.
 Types: a tag value is a str, an int, a float or a bool, and a comparison only matches values of its own type:
 `3` and `"3"` and `True` are three different values (bool is not a number). int and float are one type,
@@ -35,7 +37,9 @@ from typing import Any, Iterator, Mapping
 
 from ..errors import InvalidInput
 from .timing import check_window, parse_time, time_text
-from .validate import MAX_SOURCE_CHARS, TAG_KEY_RE, _plain_string, _show, check_tag_value, value_type
+from .validate import (
+    MAX_SOURCE_CHARS, SCOPE_LEVELS, TAG_KEY_RE, _plain_string, _show, check_tag_value, scope_name_refused, value_type,
+)
 
 MAX_IN = 100
 MAX_VALUES = 256
@@ -63,7 +67,7 @@ class Field:
         """The key that names this field in a where dict."""
         if self.name != "tag":
             return self.name
-        return f"tags[{self.key}]" if self.key in FACT_FIELDS else self.key
+        return f"tags[{self.key}]" if self.key in FACT_FIELDS or self.key in SCOPE_LEVELS else self.key
 
     def value_of(self, fact: Any) -> tuple[bool, Any]:
         """(present, value) of this field in a Fact, a Recall or a mapping with tags/source/created_at/updated_at."""
@@ -284,7 +288,7 @@ def _index(path: str, key: Any) -> str:
 def parse_where(where: Any) -> Filter:
     """Parse a Chroma-style where dict (see the module docstring) into a Filter.
 
-        parse_where({"user": "ada", "n": {"$gte": 2}}).matches(fact)
+        parse_where({"topic": "travel", "n": {"$gte": 2}}).matches(fact)
 
     Args:
         where: None, {} (both: every fact) or a dict of fields and $and / $or.
@@ -298,7 +302,7 @@ def parse_where(where: Any) -> Filter:
         return MATCH_ALL
     if not isinstance(where, Mapping):
         raise InvalidInput(
-            f'where expects a dict such as {{"user": "ada"}} or {{"$or": [...]}}, got {_show(where)}.'
+            f'where expects a dict such as {{"topic": "travel"}} or {{"$or": [...]}}, got {_show(where)}.'
         )
     if not where:
         return MATCH_ALL
@@ -333,7 +337,7 @@ def _parse_logical(op: str, value: Any, path: str, depth: int, budget: _Budget) 
     for i, item in enumerate(value):
         here = _index(path, i)
         if not isinstance(item, Mapping) or not item:
-            raise InvalidInput(f'{here}: {op} expects each item to be a non-empty filter dict such as {{"user": "ada"}}, '
+            raise InvalidInput(f'{here}: {op} expects each item to be a non-empty filter dict such as {{"topic": "travel"}}, '
                                f"got {_show(item)}.")
         parts.append(_parse_doc(item, here, depth + 1, budget))
     if len(parts) == 1:
@@ -346,6 +350,9 @@ def _parse_logical(op: str, value: Any, path: str, depth: int, budget: _Budget) 
 def _field(key: str, path: str) -> Field:
     if key in FACT_FIELDS:
         return Field(key)
+    if key in SCOPE_LEVELS:  # a scope, not a tag; tags[user] still reads such a tag an earlier version stored
+        err = scope_name_refused(key, path)
+        raise InvalidInput(f"{err} (A tag named {key!r} that an earlier version stored is read as 'tags[{key}]'.)")
     tag = key[5:-1] if key.startswith("tags[") and key.endswith("]") else key
     if not TAG_KEY_RE.fullmatch(tag):
         raise InvalidInput(

@@ -121,7 +121,7 @@ MAX_INITIAL_BYTES = 1 << 30  # what an index may allocate before its first add (
 
 
 def check_index_memory(config: IndexConfig, dim: int) -> None:
-    """Refuse a configuration whose first allocation is absurd for vectors of `dim` (RELIABILITY B).
+    """Refuse a configuration whose first allocation is absurd for vectors of `dim` (docs/reliability.md, tests B).
 
     Raises:
         InvalidInput: initial_capacity x bytes per element exceeds MAX_INITIAL_BYTES.

@@ -21,7 +21,7 @@ from .generations import REEMBED_BATCH
 from .records import CheckReport, DuplicatePair, StoreStats
 from .selection import select
 from .timing import check_retention
-from .validate import MAX_LIST_LIMIT, check_flag, check_int
+from .validate import MAX_LIST_LIMIT, check_flag, check_int, check_path
 
 if TYPE_CHECKING:  # (repair.py is imported when repair() runs)
     from .repair import RepairReport
@@ -172,10 +172,11 @@ class MaintenanceMethods:
         Returns:
             the destination path.
         Raises:
-            InvalidInput: dest exists or its directory is missing; a scoped handle (the copy holds every
-                scope: export() writes one scope's facts).
+            InvalidInput: dest is not a text path (None, bytes, empty, NUL), exists, or its directory is missing;
+                a scoped handle (the copy holds every scope: export() writes one scope's facts).
         """
         self._check_usable()
+        dest = check_path(dest, "dest", "backup")
         self._check_owner("backup")
         if self._scope:
             raise InvalidInput("backup() copies every fact of every scope; call it on a store opened without "
@@ -192,8 +193,11 @@ class MaintenanceMethods:
             path: the JSONL file to write (replaced if it exists).
         Returns:
             how many facts were written.
+        Raises:
+            InvalidInput: path is not a text path (None, bytes, empty, NUL), or its directory is missing.
         """
         self._check_usable()
+        path = check_path(path, "path", "export")
         return maintenance.export(self._db, path, select("export", self._scope))
 
     def import_(self, path: str | os.PathLike) -> int:
@@ -207,9 +211,11 @@ class MaintenanceMethods:
         Returns:
             how many facts were added.
         Raises:
-            InvalidInput: a line is not a valid fact, or its scope is outside this handle's (the line is named).
+            InvalidInput: path is not a text path (None, bytes, empty, NUL) or no readable file; a line is not a
+                valid fact, or its scope is outside this handle's (the line is named).
         """
         self._check_writable("import_")
+        path = check_path(path, "path", "import_")
         records = maintenance.read_export(path, self._scope)
         added = maintenance.import_records(self._db, self._vectors, records)
         if any(rec.expires_at is not None for rec in records):

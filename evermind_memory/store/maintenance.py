@@ -161,10 +161,10 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
             if bad_vectors and not stale:
                 problems.append(f"{bad_vectors} vector{'s are' if bad_vectors > 1 else ' is'} damaged (wrong length, "
                                 "not finite or not unit): left out of vector recall; repair() embeds them again")
-        if access.writes:
-            fts_error = attempt("the full-text integrity check", db.fts_integrity)
-            if fts_error is not None:
-                problems.append(f"FTS integrity-check: {fts_error}")
+        fts_error = attempt("the full-text integrity check", db.fts_integrity)  # readers too (on a copy)
+        if fts_error is not None:
+            problems.append(f"FTS integrity-check: {fts_error} (the full-text index disagrees with the fact texts; "
+                            "repair() rebuilds it)")
     return CheckReport(
         ok=not problems, problems=tuple(problems), facts=facts, indexed=len(live), stale_vectors=stale,
         waiting_vectors=waiting, max_seq=top, fingerprint=gen.fingerprint,

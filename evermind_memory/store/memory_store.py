@@ -5,7 +5,7 @@ vector, hybrid), embedding.py (the background vector worker), generations.py (mo
 Adaptation (evermind_memory.adaptation) is imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
-index on disk is a validated, replayable cache (RELIABILITY R1-R14). Any number of processes open a store
+index on disk is a validated, replayable cache (docs/reliability.md R1-R14). Any number of processes open a store
 read-write (and any number read-only): SQLite orders their commits, each process's index follows all of them
 through the change feed before it answers, and leases (leases.py) pick the one process that runs each
 background job. A store is its database file, whatever path names it (identity.py).
@@ -38,7 +38,8 @@ from .search import Search, hybrid_weight
 from .selection import select
 from .vectors import VectorCache
 from .validate import (
-    MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_text, check_typed_tags,
+    MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_tag_patch, check_text,
+    check_typed_tags,
 )
 from .writer import Writer, new_fact, not_found, reachable
 
@@ -218,7 +219,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         raises if the embedder failed on it. With background_embedding=False, id= or dedup=True it is embedded
         before the commit. Thread-safe.
 
-            fid = store.remember("Ada's flight is on Tuesday", tags={"user": "ada", "n": 2}, ttl=86_400)
+            fid = store.scope(user="ada").remember("Ada's flight is on Tuesday", tags={"n": 2}, ttl=86_400)
 
         Args:
             text: the fact (1..100,000 characters, no NUL or lone surrogates).
@@ -308,29 +309,43 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return ids
 
     def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
-               source: str | None = None) -> Fact:
+               source: str | None = None, replace_tags: bool = False) -> Fact:
         """Change a fact's text, tags or source (None leaves that part as it is).
 
-        A new text gets a new vector; the old one is never returned again. The scope, expiry and pin stay
-        (remember(text, id=...) replaces those too). Thread-safe.
+        Tags are merged by default: `tags={"mood": "happy"}` sets that tag and keeps the others, and a None value
+        removes its tag (`tags={"mood": None}`); with replace_tags=True the given tags replace all of them
+        (`tags={}, replace_tags=True` removes every tag). The CLI (`update --tag`, `--replace-tags`) and the MCP
+        tool (`update_memory(tags, replace_tags)`) do the same. A new text gets a new vector; the old one is never
+        returned again. The scope, expiry and pin stay (remember(text, id=...) replaces those too). Thread-safe.
+
+            store.update(fid, tags={"mood": "happy", "draft": None})   # set one tag, remove another
 
         Args:
             fact_id: the fact.
             text: new text.
-            tags: new tags (replace the old ones; {} clears them).
+            tags: tags to merge in (None values remove), or with replace_tags=True the new tags.
             source: new source.
+            replace_tags: replace every tag by `tags` instead of merging.
         Returns:
             the updated Fact.
         Raises:
-            FactNotFound: no such fact in this scope (or it expired). InvalidInput: bad arguments or nothing to change.
+            FactNotFound: no such fact in this scope (or it expired). InvalidInput: bad arguments, nothing to
+                change, `tags={}` without replace_tags (it would merge nothing), or more than 32 tags after the merge.
         """
         self._check_writable("update")
         fact_id = check_id(fact_id)
+        replace_tags = check_flag(replace_tags, "replace_tags", "update")
+        if replace_tags and tags is None:
+            raise InvalidInput("update(replace_tags=True) expected tags= as well (tags={} removes every tag).")
         if text is None and tags is None and source is None:
             raise InvalidInput("update() expected at least one of text, tags or source.")
+        if tags is not None and not replace_tags and isinstance(tags, dict) and not tags:
+            raise InvalidInput("update(tags={}) would merge nothing: tags are merged by default. To remove every tag, "
+                               "call update(fact_id, tags={}, replace_tags=True); to remove one, tags={'key': None}.")
         new_text = None if text is None else check_text(text)
-        new_tags = None if tags is None else check_typed_tags(tags)
-        return self._writer.update(fact_id, self._scope, new_text, new_tags, check_source(source)).to_fact()
+        new_tags = None if tags is None else (check_typed_tags(tags) if replace_tags else check_tag_patch(tags))
+        return self._writer.update(fact_id, self._scope, new_text, new_tags, check_source(source),
+                                   merge=not replace_tags).to_fact()
 
     def supersede(self, old_id: str, text: str, *, tags: dict | None = None, source: str | None = None) -> str:
         """Replace a fact by a new one: "moved to Zurich" supersedes "lives in Bern". One transaction.
@@ -446,7 +461,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             offset: skip this many first.
             tags: tags every fact must carry, exactly (typed: {"n": 3} is not {"n": "3"}).
             where: a Chroma-style filter over tags, source, created_at and updated_at:
-                {"user": "ada", "n": {"$gte": 2}}, {"$or": [...]}; $eq $ne $gt $gte $lt $lte $in $nin $exists
+                {"topic": "travel", "n": {"$gte": 2}}, {"$or": [...]}; $eq $ne $gt $gte $lt $lte $in $nin $exists
                 $and $or (store/filters.py has the whole language).
             source: exact source.
             since, until: inclusive bounds on created_at (aware datetimes or ISO 8601 text with an offset).
@@ -501,7 +516,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                min_relevance: float | None = None, explain: bool = False) -> list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
-            store.recall("Ada's travel plans", k=3, where={"user": "ada", "year": {"$gte": 2025}})
+            store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})
 
         Args:
             query: what to look for.

@@ -91,18 +91,20 @@ def repair_store(path: str | os.PathLike, embedder: Any = None, **options: Any) 
     Returns:
         RepairReport.
     Raises:
-        InvalidInput: no file at `path`.
+        InvalidInput: `path` is not a text path (None, bytes, empty, NUL), or no file is there.
         StoreLocked: salvage is needed and another process has the store open.
         StoreCorrupt: the file is not an SQLite database and nothing beside it says it was a store (repair leaves
             it alone), or salvage could not produce a sound file (the original is untouched).
     """
     from .backend import is_server_url
     from .memory_store import MemoryStore
+    from .validate import check_path
 
-    if is_server_url(os.fspath(path)):  # a server keeps its pages sound: only the rows can need repair
-        with MemoryStore(os.fspath(path), embedder, **options) as store:
+    path = check_path(path, "path", "repair_store")
+    if is_server_url(path):  # a server keeps its pages sound: only the rows can need repair
+        with MemoryStore(path, embedder, **options) as store:
             return store.repair()
-    real = os.path.realpath(os.fspath(path))
+    real = os.path.realpath(path)
     if not os.path.isfile(real):
         raise InvalidInput(f"repair found no store file at {real}.")
     try:
@@ -180,8 +182,11 @@ def _exclusive(real: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        import shlex
+
         raise StoreLocked(f"{real} needs repair from its files, and another process has it open; close every process "
-                          "using it (MCP servers, scripts), then run `evermind repair` again.") from None
+                          f"using it (MCP servers, scripts), then run `evermind repair {shlex.quote(real)}` again."
+                          ) from None
     return fd
 
 

@@ -11,7 +11,7 @@ Why a column, not a tag: tags are the caller's data. `update(tags={})` would cle
 built by a caller could $or around it, and an export/import could rename it. The scope is a column set once at
 remember (never by update), indexed, and ANDed into every query by the backend (backend/filter_sql.py), outside
 the where-filter. Hard isolation between tenants that do not trust each other remains one store file each
-(RELIABILITY R17): a scope is isolation inside one service, against mistakes, not against code that opens the
+(docs/reliability.md R17): a scope is isolation inside one service, against mistakes, not against code that opens the
 file itself.
 """
 
@@ -21,9 +21,9 @@ import re
 from typing import Any, Mapping
 
 from ..errors import InvalidInput
-from .validate import _plain_string
+from .validate import SCOPE_LEVELS, _plain_string
 
-LEVELS = ("namespace", "user", "agent", "run")
+LEVELS = SCOPE_LEVELS  # also the tag keys every interface refuses (validate.py): "user" has one meaning
 MAX_PART_CHARS = 128
 _PART_RE = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
 

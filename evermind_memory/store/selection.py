@@ -1,7 +1,7 @@
 """The public read arguments (tags, where, source, since, until) turned into one `Selection` per call, with the
 handle's scope and the time of the call: what every read and every bulk forget passes to the backend.
 
-    select("recall", scope, tags={"user": "ada"}, where={"n": {"$gt": 2}}, since="2025-05-01T00:00:00Z")
+    select("recall", scope, tags={"topic": "travel"}, where={"n": {"$gt": 2}}, since="2025-05-01T00:00:00Z")
 
 `tags` is the exact-match shorthand (every tag equal), `source` an exact source, `since` / `until` inclusive
 bounds on created_at; they are ANDed with the where-filter (store/filters.py). The scope and the expiry

@@ -1,4 +1,4 @@
-"""Input checks at the public boundary of MemoryStore (RELIABILITY §9, STYLE §6).
+"""Input checks at the public boundary of MemoryStore (docs/reliability.md R19).
 
 Each check raises `InvalidInput` with what was expected, what arrived and what to do; inner code trusts the
 values these functions return.
@@ -23,12 +23,16 @@ MAX_ID_CHARS = 128
 K_MAX = 1000
 MAX_LIST_LIMIT = 100_000
 TAG_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+# The scope levels (store/scope.py), in nesting order. Their names are not tag keys: "user" means one thing in
+# every interface, the user a fact belongs to (store.scope(user=...), the CLI's --user, `evermind mcp --user`).
+SCOPE_LEVELS = ("namespace", "user", "agent", "run")
+_SCOPE_EXAMPLE = {"namespace": "acme", "user": "ada", "agent": "planner", "run": "r1"}
 MODES = ("hybrid", "vector", "lexical")
 FUSIONS = ("score", "rrf")
 
 
 def _plain_string(value: str, what: str) -> None:
-    """Refuse NUL and lone surrogates, which SQLite truncates or refuses (R9)."""
+    """Refuse NUL and lone surrogates, which SQLite truncates or refuses (R19)."""
     nul = value.find("\x00")
     if nul >= 0:
         raise InvalidInput(f"{what} must not contain NUL characters, found one at position {nul}.")
@@ -59,8 +63,20 @@ def check_text(text: Any, what: str = "text") -> str:
     return text
 
 
-def _tag_items(tags: Any, what: str, expected: str) -> Iterator[tuple[str, Any]]:
-    """(key, value) of a tags mapping whose size and keys are checked; values are the caller's to check."""
+def scope_name_refused(key: str, what: str) -> InvalidInput:
+    """The error for a tag (or filter) key that names a scope level: what it means, and how each interface says it."""
+    example = _SCOPE_EXAMPLE[key]
+    return InvalidInput(
+        f"{what} key {key!r} names a scope level, not a tag: a fact belongs to a {key} through its scope, which every "
+        f"interface shares: store.scope({key}={example!r}) in Python, --{key} {example} on the command line, "
+        f"`evermind mcp --{key} {example}` for an MCP server. If it is only a label, call the tag something else "
+        f"(e.g. 'person')."
+    )
+
+
+def _tag_items(tags: Any, what: str, expected: str, scope_names: bool = False) -> Iterator[tuple[str, Any]]:
+    """(key, value) of a tags mapping whose size and keys are checked; values are the caller's to check. A key
+    naming a scope level is refused unless scope_names (tags an earlier version stored, rewritten as they are)."""
     if not isinstance(tags, Mapping):
         raise InvalidInput(f"{what} expected a dict of {expected}, got {type(tags).__name__}.")
     if len(tags) > MAX_TAGS:
@@ -68,8 +84,10 @@ def _tag_items(tags: Any, what: str, expected: str) -> Iterator[tuple[str, Any]]
     for key, value in tags.items():
         if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
             raise InvalidInput(
-                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'user', 'topic.sub'), got {key!r:.80}."
+                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'topic', 'topic.sub'), got {key!r:.80}."
             )
+        if key in SCOPE_LEVELS and not scope_names:
+            raise scope_name_refused(key, what)
         yield key, value
 
 
@@ -94,19 +112,57 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
     return out
 
 
-def check_typed_tags(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool]:
-    """Typed tags (issue 20): None or a mapping of short keys to str, int, float or bool values.
+def check_typed_tags(tags: Any, what: str = "tags", *, scope_names: bool = False) -> dict[str, str | int | float | bool]:
+    """Typed tags: None or a mapping of short keys to str, int, float or bool values.
 
-
+    Args:
+        scope_names: accept keys that name a scope level (namespace, user, agent, run): only for tags already
+            stored (an earlier version wrote them), never for a caller's.
     Returns:
         a plain dict (a copy), {} for None.
     Raises:
-        InvalidInput: not a mapping, too many, a bad key, a bad value (see `check_tag_value`).
+        InvalidInput: not a mapping, too many, a bad key (one naming a scope level, too), a bad value (see
+            `check_tag_value`).
     """
     if tags is None:
         return {}
     return {key: check_tag_value(value, f"{what}[{key!r}]")
-            for key, value in _tag_items(tags, what, "str -> str, int, float or bool")}
+            for key, value in _tag_items(tags, what, "str -> str, int, float or bool", scope_names)}
+
+
+def check_tag_patch(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool | None]:
+    """Tags to merge into a fact's tags (update's default): as check_typed_tags, and a None value removes that tag.
+
+    Raises:
+        InvalidInput: as check_typed_tags.
+    """
+    out = {}
+    for key, value in _tag_items(tags, what, "str -> str, int, float, bool, or None to remove the tag", True):
+        if value is None:  # (a tag named like a scope level that an earlier version stored may be removed)
+            out[key] = None
+        elif key in SCOPE_LEVELS:
+            raise scope_name_refused(key, what)
+        else:
+            out[key] = check_tag_value(value, f"{what}[{key!r}]")
+    return out
+
+
+def merge_tags(old: Mapping[str, Any], patch: Mapping[str, Any], method: str = "update") -> dict:
+    """`old` with `patch` merged in (a None value removes its key), checked against MAX_TAGS.
+
+    Raises:
+        InvalidInput: the merged tags would exceed MAX_TAGS.
+    """
+    merged = dict(old)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    if len(merged) > MAX_TAGS:
+        raise InvalidInput(f"{method}() would leave the fact with {len(merged)} tags, more than {MAX_TAGS}; remove some "
+                           "(a None value removes a tag) or pass replace_tags=True.")
+    return merged
 
 
 def value_type(value: Any) -> str:
@@ -159,10 +215,10 @@ def check_tag_value(value: Any, what: str) -> str | int | float | bool:
 
 
 def check_source(source: Any) -> str | None:
-    """source: None or a short label (1..256 characters) saying where a fact came from.
+    """source: None or a short label (1..256 characters, not only whitespace) saying where a fact came from.
 
     Raises:
-        InvalidInput: not a str, empty, too long, NUL or lone surrogates.
+        InvalidInput: not a str, empty, only whitespace, too long, NUL or lone surrogates.
     """
     if source is None:
         return None
@@ -170,20 +226,26 @@ def check_source(source: Any) -> str | None:
         raise InvalidInput(f"source expected a str or None, got {type(source).__name__}.")
     if not 1 <= len(source) <= MAX_SOURCE_CHARS:
         raise InvalidInput(f"source expected 1 to {MAX_SOURCE_CHARS} characters, got {len(source)}.")
+    if not source.strip():  # str.strip(): every Unicode space, tab, U+00A0, U+2028, U+3000 ...
+        raise InvalidInput(f"source expected a visible label such as 'chat' or None, got only whitespace "
+                           f"{source!r:.40}.")
     _plain_string(source, "source")
     return source
 
 
 def check_id(fact_id: Any) -> str:
-    """A fact id: a str of 1..128 characters (ids are opaque; a well-formed unknown id is FactNotFound).
+    """A fact id: a str of 1..128 characters, not only whitespace (ids are opaque; a well-formed unknown id is
+    FactNotFound).
 
     Raises:
-        InvalidInput: not a str, empty, too long, NUL or lone surrogates.
+        InvalidInput: not a str, empty, only whitespace, too long, NUL or lone surrogates.
     """
     if not isinstance(fact_id, str):
         raise InvalidInput(f"fact id expected a str, got {type(fact_id).__name__} {fact_id!r:.40}.")
     if not 1 <= len(fact_id) <= MAX_ID_CHARS:
         raise InvalidInput(f"fact id expected 1 to {MAX_ID_CHARS} characters, got {len(fact_id)}.")
+    if not fact_id.strip():  # reads and check() take a row with a blank id for a damaged one
+        raise InvalidInput(f"fact id expected some visible characters, got only whitespace {fact_id!r:.40}.")
     _plain_string(fact_id, "fact id")
     return fact_id
 
@@ -256,6 +318,31 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -
     return value
 
 
+def check_path(value: Any, name: str, method: str) -> str:
+    """A file path argument: a str or os.PathLike naming a non-empty text path, without NUL.
+
+    Returns:
+        the path as text.
+    Raises:
+        InvalidInput: None, a number, bytes (or a PathLike giving bytes), an empty path or one with NUL.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise InvalidInput(f"{method}() expected {name} to be a str or os.PathLike path, got {_show(value)}.")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise InvalidInput(f"{method}() expected {name} to be a text path, got {_show(text)}; decode it first, "
+                           "e.g. os.fsdecode(path).")
+    if not text:
+        raise InvalidInput(f"{method}() expected {name} to be a path, got an empty string.")
+    if "\x00" in text:
+        raise InvalidInput(f"{method}() expected {name} to be a path without NUL characters, got {text!r:.80}.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass  # undecodable bytes of a real file name (surrogateescape): the OS takes them back as they were
+    return text
+
+
 def check_open_args(path: Any, durability: Any, on_mismatch: Any, lock_timeout: Any, busy_timeout: Any,
                     read_only: Any, background_embedding: Any) -> str:
     """MemoryStore()'s plain arguments; returns the path as text (index_config and namespace are checked there).
@@ -263,11 +350,7 @@ def check_open_args(path: Any, durability: Any, on_mismatch: Any, lock_timeout: 
     Raises:
         InvalidInput: a path that is not a non-empty text path; a bad durability, on_mismatch, timeout or flag.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidInput(f"MemoryStore() expected path to be a str or os.PathLike, got {type(path).__name__}.")
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise InvalidInput(f"MemoryStore() expected a non-empty text path, got {path!r:.80}.")
+    path = check_path(path, "path", "MemoryStore")
     check_choice(durability, "durability", ("normal", "full"), "MemoryStore")
     check_choice(on_mismatch, "on_mismatch", ("reembed", "raise"), "MemoryStore")
     for name, value in (("lock_timeout", lock_timeout), ("busy_timeout", busy_timeout)):

@@ -29,7 +29,7 @@ from .scope import visible
 from .search import Search
 from .selection import same_kind
 from .timing import expiry, time_text
-from .validate import check_flag, check_source, check_text, check_typed_tags
+from .validate import check_flag, check_source, check_text, check_typed_tags, merge_tags
 from .vectors import VectorCache
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
@@ -215,8 +215,10 @@ class Writer:
         return out
 
     # ---- changes -------------------------------------------------------------------------------------------
-    def update(self, fact_id: str, scope: str, text: str | None, tags: dict | None, source: str | None):
-        """Change a reachable fact's text, tags or source (None keeps it); returns the new FactRow."""
+    def update(self, fact_id: str, scope: str, text: str | None, tags: dict | None, source: str | None,
+               merge: bool = False):
+        """Change a reachable fact's text, tags or source (None keeps it); returns the new FactRow. With merge,
+        `tags` is merged into the fact's tags in the same transaction (a None value removes its key)."""
         made = None if text is None else embed_serving(self._cache, [text])
         with self._db.write_mutex:
             gen, vector = self._cache.model, None
@@ -231,6 +233,8 @@ class Writer:
                     raise not_found("update", fact_id)
                 if text is not None and text == row.text and row.fingerprint == gen.fingerprint:
                     vector = None  # same text, same embedder: keep the vector and its label
+                if tags is not None and merge:
+                    tags = merge_tags(row.tags, tags)
                 seq, removed = tx.update(
                     row, text=row.text if text is None else text, tags=row.tags if tags is None else tags,
                     source=row.source if source is None else source, vector=vector, fingerprint=gen.fingerprint,

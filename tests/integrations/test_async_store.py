@@ -61,16 +61,16 @@ def test_every_public_method_has_an_async_twin_with_the_same_signature() -> None
 # raises what it raised). A method added to MemoryStore fails test_the_call_table_covers_every_method until a
 # call is added here.
 async def _calls(a: AsyncMemoryStore, s: MemoryStore, tmp: Path) -> dict[str, object]:
-    fid = await a.remember("Ada prefers green tea", tags={"user": "ada", "n": 2}, source="chat")
-    other = await a.remember("Bob's flight is on Tuesday", tags={"user": "bob"})
+    fid = await a.remember("Ada prefers green tea", tags={"person": "ada", "n": 2}, source="chat")
+    other = await a.remember("Bob's flight is on Tuesday", tags={"person": "bob"})
     out: dict[str, object] = {"remember": fid}
     out["remember_many"] = await a.remember_many(["one fact", "two facts"], tags={"batch": True})
     out["flush"] = await a.flush()
     out["get"] = (await a.get(fid)) == s.get(fid)
-    out["list"] = [f.id for f in await a.list(where={"user": "ada"})] == [fid]
+    out["list"] = [f.id for f in await a.list(where={"person": "ada"})] == [fid]
     out["count"] = (await a.count(), s.count())
     out["recall"] = [h.id for h in await a.recall("what does Ada drink?", k=2)] == [h.id for h in s.recall("what does Ada drink?", k=2)]
-    out["update"] = (await a.update(fid, tags={"user": "ada", "n": 3})).tags["n"]
+    out["update"] = (await a.update(fid, tags={"person": "ada", "n": 3})).tags["n"]
     out["history"] = [c.op for c in await a.history(fid)]
     out["feedback"] = await a.feedback("what does Ada drink?", fid)
     out["supersede"] = s.get(await a.supersede(other, "Bob's flight moved to Wednesday")).text
@@ -145,7 +145,7 @@ def test_a_cancelled_remember_runs_to_its_end_and_is_stored_once(tmp_path: Path)
 
     async def main() -> None:
         a = AsyncMemoryStore(db, gate, background_embedding=False)
-        task = asyncio.create_task(a.remember("GATE: Ada's flight is on Tuesday", tags={"user": "ada"}))
+        task = asyncio.create_task(a.remember("GATE: Ada's flight is on Tuesday", tags={"person": "ada"}))
         assert await asyncio.to_thread(gate.entered.wait, 30)  # the write is inside the embedder now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -156,7 +156,7 @@ def test_a_cancelled_remember_runs_to_its_end_and_is_stored_once(tmp_path: Path)
     asyncio.run(main())
     with _reopen(db) as s:
         facts = s.list()
-        assert [(f.text, f.tags) for f in facts] == [("GATE: Ada's flight is on Tuesday", {"user": "ada"})]
+        assert [(f.text, f.tags) for f in facts] == [("GATE: Ada's flight is on Tuesday", {"person": "ada"})]
 
 
 def test_a_call_cancelled_before_its_thread_starts_still_runs(tmp_path: Path) -> None:

@@ -19,10 +19,10 @@ from evermind_memory.integrations.langchain import (  # noqa: E402
 )
 
 DOCS = [
-    Document(page_content="Ada prefers green tea in the morning", metadata={"user": "ada", "n": 1, "source": "chat.txt"}),
-    Document(page_content="Bob drinks strong black coffee", metadata={"user": "bob", "n": 2, "done": True}),
-    Document(page_content="Ada's flight to Zurich is on Tuesday", metadata={"user": "ada", "n": 3, "score": 0.5}),
-    Document(page_content="The quarterly report is due Friday", metadata={"user": "carol", "n": 4}),
+    Document(page_content="Ada prefers green tea in the morning", metadata={"person": "ada", "n": 1, "source": "chat.txt"}),
+    Document(page_content="Bob drinks strong black coffee", metadata={"person": "bob", "n": 2, "done": True}),
+    Document(page_content="Ada's flight to Zurich is on Tuesday", metadata={"person": "ada", "n": 3, "score": 0.5}),
+    Document(page_content="The quarterly report is due Friday", metadata={"person": "carol", "n": 4}),
 ]
 
 
@@ -39,7 +39,7 @@ def test_metadata_round_trips_typed_and_source_becomes_the_facts_source(vs: Ever
     for doc, fid in zip(DOCS, ["tea", "coffee", "flight", "report"]):
         assert got[fid].metadata == doc.metadata and got[fid].page_content == doc.page_content
     fact = vs.store.get("tea")
-    assert fact.source == "chat.txt" and fact.tags == {"user": "ada", "n": 1}
+    assert fact.source == "chat.txt" and fact.tags == {"person": "ada", "n": 1}
     assert type(got["coffee"].metadata["done"]) is bool and type(got["flight"].metadata["score"]) is float
 
 
@@ -47,8 +47,8 @@ def test_filters_use_the_where_language_over_metadata(vs: EvermindVectorStore) -
     def ids(**kwargs) -> list[str]:
         return sorted(d.id for d in vs.similarity_search("drinks", k=10, **kwargs))
 
-    assert ids(filter={"user": "ada"}) == ["flight", "tea"]
-    assert ids(filter={"n": {"$gte": 2}, "user": {"$ne": "carol"}}) == ["coffee", "flight"]
+    assert ids(filter={"person": "ada"}) == ["flight", "tea"]
+    assert ids(filter={"n": {"$gte": 2}, "person": {"$ne": "carol"}}) == ["coffee", "flight"]
     assert ids(filter={"$or": [{"done": True}, {"source": "chat.txt"}]}) == ["coffee", "tea"]
     assert ids(filter={"n": {"$in": [1, 4]}}) == ["report", "tea"]
     assert ids(filter={"n": "1"}) == []  # typed: the string "1" is not the number 1
@@ -56,7 +56,7 @@ def test_filters_use_the_where_language_over_metadata(vs: EvermindVectorStore) -
     with pytest.raises(InvalidInput, match="Python function"):
         vs.similarity_search("tea", filter=lambda doc: True)
     with pytest.raises(InvalidInput, match=r"\$regex"):
-        vs.similarity_search("tea", filter={"user": {"$regex": "a.*"}})
+        vs.similarity_search("tea", filter={"person": {"$regex": "a.*"}})
 
 
 def test_a_metadata_key_named_like_a_time_field_is_the_metadata_key(tmp_path: Path) -> None:
@@ -78,6 +78,10 @@ def test_non_scalar_metadata_is_refused_or_kept_as_json() -> None:
             v.add_texts(["x"], metadatas=[{"page label": 3}])
         with pytest.raises(InvalidInput, match="non-blank"):
             v.add_texts(["   "])
+        with pytest.raises(InvalidInput, match=r"'user' names a scope level.*EvermindVectorStore\(store\.scope"):
+            v.add_texts(["x"], metadatas=[{"user": "ada"}])  # one meaning of "user": a scope view
+        with pytest.raises(InvalidInput, match="names a scope level"):
+            v.similarity_search("x", filter={"user": "ada"})
     with EvermindVectorStore(":memory:", non_scalar_metadata="json") as v:
         (fid,) = v.add_texts(["a text with rich metadata"], metadatas=[meta])
         assert v.get_by_ids([fid])[0].metadata == meta
@@ -101,7 +105,7 @@ def test_scores_and_relevance_scores(vs: EvermindVectorStore) -> None:
 
 
 def test_retrievers_pass_their_search_kwargs(vs: EvermindVectorStore) -> None:
-    r = vs.as_retriever(search_kwargs={"k": 2, "filter": {"user": "ada"}})
+    r = vs.as_retriever(search_kwargs={"k": 2, "filter": {"person": "ada"}})
     assert sorted(d.id for d in r.invoke("travel plans")) == ["flight", "tea"]
     thr = vs.as_retriever(search_type="similarity_score_threshold",
                           search_kwargs={"score_threshold": 0.99, "k": 3})
@@ -121,7 +125,7 @@ def test_mmr_prefers_a_different_second_document() -> None:
 def test_delete_by_ids_and_by_filter_and_never_everything_by_accident(vs: EvermindVectorStore) -> None:
     assert vs.delete(["tea", "not-there"]) is True
     assert vs.get_by_ids(["tea"]) == []
-    assert vs.delete(filter={"user": "bob"}) is True
+    assert vs.delete(filter={"person": "bob"}) is True
     assert sorted(f.id for f in vs.store.list()) == ["flight", "report"]
     with pytest.raises(InvalidInput, match="clear"):
         vs.delete()
@@ -143,12 +147,12 @@ def test_a_scope_view_keeps_each_users_documents_apart(tmp_path: Path) -> None:
 
 def test_from_texts_persists_and_reopens(tmp_path: Path) -> None:
     path = tmp_path / "lc.db"
-    with EvermindVectorStore.from_texts(["Ada prefers green tea"], EvermindEmbeddings(), [{"user": "ada"}],
+    with EvermindVectorStore.from_texts(["Ada prefers green tea"], EvermindEmbeddings(), [{"person": "ada"}],
                                         ids=["tea"], store=path) as v:
-        assert v.get_by_ids(["tea"])[0].metadata == {"user": "ada"}
+        assert v.get_by_ids(["tea"])[0].metadata == {"person": "ada"}
     with EvermindVectorStore(path) as v:
         assert v.similarity_search("tea", k=1)[0].id == "tea"
-        v.add_texts(["Ada prefers oolong now"], metadatas=[{"user": "ada"}], ids=["tea"])  # upsert
+        v.add_texts(["Ada prefers oolong now"], metadatas=[{"person": "ada"}], ids=["tea"])  # upsert
         assert [(d.id, d.page_content) for d in v.similarity_search("tea", k=5)] == [("tea", "Ada prefers oolong now")]
         assert [c.op for c in v.store.history("tea")] == ["remember", "update"]
 

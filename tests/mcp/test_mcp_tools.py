@@ -47,9 +47,9 @@ async def test_tools_carry_annotations_and_schemas(store):
 
 async def test_remember_then_recall_with_provenance(store):
     async with client(store) as c:
-        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"user": "ada"}}))
+        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"person": "ada"}}))
         bob = payload(await c.call_tool("remember", {"text": "Bob drinks black coffee", "source": "chat 12"}))
-        assert ada["source"] == "mcp:pytest-agent" and ada["tags"] == {"user": "ada"}  # default provenance
+        assert ada["source"] == "mcp:pytest-agent" and ada["tags"] == {"person": "ada"}  # default provenance
         assert bob["source"] == "chat 12"
         out = payload(await c.call_tool("recall", {"query": "what does Ada drink?", "k": 2}))
         assert out["notice"] == NOTICE and out["omitted"] == 0 and out["mode"] == "hybrid"
@@ -61,7 +61,7 @@ async def test_remember_then_recall_with_provenance(store):
                                                      "min_relevance": top["relevance"] + 1e-3}))
         assert ada["id"] not in [m["id"] for m in above["memories"]]
         assert all(m["relevance"] >= top["relevance"] + 1e-3 for m in above["memories"])
-        only_bob = payload(await c.call_tool("recall", {"query": "drink", "tags": {"user": "ada"}, "mode": "lexical"}))
+        only_bob = payload(await c.call_tool("recall", {"query": "drink", "tags": {"person": "ada"}, "mode": "lexical"}))
         assert [m["id"] for m in only_bob["memories"]] == []  # tags filter exactly: "drink" alone is Bob's word
         lexical = payload(await c.call_tool("recall", {"query": "coffee", "mode": "lexical", "min_score": 0.0}))
         assert [m["id"] for m in lexical["memories"]] == [bob["id"]]
@@ -119,7 +119,10 @@ async def test_update_forget_and_history(store):
         fid = payload(await c.call_tool("remember", {"text": "The meeting is on Monday", "tags": {"t": "1"}}))["id"]
         updated = payload(await c.call_tool("update_memory", {"id": fid, "text": "The meeting moved to Tuesday"}))
         assert updated["memory"]["text"] == "The meeting moved to Tuesday" and updated["memory"]["tags"] == {"t": "1"}
-        retagged = payload(await c.call_tool("update_memory", {"id": fid, "tags": {}}))
+        merged = payload(await c.call_tool("update_memory", {"id": fid, "tags": {"n": 2, "t": None}}))
+        assert merged["memory"]["tags"] == {"n": 2}  # merged in by default; null removes a tag
+        assert "replace_tags: true" in error_text(await c.call_tool("update_memory", {"id": fid, "tags": {}}))
+        retagged = payload(await c.call_tool("update_memory", {"id": fid, "tags": {}, "replace_tags": True}))
         assert retagged["memory"]["tags"] == {} and retagged["memory"]["text"] == "The meeting moved to Tuesday"
         hit = payload(await c.call_tool("recall", {"query": "when is the meeting", "k": 1}))["memories"][0]
         assert hit["id"] == fid and "Tuesday" in hit["text"]
@@ -128,12 +131,15 @@ async def test_update_forget_and_history(store):
         again = payload(await c.call_tool("forget", {"ids": [fid]}))  # idempotent: nothing left to forget
         assert again == {"forgotten": [], "not_found": [fid]}
         history = payload(await c.call_tool("memory_history", {"id": fid}))
-        assert [ch["op"] for ch in history["changes"]] == ["remember", "update", "update", "forget"]
+        assert [ch["op"] for ch in history["changes"]] == ["remember", "update", "update", "update", "forget"]
         assert history["changes"][0]["text"] == "The meeting is on Monday" and history["changes"][-1]["text"] is None
         page = payload(await c.call_tool("memory_history", {"id": fid, "limit": 3}))
         rest = payload(await c.call_tool("memory_history", {"id": fid, "limit": 3, "cursor": page["next_cursor"]}))
         assert [ch["seq"] for ch in page["changes"] + rest["changes"]] == [ch["seq"] for ch in history["changes"]]
-        assert payload(await c.call_tool("get_memory", {"ids": [fid]}))["missing"] == [fid]
+        assert "FactNotFound: get() found no fact" in error_text(await c.call_tool("get_memory", {"ids": [fid]}))
+        kept = payload(await c.call_tool("remember", {"text": "kept"}))["id"]
+        both = payload(await c.call_tool("get_memory", {"ids": [kept, fid]}))  # some found: the rest in missing
+        assert [m["id"] for m in both["memories"]] == [kept] and both["missing"] == [fid]
 
 
 async def test_mark_useful_records_feedback_for_adaptation(store):
@@ -147,34 +153,41 @@ async def test_mark_useful_records_feedback_for_adaptation(store):
     assert stats["facts"] == 1 and stats["feedback"] >= 1 and "path" not in stats and stats["read_only"] is False
 
 
-BAD_CALLS = [
-    ("remember", {"text": ""}, "at least 1 character"),
+BAD_CALLS = [  # every refusal is the store's own error, or one InvalidInput sentence per argument
+    ("remember", {"text": ""}, "InvalidInput: remember() argument text: expected at least 1 character, got \"\" (string)."),
     ("remember", {"text": "a\x00b"}, "InvalidInput: text must not contain NUL"),
     ("remember", {"text": "x", "tags": {"bad key!": "v"}}, "InvalidInput: tags keys must match"),
-    ("remember", {"text": "x", "tags": {"k": [1]}}, "valid string"),
+    ("remember", {"text": "x", "tags": {"k": [1]}},
+     "InvalidInput: remember() argument tags['k']: expected str, int, float or bool, got [1] (array)."),
+    ("remember", {"text": "x", "tags": {"user": "ada"}}, "InvalidInput: tags key 'user' names a scope level"),
+    ("recall", {"query": "x", "where": {"user": "ada"}}, "`evermind mcp --user ada` for an MCP server"),
     ("remember", {"text": "x", "tags": {"k": 2**60}}, "InvalidInput: tags['k'] expects an int within"),
-    ("remember", {"text": "x" * 100_001}, "at most 100000 characters"),
-    ("remember", {}, "Field required"),
-    ("recall", {"query": "x", "k": 0}, "greater than or equal to 1"),
-    ("recall", {"query": "x", "k": 51}, "less than or equal to 50"),
-    ("recall", {"query": "x", "k": True}, "expected an integer, got the boolean true"),
-    ("recall", {"query": "x", "k": "three"}, "valid integer"),
-    ("recall", {"query": "x", "mode": "fuzzy"}, "'hybrid', 'vector' or 'lexical'"),
-    ("recall", {"query": "x", "min_score": "NaN"}, "finite number"),
-    ("recall", {"query": "x", "max_chars": 10}, "greater than or equal to 1000"),
+    ("remember", {"text": "x" * 100_001}, "argument text: expected at most 100000 characters"),
+    ("remember", {}, "InvalidInput: remember() is missing the argument text."),
+    ("remember", {"text": "x", "tag": {"k": "v"}}, "InvalidInput: remember() got the unknown argument 'tag'; it takes"),
+    ("recall", {"query": "x", "k": 0}, "InvalidInput: recall() argument k: expected a number >= 1, got 0 (integer)."),
+    ("recall", {"query": "x", "k": 51}, "argument k: expected a number <= 50, got 51 (integer)"),
+    ("recall", {"query": "x", "k": True}, "argument k: expected an integer, got the boolean true."),
+    ("recall", {"query": "x", "k": "three"}, "argument k: expected an integer, got \"three\" (string)."),
+    ("recall", {"query": "x", "mode": "fuzzy"}, "argument mode: expected 'hybrid', 'vector' or 'lexical', got"),
+    ("recall", {"query": "x", "min_score": "NaN"}, "argument min_score: expected a finite number"),
+    ("recall", {"query": "x", "max_chars": 10}, "argument max_chars: expected a number >= 1000"),
+    ("recall", {"query": "x", "tags": {"a": None}}, "argument tags['a']: expected str, int, float or bool, got null."),
     ("recall", {"query": "   "}, "InvalidInput: query expected some non-blank text"),
-    ("get_memory", {"ids": []}, "at least 1 item"),
-    ("get_memory", {"ids": ["x" * 129]}, "at most 128 characters"),
+    ("get_memory", {"ids": []}, "argument ids: expected at least 1 item, got [] (array)."),
+    ("get_memory", {"ids": ["x" * 129]}, "argument ids[0]: expected at most 128 characters"),
+    ("get_memory", {"ids": ["0" * 32]}, "FactNotFound: get() found no fact with id '" + "0" * 32 + "'"),
+    ("get_memory", {"ids": ["0" * 32, "1" * 32]}, "Nor any of the other ids: '" + "1" * 32 + "'."),
     ("update_memory", {"id": "0" * 32}, "update_memory expected text or tags"),
     ("update_memory", {"id": "0" * 32, "text": "new"}, "FactNotFound: update() found no fact"),
-    ("forget", {"ids": []}, "at least 1 item"),
-    ("forget", {"ids": "abc"}, "valid list"),
+    ("forget", {"ids": []}, "argument ids: expected at least 1 item"),
+    ("forget", {"ids": "abc"}, "argument ids: expected a list, got \"abc\" (string)."),
     ("forget", {"ids": ["FID", "bad\x00id"]}, "InvalidInput: fact id must not contain NUL"),  # checked before any forget
     ("list_memories", {"cursor": "not-a-cursor"}, "InvalidInput: the cursor is not one this server returned"),
-    ("list_memories", {"limit": 101}, "less than or equal to 100"),
+    ("list_memories", {"limit": 101}, "argument limit: expected a number <= 100"),
     ("memory_history", {"id": "0" * 32}, "FactNotFound: history() found no fact"),
     ("mark_useful", {"query": "q", "id": "0" * 32}, "FactNotFound: feedback() found no fact"),
-    ("mark_useful", {"query": "q", "id": "0" * 32, "useful": "maybe"}, "valid boolean"),
+    ("mark_useful", {"query": "q", "id": "0" * 32, "useful": "maybe"}, "argument useful: expected true or false"),
     ("no_such_tool", {}, "Unknown tool"),
 ]
 
@@ -187,6 +200,7 @@ async def test_bad_input_is_an_error_result_and_the_server_carries_on(store):
                     for k, v in args.items()}
             text = error_text(await c.call_tool(tool, args))
             assert expected in text, (tool, args, text)
+            assert "validation error" not in text and "pydantic" not in text, text
         assert payload(await c.call_tool("get_memory", {"ids": [fid]}))["memories"][0]["text"] == "still here"
     assert len(store) == 1  # no bad call stored anything
 
@@ -241,14 +255,14 @@ async def test_a_fact_that_could_not_be_embedded_is_a_warning_not_a_failed_recal
 
 async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
     async with client(store) as c:
-        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"user": "ada", "n": 3}}))
-        payload(await c.call_tool("remember", {"text": "Bob prefers green tea too", "tags": {"user": "bob", "n": 1}}))
-        again = payload(await c.call_tool("remember", {"text": "ada prefers green tea.", "tags": {"user": "ada", "n": 3},
+        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"person": "ada", "n": 3}}))
+        payload(await c.call_tool("remember", {"text": "Bob prefers green tea too", "tags": {"person": "bob", "n": 1}}))
+        again = payload(await c.call_tool("remember", {"text": "ada prefers green tea.", "tags": {"person": "ada", "n": 3},
                                                        "dedup": True}))
         assert again["id"] == ada["id"] and again["duplicate"] is True and ada["duplicate"] is False
         out = payload(await c.call_tool("recall", {"query": "green tea", "where": {"n": {"$gte": 2}}}))
         assert [m["id"] for m in out["memories"]] == [ada["id"]] and out["memories"][0]["tags"]["n"] == 3
-        page = payload(await c.call_tool("list_memories", {"where": {"$or": [{"n": 1}, {"user": "carol"}]}}))
+        page = payload(await c.call_tool("list_memories", {"where": {"$or": [{"n": 1}, {"person": "carol"}]}}))
         assert [m["text"] for m in page["memories"]] == ["Bob prefers green tea too"]
         short = payload(await c.call_tool("remember", {"text": "a passing note", "ttl_seconds": 3600}))
         got = payload(await c.call_tool("get_memory", {"ids": [short["id"]]}))["memories"][0]

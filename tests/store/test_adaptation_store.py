@@ -1,4 +1,4 @@
-"""Adaptation wired into MemoryStore (issue 7, RELIABILITY R11/R12, test list A): a round swaps generations
+"""Adaptation wired into MemoryStore (issue 7, docs/reliability.md R11/R12, tests A): a round swaps generations
 with no serving gap, recalls in 4 threads never fail, empty out or mix models, hooks fire in order and can
 veto, the gate drops bad candidates, rollback restores, reopening applies the adapter, and kill -9 at every
 named point of a publish reopens on the old or the new generation and resumes."""
@@ -114,13 +114,19 @@ def test_gate_refuses_a_tie_and_says_why(filled: MemoryStore, db_path: Path, emb
     assert filled.adapter_history() == [] and filled.check().ok
 
 
-def test_a_store_too_small_to_judge_keeps_its_model(db_path: Path, embedder) -> None:
-    """20 near-duplicate facts: too few held-out memories for the gate to tell a gain from noise."""
+@pytest.mark.parametrize("facts", [20, 30, 31])
+def test_a_store_too_small_to_judge_is_refused_at_once_with_the_sizes(db_path: Path, embedder, facts: int) -> None:
+    """Too few held-out memories for the gate to tell a gain from noise: known from the store's size, so the round
+    is refused before training (a 30-fact store used to train 66 s, then be refused by the gate)."""
     with MemoryStore(db_path, embedder) as s:
-        s.remember_many([f"Ada keeps notes on green tea, page {i}" for i in range(20)])
+        s.remember_many([f"Ada keeps notes on green tea, page {i}" for i in range(facts)])
         before = s.fingerprint
-        report = s.adapt_now(AdaptationPolicy(steps=4, batch_size=8))
-        assert report.status == "refused" and "too few" in report.reason and report.gate.queries < 128
+        report = s.adapt_now()  # the default policy: min_probe_queries=128, 8 views per held-out memory
+        held_out = min(16, facts // 2)
+        assert report.status == "skipped" and report.reason.startswith(
+            f"too small to judge: {facts} memories hold out {held_out} for the gate, {held_out * 8} probe queries")
+        assert "min_probe_queries=128; a store needs at least 32 memories" in report.reason
+        assert report.steps == 0 and report.train_seconds == 0 and report.gate is None
         assert s.fingerprint == before and fingerprints(db_path) == {before} and s.adapter_history() == []
 
 

@@ -1,4 +1,4 @@
-"""RELIABILITY D: 8 reader threads + 1 writer thread in one process; two writer processes on one path,
+"""docs/reliability.md, tests D: 8 reader threads + 1 writer thread in one process; two writer processes on one path,
 opening and closing it over and over; a reader process following a writer process. No errors,
 read-your-writes, nothing lost. (Many writers at once, kill -9 of writers: test_many_writers.py.)"""
 

@@ -1,4 +1,4 @@
-"""RELIABILITY A: kill -9 of writer child processes (one, or several writing at once, at random moments, and
+"""docs/reliability.md, tests A: kill -9 of writer child processes (one, or several writing at once, at random moments, and
 at named crash points) never loses an acknowledged fact and leaves a store that opens, passes check() and
 recalls like exact search.
 

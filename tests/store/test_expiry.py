@@ -26,13 +26,13 @@ def wait_until(check, timeout: float = 10.0) -> None:
 
 
 def test_expired_facts_are_never_returned_and_sweep_keeps_their_history(store):
-    keep = store.remember("Ada prefers green tea", tags={"user": "ada"})
-    soon = store.remember("Ada's green tea order is ready", tags={"user": "ada"}, ttl=0.3)
+    keep = store.remember("Ada prefers green tea", tags={"person": "ada"})
+    soon = store.remember("Ada's green tea order is ready", tags={"person": "ada"}, ttl=0.3)
     later = store.remember("Ada's green tea promo", expires_at=datetime.now(UTC) + timedelta(hours=1))
     assert store.get(soon).expires_at is not None and store.get(keep).expires_at is None
     assert len(store) == 3
     time.sleep(0.35)
-    assert len(store) == store.count() == 2 and store.count(tags={"user": "ada"}) == 1
+    assert len(store) == store.count() == 2 and store.count(tags={"person": "ada"}) == 1
     with pytest.raises(FactNotFound, match="expired"):
         store.get(soon)
     with pytest.raises(FactNotFound):

@@ -221,3 +221,92 @@ def test_close_never_raises_and_check_never_raises_on_a_closed_store(db_path, em
     store.close()
     report = store.check()
     assert not report.ok and "closed" in report.problems[0]
+
+
+BAD_PATHS = [None, 3, b"in.jsonl", "", "in\x00.jsonl"]
+
+
+@pytest.mark.parametrize("bad", BAD_PATHS, ids=["None", "int", "bytes", "empty", "NUL"])
+def test_every_path_argument_refuses_what_is_not_a_text_path(db_path, embedder, tmp_path, bad):
+    from evermind_memory.store.backend.postgres_migrate import migrate
+
+    with MemoryStore(db_path, embedder) as store:
+        store.remember("still here")
+        for call in (store.export, store.import_, store.backup):
+            with pytest.raises(InvalidInput, match=r"expected (path|dest) to be"):
+                call(bad)
+    with pytest.raises(InvalidInput, match="expected path to be"):
+        repair_store(bad, embedder)
+    with pytest.raises(InvalidInput, match="expected source to be"):
+        migrate(bad, str(tmp_path / "copy.db"))
+    with pytest.raises(InvalidInput, match="expected dest to be"):
+        migrate(str(db_path), bad)
+    with pytest.raises(InvalidInput, match="expected path to be"):
+        MemoryStore(bad, embedder)
+    with MemoryStore(db_path, embedder, read_only=True) as reader:
+        assert [f.text for f in reader.list()] == ["still here"]
+
+
+# ---- check() agrees with the write path and with reads ---------------------------------------------------------
+BLANK = [" ", "\t", "\u00a0", "\u2028", "\u3000", " \n "]
+
+
+@pytest.mark.parametrize("blank", BLANK, ids=["space", "tab", "nbsp", "line-sep", "ideographic", "mixed"])
+def test_a_blank_source_or_id_is_refused_by_every_write(store, blank):
+    fid = store.remember("a fact with a source", source="chat")
+    writes = [lambda: store.remember("x", source=blank), lambda: store.remember_many(["x"], source=blank),
+              lambda: store.update(fid, source=blank), lambda: store.supersede(fid, "y", source=blank),
+              lambda: store.remember("x", id=blank)]
+    for write in writes:
+        with pytest.raises(InvalidInput, match="only whitespace"):
+            write()
+    assert [f.source for f in store.list()] == ["chat"] and store.check().ok
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(
+    st.text(st.characters(exclude_categories=()), min_size=1, max_size=40),  # text
+    st.none() | st.text(st.characters(exclude_categories=()), min_size=1, max_size=12),  # source
+    st.none() | st.text(st.characters(exclude_categories=()), min_size=1, max_size=12),  # id
+    st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_.:-]{0,8}", fullmatch=True),
+                    st.text(max_size=8) | st.integers(-(2**53 - 1), 2**53 - 1) | st.booleans()
+                    | st.floats(allow_nan=False, allow_infinity=False), max_size=3),  # tags
+), min_size=1, max_size=6))
+def test_check_accepts_every_fact_the_write_path_accepts(tmp_path, embedder, facts):
+    db = tmp_path / f"p{abs(hash(repr(facts)))}.db"
+    kept = {}
+    with MemoryStore(db, embedder) as store:
+        for text, source, fid, tags in facts:
+            try:
+                got = store.remember(text, source=source, id=fid, tags=tags)
+            except InvalidInput:
+                continue
+            kept[got] = (text, source, tags)
+        report = store.check()
+        assert report.ok and report.damaged_rows == 0, report.problems
+        assert {f.id: (f.text, f.source, f.tags) for f in store.list()} == kept  # reads return every one
+    with MemoryStore(db, embedder, read_only=True) as reader:
+        assert reader.check().ok
+
+
+def test_a_reader_check_sees_a_text_changed_behind_the_full_text_index(db_path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(CORPUS)
+    _damage(db_path, "UPDATE facts SET text = 'a text the index never saw' WHERE id = ?", ids[1])
+    with MemoryStore(db_path, embedder, read_only=True) as reader:
+        seen_by_reader = reader.check()
+    with MemoryStore(db_path, embedder) as writer:
+        seen_by_writer = writer.check()
+        assert not seen_by_writer.ok and "FTS integrity-check" in " ".join(seen_by_writer.problems)
+        assert seen_by_reader.problems == seen_by_writer.problems
+        assert writer.repair().ok and writer.check().ok
+    with MemoryStore(db_path, embedder, read_only=True) as reader:
+        assert reader.check().ok
+
+
+def test_a_blank_source_an_older_version_wrote_is_read_and_not_damage(db_path, embedder):
+    with MemoryStore(db_path, embedder) as store:
+        fid = store.remember("written before blank sources were refused", source="chat")
+    _damage(db_path, "UPDATE facts SET source = ? WHERE id = ?", "\u3000", fid)
+    with MemoryStore(db_path, embedder) as store:
+        assert store.get(fid).source == "\u3000" and store.check().ok

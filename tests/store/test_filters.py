@@ -85,11 +85,11 @@ def test_source_and_a_tag_called_source_are_different_fields():
 
 
 def test_implicit_and_or_and_nesting():
-    f = parse_where({"user": "ada", "$or": [{"n": {"$lt": 0}}, {"n": {"$gt": 10}}, {"flag": True}]})
-    assert f.matches(fact({"user": "ada", "n": 11}))
-    assert f.matches(fact({"user": "ada", "flag": True}))
-    assert not f.matches(fact({"user": "ada", "n": 5}))
-    assert not f.matches(fact({"user": "bob", "n": 11}))
+    f = parse_where({"person": "ada", "$or": [{"n": {"$lt": 0}}, {"n": {"$gt": 10}}, {"flag": True}]})
+    assert f.matches(fact({"person": "ada", "n": 11}))
+    assert f.matches(fact({"person": "ada", "flag": True}))
+    assert not f.matches(fact({"person": "ada", "n": 5}))
+    assert not f.matches(fact({"person": "bob", "n": 11}))
     assert parse_where({"n": {"$gt": 1, "$lt": 5}}).matches(fact({"n": 2.5}))
     assert not parse_where({"n": {"$gt": 1, "$lt": 5}}).matches(fact({"n": 5}))
 
@@ -103,12 +103,12 @@ def test_empty_filters_match_everything_and_combine_away():
 
 
 def test_matches_reads_real_facts_from_a_store(store):
-    fid = store.remember("Ada prefers green tea", tags={"user": "ada"}, source="chat")
+    fid = store.remember("Ada prefers green tea", tags={"person": "ada"}, source="chat")
     got = store.get(fid)
-    assert parse_where({"user": "ada", "source": "chat", "created_at": {"$lte": datetime.now(UTC)}}).matches(got)
-    assert not parse_where({"user": "bob"}).matches(got)
+    assert parse_where({"person": "ada", "source": "chat", "created_at": {"$lte": datetime.now(UTC)}}).matches(got)
+    assert not parse_where({"person": "bob"}).matches(got)
     hit = store.recall("green tea", k=1, mode="lexical")[0]
-    assert parse_where({"user": {"$in": ["ada", "bob"]}}).matches(hit)
+    assert parse_where({"person": {"$in": ["ada", "bob"]}}).matches(hit)
 
 
 def test_legacy_tags_and_time_windows_become_filters():
@@ -135,8 +135,8 @@ def test_typed_tags_check():
 
 # ---- one clear error per malformed filter --------------------------------------------------------------------
 MALFORMED = [
-    ([{"a": 1}], r'^where expects a dict such as \{"user": "ada"\}'),
-    ("user=ada", r"^where expects a dict"),
+    ([{"a": 1}], r'^where expects a dict such as \{"topic": "travel"\}'),
+    ("person=ada", r"^where expects a dict"),
     ({1: "x"}, r"^where\[1\]: filter keys are strings"),
     ({"$or": [{"a": 1}, {"age": {"$gt": "x", "$lt": True}}]}, r'^where\["\$or"\]\[1\]\["age"\]: \$lt expects a number or a string, got True \(bool\); bools have no order'),
     ({"$or": [{"a": 1}, {"age": {"$gt": None}}]}, r'^where\["\$or"\]\[1\]\["age"\]: \$gt expects a number or a string, got None'),
@@ -381,10 +381,10 @@ def downgrade(path: Path, version: int) -> None:
 def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_path: Path, embedder):
     path = tmp_path / "old.db"
     with MemoryStore(path, embedder) as s:
-        s.remember_many([f"fact {i}" for i in range(6)], tags={"user": "ada"})
-        s.remember("three", tags={"n": "3", "user": "bob"}, source="chat")
+        s.remember_many([f"fact {i}" for i in range(6)], tags={"person": "ada"})
+        s.remember("three", tags={"n": "3", "person": "bob"}, source="chat")
         s.remember("untagged")
-        before = {json.dumps(t): {f.id for f in s.list(tags=t)} for t in ({"user": "ada"}, {"n": "3"}, {"user": "bob", "n": "3"})}
+        before = {json.dumps(t): {f.id for f in s.list(tags=t)} for t in ({"person": "ada"}, {"n": "3"}, {"person": "bob", "n": "3"})}
         pre_rows = s.list(limit=100)
     downgrade(path, 3)
     conn = sqlite3.connect(path, isolation_level=None)
@@ -419,15 +419,15 @@ def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_pa
     conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     conn.close()
     with MemoryStore(path, embedder) as s:
-        s.remember("after", tags={"user": "ada"})
-        assert len(s.list(tags={"user": "ada"})) == 7
+        s.remember("after", tags={"person": "ada"})
+        assert len(s.list(tags={"person": "ada"})) == 7
         assert s.check().ok
 
 
 def test_a_schema_2_store_opens_migrated_with_its_facts_and_history(tmp_path: Path, embedder):
     path = tmp_path / "old.db"
     with MemoryStore(path, embedder) as s:
-        fid = s.remember("Ada's flight is on Tuesday", tags={"user": "ada"}, source="chat")
+        fid = s.remember("Ada's flight is on Tuesday", tags={"person": "ada"}, source="chat")
         gone = s.remember("an old note")
         s.forget(gone)
     downgrade(path, 2)
@@ -436,9 +436,9 @@ def test_a_schema_2_store_opens_migrated_with_its_facts_and_history(tmp_path: Pa
     with MemoryStore(path, embedder) as s:
         assert s.info()["schema_version"] == SCHEMA_VERSION == 4
         fact = s.get(fid)
-        assert (fact.tags, fact.source, fact.expires_at, fact.pinned, fact.scope) == ({"user": "ada"}, "chat", None, False, {})
+        assert (fact.tags, fact.source, fact.expires_at, fact.pinned, fact.scope) == ({"person": "ada"}, "chat", None, False, {})
         assert [c.op for c in s.history(gone)] == ["remember", "forget"]  # old history rows belong to the whole store
-        assert s.list(where={"user": {"$in": ["ada"]}}) == [fact] and s.check().ok
+        assert s.list(where={"person": {"$in": ["ada"]}}) == [fact] and s.check().ok
         ada = s.scope(user="ada")
         assert ada.count() == 0 and s.count() == 1  # old facts were remembered unscoped
     # migrating twice changes nothing (the step is idempotent, whatever order migrations merge in)
@@ -456,7 +456,7 @@ def test_migration_statements_name_only_new_columns_and_indexes():
 
 # ---- the PostgreSQL compiler: shape only (no server here) -------------------------------------------------------
 def test_postgres_compiler_shape():
-    where = parse_where({"user": "ada", "n": {"$gt": 2}, "name": {"$lt": "m"}, "source": {"$ne": "chat"},
+    where = parse_where({"person": "ada", "n": {"$gt": 2}, "name": {"$lt": "m"}, "source": {"$ne": "chat"},
                          "$or": [{"created_at": {"$gte": "2025-05-01T00:00:00Z"}}, {"ok": {"$in": [True]}}]})
     sql, params = to_postgres(where)
     lite_sql, lite_params = to_sqlite(where)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, MemoryStore, Recall
+from evermind_memory import EmbedderMismatch, EvermindError, Fact, FactNotFound, InvalidInput, MemoryStore, Recall
 from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
 from evermind_memory.store.index import groups_name
 from store_helpers import recall_at_k
@@ -27,10 +27,10 @@ TEXTS = [
 
 
 def test_remember_get_round_trip(store: MemoryStore):
-    fid = store.remember("Ada prefers green tea", tags={"user": "ada", "topic": "drinks"}, source="chat")
+    fid = store.remember("Ada prefers green tea", tags={"person": "ada", "topic": "drinks"}, source="chat")
     fact = store.get(fid)  # committed: readable at once, whether or not its vector has arrived
     assert isinstance(fact, Fact) and fact.id == fid
-    assert (fact.text, fact.tags, fact.source) == ("Ada prefers green tea", {"user": "ada", "topic": "drinks"}, "chat")
+    assert (fact.text, fact.tags, fact.source) == ("Ada prefers green tea", {"person": "ada", "topic": "drinks"}, "chat")
     assert fact.created_at == fact.updated_at and fact.created_at.tzinfo is not None
     store.flush()  # default background embedding: the vector (and its fingerprint) after flush()
     after = store.get(fid)
@@ -107,16 +107,16 @@ def test_empty_store_recall(store: MemoryStore):
 
 
 def test_tag_filters_are_exact(store: MemoryStore):
-    a = store.remember("Ada likes tea", tags={"user": "ada"})
-    store.remember("Bob likes tea", tags={"user": "bob"})
-    store.remember("Ada's cat likes tea", tags={"user": "ada ", "pet": "cat"})
-    c = store.remember("Ada walks", tags={"user": "ada", "pet": "dog"})
+    a = store.remember("Ada likes tea", tags={"person": "ada"})
+    store.remember("Bob likes tea", tags={"person": "bob"})
+    store.remember("Ada's cat likes tea", tags={"person": "ada ", "pet": "cat"})
+    c = store.remember("Ada walks", tags={"person": "ada", "pet": "dog"})
     for mode in ("hybrid", "vector", "lexical"):
-        got = {h.id for h in store.recall("likes tea", k=10, tags={"user": "ada"}, mode=mode)}
+        got = {h.id for h in store.recall("likes tea", k=10, tags={"person": "ada"}, mode=mode)}
         assert got <= {a, c} and a in got, mode
-    assert [h.id for h in store.recall("walks", tags={"user": "ada", "pet": "dog"}, mode="vector")] == [c]
-    assert store.recall("tea", tags={"user": "nobody"}) == []
-    assert {f.id for f in store.list(tags={"user": "ada"})} == {a, c}
+    assert [h.id for h in store.recall("walks", tags={"person": "ada", "pet": "dog"}, mode="vector")] == [c]
+    assert store.recall("tea", tags={"person": "nobody"}) == []
+    assert {f.id for f in store.list(tags={"person": "ada"})} == {a, c}
 
 
 def test_large_tag_filter_uses_index_and_stays_exact(store: MemoryStore, rng):
@@ -141,19 +141,37 @@ def test_hnsw_recall_at_10_matches_exact_search(tmp_path: Path, embedder, rng):
 
 
 def test_update_text_tags_source(store: MemoryStore):
-    fid = store.remember("Ada prefers green tea", tags={"user": "ada"})
+    fid = store.remember("Ada prefers green tea", tags={"person": "ada"})
     old = store.get(fid)
     new = store.update(fid, "Ada prefers black coffee")
-    assert new.text == "Ada prefers black coffee" and new.tags == {"user": "ada"} and new.created_at == old.created_at
+    assert new.text == "Ada prefers black coffee" and new.tags == {"person": "ada"} and new.created_at == old.created_at
     assert new.updated_at >= old.updated_at
     assert store.recall("green tea", mode="lexical") == []
     assert store.recall("black coffee", mode="lexical")[0].id == fid
     hits = store.recall("Ada prefers black coffee", k=5, mode="vector")
     assert [h.id for h in hits].count(fid) == 1 and hits[0].score == pytest.approx(1.0, abs=1e-5)
-    assert store.update(fid, tags={"user": "bob"}).tags == {"user": "bob"}
-    assert store.list(tags={"user": "ada"}) == []
+    assert store.update(fid, tags={"person": "bob"}).tags == {"person": "bob"}
+    assert store.list(tags={"person": "ada"}) == []
     assert store.update(fid, source="import").source == "import"
     assert store.check().ok
+
+
+def test_update_merges_tags_unless_told_to_replace_them(store: MemoryStore):
+    fid = store.remember("Cy's notes", tags={"n": 3, "who": "cy"})
+    assert store.update(fid, tags={"mood": "happy"}).tags == {"n": 3, "who": "cy", "mood": "happy"}
+    assert store.count(tags={"who": "cy"}) == 1  # still in every who=cy filter
+    assert store.update(fid, tags={"mood": None, "n": 4}).tags == {"n": 4, "who": "cy"}  # None removes a tag
+    assert store.update(fid, tags={"who": "cy"}, replace_tags=True).tags == {"who": "cy"}
+    with pytest.raises(InvalidInput, match="merge nothing.*replace_tags=True"):
+        store.update(fid, tags={})
+    with pytest.raises(InvalidInput, match="expected tags= as well"):
+        store.update(fid, "text", replace_tags=True)
+    with pytest.raises(InvalidInput, match=r"tags\['x'\] expects a str, int, float or bool"):
+        store.update(fid, tags={"x": None}, replace_tags=True)
+    with pytest.raises(InvalidInput, match="more than 32"):
+        store.update(fid, tags={f"k{i}": i for i in range(32)})
+    assert store.update(fid, tags={}, replace_tags=True).tags == {}
+    assert [c.tags for c in store.history(fid)][-1] == {} and store.check().ok
 
 
 def test_forget_never_returns_the_fact(store: MemoryStore):
@@ -172,9 +190,9 @@ def test_forget_never_returns_the_fact(store: MemoryStore):
 
 
 def test_forget_where(store: MemoryStore):
-    store.remember_many(["a1", "a2"], tags={"user": "ada"}, source="chat")
-    keep = store.remember("b1", tags={"user": "bob"}, source="chat")
-    assert store.forget_where(tags={"user": "ada"}) == 2
+    store.remember_many(["a1", "a2"], tags={"person": "ada"}, source="chat")
+    keep = store.remember("b1", tags={"person": "bob"}, source="chat")
+    assert store.forget_where(tags={"person": "ada"}) == 2
     assert store.forget_where(source="nobody") == 0
     assert [f.id for f in store.list()] == [keep]
     assert store.forget_where(source="chat") == 1

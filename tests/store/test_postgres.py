@@ -188,10 +188,10 @@ def test_postgres_cli_commands_take_a_url(pg_server, pg_url, embedder):
         out = io.StringIO()
         return cli_main([*argv, "--db", pg_url, "--json"], embedder=embedder, out=out), out.getvalue()
 
-    code, out = run("remember", "Ada's laptop is a grey ThinkPad", "--tag", "user=ada")
+    code, out = run("remember", "Ada's laptop is a grey ThinkPad", "--tag", "person=ada")
     assert code == 0
     fid = json.loads(out)["id"]
-    code, out = run("recall", "which laptop does Ada use", "--tag", "user=ada", "-k", "1")
+    code, out = run("recall", "which laptop does Ada use", "--tag", "person=ada", "-k", "1")
     assert code == 0 and json.loads(out)[0]["id"] == fid
     code, out = run("info")
     info = json.loads(out)

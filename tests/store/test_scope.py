@@ -323,3 +323,47 @@ def test_salvage_keeps_the_scopes_and_expiry_of_what_it_reads(tmp_path, embedder
             assert fact.scope == made[fid][0] and store.scope(**fact.scope).get(fid).id == fid
             changed += ((fact.expires_at is not None), fact.pinned) != (made[fid][2], made[fid][3])
         assert changed <= report.restored  # only a fact rebuilt from the change log loses its expiry or pin
+
+
+# ---- "user" has one meaning: the scope ------------------------------------------------------------------------
+def test_a_scope_level_is_never_a_tag_and_the_error_says_how_to_scope(tmp_path):
+    with MemoryStore(tmp_path / "u.db", EMBEDDER) as store:
+        ada = store.scope(user="ada")
+        fid = ada.remember("Ada prefers green tea", tags={"person": "ada"})
+        refused = [lambda: store.remember("x", tags={"user": "ada"}), lambda: store.remember_many(["x"], tags={"agent": "a"}),
+                   lambda: store.update(fid, tags={"user": "bob"}), lambda: store.update(fid, tags={"run": "r"}, replace_tags=True),
+                   lambda: store.supersede(fid, "y", tags={"namespace": "n"}), lambda: store.recall("tea", tags={"user": "ada"}),
+                   lambda: store.list(where={"user": "ada"}), lambda: store.count(where={"$or": [{"n": 1}, {"user": "x"}]}),
+                   lambda: store.forget_where(tags={"user": "ada"})]
+        for call in refused:
+            with pytest.raises(InvalidInput, match=r"names a scope level, not a tag: .*store\.scope\("):
+                call()
+        with pytest.raises(InvalidInput, match="--user ada on the command line"):
+            store.recall("tea", where={"user": "ada"})
+        assert [h.id for h in ada.recall("what does Ada drink?")] == [fid]
+        assert store.get(fid).scope == {"user": "ada"} and store.get(fid).tags == {"person": "ada"}
+        export = tmp_path / "legacy.jsonl"
+        export.write_text('{"id": "L1", "text": "an exported fact", "tags": {"user": "ada"}}\n', encoding="utf-8")
+        with pytest.raises(InvalidInput, match="line 1.*names a scope level"):
+            store.import_(export)
+        assert len(store) == 1 and store.check().ok
+
+
+def test_a_user_tag_an_earlier_version_stored_stays_readable_and_writable(tmp_path):
+    from evermind_memory.store.backend.filter_sql import REBUILD_TAGS_SQL
+
+    db = tmp_path / "legacy.db"
+    with MemoryStore(db, EMBEDDER) as store:
+        fid = store.remember("Cy's notes", tags={"n": 3})
+    conn = sqlite3.connect(db)  # as an earlier version wrote it, with its tag rows
+    conn.execute("UPDATE facts SET tags = ? WHERE id = ?", ('{"n": 3, "user": "cy"}', fid))
+    conn.execute("DELETE FROM fact_tags")
+    conn.execute(REBUILD_TAGS_SQL)
+    conn.commit()
+    conn.close()
+    with MemoryStore(db, EMBEDDER) as store:
+        assert store.get(fid).tags == {"n": 3, "user": "cy"} and store.check().ok
+        assert [f.id for f in store.list(where={"tags[user]": "cy"})] == [fid]
+        assert store.update(fid, "Cy's new notes", tags={"mood": "happy"}).tags == {"n": 3, "user": "cy", "mood": "happy"}
+        assert store.update(fid, tags={"user": None}).tags == {"n": 3, "mood": "happy"}  # and it can be removed
+        assert store.check().ok and store.repair().mode == "nothing to repair"

@@ -1,4 +1,4 @@
-"""RELIABILITY E: a hypothesis state machine drives a MemoryStore against a dict + exact-search model:
+"""docs/reliability.md, tests E: a hypothesis state machine drives a MemoryStore against a dict + exact-search model:
 remember, update, forget, recall, flush, reopen, rebuild, drop or corrupt the index, swap the embedder.
 The store runs in the default mode (background embedding)."""
 
@@ -28,7 +28,7 @@ def embedder(seed: int):
 
 words = st.sampled_from("tea coffee cat dog river fox Paris agent memory green black quick".split())
 texts = st.lists(words, min_size=1, max_size=5).map(" ".join)
-tags = st.sampled_from([None, {"user": "ada"}, {"user": "bob"}, {"user": "ada", "topic": "x"}])
+tags = st.sampled_from([None, {"person": "ada"}, {"person": "bob"}, {"person": "ada", "topic": "x"}])
 
 
 class StoreMachine(RuleBasedStateMachine):

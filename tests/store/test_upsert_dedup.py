@@ -12,7 +12,7 @@ from store_helpers import CHILD_PRELUDE, PYTHON, child_env
 
 
 def test_remember_with_an_id_inserts_then_replaces_keeping_history(store):
-    assert store.remember("Ada's flight is on Tuesday", id="ada-flight", tags={"user": "ada"}, ttl=3600) == "ada-flight"
+    assert store.remember("Ada's flight is on Tuesday", id="ada-flight", tags={"person": "ada"}, ttl=3600) == "ada-flight"
     first = store.get("ada-flight")
     assert first.expires_at is not None
     assert store.remember("Ada's flight is on Wednesday", id="ada-flight", source="mail", pinned=True) == "ada-flight"
@@ -57,17 +57,17 @@ def test_count_len_and_clear(store):
 
 
 def test_supersede_links_both_histories(store):
-    old = store.remember("Ada lives in Bern", tags={"user": "ada"}, source="chat")
+    old = store.remember("Ada lives in Bern", tags={"person": "ada"}, source="chat")
     new = store.supersede(old, "Ada moved to Zurich")
     fact = store.get(new)
-    assert (fact.text, fact.tags, fact.source) == ("Ada moved to Zurich", {"user": "ada"}, "chat")  # inherited
+    assert (fact.text, fact.tags, fact.source) == ("Ada moved to Zurich", {"person": "ada"}, "chat")  # inherited
     with pytest.raises(FactNotFound):
         store.get(old)
     assert [(c.op, c.replaced_by) for c in store.history(old)] == [("remember", None), ("forget", new)]
     assert [(c.op, c.replaces) for c in store.history(new)] == [("remember", old)]
     assert [h.id for h in store.recall("where does Ada live", k=5)] == [new]
-    other = store.supersede(new, "Ada moved to Geneva", tags={"user": "ada", "city": "Geneva"})
-    assert store.get(other).tags == {"user": "ada", "city": "Geneva"}
+    other = store.supersede(new, "Ada moved to Geneva", tags={"person": "ada", "city": "Geneva"})
+    assert store.get(other).tags == {"person": "ada", "city": "Geneva"}
     with pytest.raises(FactNotFound):
         store.supersede(old, "again")
     with pytest.raises(FactNotFound):
@@ -76,13 +76,13 @@ def test_supersede_links_both_histories(store):
 
 
 def test_dedup_returns_the_stored_id_for_a_repeat_and_stores_a_change(store):
-    first = store.remember("Ada's flight is on Tuesday", tags={"user": "ada"})
-    assert store.remember("ada's flight is on tuesday.", tags={"user": "ada"}, dedup=True) == first
-    wednesday = store.remember("Ada's flight is on Wednesday", tags={"user": "ada"}, dedup=True)
+    first = store.remember("Ada's flight is on Tuesday", tags={"person": "ada"})
+    assert store.remember("ada's flight is on tuesday.", tags={"person": "ada"}, dedup=True) == first
+    wednesday = store.remember("Ada's flight is on Wednesday", tags={"person": "ada"}, dedup=True)
     assert wednesday != first  # close in meaning, but a different day: a new fact
-    other_tags = store.remember("Ada's flight is on Tuesday", tags={"user": "bob"}, dedup=True)
-    other_source = store.remember("Ada's flight is on Tuesday", tags={"user": "ada"}, source="mail", dedup=True)
-    other_scope = store.scope(user="ada").remember("Ada's flight is on Tuesday", tags={"user": "ada"}, dedup=True)
+    other_tags = store.remember("Ada's flight is on Tuesday", tags={"person": "bob"}, dedup=True)
+    other_source = store.remember("Ada's flight is on Tuesday", tags={"person": "ada"}, source="mail", dedup=True)
+    other_scope = store.scope(user="ada").remember("Ada's flight is on Tuesday", tags={"person": "ada"}, dedup=True)
     assert len({first, other_tags, other_source, other_scope}) == 4  # duplicates only within scope, tags, source
     assert len(store) == 5
     assert [c.op for c in store.history(first)] == ["remember"]  # the repeat wrote nothing

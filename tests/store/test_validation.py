@@ -1,5 +1,5 @@
 """Every bad input at the public boundary gives an InvalidInput-family error that names the problem,
-and nothing is half-written (RELIABILITY §9, R10)."""
+and nothing is half-written (docs/reliability.md R19, R10)."""
 
 from __future__ import annotations
 
@@ -77,18 +77,18 @@ def test_bad_text_in_a_batch_stores_nothing(store: MemoryStore):
 @pytest.mark.parametrize(
     "tags, message",
     [
-        ("user=ada", "dict of str"),
+        ("person=ada", "dict of str"),
         ({"": "x"}, "keys must match"),
         ({"has space": "x"}, "keys must match"),
         ({"k" * 65: "x"}, "keys must match"),
         ({1: "x"}, "keys must match"),
-        ({"user": None}, "expects a str, int, float or bool"),
-        ({"user": [1]}, "expects a str, int, float or bool"),
-        ({"user": float("nan")}, "finite number"),
-        ({"user": 2**60}, r"int within \+-\(2\*\*53 - 1\)"),
-        ({"user": "a\x00"}, "NUL"),
-        ({"user": "\udfff"}, "lone surrogate"),
-        ({"user": "x" * 513}, "at most 512"),
+        ({"person": None}, "expects a str, int, float or bool"),
+        ({"person": [1]}, "expects a str, int, float or bool"),
+        ({"person": float("nan")}, "finite number"),
+        ({"person": 2**60}, r"int within \+-\(2\*\*53 - 1\)"),
+        ({"person": "a\x00"}, "NUL"),
+        ({"person": "\udfff"}, "lone surrogate"),
+        ({"person": "x" * 513}, "at most 512"),
         ({f"k{i}": "v" for i in range(33)}, "at most 32 tags"),
     ],
 )

@@ -94,7 +94,7 @@ def test_typed_tags_round_trip_and_filter_by_type(store):
     assert type(fact.tags["i"]) is int and type(fact.tags["b"]) is bool
     assert store.count(tags={"i": 3}) == 1 and store.count(tags={"i": "3"}) == 0 and store.count(tags={"s": 3}) == 0
     assert store.count(where={"b": False}) == 1 and store.count(where={"b": 0}) == 0  # a bool is not a number
-    assert store.update(fid, tags={"i": 4}).tags == {"i": 4}
+    assert store.update(fid, tags={"i": 4}, replace_tags=True).tags == {"i": 4}
     assert store.count(where={"i": {"$gt": 3.5}}) == 1 and store.history(fid)[-1].tags == {"i": 4}
 
 
@@ -128,7 +128,7 @@ def test_filter_errors_name_the_argument_and_the_place(store):
     with pytest.raises(InvalidInput, match=r'where\["\$or"\]\[1\]\["n"\]: \$gt expects a number or a string'):
         store.recall("x", where={"$or": [{"a": 1}, {"n": {"$gt": True}}]})
     with pytest.raises(InvalidInput, match="where expects a dict"):
-        store.list(where="user=ada")
+        store.list(where="person=ada")
     with pytest.raises(InvalidInput, match="since .* must not be after until"):
         store.count(since="2025-06-01T00:00:00Z", until="2025-05-01T00:00:00Z")
     with pytest.raises(InvalidInput, match="naive"):

@@ -9,7 +9,7 @@ write transaction, committed when the block ends, rolled back if it raises). Ses
 their block and only by the thread that opened it.
 
 The change log is the change feed: every change of a fact gets the next `seq` (monotonic, never reused), and
-`max_seq()` / `changes_after()` let any vector cache catch up from its watermark (RELIABILITY R3).
+`max_seq()` / `changes_after()` let any vector cache catch up from its watermark (docs/reliability.md R3).
 `prune_history()` (compact) deletes the changes of long-forgotten facts and records how far it went in meta
 `history_pruned`: a cache whose watermark is below that cannot replay, and rebuilds.
 
@@ -113,8 +113,9 @@ class FactRow(NamedTuple):
         except (ValueError, TypeError, AttributeError) as exc:
             reason = str(exc) if str(exc).startswith("its ") else f"{type(exc).__name__}: {exc}"
         if reason is not None:
-            raise RowDamaged(f"fact {self.id!r:.80} (row {self.rid}) is damaged: {reason}. Run store.repair() (or "
-                             "`evermind repair`): it fixes what it can and quarantines the rest.", part="fact row")
+            raise RowDamaged(f"fact {self.id!r:.80} (row {self.rid}) is damaged: {reason}. Run store.repair() (from a "
+                             "shell: `evermind repair PATH`, PATH the store's file): it fixes what it can and "
+                             "quarantines the rest.", part="fact row")
         return out
 
     def to_fact(self) -> Fact:

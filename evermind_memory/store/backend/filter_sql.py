@@ -89,7 +89,7 @@ def tag_row(fact_id: str, key: str, value: str | int | float | bool) -> tuple[st
 
 def tag_rows(fact_id: str, tags: Mapping[str, Any]) -> list[tuple[str, str, str, str, float | None]]:
     """The `fact_tags` rows of one fact's tags (checked with filters.check_typed_tags)."""
-    return [tag_row(fact_id, k, v) for k, v in check_typed_tags(tags).items()]
+    return [tag_row(fact_id, k, v) for k, v in check_typed_tags(tags, scope_names=True).items()]
 
 
 # Every fact's tag rows again, from facts.tags (repair): the rows tag_row() writes. (A float's `value` text may be

@@ -98,8 +98,10 @@ def _import_psycopg() -> Any:
         import psycopg
         import psycopg_pool  # noqa: F401
     except ImportError as exc:
+        from ..._extras import install_command
+
         raise EvermindError("a postgresql:// store needs psycopg 3 and psycopg-pool; install them with "
-                            "`pip install 'evermind_memory[postgres]'`.") from exc
+                            f"`{install_command('postgres')}`.") from exc
     return psycopg
 
 

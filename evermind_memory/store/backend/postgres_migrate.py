@@ -214,12 +214,15 @@ def migrate(source: str, dest: str) -> MigrationReport:
     Returns:
         MigrationReport (rows and checksums per table, adapters copied).
     Raises:
-        InvalidInput: no store at the source; the destination file exists or the database holds a store already.
+        InvalidInput: a path that is not text (None, bytes, empty, NUL); no store at the source; the destination file exists or the database holds a store already.
         EvermindError: the copy differs from the source (the report's table is named); the source or the
             destination cannot be opened.
     """
     import time
 
+    from ..validate import check_path
+
+    source, dest = check_path(source, "source", "migrate"), check_path(dest, "dest", "migrate")
     t0 = time.perf_counter()
     src = _open(source, create=False)
     dst = None

@@ -1,7 +1,7 @@
 """The PostgreSQL queries of a store: one `PostgresSession` per pooled connection answers backend.Reads and
 backend.Writes, with the same rows and meanings as backend/sqlite_session.py.
 
-Plain parameterised SQL (psycopg `%s`; R9); lists travel as one array parameter (`= ANY(%s)`). Times are
+Plain parameterised SQL (psycopg `%s`; R19); lists travel as one array parameter (`= ANY(%s)`). Times are
 `timestamptz` columns, read back as the canonical UTC text every FactRow holds (`_ts`), so the front parses one
 format whatever the backend. Vectors are little-endian float32 `bytea`, as in SQLite, read with binary cursors.
 

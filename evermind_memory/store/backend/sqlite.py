@@ -37,6 +37,9 @@ from .sqlite_session import SQLiteSession
 # processes: + leases, + facts.owner (who embeds a waiting fact); 4: typed tags, expires_at, pinned, scopes,
 # history links (issue 20)
 SCHEMA_VERSION = 4
+FTS_TABLE_SQL = ("CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
+                 "tokenize='porter unicode61')")
+FTS_CHECK_SQL = "INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)"  # FTS5's deep check
 WAL_SIZE_LIMIT = 64 << 20  # bytes a reset WAL file is truncated back to
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 # The tables a store of SCHEMA_VERSION has: those _create_schema makes (tests/store/test_backend.py checks it).
@@ -301,12 +304,41 @@ class SQLiteBackend:
                 "sqlite_wal_reset_fixed": sqlite_has_wal_reset_fix()}
 
     def fts_integrity(self) -> str | None:
-        """FTS5's own deep check on the writing connection: None when it passes, else the error text."""
+        """FTS5's own deep check: None when it passes, else the error text. A writer runs it on its writing
+        connection; a reader, which may not write the file, on a private copy (_fts_integrity_of_copy)."""
+        if self._writer is None:
+            return self._fts_integrity_of_copy()
         with self.write_mutex:
             try:
-                self._writer.execute("INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)")
+                self._writer.execute(FTS_CHECK_SQL)
             except sqlite3.DatabaseError as exc:
                 return str(exc)
+        return None
+
+    def _fts_integrity_of_copy(self) -> str | None:
+        """The same check for a read-only store. FTS5's 'integrity-check' is an INSERT, which a read-only
+        connection refuses, so it runs in a scratch database (SQLite's private temp file, deleted at close) holding
+        a copy of the index's tables and of the texts it indexes, both read in one read transaction. So a reader's
+        check() sees what a writer's does (a text changed behind the index's back). Costs one pass over the texts
+        and the index."""
+        scratch = sqlite3.connect("", uri=True, isolation_level=None)
+        try:
+            scratch.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
+            scratch.execute("PRAGMA trusted_schema = OFF")
+            scratch.execute("ATTACH DATABASE ? AS store", (Path(self.path).as_uri() + "?mode=ro",))
+            scratch.execute("CREATE TABLE main.facts (rid INTEGER PRIMARY KEY, text)")
+            scratch.execute(FTS_TABLE_SQL)
+            scratch.execute("BEGIN")
+            scratch.execute("INSERT INTO main.facts (rid, text) SELECT rid, text FROM store.facts")
+            for part in ("data", "idx", "docsize", "config"):
+                scratch.execute(f"DELETE FROM main.facts_fts_{part}")
+                scratch.execute(f"INSERT INTO main.facts_fts_{part} SELECT * FROM store.facts_fts_{part}")
+            scratch.execute("COMMIT")
+            scratch.execute(FTS_CHECK_SQL)
+        except sqlite3.DatabaseError as exc:
+            return str(exc)
+        finally:
+            _close_quietly(scratch)
         return None
 
     def count_damaged(self, dim: int) -> tuple[int, int, str | None]:
@@ -465,10 +497,7 @@ class SQLiteBackend:
             "text TEXT, tags TEXT, source TEXT, vector_added INTEGER NOT NULL DEFAULT 0, label_removed INTEGER)"
         )
         conn.execute("CREATE INDEX changes_fact ON changes (fact_id, seq)")
-        conn.execute(
-            "CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
-            "tokenize='porter unicode61')"
-        )
+        conn.execute(FTS_TABLE_SQL)
         _create_feedback(conn)
         _create_leases(conn)
         migrate_typed_tags(conn)  # schema 4's columns and indexes: the very statements a migrated store ran

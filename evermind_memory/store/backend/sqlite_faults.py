@@ -25,6 +25,7 @@ from ...errors import EvermindError, StorageError, StoreCorrupt, StoreLocked
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 REPAIR_HINT = "`evermind repair {path}` (or store.repair()) keeps every readable fact and quarantines the rest"
+CHECK_HINT = "`evermind check {path}` lists what is wrong"
 
 _STORAGE = {  # sqlite3 message fragment -> (errno, what to do)
     "readonly": (errno.EROFS, "give this process write access to the file and its directory, or open it with "
@@ -44,8 +45,10 @@ _CORRUPT = (  # sqlite3 message fragment -> the part it names
 
 
 def repair_hint(path: str) -> str:
-    """What to do about a damaged store at `path`."""
-    return REPAIR_HINT.format(path=path)
+    """What to do about a damaged store at `path`: the command as a shell takes it (the path quoted if need be)."""
+    import shlex
+
+    return REPAIR_HINT.format(path=shlex.quote(path))
 
 
 def translate(exc: BaseException, path: str, doing: str) -> EvermindError:
@@ -75,8 +78,10 @@ def translate(exc: BaseException, path: str, doing: str) -> EvermindError:
                 return err
         if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.ProgrammingError):
             part = next((name for fragment, name in _CORRUPT if fragment in low), "database")
+            import shlex
+
             return StoreCorrupt(f"{path}: the {part} is damaged ({text}) while {doing}. {repair_hint(path)}; "
-                                "`evermind check` lists what is wrong.", path=path, part=part)
+                                f"{CHECK_HINT.format(path=shlex.quote(path))}.", path=path, part=part)
     return EvermindError(f"{path}: unexpected {type(exc).__name__} while {doing}: {text}")
 
 

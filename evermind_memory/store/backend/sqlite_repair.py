@@ -84,6 +84,18 @@ def _ok_text(value: Any) -> bool:
     return True
 
 
+def _ok_label(value: Any) -> bool:
+    """A source a read returns: any text. (The write path also refuses one of only whitespace, but an older version
+    wrote such labels and reads return them: they are not damage.)"""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _ok_time(value: Any) -> bool:
     try:
         return isinstance(value, str) and datetime.fromisoformat(value).tzinfo is not None
@@ -153,7 +165,7 @@ def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
                 out["text"] = text
             if _ok_tags(tags):
                 out["tags"] = tags
-            out["source"] = source if source is None or _ok_text(source) else out.get("source")
+            out["source"] = source if source is None or _ok_label(source) else out.get("source")
         if op == "forget":
             out["forgotten"] = True
     return out
@@ -183,7 +195,7 @@ def row_faults(row: dict, dim: int) -> list[str]:
             faults.append("text bytes")
     if not _ok_tags(row["tags"]):
         faults.append("tags")
-    if row["source"] is not None and not _ok_text(row["source"]):
+    if row["source"] is not None and not _ok_label(row["source"]):
         faults.append("source")
     for name in ("created_at", "updated_at"):
         if not _ok_time(row[name]):

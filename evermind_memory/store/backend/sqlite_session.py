@@ -1,6 +1,6 @@
 """The SQLite queries of a store: one `SQLiteSession` per connection answers backend.Reads and backend.Writes.
 
-Plain parameterised SQL (R9: never a value in the text); long IN lists go in chunks of _IN_CHUNK. Rows come
+Plain parameterised SQL (R19: never a value in the text); long IN lists go in chunks of _IN_CHUNK. Rows come
 back as the named tuples of backend/__init__.py. Which facts a read sees is a `Selection`, compiled by
 backend/filter_sql.py into one condition on `facts f`; other indexed equalities next to it carry a unary plus
 (`+f.fingerprint = ?`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it
