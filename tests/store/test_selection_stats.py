@@ -46,13 +46,13 @@ def test_scoped_lexical_scores_equal_a_store_of_the_scope_alone(mixed, embedder,
 
 
 def test_a_filter_narrows_the_statistics_too(store, embedder, tmp_path, backend, request):
-    store.remember_many(ADA, tags={"user": "ada"})
-    store.remember_many(BOB, tags={"user": "bob"})
+    store.remember_many(ADA, tags={"person": "ada"})
+    store.remember_many(BOB, tags={"person": "bob"})
     other = _another(backend, tmp_path, request)
     with MemoryStore(other, embedder) as alone:
         alone.remember_many(BOB)
         for q in QUERIES:
-            got = {h.text: h.score for h in store.recall(q, k=10, mode="lexical", tags={"user": "bob"})}
+            got = {h.text: h.score for h in store.recall(q, k=10, mode="lexical", tags={"person": "bob"})}
             ref = _scores(alone, q)
             assert got.keys() == ref.keys(), q
             assert np.allclose([got[t] for t in ref], list(ref.values()), rtol=1e-6, atol=1e-9), (q, got, ref)
