@@ -312,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _scores(hit: Any) -> str:
+    """A hit's score, and beside it its calibrated relevance (hybrid recall with a fitted rule): the number that
+    means the same in every store."""
+    return f"{hit.score:7.3f}" + ("" if hit.relevance is None else f"  rel {hit.relevance:.2f}")
+
+
 def _why(hit: Any) -> list[str]:
     """recall --explain's line under a hit: its relevance and how its score was made (none without --explain)."""
     e = hit.explain
@@ -448,7 +454,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
                             **_filter_args(args))
-        emit(hits, [line for h in hits for line in [f"{h.score:7.3f}  {_fact_line(h)}", *_why(h)]])
+        emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h)]])
     elif cmd == "get":
         fact = store.get(args.id)
         emit(fact, [_fact_line(fact), f"created {fact.created_at.isoformat()}  updated {fact.updated_at.isoformat()}"])
