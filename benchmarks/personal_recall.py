@@ -91,7 +91,8 @@ def run(embedder: object, ps: PersonalSet, log: Callable[[str], None] = lambda s
             for qi, scope in asks(ps):
                 q = ps.questions[qi]
                 view = store.scope(user=q.user) if scope == "scoped" else store
-                rec = {"q": qi, "scope": scope, "part": q.part, "answerable": q.fact is not None, "ranks": {}}
+                rec = {"q": qi, "scope": scope, "part": q.part, "answerable": q.fact is not None,
+                       "first_person": q.first_person, "ranks": {}}
                 for mode in MODES:
                     hits = view.recall(q.text, k=K, mode=mode)
                     found = [index[h.id] for h in hits]
@@ -113,6 +114,9 @@ def summarise(res: dict) -> dict:
     for part in ("generated", "hand"):
         for scope in ("scoped", "all"):
             groups[f"{part}/{scope}"] = [a for a in asks_ if a["answerable"] and a["part"] == part and a["scope"] == scope]
+    for part in ("generated", "hand"):  # the questions asked both ways, scoped: to compare with "/all" one to one
+        groups[f"{part}/scoped, 3rd p."] = [a for a in asks_ if a["answerable"] and a["part"] == part
+                                            and a["scope"] == "scoped" and not a.get("first_person")]
     groups["all answerable"] = [a for a in asks_ if a["answerable"]]
     for name, rows in groups.items():
         g = {"n": len(rows)}
@@ -133,10 +137,10 @@ def summarise(res: dict) -> dict:
 
 
 def format_table(label: str, summary: dict) -> str:
-    lines = [f"{label}", f"  {'group':<20}{'n':>5}" + "".join(f"{m + ' first':>16}{'mrr':>7}" for m in MODES)]
+    lines = [f"{label}", f"  {'group':<24}{'n':>5}" + "".join(f"{m + ' first':>16}{'mrr':>7}" for m in MODES)]
     for name, g in summary["groups"].items():
         cells = "".join(f"{g[m]['first']:>9} ({g[m]['first_share']:.2f}){g[m]['mrr@10']:>7.3f}" for m in MODES)
-        lines.append(f"  {name:<20}{g['n']:>5}{cells}")
+        lines.append(f"  {name:<24}{g['n']:>5}{cells}")
     rel = summary.get("relevance")
     if rel:
         lines.append("  relevance of the hybrid top hit (threshold: share of right top hits kept / of unanswerable "
