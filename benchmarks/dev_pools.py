@@ -52,6 +52,20 @@ __all__ = ["DevSource", "SourcePools", "VectorCache", "dev_sources", "foreign_po
            "load_eval_source", "open_store", "source_pools", "store_path"]
 
 
+def save_json_gz(path: Path, obj: object) -> None:
+    """Write a cache file atomically (a temporary file, then a rename)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = Path(path).with_name(Path(path).name + ".tmp")
+    with gzip.open(tmp_path, "wt", encoding="utf-8") as fh:
+        json.dump(obj, fh)
+    os.replace(tmp_path, path)
+
+
+def load_json_gz(path: Path) -> object:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 @dataclass(frozen=True)
 class DevSource:
     """One dev source: queries with one relevant doc each, and every doc the store holds."""

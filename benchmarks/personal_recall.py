@@ -22,7 +22,6 @@ fitted on the manual sources): the reference row of the protocol.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -171,8 +170,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
     docs = [f.text for f in ps.facts]
     all_asks = asks(ps)
     if path.is_file():
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            cached = json.load(fh)
+        cached = dp.load_json_gz(path)
     else:
         t0 = time.perf_counter()
         wrapped = dp.QueryCachingEmbedder(embedder) if hasattr(dp, "QueryCachingEmbedder") else embedder
@@ -191,11 +189,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
                         cached["store"][mode].append([index[h.id] for h in view.recall(q.text, k=K, mode=mode)])
             finally:
                 store.close()
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp_path = path.with_name(path.name + ".tmp")
-        with gzip.open(tmp_path, "wt", encoding="utf-8") as fh:
-            json.dump(cached, fh)
-        os.replace(tmp_path, path)
+        dp.save_json_gz(path, cached)
         log(f"personal: {len(all_asks)} asks pooled in {time.perf_counter() - t0:.1f}s")
     minilm_rank = _minilm_rankings(ps, all_asks, minilm, cache_dir) if minilm is not None else None
     pools = [CandidatePool.from_json(p) for p in cached["pools"]]
@@ -237,8 +231,7 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
     path = cache_dir / f"personal-small-{fp}-{dp.POOL_MAX}{dp.POOL_FORMAT}-{ps.digest()}-{seed}.json.gz"
     qs = [i for i, q in enumerate(ps.questions) if q.fact is not None and not q.first_person and q.part == "generated"]
     if path.is_file():
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            cached = json.load(fh)
+        cached = dp.load_json_gz(path)
     else:
         t0 = time.perf_counter()
         rng = np.random.default_rng(seed)
@@ -271,11 +264,7 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
                                 cached["sizes"].append(size)
                 finally:
                     store.close()
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp_path = path.with_name(path.name + ".tmp")
-        with gzip.open(tmp_path, "wt", encoding="utf-8") as fh:
-            json.dump(cached, fh)
-        os.replace(tmp_path, path)
+        dp.save_json_gz(path, cached)
         log(f"personal-small: {len(cached['asks'])} asks in {SMALL_STORES} stores pooled in "
             f"{time.perf_counter() - t0:.1f}s")
     pools = [CandidatePool.from_json(p) for p in cached["pools"]]

@@ -54,7 +54,8 @@ TOP = 10                 # metrics and the relevance model read the top 10
 WEIGHT_GRID = tuple(float(f"{w:.4g}") for w in np.geomspace(0.05, 8.0, 41))
 POOLS = (30, 50, 100)
 L2 = 1e-3                # softmax / logistic ridge, per query
-RELEVANCE_FEATURES = ("score", "margin", "cos", "lex_abs", "cos_z", "lex_rr", "vec_rr", "rr_both", "vec_gap1", "lex_gap1")
+RELEVANCE_FEATURES = ("score", "margin", "cos", "lex_abs", "cos_z", "lex_rr", "vec_rr", "rr_both", "vec_gap1", "lex_gap1",
+                      "notes", "notes_cos", "cover")
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
@@ -86,6 +87,7 @@ ADAPTIVE = ("lex", "lex_abs", "lex_rr", "cos", "vec_rr", "vec_gap1", "lex_gap1",
             "cos_x_abstop", "cos_x_words", "cos_z", "cos_x_cut")
 COVER_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
 NAME_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
+UNCOVERED_GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 RULES = tuple(
     [Rule(f"weight/pool{p}", ("lex", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
     + [Rule(f"weight+gap/pool{p}", ("lex", "cos", "vec_gap1"), p, "grid", (WEIGHT_GRID[::2], GAP_GRID))
@@ -94,6 +96,23 @@ RULES = tuple(
     + [Rule(f"cover/pool{p}", ("cover", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
     + [Rule(f"weight+cover/pool{p}", ("lex", "cos", "cover"), p, "grid", (WEIGHT_GRID[::2], COVER_GRID))
        for p in POOLS]
+    # BM25 over the best times coverage, and with coverage itself beside it
+    + [Rule(f"lexcover/pool{p}", ("lex_x_cover", "cos"), p, "grid", (WEIGHT_GRID,)) for p in POOLS]
+    + [Rule(f"lexcover+cover/pool{p}", ("lex_x_cover", "cos", "cover"), p, "grid", (WEIGHT_GRID[::2], COVER_GRID))
+       for p in POOLS]
+    # BM25 for documents, coverage for one-line facts (store/fusion.py SHORT_FACT_CHARS)
+    + [Rule(f"bylength/pool{p}", ("lex_long", "cos", "cover_short"), p, "grid", (WEIGHT_GRID[::2], COVER_GRID))
+       for p in POOLS]
+    # documents by BM25, short notes by coverage, each with its own vector weight (store/fusion.py _notes)
+    + [Rule(f"notes/pool{p}", ("docs_lex", "cos", "notes_cover", "notes_cos"), p, "grid",
+            (WEIGHT_GRID[::2], COVER_GRID, (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0))) for p in POOLS]
+    + [Rule(f"notes+names/pool{p}", ("docs_lex", "cos", "notes_cover", "notes_cos", "notes_names"), p, "grid",
+            (WEIGHT_GRID[::2], COVER_GRID, (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0), NAME_GRID)) for p in POOLS]
+    # the vector weight rising as the best lexical match covers less of the query (BM25 + (w + v x uncovered) x cos)
+    + [Rule(f"weight+uncovered/pool{p}", ("lex", "cos", "cos_x_uncovered"), p, "grid",
+            (WEIGHT_GRID[::2], UNCOVERED_GRID)) for p in POOLS]
+    + [Rule(f"weight+uncovered+names/pool{p}", ("lex", "cos", "cos_x_uncovered", "names"), p, "grid",
+            (WEIGHT_GRID[::2], UNCOVERED_GRID, NAME_GRID)) for p in POOLS]
     # and the query's names (capitalised words) held: a question naming a person asks about that person
     + [Rule(f"weight+cover+names/pool{p}", ("lex", "cos", "cover", "names"), p, "grid",
             (WEIGHT_GRID[::2], COVER_GRID, NAME_GRID)) for p in POOLS]
@@ -243,6 +262,16 @@ def grid_table(stack: Stack, rule: Rule) -> np.ndarray:
     return np.array([ndcg(stack.ranks(stack.X @ np.asarray(cell))) for cell in rule.cells()])
 
 
+def balanced(sources: Sequence[str]) -> np.ndarray:
+    """Each source's weight in a fit's or a choice's mean: the personal-memory sources (what agents store) and the
+    manual sources weigh half each when both are there (12 manual sources would otherwise outvote 3 personal
+    ones), equally within each group; plain equal weights otherwise."""
+    personal = np.array([s.startswith("personal") for s in sources])
+    if personal.all() or not personal.any():
+        return np.full(len(sources), 1.0 / max(1, len(sources)))
+    return np.where(personal, 0.5 / personal.sum(), 0.5 / (~personal).sum())
+
+
 class RuleFits:
     """Fits of one rule on subsets of sources, memoised (nested leave-one-out reuses the pair fits).
 
@@ -265,7 +294,7 @@ class RuleFits:
             if self.rule.how == "grid":
                 table = np.stack([self.tables[s] for s in sorted(key)])  # (S, C)
                 floor = np.array([self.floors[s] for s in sorted(key)])[:, None]  # (S, 1)
-                mean = table.mean(axis=0)
+                mean = balanced(sorted(key)) @ table  # (C,)
                 safe = (table >= floor).all(axis=0)  # (C,)
                 best = int(np.argmax(np.where(safe, mean, -np.inf))) if safe.any() else int(np.argmax(mean))
                 self._memo[key] = np.asarray(self.cells[best])
@@ -283,7 +312,7 @@ class RuleFits:
 
 
 def select_rule(fits: dict[str, RuleFits], sources: Sequence[str], floors: dict[str, float]) -> tuple[str, dict]:
-    """The rule with the best mean leave-one-out ndcg@10 over `sources` among those that do no harm on any (within
+    """The rule with the best (balanced) mean leave-one-out ndcg@10 over `sources` among those that do no harm on any (within
     TIE of the best, the one with the smallest candidate pool: recall gathers and scores fewer rows).
 
     Args:
@@ -297,7 +326,7 @@ def select_rule(fits: dict[str, RuleFits], sources: Sequence[str], floors: dict[
     for name, f in fits.items():
         got = {s: f.score(s, [t for t in sources if t != s]) for s in sources}
         margin = min(got[s] - floors[s] for s in sources)
-        summary[name] = {"mean": float(np.mean(list(got.values()))), "worst_margin": float(margin),
+        summary[name] = {"mean": float(balanced(list(got)) @ np.array(list(got.values()))), "worst_margin": float(margin),
                          "qualifies": bool(margin >= -NO_HARM)}
     pool = [n for n in fits if summary[n]["qualifies"]] or list(fits)
     best = max(summary[n]["mean"] for n in pool)

@@ -548,10 +548,14 @@ def step_loss(embed: Embed, head: torch.nn.Linear, teach_t: torch.Tensor, q_np: 
     in-batch ranking distillation. Returns (loss, (contrastive, distill, simmat, kd))."""
     B = len(q_np)
     q_ids, d_ids = torch.as_tensor(q_np, device=dev), torch.as_tensor(d_np, device=dev)
-    eq, ed = embed(q_np), embed(d_np)
+    groups = [q_np, d_np, p_np] + ([] if h_np is None else [h_np])
+    # every text of the step in one call: its length buckets span queries, docs and passages alike (fewer,
+    # fuller forward passes: the step's cost is mostly kernel launches, not arithmetic)
+    vecs = torch.split(embed(np.concatenate(groups)), [len(g) for g in groups])
+    eq, ed, p_vec = vecs[0], vecs[1], vecs[2]
     col_ids, e_cols = d_ids, ed  # the docs each query is scored against: the batch's, then hard negatives
     if h_np is not None:
-        col_ids, e_cols = torch.cat([d_ids, torch.as_tensor(h_np, device=dev)]), torch.cat([ed, embed(h_np)])
+        col_ids, e_cols = torch.cat([d_ids, torch.as_tensor(h_np, device=dev)]), torch.cat([ed, vecs[3]])
     sim = eq @ e_cols.T / args.tau  # (B, B) or (B, 2B)
     same = col_ids[None, :] == d_ids[:, None]
     diag = torch.eye(B, sim.shape[1], dtype=torch.bool, device=dev)
@@ -565,7 +569,6 @@ def step_loss(embed: Embed, head: torch.nn.Linear, teach_t: torch.Tensor, q_np: 
                         reduction="batchmean")
     else:
         l_kd = torch.zeros((), device=dev)
-    p_vec = embed(p_np)
     all_ids = torch.cat([q_ids, col_ids, torch.as_tensor(p_np, device=dev)])
     pooled_all = torch.cat([eq, e_cols, p_vec])
     t_all = teach_t[all_ids]

@@ -200,6 +200,20 @@ def _lex_rr(p: CandidatePool) -> np.ndarray:
     return np.where((p.lex_rank >= 0) & (p.bm25 > LEXICAL_EVIDENCE), 1.0 / (1.0 + np.maximum(p.lex_rank, 0)), 0.0)
 
 
+SHORT_FACT_CHARS = 300.0  # about three sentences: below it a fact's words are evidence by which it holds, not how often
+
+
+def _long(p: CandidatePool) -> np.ndarray:
+    """How far a fact is from short: 0 for a one-liner, 1 from SHORT_FACT_CHARS on."""
+    return np.minimum(1.0, p.chars / SHORT_FACT_CHARS)
+
+
+def _notes(p: CandidatePool) -> float:
+    """1.0 when the candidates are short notes (their median length under SHORT_FACT_CHARS: what agents store),
+    0.0 when they are documents (manual sections, long messages): the two want different lexical evidence."""
+    return float(np.median(p.chars) < SHORT_FACT_CHARS) if len(p.chars) else 0.0
+
+
 def _cover(p: CandidatePool) -> np.ndarray:
     """The share of the query's idf that the candidate's words hold (0 without coverage data or evidence): which
     words matched, weighed by idf, with no length normalisation, so facts matching the same words tie and the
@@ -280,6 +294,24 @@ FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     "cover": ("lexical", _cover),
     "names": ("lexical", lambda p: np.zeros(len(p.ids)) if p.names is None else p.names),
     "cover_sq": ("lexical", lambda p: _cover(p) ** 2),
+    # BM25 over the best, scaled by how much of the query the fact holds: a match on one common word of a long
+    # question (a name, "work") counts for little however short the fact
+    "lex_x_cover": ("lexical", lambda p: _lex(p) * _cover(p)),
+    # BM25 (term frequency, length normalisation) for documents, coverage for one-line facts: in a sentence each
+    # word occurs once and BM25's length normalisation ranks the shortest fact holding the name first
+    "lex_long": ("lexical", lambda p: _lex(p) * _long(p)),
+    # one rule for stores of documents (BM25) and one for stores of short notes (coverage), by the candidates'
+    # median length: "docs_lex" + w x cos + v x "notes_cover" + u x "notes_cos"
+    "docs_lex": ("lexical", lambda p: _lex(p) * (1.0 - _notes(p))),
+    "notes_cover": ("lexical", lambda p: _cover(p) * _notes(p)),
+    "notes_cos": ("vector", lambda p: _cos(p) * _notes(p)),
+    "notes": ("vector", lambda p: np.full(len(p.ids), _notes(p))),  # for relevance: which regime scored it
+    # among short notes, the query's names held (a question naming a person asks about that person)
+    "notes_names": ("lexical", lambda p: (np.zeros(len(p.ids)) if p.names is None else p.names) * _notes(p)),
+    "cover_short": ("lexical", lambda p: _cover(p) * (1.0 - _long(p))),
+    # the vectors weigh more when no candidate holds much of the query: a question in other words than its fact
+    # (most of what agents are asked) leaves BM25 only a name or a common word to go on
+    "cos_x_uncovered": ("vector", lambda p: _cos(p) * (1.0 - _cover(p).max(initial=0.0))),
     "cos": ("vector", _cos),
     "cos_z": ("vector", _cos_z),
     "vec_rr": ("vector", _vec_rr),

@@ -200,3 +200,19 @@ def test_the_pool_says_which_query_words_and_names_each_candidate_holds(tmp_path
     assert by_text[facts[0]][1] == 1.0 and by_text[facts[1]][1] == 0.0  # "Ada" held / not held
     assert 0 < by_text[facts[1]][0] < by_text[facts[0]][0]  # "drink" (1 fact) < "ada" + "tea" (2 facts each)
     assert facts[3] not in by_text or by_text[facts[3]] == (0.0, 0.0)
+
+
+def test_short_notes_and_documents_get_their_own_lexical_evidence():
+    """The candidates' median length picks the regime: documents are scored by BM25 ("docs_lex"), short notes by
+    which query words they hold ("notes_cover"), each side with its own vector weight ("notes_cos")."""
+    def pool(chars: list[int]) -> fu.CandidatePool:
+        n = len(chars)
+        return fu.CandidatePool(tuple(range(n)), np.linspace(2.0, 1.0, n), np.arange(n, dtype=np.int32),
+                                np.full(n, 0.5), np.arange(n, dtype=np.int32), np.array(chars, dtype=np.float64),
+                                np.array([1.0, 1.0]), 100, np.linspace(1.0, 0.5, n), np.zeros(n))
+    notes, docs = pool([40, 60, 80, 900]), pool([400, 900, 1200, 60])
+    f_notes = fu.features(notes, ["docs_lex", "notes_cover", "notes_cos", "notes"])
+    f_docs = fu.features(docs, ["docs_lex", "notes_cover", "notes_cos", "notes"])
+    assert (f_notes[:, 0] == 0).all() and np.allclose(f_notes[:, 1], notes.cover) and (f_notes[:, 3] == 1).all()
+    assert np.allclose(f_docs[:, 0], fu.features(docs, ["lex"])[:, 0]) and (f_docs[:, 1:] == 0).all()
+    assert np.allclose(f_notes[:, 2], 0.5) and (f_docs[:, 2] == 0).all()
