@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expires-at", default=None, metavar="TIME", help="expire at this time (ISO 8601 with offset)")
     p.add_argument("--pinned", action="store_true", help="keep until forgotten (no expiry, no recency decay)")
     p.add_argument("--dedup", action="store_true", help="if it repeats a stored fact, print that id, store nothing")
+    p.add_argument("--at", default=None, metavar="TIME",
+                   help="when it was said (ISO 8601 with offset, not in the future; default now)")
 
     p = add("recall", "find the facts that best match a query")
     p.add_argument("query", help="what to look for")
@@ -206,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "answers)")
     p.add_argument("--explain", action="store_true",
                    help="(hybrid) show each fact's relevance and the lexical and vector parts of its score")
+    p.add_argument("--context", type=int, default=0, metavar="N",
+                   help="for a conversation turn, also show the N turns before and after it in its session")
 
     p = add("get", "show one fact")
     p.add_argument("id", help="the fact's id")
@@ -447,14 +451,15 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     if cmd == "remember":
         fid = store.remember(_text_arg(args.text, args.argv), tags={**dict(args.tag), **(args.tags or {})} or None,
                              source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
-                             pinned=args.pinned, dedup=args.dedup)
+                             pinned=args.pinned, dedup=args.dedup, at=args.at)
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
         emit({"id": fid}, [fid])
     elif cmd == "recall":
         hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
-                            **_filter_args(args))
-        emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h)]])
+                            context=args.context, **_filter_args(args))
+        emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h),
+                                                    *(f"         | {f.text}" for f in h.context)]])
     elif cmd == "get":
         fact = store.get(args.id)
         emit(fact, [_fact_line(fact), f"created {fact.created_at.isoformat()}  updated {fact.updated_at.isoformat()}"])

@@ -95,6 +95,22 @@ class Memory(BaseModel):
     relevance: float | None = Field(None, description="hybrid recall only: the calibrated probability (0..1) that "
                                     "this memory is what the query asks for; comparable across queries")
     text_offset: int | None = Field(None, description="get_memory only: where text starts in the whole text")
+    context: list[dict] | None = Field(None, description="recall with context > 0, for a conversation turn: the "
+                                       "turns of its session around it, in order ({id, turn, text, created_at})")
+
+
+class Turn(BaseModel):
+    """One turn of a conversation."""
+
+    speaker: str = Field(min_length=1, max_length=64, description="who said it (e.g. the user's name, 'Assistant')")
+    text: str = Field(min_length=1, max_length=100_000, description="what was said")
+    at: str | None = Field(None, max_length=64, description="when (ISO 8601 with a timezone); omit: now")
+
+
+class ConversationResult(BaseModel):
+    ids: list[str] = Field(description="the new memories' ids, one per turn, in order")
+    session: str
+    source: str | None
 
 
 class RememberResult(BaseModel):
@@ -182,6 +198,9 @@ def _memory(fact: Any, *, score: float | None = None, relevance: float | None = 
         item = {"relevance": round(float(relevance), 4), **item}
     if text_offset is not None:
         item["text_offset"] = text_offset
+    if getattr(fact, "context", ()):
+        item["context"] = [{"id": f.id, "turn": f.tags.get("turn"), "text": f.text, "created_at": _iso(f.created_at)}
+                           for f in fact.context]
     return item
 
 
@@ -346,13 +365,25 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
     def remember(text: Text, tags: Tags = None, source: Source = None,
                  ttl_seconds: Annotated[Annotated[float, Field(gt=0, allow_inf_nan=False)] | None, Field(description="forget it after this many seconds (omit: keep it)")] = None,
                  dedup: Annotated[bool, Field(description="if this fact is stored already (same tags and source), return that id instead of storing it again")] = False,
+                 at: Annotated[str | None, Field(max_length=64, description="when it was said (ISO 8601 with a timezone, not in the future); omit: now")] = None,
                  ctx: Context | None = None) -> Annotated[CallToolResult, RememberResult]:
         """MemoryStore.remember (thread-safe; returns once the fact is committed, the vector follows)."""
         label = source if source is not None else _client_label(ctx)
         started = datetime.now(timezone.utc)
-        fid = store.remember(text, tags=tags, source=label, ttl=ttl_seconds, dedup=dedup)
+        fid = store.remember(text, tags=tags, source=label, ttl=ttl_seconds, dedup=dedup, at=at)
         duplicate = dedup and store.get(fid).created_at < started  # the stored fact is older than this call
         return _result({"id": fid, "source": label, "tags": dict(tags or {}), "duplicate": duplicate})
+
+    def remember_conversation(
+            turns: Annotated[list[Turn], Field(min_length=1, max_length=1000, description="the turns, in order")],
+            session: Annotated[str, Field(min_length=1, max_length=128, description="the conversation's id; turns remembered later under the same id continue it")],
+            tags: Tags = None, source: Source = None,
+            ctx: Context | None = None) -> Annotated[CallToolResult, ConversationResult]:
+        """MemoryStore.remember_conversation (thread-safe; one transaction, embedded before the commit)."""
+        label = source if source is not None else _client_label(ctx)
+        ids = store.remember_conversation([t.model_dump(exclude_none=True) for t in turns], session=session,
+                                          tags=tags, source=label)
+        return _result({"ids": ids, "session": session, "source": label})
 
     def update_memory(id: FactId, text: Annotated[str | None, Field(min_length=1, max_length=100_000, description="new text; omit to keep it")] = None,
                       tags: Annotated[dict[str, TagValue | None] | None, Field(description="tags to set, merged into the memory's tags (a null value removes that tag); omit to keep them")] = None,
@@ -403,16 +434,17 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                mode: Annotated[Literal["hybrid", "vector", "lexical"], Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: words only")] = "hybrid",
                min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
                min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None, Field(description="hybrid only: drop matches whose relevance is below this (0.1 keeps about 9 in 10 right answers)")] = None,
+               context: Annotated[int, Field(ge=0, le=20, description="for a conversation turn, also return this many turns before and after it in its session")] = 0,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
         try:
             hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
-                                **_filters(tags, where))
+                                context=context, **_filters(tags, where))
         except EmbedderOutputInvalid as exc:  # a remembered fact could not be embedded: reported once, then served
             warning = f"{exc} That memory is found by lexical recall only."
             hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
-                                **_filters(tags, where))
+                                context=context, **_filters(tags, where))
         envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE}
         if warning is not None:
             envelope["warning"] = warning
@@ -495,6 +527,9 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
     if not store.read_only:
         add(remember, "Remember", "Store one self-contained fact for later recall; returns its id. Tags are "
             "exact-match labels for filtering.", read_only=False)
+        add(remember_conversation, "Remember a conversation", "Store a conversation's turns, one memory each "
+            "(\"Speaker: text\", tagged with session, turn and speaker, dated by at); recall with context > 0 "
+            "returns a turn's neighbours.", read_only=False)
         add(update_memory, "Update a memory", "Change a memory's text and/or tags: tags are merged in (null "
             "removes one) unless replace_tags is true; its history keeps the old version.", read_only=False,
             destructive=True, idempotent=True)

@@ -211,7 +211,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
     # ---- writes --------------------------------------------------------------------------------------------
     def remember(self, text: str, *, tags: dict | None = None, source: str | None = None, id: str | None = None,
-                 ttl: Any = None, expires_at: Any = None, pinned: bool = False, dedup: bool = False) -> str:
+                 ttl: Any = None, expires_at: Any = None, pinned: bool = False, dedup: bool = False,
+                 at: Any = None) -> str:
         """Store a fact; returns only after it is committed (durable as `durability` says).
 
         By default (background_embedding=True) the vector follows from a background thread: lexical recall
@@ -236,6 +237,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             dedup: return the id of a stored fact this one repeats (same scope, tags and source; close in
                 meaning, most words shared, no differing number, name, date or negation: store/dedup.py) and
                 store nothing; else store it.
+            at: when the fact was said or observed (an aware datetime or ISO 8601 text with an offset, not in the
+                future): its created_at, which since=/until= and recency read. Default now. Not with id=.
         Returns:
             the fact's id (the existing one for an upsert or a duplicate).
         Raises:
@@ -245,7 +248,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             `flush()` or the next vector/hybrid recall raises for it).
         """
         self._check_writable("remember")
-        item = new_fact("remember", self._scope, text, tags, source, ttl, expires_at, pinned)
+        if at is not None and id is not None:
+            raise InvalidInput("remember() takes at= for a new fact only; an upsert by id= keeps the fact's created_at.")
+        item = new_fact("remember", self._scope, text, tags, source, ttl, expires_at, pinned, at)
         if check_flag(dedup, "dedup", "remember"):
             if id is not None:
                 raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not both.")
@@ -280,14 +285,14 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._sync()
 
     def remember_many(self, texts: Sequence[str], *, tags: dict | None = None, source: str | None = None,
-                      ttl: Any = None, expires_at: Any = None, pinned: bool = False) -> list[str]:
+                      ttl: Any = None, expires_at: Any = None, pinned: bool = False, at: Any = None) -> list[str]:
         """Store many facts in one transaction (all or none), embedded before the commit.
 
         Thread-safe.
 
         Args:
             texts: the facts.
-            tags, source, ttl, expires_at, pinned: as in remember(), applied to every fact.
+            tags, source, ttl, expires_at, pinned, at: as in remember(), applied to every fact.
         Returns:
             the new ids, in order.
         Raises:
@@ -299,14 +304,45 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             raise InvalidInput(f"remember_many() expected a list of str, got {type(texts).__name__}.")
         checked = [check_text(t, f"texts[{i}]" if len(texts) > 1 else "text") for i, t in enumerate(texts)]
         if not checked:
-            new_fact("remember_many", self._scope, "-", tags, source, ttl, expires_at, pinned)  # the other arguments
+            new_fact("remember_many", self._scope, "-", tags, source, ttl, expires_at, pinned, at)  # the others
             return []
-        first = new_fact("remember_many", self._scope, checked[0], tags, source, ttl, expires_at, pinned)
+        first = new_fact("remember_many", self._scope, checked[0], tags, source, ttl, expires_at, pinned, at)
         items = [first] + [first._replace(id=new_id(), text=t) for t in checked[1:]]
         ids = self._writer.insert_embedded(items)
         if first.expires_at is not None:
             self._start_sweeper(first.expires_at)
         return ids
+
+    def remember_conversation(self, turns: Sequence[Any], *, session: str, tags: dict | None = None,
+                              source: str | None = None) -> list[str]:
+        """Store a conversation's turns in one transaction (all or none), one fact each (store/conversation.py).
+
+            store.scope(user="ada").remember_conversation(
+                [{"speaker": "Ada", "text": "I fly to Lisbon on Tuesday", "at": "2026-12-01T09:30:00+00:00"},
+                 ("Assistant", "Have a good trip!")], session="chat-41")
+
+        Each turn is stored as "Speaker: text" with the tags session, turn (its number in the session, after the
+        turns the session already holds here) and speaker, which filters can use (`where={"speaker": "Ada"}`),
+        and its `at` (default now) as created_at; recall(..., context=N) returns a hit's neighbouring turns.
+
+        Args:
+            turns: {"speaker", "text"[, "at"]} mappings or (speaker, text) pairs, in order.
+            session: the conversation's id (1..128 characters).
+            tags, source: as in remember(), on every turn (tags may not set session, turn or speaker).
+        Returns:
+            the new ids, in order.
+        Raises:
+            InvalidInput: bad turns, session, tags, source or at. EmbedderOutputInvalid: as remember_many().
+        """
+        from .conversation import SESSION_TAG, check_session, check_turns, turn_tags
+
+        self._check_writable("remember_conversation")
+        session, checked = check_session(session), check_turns(turns)
+        start = self.count(where={SESSION_TAG: session})  # the turns this session holds already, in this scope
+        items = [new_fact("remember_conversation", self._scope, f"{speaker}: {text}",
+                          turn_tags(tags, session, start + i, speaker), source, None, None, False, at)
+                 for i, (speaker, text, at) in enumerate(checked)]
+        return self._writer.insert_embedded(items)
 
     def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
                source: str | None = None, replace_tags: bool = False) -> Fact:
@@ -513,7 +549,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
                source: str | None = None, since: Any = None, until: Any = None, recency: Any = None,
                mode: str = "hybrid", min_score: float | None = None, fusion: str = "score",
-               min_relevance: float | None = None, explain: bool = False) -> list[Recall]:
+               min_relevance: float | None = None, explain: bool = False, context: int = 0) -> list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
             store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})
@@ -531,6 +567,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             fusion: for hybrid: "score" (the embedder's fitted rule, store/fusion.py, else BM25 / best BM25 + w *
                 cosine) or "rrf". min_relevance: (hybrid, fitted rule) drop hits whose relevance is below this.
             explain: (hybrid) fill each hit's `explain` with its lexical and vector parts and ranks.
+            context: for a hit that is a conversation turn (remember_conversation), fill its `context` with the
+                turns of its session from `context` before to `context` after it, itself included, in order
+                (0 to 20; default 0: none).
         Returns:
             list of Recall (never an expired fact); `relevance` (0..1) is set in hybrid mode with a fitted rule.
         Raises:
@@ -544,6 +583,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         q = self._search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                min_relevance=min_relevance, explain=explain)
+        if context:
+            from .conversation import check_context, with_context
+
+            n = check_context(context)
+            return with_context(self, self.recall(query, k, tags=tags, where=where, source=source, since=since,
+                                                  until=until, recency=recency, mode=mode, min_score=min_score,
+                                                  fusion=fusion, min_relevance=min_relevance, explain=explain), n)
         try:
             self._sync(index=q.mode != "lexical")
         except EmbedderMismatch:

@@ -71,6 +71,8 @@ class Recall:
             probability, in [0, 1], that this fact is what the query asks for; None otherwise. Unlike `score` it
             means the same across queries and stores, so it is what a threshold (`min_relevance`) should use.
         explain: with `recall(..., explain=True)` in hybrid mode, how the score was made (Explain); else None.
+        context: with `recall(..., context=N)`, for a conversation turn (store.remember_conversation), the turns
+            of its session from N before to N after it (Facts, itself included, in turn order); else ().
     """
 
     id: str
@@ -85,6 +87,7 @@ class Recall:
     scope: dict[str, str] = field(default_factory=dict)
     relevance: float | None = None
     explain: Explain | None = None
+    context: tuple = ()  # recall(..., context=N): the Facts of a conversation turn's neighbourhood, in order
 
 
 @dataclass(frozen=True)

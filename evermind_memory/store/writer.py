@@ -15,7 +15,7 @@ queued without a vector names this store as its owner; after a commit the store 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .._crash import crash_point
@@ -28,7 +28,7 @@ from .maintenance import Checkpoints
 from .scope import visible
 from .search import Search
 from .selection import same_kind
-from .timing import expiry, time_text
+from .timing import expiry, parse_time, time_text
 from .validate import check_flag, check_source, check_text, check_typed_tags, merge_tags
 from .vectors import VectorCache
 
@@ -40,12 +40,16 @@ if TYPE_CHECKING:  # (dedup.py is imported by the first remember(dedup=True))
 SWEEP_BATCH = 1000  # expired facts deleted per transaction
 
 
+AT_SKEW = timedelta(minutes=1)  # how far in the future remember(at=...) may lie (clocks of other machines)
+
+
 def new_fact(method: str, scope: str, text: Any, tags: Any, source: Any, ttl: Any, expires_at: Any,
-             pinned: Any) -> NewFact:
-    """remember()'s arguments checked into a NewFact in `scope`, remembered now.
+             pinned: Any, at: Any = None) -> NewFact:
+    """remember()'s arguments checked into a NewFact in `scope`, remembered now (created at `at` when given: when
+    it was said, for a conversation or a note written down later; a ttl then counts from now).
 
     Raises:
-        InvalidInput: a bad text, tags, source, ttl, expires_at or pinned; an expiry with pinned=True.
+        InvalidInput: a bad text, tags, source, ttl, expires_at, pinned or at; an expiry with pinned=True.
     """
     text = check_text(text)
     tags = check_typed_tags(tags)
@@ -54,9 +58,22 @@ def new_fact(method: str, scope: str, text: Any, tags: Any, source: Any, ttl: An
     expires = expiry(ttl=ttl, expires_at=expires_at, now=now)
     if check_flag(pinned, "pinned", method) and expires is not None:
         raise InvalidInput(f"{method}() got pinned=True with an expiry; a pinned fact never expires: drop one.")
-    stamp = time_text(now)
+    stamp = time_text(now if at is None else said_at(at, now, method))
     return NewFact(new_id(), text, tags, source, stamp, stamp, None if expires is None else time_text(expires),
                    pinned, scope)
+
+
+def said_at(at: Any, now: datetime, method: str) -> datetime:
+    """remember(at=...) checked: an aware time not later than now (plus AT_SKEW).
+
+    Raises:
+        InvalidInput: not a time with a timezone, or in the future.
+    """
+    when = parse_time(at, f"{method}(at=...)")
+    if when > now + AT_SKEW:
+        raise InvalidInput(f"{method}(at=...) is when the fact was said, at most now ({time_text(now)}); got "
+                           f"{time_text(when)}. For a fact about the future, say so in its text or a tag.")
+    return when
 
 
 def reachable(row: FactRow | None, scope: str, now: str) -> bool:

@@ -19,7 +19,7 @@ from poisoned_embedder import PoisonedEmbedder
 pytestmark = pytest.mark.anyio
 
 READ_TOOLS = {"recall", "get_memory", "list_memories", "memory_history"}
-WRITE_TOOLS = {"remember", "update_memory", "forget", "mark_useful"}
+WRITE_TOOLS = {"remember", "remember_conversation", "update_memory", "forget", "mark_useful"}
 
 
 def client(store, name: str = "pytest-agent") -> Client:
@@ -35,7 +35,7 @@ async def test_tools_carry_annotations_and_schemas(store):
     assert hints == {
         "recall": (True, False, True), "get_memory": (True, False, True), "list_memories": (True, False, True),
         "memory_history": (True, False, True), "remember": (False, False, False),
-        "update_memory": (False, True, True), "forget": (False, True, True), "mark_useful": (False, False, True),
+        "remember_conversation": (False, False, False), "update_memory": (False, True, True), "forget": (False, True, True), "mark_useful": (False, False, True),
     }
     for t in tools.values():
         assert t.output_schema["type"] == "object" and t.description and t.annotations.title
@@ -274,3 +274,20 @@ async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
         out = payload(await c.call_tool("recall", {"query": "green tea", "k": 10}))
         assert [m["id"] for m in out["memories"]] == [mine["id"]]
         assert "FactNotFound" in error_text(await c.call_tool("update_memory", {"id": ada["id"], "text": "taken over"}))
+
+
+async def test_a_conversation_remembered_and_recalled_with_its_context(store):
+    async with client(store) as c:
+        out = payload(await c.call_tool("remember_conversation", {"session": "chat-9", "turns": [
+            {"speaker": "Assistant", "text": "Any plans for the weekend?", "at": "2026-11-28T18:00:00+00:00"},
+            {"speaker": "Ada", "text": "I'm going climbing in the Peak District."},
+            {"speaker": "Assistant", "text": "Have fun, and take care on the rocks."}]}))
+        assert out["session"] == "chat-9" and len(out["ids"]) == 3
+        first = payload(await c.call_tool("get_memory", {"ids": [out["ids"][0]]}))["memories"][0]
+        assert first["created_at"].startswith("2026-11-28T18:00:00") and first["tags"]["turn"] == 0
+        hits = payload(await c.call_tool("recall", {"query": "climbing in the Peak District", "k": 1,
+                                                    "mode": "lexical", "context": 1}))["memories"]
+        assert hits[0]["id"] == out["ids"][1]
+        assert [t["id"] for t in hits[0]["context"]] == out["ids"] and [t["turn"] for t in hits[0]["context"]] == [0, 1, 2]
+        plain = payload(await c.call_tool("recall", {"query": "climbing", "k": 1, "mode": "lexical"}))["memories"]
+        assert "context" not in plain[0]

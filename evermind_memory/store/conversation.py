@@ -1,0 +1,96 @@
+"""Conversations as memory: each turn one fact, with its speaker, session and place in the session as tags a filter
+can use, and the time it was said as the fact's `created_at`; recall(..., context=N) brings each hit's N turns
+before and after it, in order.
+
+A turn is stored as "Speaker: text", so both recall modes see who said it ("what did Ada say about Lisbon?"),
+with the tags {"session": ..., "turn": n, "speaker": ...} (plus the caller's). Turns are numbered in the order
+given, after the turns the session already holds in this scope, so a session remembered in several calls reads
+as one. No SQL here: the front's writer stores the facts and its list() finds the neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from ..errors import InvalidInput
+from .validate import check_text
+
+if TYPE_CHECKING:
+    from .records import Fact, Recall
+
+SESSION_TAG, TURN_TAG, SPEAKER_TAG = "session", "turn", "speaker"
+MAX_SPEAKER_CHARS = 64
+MAX_SESSION_CHARS = 128
+MAX_CONTEXT = 20
+
+
+def check_session(session: Any) -> str:
+    """A session id: 1..MAX_SESSION_CHARS characters, not blank."""
+    if not isinstance(session, str) or not session.strip() or len(session) > MAX_SESSION_CHARS:
+        raise InvalidInput(f"remember_conversation() expects session= a str of 1 to {MAX_SESSION_CHARS} characters "
+                           f"naming the conversation (e.g. 'chat-2026-12-05'), got {session!r:.60}.")
+    return session
+
+
+def check_turns(turns: Any) -> list[tuple[str, str, Any]]:
+    """[(speaker, text, at or None)] from a sequence of {"speaker", "text"[, "at"]} mappings or (speaker, text) pairs.
+
+    Raises:
+        InvalidInput: not a non-empty sequence of such turns; a blank or over-long speaker; a bad text.
+    """
+    if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence) or not turns:
+        raise InvalidInput("remember_conversation() expects turns= a non-empty list of {'speaker': ..., 'text': ...} "
+                           f"(optionally 'at': when it was said) or (speaker, text) pairs, got {turns!r:.60}.")
+    out = []
+    for i, turn in enumerate(turns):
+        if isinstance(turn, Mapping):
+            unknown = set(turn) - {"speaker", "text", "at"}
+            if unknown or "speaker" not in turn or "text" not in turn:
+                raise InvalidInput(f"turns[{i}] expects the keys speaker, text and optionally at; got {sorted(turn)}.")
+            speaker, text, at = turn["speaker"], turn["text"], turn.get("at")
+        elif isinstance(turn, Sequence) and not isinstance(turn, (str, bytes)) and len(turn) == 2:
+            (speaker, text), at = turn, None
+        else:
+            raise InvalidInput(f"turns[{i}] expects {{'speaker': ..., 'text': ...}} or (speaker, text), "
+                               f"got {turn!r:.60}.")
+        if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > MAX_SPEAKER_CHARS or "\n" in speaker:
+            raise InvalidInput(f"turns[{i}] expects a speaker of 1 to {MAX_SPEAKER_CHARS} characters on one line, "
+                               f"got {speaker!r:.60}.")
+        out.append((speaker.strip(), check_text(text, f"turns[{i}] text"), at))
+    return out
+
+
+def turn_tags(tags: Any, session: str, turn: int, speaker: str) -> dict:
+    """The caller's tags plus the turn's session, number and speaker (the caller may not set those three)."""
+    tags = dict(tags or {}) if isinstance(tags, Mapping) or tags is None else tags
+    if isinstance(tags, dict):
+        taken = sorted({SESSION_TAG, TURN_TAG, SPEAKER_TAG} & set(tags))
+        if taken:
+            raise InvalidInput(f"remember_conversation() sets the tags {SESSION_TAG}, {TURN_TAG} and {SPEAKER_TAG} "
+                               f"itself; drop {taken} from tags=.")
+        return {**tags, SESSION_TAG: session, TURN_TAG: turn, SPEAKER_TAG: speaker}
+    return tags  # not a mapping: new_fact's tag check names the error
+
+
+def check_context(context: Any) -> int:
+    if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= MAX_CONTEXT:
+        raise InvalidInput(f"recall(context=...) expects a number of turns from 0 to {MAX_CONTEXT}, "
+                           f"got {context!r:.40}.")
+    return context
+
+
+def with_context(store: Any, hits: list["Recall"], n: int) -> list["Recall"]:
+    """Each hit that is a conversation turn (session and turn tags) with `context`: the turns of its session
+    from n before to n after it, itself included, in order; other hits unchanged."""
+    out = []
+    for hit in hits:
+        session, turn = hit.tags.get(SESSION_TAG), hit.tags.get(TURN_TAG)
+        if not n or not isinstance(session, str) or isinstance(turn, bool) or not isinstance(turn, int):
+            out.append(hit)
+            continue
+        near: list[Fact] = store.list(limit=2 * n + 1, where={
+            SESSION_TAG: session, TURN_TAG: {"$gte": turn - n, "$lte": turn + n}})
+        near = [f for f in near if f.scope == hit.scope]  # the session of this hit's own scope
+        out.append(replace(hit, context=tuple(sorted(near, key=lambda f: f.tags[TURN_TAG]))))
+    return out
