@@ -9,7 +9,10 @@ between greetings and small talk. The question asked later is the dev set's thir
 it; often the assistant's question turn matches better, and the answer is the turn after it.
 
 Reported: the answer turn first and in the top 5 hits, and "reachable": in the top 5 hits or, with context=N, in
-their neighbouring turns. Nothing is fitted here.
+their neighbouring turns. A second part asks about time: each person talks about the same kind of thing in October
+and in November with different answers (two travel plans), and the question names the month ("... in
+October?"): answer turn first and in the top 5, with recall(..., time_words=True) against without. Nothing is
+fitted here.
 
     python benchmarks/personal_conversations.py [--model M.evlm --tokenizer T.json] [--context 1] [--json out.json]
 """
@@ -82,14 +85,64 @@ def conversations(seed: int = 0, people: int = 20, sessions: int = 3, per_sessio
     return out, questions
 
 
+TIME_KINDS = ("travel", "drink", "hobby", "vehicle", "reading", "home")
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)
+
+
+def time_conversations(seed: int = 0, people: int = 20):
+    """Sessions in October and November about the same kind of thing with different answers, and questions that
+    name the month. Returns (sessions, questions) as conversations() does."""
+    rng = random.Random(f"personal-conversations-time-{seed}")
+    out, questions = [], []
+    for person in DEV_PEOPLE[:people]:
+        kind = rng.choice(TIME_KINDS)
+        spec = CATEGORIES[kind]
+        for month, name in ((10, "October"), (11, "November")):
+            slots = _fill(rng, person)
+            sid = f"{person.lower()}-{name.lower()}"
+            day = datetime(2026, month, rng.randint(3, 26), 10, 0, tzinfo=timezone.utc)
+            answer = rng.choice(spec["facts1"]).format(**slots)
+            turns = [("Assistant", rng.choice(OPENERS)), ("Assistant", PROMPTS[kind]),
+                     (person, answer[0].upper() + answer[1:]), ("Assistant", rng.choice(CLOSERS))]
+            question = rng.choice(spec["questions"]).format(**slots)
+            questions.append({"user": person.lower(), "question": f"{question[:-1]} in {name}?", "session": sid,
+                              "turn": 2, "kind": kind})
+            out.append((person.lower(), sid, day, turns))
+    return out, questions
+
+
+def _store(store, sessions) -> dict:
+    ids = {}
+    for user, sid, day, turns in sessions:
+        rows = [{"speaker": sp, "text": tx, "at": day + timedelta(minutes=i)} for i, (sp, tx) in enumerate(turns)]
+        for i, fid in enumerate(store.scope(user=user).remember_conversation(rows, session=sid)):
+            ids[sid, i] = fid
+    return ids
+
+
+def run_time(embedder: object, seed: int = 0) -> dict:
+    sessions, questions = time_conversations(seed)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="conversations_t_") as tmp, MemoryStore(Path(tmp) / "t.db", embedder) as store:
+        ids = _store(store, sessions)
+        for mode in ("lexical", "vector", "hybrid"):
+            for words in (False, True):
+                first = top = 0
+                for q in questions:
+                    hits = store.scope(user=q["user"]).recall(q["question"], k=K, mode=mode, time_words=words,
+                                                             now=NOW if words else None)
+                    got = [h.id for h in hits]
+                    want = ids[q["session"], q["turn"]]
+                    first += bool(got) and got[0] == want
+                    top += want in got
+                out[f"scoped/{mode}/time_words={words}"] = {"first": first, "top5": top, "of": len(questions)}
+    return out
+
+
 def run(embedder: object, contexts: Sequence[int], seed: int = 0) -> dict:
     sessions, questions = conversations(seed)
     with tempfile.TemporaryDirectory(prefix="conversations_") as tmp, MemoryStore(Path(tmp) / "c.db", embedder) as store:
-        ids: dict[tuple[str, int], str] = {}
-        for user, sid, day, turns in sessions:
-            rows = [{"speaker": sp, "text": tx, "at": day + timedelta(minutes=i)} for i, (sp, tx) in enumerate(turns)]
-            for i, fid in enumerate(store.scope(user=user).remember_conversation(rows, session=sid)):
-                ids[sid, i] = fid
+        ids = _store(store, sessions)
         res = {"turns": len(ids), "questions": len(questions), "results": {}}
         for scope in ("scoped", "all"):
             for mode in ("lexical", "vector", "hybrid"):
@@ -119,11 +172,15 @@ def main() -> dict:
     args = ap.parse_args()
     emb = load_embedder(args.model, args.tokenizer)
     res = run(emb, (0, args.context))
+    res["time"] = run_time(emb)
     res["fingerprint"] = emb.fingerprint
     print(f"conversations as memory: {res['turns']} turns, {res['questions']} questions, {emb.fingerprint}")
     print(f"  {'scope/mode/context':<28}{'first':>7}{'top 5':>7}{'reachable':>11}  (of {res['questions']})")
     for name, r in res["results"].items():
         print(f"  {name:<28}{r['first']:>7}{r['top5']:>7}{r['reachable']:>11}")
+    print(f"questions naming the month of one of two sessions about the same thing (of {len(time_conversations()[1])})")
+    for name, r in res["time"].items():
+        print(f"  {name:<34}{r['first']:>7}{r['top5']:>7}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     return res

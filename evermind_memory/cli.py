@@ -210,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(hybrid) show each fact's relevance and the lexical and vector parts of its score")
     p.add_argument("--context", type=int, default=0, metavar="N",
                    help="for a conversation turn, also show the N turns before and after it in its session")
+    p.add_argument("--time-words", action="store_true",
+                   help="read the query's time words ('yesterday', 'last week', 'in May') and put facts from then first")
+    p.add_argument("--now", default=None, metavar="TIME", help="with --time-words: count from this time (ISO 8601)")
 
     p = add("get", "show one fact")
     p.add_argument("id", help="the fact's id")
@@ -457,7 +460,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "recall":
         hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
-                            context=args.context, **_filter_args(args))
+                            context=args.context, time_words=args.time_words, now=args.now, **_filter_args(args))
         emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h),
                                                     *(f"         | {f.text}" for f in h.context)]])
     elif cmd == "get":

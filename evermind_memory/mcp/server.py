@@ -435,16 +435,17 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
                min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None, Field(description="hybrid only: drop matches whose relevance is below this (0.1 keeps about 9 in 10 right answers)")] = None,
                context: Annotated[int, Field(ge=0, le=20, description="for a conversation turn, also return this many turns before and after it in its session")] = 0,
+               time_words: Annotated[bool, Field(description="read the query's time words ('yesterday', 'last week', 'in May') and return memories from then first")] = False,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
         try:
             hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
-                                context=context, **_filters(tags, where))
+                                context=context, time_words=time_words, **_filters(tags, where))
         except EmbedderOutputInvalid as exc:  # a remembered fact could not be embedded: reported once, then served
             warning = f"{exc} That memory is found by lexical recall only."
             hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
-                                context=context, **_filters(tags, where))
+                                context=context, time_words=time_words, **_filters(tags, where))
         envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE}
         if warning is not None:
             envelope["warning"] = warning

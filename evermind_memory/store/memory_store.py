@@ -549,7 +549,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
                source: str | None = None, since: Any = None, until: Any = None, recency: Any = None,
                mode: str = "hybrid", min_score: float | None = None, fusion: str = "score",
-               min_relevance: float | None = None, explain: bool = False, context: int = 0) -> list[Recall]:
+               min_relevance: float | None = None, explain: bool = False, context: int = 0,
+               time_words: bool = False, now: Any = None) -> list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
             store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})
@@ -570,6 +571,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             context: for a hit that is a conversation turn (remember_conversation), fill its `context` with the
                 turns of its session from `context` before to `context` after it, itself included, in order
                 (0 to 20; default 0: none).
+            time_words: read the query's time words ("yesterday", "last week", "in May", "3 days ago":
+                store/timewords.py) against `now` (default: the clock) and put the facts created in that span
+                first: the best of them, then, if fewer than k, the best of the rest. Off by default.
+            now: the time time_words count from (an aware datetime or ISO 8601 text); only with time_words.
         Returns:
             list of Recall (never an expired fact); `relevance` (0..1) is set in hybrid mode with a fitted rule.
         Raises:
@@ -583,6 +588,12 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         q = self._search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                min_relevance=min_relevance, explain=explain)
+        if check_flag(time_words, "time_words", "recall") or now is not None:
+            from .timewords import recall_in_span
+
+            return recall_in_span(self, query, k, time_words, now, dict(
+                tags=tags, where=where, source=source, since=since, until=until, recency=recency, mode=mode,
+                min_score=min_score, fusion=fusion, min_relevance=min_relevance, explain=explain, context=context))
         if context:
             from .conversation import check_context, with_context
 
