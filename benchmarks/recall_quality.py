@@ -606,12 +606,14 @@ def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, source
             "relevance": loso["sources"][name]["relevance"],
             "shapes": {sh: int(n) for sh, n in zip(*np.unique(d["source"].shapes, return_counts=True))},
         }
-    names = [n for n in LOSO_SYSTEMS if all(n in r["systems"] for r in out["sources"].values())]
     manual = {s: r for s, r in out["sources"].items() if not s.startswith("personal")}
     personal_rows = {s: r for s, r in out["sources"].items() if s.startswith("personal")}
+    names = [n for n in LOSO_SYSTEMS if all(n in r["systems"] for r in (manual or out["sources"]).values())]
     out["mean"] = {n: float(np.mean([r["systems"][n] for r in manual.values()])) for n in names}
-    if personal_rows:  # the personal-memory protocol's sources, reported apart from the manual mean
-        out["personal_mean"] = {n: float(np.mean([r["systems"][n] for r in personal_rows.values()])) for n in names}
+    if personal_rows:  # the personal-memory protocol's sources, reported apart from the manual mean (a system
+        # missing on some of them, MiniLM on the small stores, is averaged over those that have it)
+        out["personal_mean"] = {n: float(np.mean([r["systems"][n] for r in personal_rows.values() if n in r["systems"]]))
+                                for n in names if any(n in r["systems"] for r in personal_rows.values())}
     m = out["mean"]
     targets = {"worst_no_harm_margin": min(r["no_harm_margin"] for r in out["sources"].values()),
                "sources_beating_both": sum(r["systems"]["hybrid (ours)"] > max(r["systems"]["lexical (ours)"],
@@ -636,12 +638,14 @@ def format_loso_table(res: dict) -> str:
     head = f"  {'source':<12}{'queries':>8}" + "".join(f"{short[n]:>9}" for n in names) + f"{'no-harm':>9}{'rel AUC':>9}"
     lines = ["ndcg@10, each source left out of every fit (rule chosen and fitted on the others)", head]
     for src, r in res["sources"].items():
-        lines.append(f"  {src:<12}{r['queries']:>8}" + "".join(f"{r['systems'][n]:>9.4f}" for n in names)
+        lines.append(f"  {src:<12}{r['queries']:>8}" + "".join(f"{r['systems'][n]:>9.4f}" if n in r["systems"]
+                                                               else f"{'-':>9}" for n in names)
                      + f"{r['no_harm_margin']:>+9.4f}{r['relevance']['auc_top1']:>9.3f}")
     lines.append(f"  {'mean':<12}{'':>8}" + "".join(f"{res['mean'][n]:>9.4f}" for n in names)
                  + ("   (manual sources)" if "personal_mean" in res else ""))
     if "personal_mean" in res:
-        lines.append(f"  {'personal':<12}{'':>8}" + "".join(f"{res['personal_mean'][n]:>9.4f}" for n in names)
+        lines.append(f"  {'personal':<12}{'':>8}" + "".join(f"{res['personal_mean'][n]:>9.4f}" if n in res["personal_mean"]
+                                                             else f"{'-':>9}" for n in names)
                      + "   (personal-memory sources)")
     lines.append("targets: " + ", ".join(f"{k} {v:+.4f}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in res["targets"].items()))

@@ -433,7 +433,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                where: Where = None,
                mode: Annotated[Literal["hybrid", "vector", "lexical"], Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: words only")] = "hybrid",
                min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
-               min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None, Field(description="hybrid only: drop matches whose relevance is below this (0.1 keeps about 9 in 10 right answers)")] = None,
+               min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None, Field(description="hybrid only: drop matches whose relevance is below this (0.1 keeps about 87% of right answers on documents, 65% on short personal facts)")] = None,
                context: Annotated[int, Field(ge=0, le=20, description="for a conversation turn, also return this many turns before and after it in its session")] = 0,
                time_words: Annotated[bool, Field(description="read the query's time words ('yesterday', 'last week', 'in May') and return memories from then first")] = False,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
