@@ -99,6 +99,8 @@ async def _calls(a: AsyncMemoryStore, s: MemoryStore, tmp: Path) -> dict[str, ob
     ada = a.scope(user="ada")
     await ada.remember("Ada's own scoped fact")
     out["scope"] = (await ada.count(), s.scope(user="ada").count())
+    turns = await ada.remember_conversation([("Ada", "I like oolong"), ("Assistant", "Noted")], session="s1")
+    out["remember_conversation"] = [s.get(t).tags["turn"] for t in turns]
     out["clear"] = await a.clear(confirm=True)
     out["close"] = None  # closed below, through aclose's alias
     return out
@@ -119,7 +121,7 @@ def test_the_call_table_covers_every_method_and_each_twin_does_what_the_method_d
     assert out["count"] == (4, 4) and out["update"] == 3 and out["history"] == ["remember", "update"]
     assert out["supersede"] == "Bob's flight moved to Wednesday" and out["forget_where"] == 1
     assert out["check"] is True and out["backup"] is True and out["export"] == 2 and out["scope"] == (1, 1)
-    assert out["clear"] == 3 and out["repair"] == "RepairReport"
+    assert out["clear"] == 5 and out["repair"] == "RepairReport" and out["remember_conversation"] == [0, 1]
 
 
 def test_calls_run_in_the_worker_threads_not_the_event_loop(tmp_path: Path) -> None:
