@@ -13,7 +13,7 @@ drops. Nothing is fitted here.
     python benchmarks/personal_recall.py [--model M.evlm --tokenizer T.json] [--minilm] [--json out.json]
 
 --minilm adds all-MiniLM-L6-v2 as the store's embedder (with benchmarks/results/fusion_minilm.json, its rule
-fitted on the manual sources): the reference row of the protocol.
+fitted by the same left-out protocol): the reference row.
 
 `personal_sources(embedder)` gives the same questions as candidate pools in recipe/calibrate_fusion.py's format
 (sources "personal" and "personal-hand"), so fusion and relevance can be fitted and judged with them left out.
