@@ -173,13 +173,13 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
         cached = dp.load_json_gz(path)
     else:
         t0 = time.perf_counter()
-        wrapped = dp.QueryCachingEmbedder(embedder) if hasattr(dp, "QueryCachingEmbedder") else embedder
+        wrapped = dp.QueryCachingEmbedder(embedder)
         cached = {"pools": [], "store": {"lexical": [], "vector": []}, "fts5": []}
         with tempfile.TemporaryDirectory(prefix="personal_pools_") as tmp:
             store, ids = build(Path(tmp) / "p.db", wrapped, ps)
             index = {fid: i for i, fid in enumerate(ids)}
             try:
-                wrapped.warm([q.text for q in ps.questions]) if hasattr(wrapped, "warm") else None
+                wrapped.warm([q.text for q in ps.questions])
                 for qi, scope in all_asks:
                     q = ps.questions[qi]
                     view = store.scope(user=q.user) if scope == "scoped" else store

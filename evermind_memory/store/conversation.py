@@ -74,6 +74,7 @@ def turn_tags(tags: Any, session: str, turn: int, speaker: str) -> dict:
 
 
 def check_context(context: Any) -> int:
+    """recall(context=...) checked: 0..MAX_CONTEXT turns."""
     if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= MAX_CONTEXT:
         raise InvalidInput(f"recall(context=...) expects a number of turns from 0 to {MAX_CONTEXT}, "
                            f"got {context!r:.40}.")
@@ -94,3 +95,16 @@ def with_context(store: Any, hits: list["Recall"], n: int) -> list["Recall"]:
         near = [f for f in near if f.scope == hit.scope]  # the session of this hit's own scope
         out.append(replace(hit, context=tuple(sorted(near, key=lambda f: f.tags[TURN_TAG]))))
     return out
+
+
+def recall_around(store: Any, query: str, k: int, args: dict, *, context: Any, time_words: bool,
+                  now: Any) -> list["Recall"]:
+    """recall(..., context=, time_words=, now=): the plain recall's hits (`args`: its other arguments), first
+    those of the span the query's time words name when time_words (store/timewords.py), each turn hit with its
+    neighbouring turns when context > 0."""
+    from .timewords import recall_in_span
+
+    n = check_context(context)
+    hits = recall_in_span(store, query, k, time_words, now, args) if time_words or now is not None else \
+        store.recall(query, k, **args)
+    return with_context(store, hits, n) if n else hits

@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from .._lazy import lazy_import
 from ..errors import CheckpointError
+from .lexical import BM25_K1  # FTS5's bm25(): a word adds at most idf * (k1 + 1) to a row's score
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -33,7 +34,6 @@ RRF_K = 60
 # BM25 below this is no evidence: FTS5 clamps the idf of a word held by half the facts or more to 1e-6, so a row
 # matched by such words alone scores ~1e-6, and normalising by the best BM25 would stretch that to a full 1.0.
 LEXICAL_EVIDENCE = 1e-3
-BM25_K1 = 1.2           # FTS5's bm25() constants: a word adds at most idf * (k1 + 1) to a row's score
 IDF_FLOOR = 1e-6        # FTS5 clamps idf <= 0 to this
 VECTOR_CHARS = 600      # about the characters the shipped embedder reads (128 tokens); longer facts are cut
 PARAMS_FORMAT = "evermind-fusion 1"
@@ -110,8 +110,7 @@ class CandidatePool:
     @classmethod
     def build(cls, lexical: Sequence[tuple[Hashable, float]], vector: Sequence[tuple[Hashable, float]],
               cosine: Mapping[Hashable, float], chars: Mapping[Hashable, int], df: Sequence[int],
-              n_facts: int, cover: Mapping[Hashable, float] | None = None,
-              names: Mapping[Hashable, float] | None = None) -> "CandidatePool":
+              n_facts: int) -> "CandidatePool":
         """A pool from the two ranked lists.
 
         Args:
@@ -121,8 +120,6 @@ class CandidatePool:
             chars: candidate -> text length.
             df: how many facts hold each query word.
             n_facts: facts in the store.
-            cover: candidate -> the share of the query's idf its words hold (None: not gathered).
-            names: candidate -> the share of the query's names it holds (None: not gathered).
         """
         ids = list(dict.fromkeys([c for c, _ in lexical] + [c for c, _ in vector]))
         pos = {c: i for i, c in enumerate(ids)}
@@ -139,9 +136,7 @@ class CandidatePool:
         for r, (c, s) in enumerate(vector):
             cos[pos[c]], vec_rank[pos[c]] = s, r
         return cls(tuple(ids), bm25, lex_rank, cos, vec_rank,
-                   np.array([chars.get(c, 0) for c in ids], dtype=np.float64), fts5_idf(df, n_facts), int(n_facts),
-                   None if cover is None else np.array([cover.get(c, 0.0) for c in ids], dtype=np.float64),
-                   None if names is None else np.array([names.get(c, 0.0) for c in ids], dtype=np.float64))
+                   np.array([chars.get(c, 0) for c in ids], dtype=np.float64), fts5_idf(df, n_facts), int(n_facts))
 
     def relabel(self, ids: Sequence[Hashable]) -> "CandidatePool":
         """The same pool with other candidate keys (one per candidate, in order): e.g. rids -> doc indices."""

@@ -21,7 +21,8 @@ Statistics over what is searched. BM25's idf and average length are those of the
 recall in Ada's scope, or filtered to user=ada, weighs "Ada" by how many of *those* facts hold it (all of them:
 idf 1e-6, no evidence), not by how many of the whole file do. Over the whole store FTS5's bm25() has exactly these
 statistics; for a narrowing selection both engines count the query terms' postings among the selected facts and
-score with `bm25_scores` (selection_stats keeps the count and total length per selection and change sequence).
+score with `bm25_scores` (a session's selection_size keeps the count and total length per selection and change
+sequence).
 """
 
 from __future__ import annotations
@@ -209,18 +210,21 @@ def varint(blob: bytes) -> int:
     return value
 
 
-def coverage(words: list[str], idf: Sequence[float], texts: Sequence[str]) -> list[float]:
-    """For each text, the share of the query's idf (one weight per word of `words`) that its words hold: a word
-    counts when every term FTS5 indexes for it is among the text's terms. 0 for a query of no weight."""
+def text_terms(texts: Sequence[str]) -> list[set[str]]:
+    """Each text's FTS5 terms (the set coverage and name_coverage test query words against)."""
+    return [{t for st in stem_terms(list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(text)))) for t in st}
+            for text in texts]
+
+
+def coverage(words: list[str], idf: Sequence[float], held: Sequence[set[str]]) -> list[float]:
+    """For each text's terms (`held`, text_terms), the share of the query's idf (one weight per word of `words`)
+    that it holds: a word counts when every term FTS5 indexes for it is among the text's. 0 for a query of no
+    weight."""
     total = float(sum(idf))
     if not words or total <= 0:
-        return [0.0] * len(texts)
+        return [0.0] * len(held)
     need = stem_terms(words)
-    out = []
-    for text in texts:
-        held = {t for st in stem_terms(list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(text)))) for t in st}
-        out.append(sum(w for st, w in zip(need, idf) if st and all(t in held for t in st)) / total)
-    return out
+    return [sum(w for st, w in zip(need, idf) if st and all(t in terms for t in st)) / total for terms in held]
 
 
 QUESTION_WORDS = frozenset("what when where which who whom whose why how do does did is are was were can could should "
@@ -238,13 +242,10 @@ def query_names(query: str) -> list[str]:
     return out
 
 
-def name_coverage(names: list[str], texts: Sequence[str]) -> list[float]:
-    """For each text, the share of `names` (query_names) it holds, matched as FTS5 terms; 0 when there are none."""
+def name_coverage(names: list[str], held: Sequence[set[str]]) -> list[float]:
+    """For each text's terms (`held`, text_terms), the share of `names` (query_names) it holds; 0 when there are
+    none."""
     if not names:
-        return [0.0] * len(texts)
+        return [0.0] * len(held)
     need = stem_terms(names)
-    out = []
-    for text in texts:
-        held = {t for st in stem_terms(list(dict.fromkeys(w.lower() for w in _WORD_RE.findall(text)))) for t in st}
-        out.append(sum(1 for st in need if st and all(t in held for t in st)) / len(names))
-    return out
+    return [sum(1 for st in need if st and all(t in terms for t in st)) / len(names) for terms in held]

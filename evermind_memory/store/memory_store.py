@@ -588,19 +588,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         q = self._search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                min_relevance=min_relevance, explain=explain)
-        if check_flag(time_words, "time_words", "recall") or now is not None:
-            from .timewords import recall_in_span
+        if check_flag(time_words, "time_words", "recall") or now is not None or context:
+            from .conversation import recall_around  # a plain recall (or several) with turns and time spans added
 
-            return recall_in_span(self, query, k, time_words, now, dict(
-                tags=tags, where=where, source=source, since=since, until=until, recency=recency, mode=mode,
-                min_score=min_score, fusion=fusion, min_relevance=min_relevance, explain=explain, context=context))
-        if context:
-            from .conversation import check_context, with_context
-
-            n = check_context(context)
-            return with_context(self, self.recall(query, k, tags=tags, where=where, source=source, since=since,
-                                                  until=until, recency=recency, mode=mode, min_score=min_score,
-                                                  fusion=fusion, min_relevance=min_relevance, explain=explain), n)
+            return recall_around(self, query, k, dict(tags=tags, where=where, source=source, since=since, until=until,
+                                                      recency=recency, mode=mode, min_score=min_score, fusion=fusion,
+                                                      min_relevance=min_relevance, explain=explain),
+                                 context=context, time_words=time_words, now=now)
         try:
             self._sync(index=q.mode != "lexical")
         except EmbedderMismatch:

@@ -14,6 +14,7 @@ distinct vector, so facts sharing a vector are never stranded (store/index.py).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -23,7 +24,7 @@ from ..errors import InvalidInput
 from .backend import Backend, FactRow, Selection
 from .embedding import embed_query
 from .index import SearchFailed, VectorIndex, exact_search
-from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words
+from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words, text_terms
 from .records import Explain
 from .selection import select
 from .timing import apply_recency, check_half_life
@@ -202,7 +203,7 @@ class Search:
         Returns:
             (rid -> FactRow, CandidatePool keyed by rid).
         """
-        from .fusion import CandidatePool, fts5_idf
+        from .fusion import CandidatePool
 
         vec = self.rows_for(self.vector(gen, qv, size, sel))
         lex = self.lexical(query, size, sel)
@@ -219,14 +220,13 @@ class Search:
                 cosine = {row.rid: by_label[row.label] for row, _ in lex if row.rid not in in_vec and row.label in by_label}
             df = r.document_frequencies(words, sel) if words and stats else []
             n_facts = (r.selection_size(sel)[0] if sel.narrows else r.count()) if stats else 0
-        cover = names = None
+        pool = CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
+                                   {rid: len(row.text) for rid, row in rows.items()}, df, n_facts)
         if stats:  # which query words and names each candidate holds (the fitted rule's "cover" and "names")
-            rids = list(rows)
-            texts = [rows[r].text for r in rids]
-            cover = dict(zip(rids, coverage(words, fts5_idf(df, n_facts).tolist(), texts)))
-            names = dict(zip(rids, name_coverage(query_names(query), texts)))
-        return rows, CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
-                                         {rid: len(row.text) for rid, row in rows.items()}, df, n_facts, cover, names)
+            held = text_terms([rows[rid].text for rid in pool.ids])
+            pool = replace(pool, cover=np.array(coverage(words, pool.idf.tolist(), held), dtype=np.float64),
+                           names=np.array(name_coverage(query_names(query), held), dtype=np.float64))
+        return rows, pool
 
     def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
                weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:

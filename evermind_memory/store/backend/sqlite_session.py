@@ -92,6 +92,7 @@ class SQLiteSession:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self._sizes: dict[tuple, tuple[int, int, int]] = {}  # selection key -> (change seq, facts, tokens)
+        self._last_postings: tuple[tuple, tuple] | None = None  # (words, selection key, seq) -> _postings' answer
 
     # ---- meta ----------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -332,6 +333,9 @@ class SQLiteSession:
     def _postings(self, words: list[str], sel: Selection) -> tuple[list[int], dict[int, list[int]]]:
         """(per word, how many selected facts hold it; rid -> per word, its count in that fact), over the facts
         `sel` selects that hold any of `words`: read from FTS5's instance vocabulary, not from the texts."""
+        key = (tuple(words), (sel.scope, sel.below, repr(sel.where)), self.max_seq())
+        if self._last_postings is not None and self._last_postings[0] == key:  # hybrid asks twice: lexical, then df
+            return self._last_postings[1]
         stems = stem_terms(words)
         terms = sorted({t for st in stems for t in st})
         term_tf: dict[int, dict[str, int]] = {}
@@ -342,7 +346,9 @@ class SQLiteSession:
                    f"WHERE i.term IN ({','.join('?' * len(terms))}) AND {where} GROUP BY i.doc, i.term")
             for rid, term, n in self.conn.execute(sql, [*terms, *params]):
                 term_tf.setdefault(rid, {})[term] = n
-        return word_postings(stems, term_tf)
+        found = word_postings(stems, term_tf)
+        self._last_postings = (key, found)
+        return found
 
     def selection_size(self, sel: Selection) -> tuple[int, int]:
         """(facts, tokens) that `sel` selects, kept per selection until the next change. (A fact that expires
@@ -369,7 +375,8 @@ class SQLiteSession:
         kept, _ = choose(words, df, n)
         if not kept:
             return []
-        keep = [i for i, w in enumerate(words) if w in set(kept)]
+        chosen = set(kept)
+        keep = [i for i, w in enumerate(words) if w in chosen]
         lengths: dict[int, int] = {}
         for chunk in _chunks(list(tf)):
             lengths.update((rid, varint(size)) for rid, size in self.conn.execute(
