@@ -657,7 +657,7 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
                 raise EvermindError("the demo is not available in this build of evermind_memory.") from None
             return int(run_demo(args, out=out) or 0)
         if args.command == "migrate":  # store to store: no model, nothing opened as a MemoryStore
-            from .store.backend.postgres_migrate import migrate
+            from .store.backend import migrate
 
             report = migrate(str(args.source), str(args.dest))
             if as_json:

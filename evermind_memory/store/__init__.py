@@ -3,8 +3,8 @@
 memory_store.py (the public front), maintaining.py and adapting.py (its maintenance and adaptation methods);
 writer.py (the write paths); selection.py (a call's filters, scope and time as one Selection), filters.py (the
 where language), scope.py (scopes), timing.py (ttl, windows, recency), dedup.py (the duplicate rule);
-backend/ (every SQL statement: the interface in __init__.py, SQLite in sqlite.py and sqlite_session.py, the
-filter compilers in filter_sql.py); vectors.py (the vector cache and its catch-up from the change feed);
+backend/ (every SQL statement: the interface in base.py, the factory in __init__.py, SQLite in sqlite.py and
+sqlite_session.py, the filter compilers in filter_sql.py); vectors.py (the vector cache and its catch-up from the change feed);
 search.py (lexical, vector, hybrid) with lexical.py (which words FTS5 matches) and fusion.py (how the two
 scores combine); embedding.py (the background vector worker); generations.py (the serving model and how it is
 replaced); maintenance.py (check, WAL checkpoints, backup, export/import, sweeper, compaction, stats);

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EvermindError, InvalidInput, StoreWarning
-from .backend import is_server_url
+from .backend.base import is_server_url
 from .lock import filesystem_type, is_remote_filesystem
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._lazy import lazy_import
 from ..errors import CheckpointError, InvalidInput
-from .backend import Backend
+from .backend.base import Backend
 from .vectors import VectorCache
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)

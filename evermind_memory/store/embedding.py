@@ -27,7 +27,7 @@ from .._crash import crash_point
 from .._lazy import lazy_import
 from ..embedder.lazy import LazyEmbedder
 from ..errors import EmbedderOutputInvalid, EvermindError
-from .backend import Backend, WaitingRow, utc_now
+from .backend.base import Backend, WaitingRow, utc_now
 from .leases import Owner, owner_alive
 from .vectors import Generation, VectorCache
 

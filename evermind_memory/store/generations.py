@@ -41,7 +41,7 @@ from .adapter_state import (
     is_lm_embedder,
     resolve_embedder,
 )
-from .backend import Backend, GenerationRows, Writes, utc_now
+from .backend.base import Backend, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
 from .leases import Heartbeat, Leases
 from .vectors import Generation, VectorCache, build_index

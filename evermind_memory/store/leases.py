@@ -19,7 +19,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from .backend import Backend
+from .backend.base import Backend
 
 LEASE_TTL = 30.0  # seconds a claim lasts without renewal; holders renew at half of it
 

@@ -24,7 +24,7 @@ from .._atomic import atomic_write
 from .._lazy import lazy_import
 from ..errors import EvermindError, InvalidInput, StorageError
 from .access import Access
-from .backend import Backend, FactRow, NewFact, Selection, new_id, utc_now
+from .backend.base import Backend, FactRow, NewFact, Selection, new_id, utc_now
 from .damage import readable
 from .embedding import VectorWorker, embed_serving
 from .generations import Generations

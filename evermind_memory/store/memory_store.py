@@ -23,7 +23,8 @@ from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
 from . import closing, maintenance
 from .access import Access, locate
 from .adapting import AdaptationMethods
-from .backend import FactRow, new_id, open_backend, utc_now
+from .backend import open_backend
+from .backend.base import FactRow, new_id, utc_now
 from .damage import readable
 from .embedding import VectorWorker, probe_embedder
 from .filters import MatchAll

@@ -96,7 +96,7 @@ def repair_store(path: str | os.PathLike, embedder: Any = None, **options: Any) 
         StoreCorrupt: the file is not an SQLite database and nothing beside it says it was a store (repair leaves
             it alone), or salvage could not produce a sound file (the original is untouched).
     """
-    from .backend import is_server_url
+    from .backend.base import is_server_url
     from .memory_store import MemoryStore
     from .validate import check_path
 

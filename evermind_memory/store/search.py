@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from .._blas import single_blas
 from .._lazy import lazy_import
 from ..errors import InvalidInput
-from .backend import Backend, FactRow, Selection
+from .backend.base import Backend, FactRow, Selection
 from .embedding import embed_query
 from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words, text_terms

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from .backend import Selection
+from .backend.base import Selection
 from .filters import Compare, Exists, Field, Filter, all_of, parse_where, tags_filter, time_window
 from .validate import check_source, check_typed_tags
 

@@ -24,7 +24,7 @@ from .._crash import crash_point
 from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .access import Access
-from .backend import Backend
+from .backend.base import Backend
 from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
 from .lock import RWLock

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .._crash import crash_point
 from .._lazy import lazy_import
 from ..errors import FactNotFound, InvalidInput
-from .backend import Backend, FactRow, NewFact, new_id, utc_now
+from .backend.base import Backend, FactRow, NewFact, new_id, utc_now
 from .embedding import PENDING_MAX, VectorWorker, embed_serving, embed_texts
 from .generations import Generations
 from .maintenance import Checkpoints

@@ -1,4 +1,4 @@
-"""The SQLite backend implements the whole interface the store is written against (store/backend/__init__.py),
+"""The SQLite backend implements the whole interface the store is written against (store/backend/base.py),
 with the same parameters, so a second backend has one list to implement and the store no hidden extras."""
 
 from __future__ import annotations

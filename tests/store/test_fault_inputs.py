@@ -228,7 +228,7 @@ BAD_PATHS = [None, 3, b"in.jsonl", "", "in\x00.jsonl"]
 
 @pytest.mark.parametrize("bad", BAD_PATHS, ids=["None", "int", "bytes", "empty", "NUL"])
 def test_every_path_argument_refuses_what_is_not_a_text_path(db_path, embedder, tmp_path, bad):
-    from evermind_memory.store.backend.postgres_migrate import migrate
+    from evermind_memory.store.backend import migrate
 
     with MemoryStore(db_path, embedder) as store:
         store.remember("still here")

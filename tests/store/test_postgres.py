@@ -16,7 +16,7 @@ import pytest
 from evermind_memory import MemoryStore
 from evermind_memory.cli import main as cli_main
 from evermind_memory.errors import EvermindError, InvalidInput
-from evermind_memory.store.backend.postgres_migrate import migrate
+from evermind_memory.store.backend import migrate
 from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k, stored_rows
 from test_expiry import wait_until
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 from ..filters import And, Exists, Filter, MatchAll, Member, Or
 from ..timing import time_text
 from ..validate import check_typed_tags, value_type
-from . import Selection
+from .base import Selection
 
 SCHEMA_FROM, SCHEMA_TO = 3, 4
 INSERT_TAG_SQL = "INSERT INTO fact_tags (fact_id, key, value, vtype, num) VALUES (?, ?, ?, ?, ?)"

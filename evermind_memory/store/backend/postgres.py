@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ...errors import EvermindError, InvalidInput, StorageError, StoreCorrupt, StoreLocked
-from . import utc_now
+from .base import utc_now
 from .postgres_session import FTS_CONFIG, GEN_TABLE, PostgresSession
 
 SCHEMA_VERSION = 4  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases)

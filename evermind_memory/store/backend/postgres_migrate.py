@@ -1,6 +1,6 @@
 """Copying a whole store between SQLite and PostgreSQL, with its history, and proving the copy complete.
 
-`migrate(src, dest)` (`evermind migrate --from agent.db --to postgresql://...`, or back from a server to a new
+`backend.migrate(src, dest)` (`evermind migrate --from agent.db --to postgresql://...`, or back from a server to a new
 file) copies, from one consistent snapshot of the source: the facts with their ids, rids, labels, seqs,
 vectors and fingerprints, the whole change log (so every fact's history and every label's origin come along),
 the feedback, the store's meta (store_id, serving model, active adapter, ...) and a generation part way built;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 
 from ...errors import EvermindError, InvalidInput
 from ..timing import time_text
-from . import is_server_url
+from .base import Backend, is_server_url
 from .filter_sql import tag_row
 
 # (table, columns in canonical order, the columns holding times, key)
@@ -167,20 +167,6 @@ def _load_sqlite(conn: Any, table: str, cols: tuple[str, ...], rows: Iterable[tu
 
 
 # ---- the copy ------------------------------------------------------------------------------------------------
-def _open(target: str, *, create: bool) -> Any:
-    if is_server_url(target):
-        from .postgres import PostgresBackend
-
-        return PostgresBackend(target, read_only=not create, durability="full", busy_timeout=30.0)
-    from .sqlite import SQLiteBackend
-
-    if create and os.path.exists(target):
-        raise InvalidInput(f"migrate: {target} exists; the copy goes to a new file (choose another name).")
-    if not create and not os.path.isfile(target):
-        raise InvalidInput(f"migrate: no store at {target}.")
-    return SQLiteBackend(os.path.realpath(target), read_only=not create, durability="full", busy_timeout=30.0)
-
-
 def _rows_of(backend: Any, conn: Any, table: str, cols, times, key) -> Iterator[tuple]:
     reader = _postgres_rows if is_server_url(backend.path) else _sqlite_rows
     return reader(conn, table, cols, times, key)
@@ -206,74 +192,63 @@ def _adapter_bytes(history: Any, entry: dict) -> bytes | None:
         return None
 
 
-def migrate(source: str, dest: str) -> MigrationReport:
-    """Copy the store at `source` into the new, empty `dest` and verify it (see the module docstring).
+def copy_store(src: Backend, dst: Backend) -> MigrationReport:
+    """Copy the store open as `src` into the empty store just created as `dst` and verify the copy (see the module
+    docstring); `backend.migrate()` opens the two ends, `PostgresBackend.backup()` passes itself.
 
-    Args:
-        source, dest: an SQLite file path or a PostgreSQL URL each.
-    Returns:
-        MigrationReport (rows and checksums per table, adapters copied).
     Raises:
-        InvalidInput: a path that is not text (None, bytes, empty, NUL); no store at the source; the destination file exists or the database holds a store already.
-        EvermindError: the copy differs from the source (the report's table is named); the source or the
-            destination cannot be opened.
+        InvalidInput: `dst` holds a store already.
+        EvermindError: the copy differs from the source (the table is named).
     """
-    import time
-
-    from ..validate import check_path
-
-    source, dest = check_path(source, "source", "migrate"), check_path(dest, "dest", "migrate")
     t0 = time.perf_counter()
-    src = _open(source, create=False)
-    dst = None
-    try:
-        dst = _open(dest, create=True)
-        report = MigrationReport(source=src.path, dest=dst.path)
-        with dst.reading() as r:
-            if r.max_seq() or r.count():
-                raise InvalidInput(f"migrate: {dst.path} already holds a store ({r.count()} facts); copy into an "
-                                   "empty database, schema or new file.")
-        with src.snapshot() as s, dst.transaction() as tx:
-            conn = s.conn
-            for table, cols, times, key in TABLES:
-                rows = _rows_of(src, conn, table, cols, times, key)
-                if is_server_url(dst.path):
-                    _load_postgres(tx, table, cols, times, rows)
-                else:
-                    _load_sqlite(tx.conn, table, cols, rows)
-            expected = {table: _checksum(_rows_of(src, conn, table, cols, times, key))
-                        for table, cols, times, key in TABLES}
-            src_adapters = _adapters(src)
-            entries = [(e, _adapter_bytes(src_adapters, e)) for e in src_adapters.entries()]
-        dst_adapters = _adapters(dst)
-        for entry, data in entries:
-            if data is None:
-                continue
-            if hasattr(dst_adapters, "data"):
-                with dst.transaction() as tx:
-                    dst_adapters.put(tx, entry, data)
+    report = MigrationReport(source=src.path, dest=dst.path)
+    with dst.reading() as r:
+        if r.max_seq() or r.count():
+            raise InvalidInput(f"migrate: {dst.path} already holds a store ({r.count()} facts); copy into an "
+                               "empty database, schema or new file.")
+    with src.snapshot() as s, dst.transaction() as tx:
+        conn = s.conn
+        for table, cols, times, key in TABLES:
+            rows = _rows_of(src, conn, table, cols, times, key)
+            if is_server_url(dst.path):
+                _load_postgres(tx, table, cols, times, rows)
             else:
-                dst_adapters.put(entry, data)
-            report.adapters += 1
-        with dst.snapshot() as s:
-            for table, cols, times, key in TABLES:
-                got = _checksum(_rows_of(dst, s.conn, table, cols, times, key))
-                if got != expected[table]:
-                    raise EvermindError(f"migrate: the copy of table {table} differs from the source ({got[0]} rows "
-                                        f"against {expected[table][0]}, or their checksum); {dst.path} is incomplete: "
-                                        "drop it and run migrate again.")
-                report.rows[table], report.checksums[table] = got
-        for entry, data in entries:
-            if data is not None and _adapter_bytes(dst_adapters, entry) != data:
-                raise EvermindError(f"migrate: adapter {entry.get('id')} differs after the copy.")
-        report.seconds = time.perf_counter() - t0
-        return report
-    finally:
-        src.close()
-        if dst is not None:
-            dst.close()
+                _load_sqlite(tx.conn, table, cols, rows)
+        expected = {table: _checksum(_rows_of(src, conn, table, cols, times, key))
+                    for table, cols, times, key in TABLES}
+        src_adapters = _adapters(src)
+        entries = [(e, _adapter_bytes(src_adapters, e)) for e in src_adapters.entries()]
+    dst_adapters = _adapters(dst)
+    for entry, data in entries:
+        if data is None:
+            continue
+        if hasattr(dst_adapters, "data"):
+            with dst.transaction() as tx:
+                dst_adapters.put(tx, entry, data)
+        else:
+            dst_adapters.put(entry, data)
+        report.adapters += 1
+    with dst.snapshot() as s:
+        for table, cols, times, key in TABLES:
+            got = _checksum(_rows_of(dst, s.conn, table, cols, times, key))
+            if got != expected[table]:
+                raise EvermindError(f"migrate: the copy of table {table} differs from the source ({got[0]} rows "
+                                    f"against {expected[table][0]}, or their checksum); {dst.path} is incomplete: "
+                                    "drop it and run migrate again.")
+            report.rows[table], report.checksums[table] = got
+    for entry, data in entries:
+        if data is not None and _adapter_bytes(dst_adapters, entry) != data:
+            raise EvermindError(f"migrate: adapter {entry.get('id')} differs after the copy.")
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
-def copy_to_sqlite(backend: Any, dest: str) -> None:
+def copy_to_sqlite(backend: Backend, dest: str) -> None:
     """PostgresBackend.backup(): the store at `backend` copied (and verified) into the new SQLite file `dest`."""
-    migrate(backend._url, dest)
+    from .sqlite import SQLiteBackend
+
+    dst = SQLiteBackend(dest, read_only=False, durability="full", busy_timeout=30.0)
+    try:
+        copy_store(backend, dst)
+    finally:
+        dst.close()

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ...errors import RowDamaged
-from . import FactRow, utc_now
+from .base import FactRow, utc_now
 from .filter_sql import tag_rows
 from .postgres_session import FACT_COLS, FTS_CONFIG, PostgresSession, when
 from .sqlite_repair import RepairCounts, _ok_tags, _ok_vector

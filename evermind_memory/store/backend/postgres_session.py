@@ -26,7 +26,7 @@ import numpy as np
 
 from ..lexical import BM25_B, BM25_K1, choose, idf
 from ..records import Change
-from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
+from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import POSTGRES, compile_selection, scope_condition, tag_row
 from .sqlite_session import tags_json, usable_rows, vectors_from_blobs
 

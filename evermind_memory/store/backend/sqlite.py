@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
-from . import new_id, utc_now
+from .base import new_id, utc_now
 from .filter_sql import migrate_typed_tags
 from .sqlite_faults import preflight, repair_hint, translate
 from .sqlite_session import SQLiteSession

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from ..._lazy import lazy_import
 from ..scope import LEVELS
-from . import new_id, row_problem, utc_now
+from .base import new_id, row_problem, utc_now
 from .filter_sql import REBUILD_TAGS_SQL
 from .sqlite_session import _INSERT_CHANGE, UNIT_TOLERANCE
 

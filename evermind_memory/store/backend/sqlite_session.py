@@ -1,7 +1,7 @@
 """The SQLite queries of a store: one `SQLiteSession` per connection answers backend.Reads and backend.Writes.
 
 Plain parameterised SQL (R19: never a value in the text); long IN lists go in chunks of _IN_CHUNK. Rows come
-back as the named tuples of backend/__init__.py. Which facts a read sees is a `Selection`, compiled by
+back as the named tuples of backend/base.py. Which facts a read sees is a `Selection`, compiled by
 backend/filter_sql.py into one condition on `facts f`; other indexed equalities next to it carry a unary plus
 (`+f.fingerprint = ?`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it
 would otherwise start from the fingerprint index and probe every fact: 94 ms against 0.09 ms at 50k facts,
@@ -20,7 +20,7 @@ from ..._lazy import lazy_import
 from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_terms, varint, word_postings
 from ..records import Change
 from ..timing import time_text
-from . import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
+from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
