@@ -13,18 +13,16 @@ import os
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from . import maintenance
 from .generations import REEMBED_BATCH
-from .records import CheckReport, DuplicatePair, StoreStats
+from .records import CheckReport, DuplicatePair, RepairReport, StoreStats
 from .selection import select
 from .timing import check_retention
 from .validate import MAX_LIST_LIMIT, check_flag, check_int, check_path
 
-if TYPE_CHECKING:  # (repair.py is imported when repair() runs)
-    from .repair import RepairReport
 
 
 class MaintenanceMethods:
@@ -40,7 +38,8 @@ class MaintenanceMethods:
     _writer: Any
     _checkpoints: Any
     _leases: Any
-    _reopen_args: Any
+    _dim: int
+    _connect: Any
 
     def rebuild_index(self) -> int:
         """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
@@ -130,7 +129,7 @@ class MaintenanceMethods:
             StoreCorrupt: salvage could not build a sound file (the original is left as it was).
             InvalidInput: a scope view (repair the store that opened it).
         """
-        from .repair import RepairReport, report_of, salvage_store
+        from .salvage import report_of, salvage
 
         self._check_writable("repair")
         self._check_owner("repair")
@@ -144,23 +143,27 @@ class MaintenanceMethods:
             counts, found = self._db.repair_rows(self._dim)
         except StoreCorrupt as exc:
             counts, found = None, [str(exc)]
-        if counts is not None and found == ["ok"]:
-            self._vectors.rebuild("repair()")
+        mode, aside = "in place", None
+        if counts is None or found != ["ok"]:
+            if self._access.remote:
+                raise StoreCorrupt(f"{self._access.path}: repair could not make the store sound "
+                                   f"({'; '.join(found[:3])}); the server's own tools (pg_amcheck, a restore) are "
+                                   "needed.", path=self._access.path)
+            embedder = self.embedder
+            self.close()
             try:
-                self.flush()  # adopts the facts whose vectors were cleared, embeds them
-            except EvermindError:
-                pass  # the embedder failed on some: the report's check says which
-            return report_of(self._access.path, "in place", counts, self, before)
-        if self._access.remote:
-            raise StoreCorrupt(f"{self._access.path}: repair could not make the store sound ({'; '.join(found[:3])}); "
-                               "the server's own tools (pg_amcheck, a restore) are needed.", path=self._access.path)
-        path, embedder, options = self._reopen_args
-        self.close()
+                counts, aside = salvage(self._access.path, embedder)
+            finally:
+                self._connect()  # this same object, on the rebuilt file (or the old one when salvage refused)
+            mode = "salvaged"
+        else:
+            self._vectors.rebuild("repair()")
         try:
-            return salvage_store(self._access.path, embedder, before, **{k: v for k, v in options.items()
-                                                                          if k not in ("read_only", "namespace")})
-        finally:
-            self.__init__(path, embedder, **options)
+            self.flush()  # adopts the facts whose vectors were cleared or lost, embeds them
+        except EvermindError:
+            pass  # the embedder failed on some: the report's check says which
+        return report_of(self._access.path, mode, counts, self.check(), before,
+                         kept_aside=None if aside is None else str(aside))
 
     def backup(self, dest: str | os.PathLike) -> Path:
         """Write a consistent copy of the database to `dest` while the store stays live (`VACUUM INTO`).

@@ -109,10 +109,6 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if index_config is not None and not isinstance(index_config, IndexConfig):
             raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
         scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
-        self._reopen_args = (path, embedder, dict(read_only=read_only, durability=durability, on_mismatch=on_mismatch,
-                                                  lock_timeout=lock_timeout, index_config=index_config,
-                                                  busy_timeout=busy_timeout, background_embedding=background_embedding,
-                                                  namespace=namespace))
         access, self._fs_type = locate(path, read_only, background_embedding)
         from ..embedder.base import check_embedder  # (here, not at import: `import evermind_memory.store` stays light)
 
@@ -126,13 +122,21 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             from .backend.postgres import redact
 
             self._path = redact(path)
-        self._access = access
         self._durability = durability
         self._on_mismatch = on_mismatch
         self._index_config = index_config or IndexConfig()
+        self._busy_timeout = float(busy_timeout)
+        self._scope, self._root, self._owner = scope, self, True  # a view (scope()) shares the rest
+        self._opening = (path, access, embedder, fingerprint)
+        self._connect()
+
+    def _connect(self) -> None:
+        """Open the database and build the parts that work on it; what __init__ ends with, and what repair() runs
+        to reopen this same object after it rebuilt the file (the checked arguments are kept in `_opening`)."""
+        path, access, embedder, fingerprint = self._opening
+        self._access = access
         self._pid = os.getpid()
         self._closed = False
-        self._scope, self._root, self._owner = scope, self, True  # a view (scope()) shares the rest
         self._sweeper = maintenance.Sweeper(self)
         self._adaptation: Any = None
         self._adapt_rounds = 0
@@ -140,8 +144,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._worker: VectorWorker | None = None
         self._holder = Owner.new()
         try:
-            self._db = open_backend(path, read_only=read_only, durability=durability, busy_timeout=float(busy_timeout))
-            self._access = access = Access(self._db.path, read_only, background_embedding)  # the canonical path
+            self._db = open_backend(path, read_only=access.read_only, durability=self._durability,
+                                    busy_timeout=self._busy_timeout)
+            self._access = access = Access(self._db.path, access.read_only, access.background_embedding)  # canonical
             self._leases = Leases(self._db, self._holder)
             self._checkpoints = Checkpoints(self._db, self._leases, access)
             self._vectors = VectorCache(self._db, access, dim=self._dim, config=self._index_config, embedder=embedder,

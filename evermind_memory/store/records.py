@@ -147,6 +147,45 @@ class CheckReport:
 
 
 @dataclass(frozen=True)
+class RepairReport:
+    """What a repair did.
+
+    Attributes:
+        path: the store's database file.
+        mode: "in place", "salvaged" (rows copied into a new file) or "nothing to repair".
+        facts: facts in the store afterwards.
+        fixed: fact rows kept with a field repaired (from the change log, or U+FFFD for undecodable bytes).
+        quarantined: fact rows that could not be kept: moved to the `quarantine` table with the reason.
+        restored: facts whose row was lost, restored from the change log (salvage).
+        vectors_cleared: damaged vectors cleared and embedded again.
+        unreadable_reads: reads of the damaged file that failed and were stepped over (salvage).
+        indexed: vectors in the rebuilt index.
+        kept_aside: the folder holding the damaged original files (salvage), else None.
+        problems_before, problems_after: what check() (or opening) reported before and after.
+        notes: the first repairs, row by row.
+    """
+
+    path: str
+    mode: str
+    facts: int = 0
+    fixed: int = 0
+    quarantined: int = 0
+    restored: int = 0
+    vectors_cleared: int = 0
+    unreadable_reads: int = 0
+    indexed: int = 0
+    kept_aside: str | None = None
+    problems_before: tuple[str, ...] = ()
+    problems_after: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the store passes check() now."""
+        return not self.problems_after
+
+
+@dataclass(frozen=True)
 class DuplicatePair:
     """Two stored facts of one scope, tags and source of which the newer repeats the older (`duplicates()`).
 
