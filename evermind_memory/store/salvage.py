@@ -23,7 +23,7 @@ from ..errors import StoreCorrupt, StoreLocked
 from .records import CheckReport, RepairReport
 
 if TYPE_CHECKING:
-    from .backend.sqlite_repair import RepairCounts
+    from .backend.codec import RepairCounts
 
 
 def report_of(path: str, mode: str, counts: RepairCounts, after: CheckReport, before: tuple[str, ...],

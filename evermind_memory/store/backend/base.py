@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 
 from ..._lazy import lazy_import
 from ...errors import RowDamaged
 from ..filters import Filter, MatchAll
 from ..records import Change, Fact, Recall
 from ..scope import scope_parts
+
+if TYPE_CHECKING:  # (codec.py imports this module)
+    from .codec import RepairCounts
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -455,7 +458,7 @@ class Backend(Protocol):
     def count_damaged(self, dim: int) -> tuple[int, int, str | None]:
         """(fact rows a read would skip, damaged vectors, the first reason), changing nothing."""
 
-    def repair_rows(self, dim: int) -> tuple[Any, list[str]]:
+    def repair_rows(self, dim: int) -> tuple[RepairCounts, list[str]]:
         """Repair in place in one transaction (fix or quarantine damaged rows, rebuild derived tables); returns
         (counts, the engine's integrity findings afterwards: ["ok"] when sound)."""
 

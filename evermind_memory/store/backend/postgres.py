@@ -44,6 +44,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ...errors import EvermindError, InvalidInput, StorageError, StoreCorrupt, StoreLocked
 from .base import utc_now
+from .codec import RepairCounts
 from .postgres_session import FTS_CONFIG, GEN_TABLE, PostgresSession
 
 SCHEMA_VERSION = 4  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases)
@@ -306,7 +307,7 @@ class PostgresBackend:
         with self.snapshot() as s:
             return count_damaged(s, dim)
 
-    def repair_rows(self, dim: int) -> tuple[Any, list[str]]:
+    def repair_rows(self, dim: int) -> tuple[RepairCounts, list[str]]:
         """Rebuild the derived rows (tags, full-text statistics), clear damaged vectors (their facts are embedded
         again), quarantine unreadable rows; in one transaction."""
         from .postgres_repair import repair

@@ -14,7 +14,8 @@ from ...errors import RowDamaged
 from .base import FactRow, utc_now
 from .filter_sql import tag_rows
 from .postgres_session import FACT_COLS, FTS_CONFIG, PostgresSession, when
-from .sqlite_repair import RepairCounts, _ok_tags, _ok_vector
+from .codec import RepairCounts, ok_tags
+from .sqlite_repair import _ok_vector
 
 _INSERT_TAG = "INSERT INTO fact_tags (fact_id, key, value, vtype, num) VALUES (%s, %s, %s, %s, %s)"
 
@@ -63,10 +64,10 @@ def repair(s: PostgresSession, dim: int) -> RepairCounts:
     seq = s.max_seq()
     for row, blob in _rows(s):
         counts.scanned += 1
-        if not _ok_tags(row.tags_json):
+        if not ok_tags(row.tags_json):
             logged = s._one("SELECT tags FROM changes WHERE fact_id = %s AND tags IS NOT NULL ORDER BY seq DESC LIMIT 1",
                             (row.id,))
-            tags = logged[0] if logged is not None and _ok_tags(logged[0]) else "{}"
+            tags = logged[0] if logged is not None and ok_tags(logged[0]) else "{}"
             s.conn.execute("UPDATE facts SET tags = %s WHERE rid = %s", (tags, row.rid))
             _quarantine(s, row, "tags are not a JSON object of labels", f"tags set to {tags}")
             counts.fixed += 1

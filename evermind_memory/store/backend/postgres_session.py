@@ -28,7 +28,8 @@ from ..lexical import BM25_B, BM25_K1, choose, idf
 from ..records import Change
 from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import POSTGRES, compile_selection, scope_condition, tag_row
-from .sqlite_session import tags_json, usable_rows, vectors_from_blobs
+from .codec import tags_json
+from .sqlite_session import usable_rows, vectors_from_blobs
 
 GEN_TABLE = "adapt_vectors"
 RANKING = "bm25"  # or "ts_rank_cd" (benchmarks/pg_speed.py --lexical compares them)

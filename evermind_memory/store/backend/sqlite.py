@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
 from .base import new_id, utc_now
+from .codec import RepairCounts
 from .filter_sql import migrate_typed_tags
 from .sqlite_faults import preflight, repair_hint, translate
 from .sqlite_session import SQLiteSession
@@ -348,13 +349,13 @@ class SQLiteBackend:
         with self.snapshot() as session:
             return sqlite_repair.count_damaged(session.conn, dim)
 
-    def repair_rows(self, dim: int) -> tuple[sqlite_repair.RepairCounts, list[str]]:
+    def repair_rows(self, dim: int) -> tuple[RepairCounts, list[str]]:
         """Repair in place, in one write transaction (other processes may stay open): rebuild the indexes, fix or
         quarantine damaged fact rows, rebuild the tag rows and the full-text index. Returns (what was done, the
         integrity check afterwards: ["ok"] when the file is sound, else the file needs salvage)."""
         from . import sqlite_repair  # (repair code: imported when a check or repair needs it)
 
-        counts = sqlite_repair.RepairCounts()
+        counts = RepairCounts()
         with self.write_mutex:
             try:
                 self._writer.execute("REINDEX")
@@ -542,7 +543,7 @@ def created_tables() -> frozenset[str]:
         conn.close()
 
 
-def salvage_into(damaged: str, new_path: str, final_path: str, dim: int) -> tuple[sqlite_repair.RepairCounts, list[str]]:
+def salvage_into(damaged: str, new_path: str, final_path: str, dim: int) -> tuple[RepairCounts, list[str]]:
     """Build a new store file at `new_path` from the readable rows of the damaged copy `damaged`, then repair its
     rows (see sqlite_repair). `final_path` is the name it will have (recorded as meta "path").
 
@@ -551,7 +552,7 @@ def salvage_into(damaged: str, new_path: str, final_path: str, dim: int) -> tupl
     """
     from . import sqlite_repair  # (repair code: imported when a check or repair needs it)
 
-    counts = sqlite_repair.RepairCounts()
+    counts = RepairCounts()
     if not sqlite_repair.patch_header(damaged) and os.path.getsize(damaged) == 0:
         counts.note("the database file was empty: nothing to salvage")
     src = None

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator
 
 from ..._lazy import lazy_import
 from ..scope import LEVELS
-from .base import new_id, row_problem, utc_now
+from .base import new_id, utc_now
+from .codec import RepairCounts, ok_tags, ok_text
 from .filter_sql import REBUILD_TAGS_SQL
 from .sqlite_session import _INSERT_CHANGE, UNIT_TOLERANCE
 
@@ -35,24 +35,6 @@ QUARANTINE_SQL = (
 FACT_RAW = ("SELECT rid, id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, "
             "fingerprint, label, seq, expires_at, scope FROM facts")
 MISSES_BEFORE_STOP = 4096  # salvage: consecutive missing rowids after which a table is taken as ended
-
-
-@dataclass
-class RepairCounts:
-    """What a repair did, row by row."""
-
-    scanned: int = 0
-    fixed: int = 0  # rows kept with a repaired field
-    quarantined: int = 0  # rows removed into the quarantine table
-    vectors_cleared: int = 0  # damaged vectors cleared (the facts are embedded again)
-    restored_from_log: int = 0  # facts whose row was lost, restored from the change log (salvage)
-    salvaged: int = 0  # fact rows copied out of a damaged file (salvage)
-    unreadable_pages: int = 0  # reads that failed during salvage
-    reasons: list[str] = field(default_factory=list)  # the first few, for the report
-
-    def note(self, reason: str) -> None:
-        if len(self.reasons) < 20:
-            self.reasons.append(reason)
 
 
 def _jsonable(value: Any) -> Any:
@@ -70,18 +52,8 @@ def quarantine(conn: sqlite3.Connection, table: str, fact_id: Any, reason: str, 
     """Record a row's original values and what was done with it."""
     conn.execute(QUARANTINE_SQL)
     conn.execute("INSERT INTO quarantine (at, tbl, fact_id, reason, action, data) VALUES (?, ?, ?, ?, ?, ?)",
-                 (utc_now(), table, fact_id if isinstance(fact_id, str) and _ok_text(fact_id) else None, reason,
+                 (utc_now(), table, fact_id if isinstance(fact_id, str) and ok_text(fact_id) else None, reason,
                   action, json.dumps({k: _jsonable(v) for k, v in row.items()}, ensure_ascii=True)))
-
-
-def _ok_text(value: Any) -> bool:
-    if not isinstance(value, str) or not value.strip():
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _ok_label(value: Any) -> bool:
@@ -103,18 +75,6 @@ def _ok_time(value: Any) -> bool:
         return False
 
 
-def _ok_tags(value: Any) -> bool:
-    if not _ok_text(value):
-        return False
-    try:
-        tags = json.loads(value)
-    except ValueError:
-        return False
-    probe = {"id": "x", "text": "x", "tags": tags, "source": None, "created_at": datetime.now().astimezone(),
-             "updated_at": datetime.now().astimezone()}
-    return row_problem(probe) is None
-
-
 def _ok_scope(value: Any) -> bool:
     """A scope key store/scope.py could have written ("" or level=value parts joined by "/")."""
     if not isinstance(value, str):
@@ -122,7 +82,7 @@ def _ok_scope(value: Any) -> bool:
     if not value:
         return True
     parts = [p.partition("=") for p in value.split("/")]
-    return all(sep and level in LEVELS and _ok_text(v) for level, sep, v in parts)
+    return all(sep and level in LEVELS and ok_text(v) for level, sep, v in parts)
 
 
 def _log_row(conn: sqlite3.Connection, seq: int, fid: str, op: str, now: str, label: Any, scope: str) -> None:
@@ -147,7 +107,7 @@ def _ok_vector(blob: Any, dim: int) -> bool:
 def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
     """From a fact's change log: its latest text, tags, source and time, and its first time (what was readable)."""
     out: dict = {}
-    if not _ok_text(fact_id):
+    if not ok_text(fact_id):
         return out
     try:
         rows = conn.execute("SELECT op, at, text, tags, source, scope FROM changes WHERE fact_id = ? ORDER BY seq",
@@ -161,9 +121,9 @@ def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
             out.setdefault("created_at", at)
             out["updated_at"] = at
         if op in ("remember", "update"):
-            if _ok_text(text):
+            if ok_text(text):
                 out["text"] = text
-            if _ok_tags(tags):
+            if ok_tags(tags):
                 out["tags"] = tags
             out["source"] = source if source is None or _ok_label(source) else out.get("source")
         if op == "forget":
@@ -183,17 +143,17 @@ def audit(conn: sqlite3.Connection, dim: int) -> Iterator[tuple[dict, list[str]]
 def row_faults(row: dict, dim: int) -> list[str]:
     """What is wrong with one raw fact row (see audit)."""
     faults = []
-    if not _ok_text(row["id"]) or len(row["id"]) > 128:
+    if not ok_text(row["id"]) or len(row["id"]) > 128:
         faults.append("id")
     text = row["text"]
-    if row["text_type"] != "text" or not isinstance(text, bytes) or not _ok_text(text.decode("utf-8", "replace")):
+    if row["text_type"] != "text" or not isinstance(text, bytes) or not ok_text(text.decode("utf-8", "replace")):
         faults.append("text")
     else:
         try:
             text.decode("utf-8")
         except UnicodeDecodeError:
             faults.append("text bytes")
-    if not _ok_tags(row["tags"]):
+    if not ok_tags(row["tags"]):
         faults.append("tags")
     if row["source"] is not None and not _ok_label(row["source"]):
         faults.append("source")
@@ -280,7 +240,7 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
             reasons.append("vector damaged: cleared, to be embedded again")
             counts.vectors_cleared += 1
             if row["label"] is not None:
-                _log_row(conn, _next_seq(conn), fid if _ok_text(fid) else sets.get("id", ""), "reembed", now,
+                _log_row(conn, _next_seq(conn), fid if ok_text(fid) else sets.get("id", ""), "reembed", now,
                          row["label"], sets.get("scope", row["scope"] if _ok_scope(row["scope"]) else ""))
         quarantine(conn, "facts", sets.get("id", fid), "; ".join(reasons), "repaired", row)
         conn.execute(f"UPDATE facts SET {', '.join(f'{k} = ?' for k in sets)} WHERE rid = ?", [*sets.values(), rid])
@@ -293,10 +253,10 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
 def _remove(conn: sqlite3.Connection, rid: int, fid: Any, label: Any, now: str) -> None:
     scope = _scope_of(conn, rid)
     conn.execute("DELETE FROM facts WHERE rid = ?", (rid,))
-    if _ok_text(fid):
+    if ok_text(fid):
         conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (fid,))
         conn.execute("DELETE FROM feedback WHERE fact_id = ?", (fid,))
-    _log_row(conn, _next_seq(conn), fid if _ok_text(fid) else "", "forget", now, label if isinstance(label, int) else None,
+    _log_row(conn, _next_seq(conn), fid if ok_text(fid) else "", "forget", now, label if isinstance(label, int) else None,
              scope)
 
 
@@ -360,7 +320,7 @@ def open_damaged(path: str) -> sqlite3.Connection:
 def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCounts) -> None:
     """Copy every readable row of a damaged store into a new one (inside the caller's transaction on `dst`)."""
     for key, value in _rows(src, "meta", "value", "key", counts) if _has(src, "meta") else ():
-        if key not in ("schema_version", "path") and isinstance(value, str) and _ok_text(key):
+        if key not in ("schema_version", "path") and isinstance(value, str) and ok_text(key):
             dst.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         (key, value))
     if _has(src, "changes"):

@@ -21,6 +21,7 @@ from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_term
 from ..records import Change
 from ..timing import time_text
 from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
+from .codec import tags_json
 from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
@@ -41,11 +42,6 @@ _INSERT_CHANGE = (
 )
 _GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
              f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")
-
-
-def tags_json(tags: dict) -> str:
-    """Canonical JSON for a tag dict."""
-    return json.dumps(tags, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
