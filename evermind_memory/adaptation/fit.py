@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..embedder.base import is_adaptable
 from ..errors import InvalidInput
 from ..lm.adapter import LoRAWeights
 from ..lm.sequence import SequenceBackbone
@@ -204,9 +205,7 @@ def _check_lm_embedder(embedder: Any, what: str) -> None:
             "sequence backbone (Mamba / attention blocks). Adapt a store opened with an LMEmbedder, or keep "
             "this one unadapted."
         )
-    ok = all(hasattr(embedder, a) for a in ("tokenizer", "max_tokens", "fingerprint")) and model is not None \
-        and all(hasattr(model, a) for a in ("params", "config", "pooled_forward", "pooled_backward", "loss_and_grads"))
-    if not ok:
+    if not is_adaptable(embedder):
         raise InvalidInput(
             f"{what} needs an LMEmbedder (an EvermindLM with a tokenizer) to adapt; got {type(embedder).__name__}. "
             "Open the store with embedder=LMEmbedder(model, tokenizer)."

@@ -7,7 +7,7 @@ boundary, so a misbehaving embedder gives an `EmbedderOutputInvalid`, never a st
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, TypeGuard, runtime_checkable
 
 from .._lazy import is_numpy, lazy_import
 from ..errors import EmbedderOutputInvalid, InvalidInput
@@ -15,6 +15,7 @@ from ..errors import EmbedderOutputInvalid, InvalidInput
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 MAX_DIMENSIONS = 65_536
+DEFAULT_HYBRID_WEIGHT = 2.0  # hybrid recall's vector-side weight for a model with no calibrated one of its own
 MAX_FINGERPRINT_CHARS = 512
 MIN_NORM = 1e-6
 
@@ -36,6 +37,25 @@ class Embedder(Protocol):
     def embed(self, text: str) -> np.ndarray: ...
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class Adaptable(Embedder, Protocol):
+    """An embedder adaptation can fit a LoRA adapter for (an LMEmbedder): an EvermindLM `model` with pooled
+    forward/backward passes and a next-token loss, its `tokenizer`, and the `max_tokens` a text is cut to."""
+
+    model: Any  # lm.model.EvermindLM (typed loosely: this seam must not import the model code)
+    tokenizer: Any  # lm.tokenizer.BPETokenizer
+    max_tokens: int
+
+
+_ADAPTABLE_MODEL = ("params", "config", "pooled_forward", "pooled_backward", "loss_and_grads")
+
+
+def is_adaptable(embedder: object) -> TypeGuard[Adaptable]:
+    """Whether `embedder` is one adaptation can work with (see Adaptable): the one place this is asked."""
+    model = getattr(embedder, "model", None)
+    return (model is not None and all(hasattr(embedder, a) for a in ("tokenizer", "max_tokens", "fingerprint"))
+            and all(hasattr(model, a) for a in _ADAPTABLE_MODEL))
 
 
 def check_embedder(embedder: object) -> tuple[int, str]:

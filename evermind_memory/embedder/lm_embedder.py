@@ -19,6 +19,7 @@ from typing import Sequence
 from .._blas import single_blas
 from .._lazy import lazy_import
 from ..errors import InvalidInput
+from .base import DEFAULT_HYBRID_WEIGHT
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -77,7 +78,7 @@ class LMEmbedder:
         max_chunks: int = 1,
         first_chunk_weight: float = 1.0,
         adapter_digest: str | None = None,
-        hybrid_weight: float = 2.0,
+        hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
         batch_size: int = DEFAULT_BATCH,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:

@@ -14,12 +14,11 @@ import os
 from typing import Any
 
 from ..errors import InvalidInput
+from .base import DEFAULT_HYBRID_WEIGHT
 from .lazy import LazyEmbedder
 from .lm_embedder import DEFAULT_BATCH, LMEmbedder
 from .sequence_embedder import SequenceEmbedder
 from .shipped import card, shipped_path
-
-DEFAULT_HYBRID_WEIGHT = 2.0  # for a model without a calibrated weight (the shipped card carries its own)
 
 
 def _check_tokenizer(tokenizer: Any, where: str) -> None:

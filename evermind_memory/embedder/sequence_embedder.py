@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .._lazy import lazy_import
 from ..errors import InvalidInput
+from .base import DEFAULT_HYBRID_WEIGHT
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -53,7 +54,7 @@ class SequenceEmbedder:
         tokenizer: Any,
         *,
         max_tokens: int = 128,
-        hybrid_weight: float = 2.0,
+        hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
         batch_size: int = DEFAULT_BATCH,
     ) -> None:
         from ..lm.sequence import SequenceBackbone

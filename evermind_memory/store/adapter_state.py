@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._lazy import lazy_import
+from ..embedder.base import Adaptable, Embedder, is_adaptable
 from ..errors import CheckpointError, InvalidInput
 from .backend.base import Backend
 from .vectors import VectorCache
+
+if TYPE_CHECKING:
+    from ..lm.adapter import LoRAWeights
+
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -29,14 +34,7 @@ META_ADAPT_SEQ = "adapt_seq"  # the change seq up to which the serving adapter h
 _ADAPTER_NAME_RE = re.compile(r"^\d{4,9}\.lora$")
 
 
-def is_lm_embedder(embedder: Any) -> bool:
-    """Whether `embedder` is an LMEmbedder-like object adaptation can work with (model + tokenizer)."""
-    model = getattr(embedder, "model", None)
-    return (model is not None and all(hasattr(embedder, a) for a in ("tokenizer", "max_tokens", "fingerprint"))
-            and all(hasattr(model, a) for a in ("params", "config", "pooled_forward", "pooled_backward")))
-
-
-def resolve_embedder(embedder: Any = None, adapter: Any = None) -> Any:
+def resolve_embedder(embedder: Embedder | None = None, adapter: LoRAWeights | None = None) -> Embedder:
     """The store's one way to obtain an embedder, through embedder/loader.py: the shipped default (its weights
     read at the first embed), the one given, or one plus an adapter.
 
@@ -66,7 +64,7 @@ class AdapterState:
 
     _db: Backend
     _cache: VectorCache
-    base_embedder: Any
+    base_embedder: Embedder
     adapters_dir: Path
 
     # ---- the adaptation state in meta ----------------------------------------------------------------------
@@ -111,14 +109,14 @@ class AdapterState:
             return r.remembered_since(seq)
 
     # ---- what adaptation learns from -----------------------------------------------------------------------
-    def adaptable_base(self) -> tuple[Any, Any, dict | None]:
+    def adaptable_base(self) -> tuple[Adaptable, LoRAWeights | None, dict | None]:
         """(base LMEmbedder, the active adapter's weights or None, its entry or None).
 
         Raises:
             InvalidInput: the store was not opened with an LMEmbedder, or not with the base its adapter sits on.
         """
         base = self.base_embedder
-        if not is_lm_embedder(base):
+        if not is_adaptable(base):
             raise InvalidInput(
                 f"adaptation needs an LMEmbedder (an EvermindLM with a tokenizer); this store was opened with "
                 f"{type(base).__name__}. Open it with embedder=LMEmbedder(model, tokenizer)."
@@ -161,7 +159,7 @@ class AdapterState:
             pairs = r.feedback_pairs(self._cache.current.fingerprint)
         return [(query, row[label], 1.0) for query, label in pairs if label in row]
 
-    def load_adapter(self, entry: dict, base: Any) -> Any:
+    def load_adapter(self, entry: dict, base: Embedder) -> LoRAWeights:
         """The LoRAWeights of an adapter entry (file name and sha256 checked), for base.model.
 
         Raises:
@@ -188,6 +186,6 @@ class AdapterState:
 
         return AdapterHistory(self.adapters_dir)
 
-    def adapted_embedder(self, weights: Any, base: Any = None) -> Any:
+    def adapted_embedder(self, weights: LoRAWeights | None, base: Embedder | None = None) -> Embedder:
         """base (default: the store's base embedder) + adapter `weights`, merged (see resolve_embedder)."""
         return resolve_embedder(self.base_embedder if base is None else base, weights)

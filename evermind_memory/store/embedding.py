@@ -20,7 +20,7 @@ import itertools
 import threading
 import time
 import weakref
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .._blas import single_blas
 from .._crash import crash_point
@@ -30,6 +30,10 @@ from ..errors import EmbedderOutputInvalid, EvermindError
 from .backend.base import Backend, WaitingRow, utc_now
 from .leases import Owner, owner_alive
 from .vectors import Generation, VectorCache
+
+if TYPE_CHECKING:
+    from ..embedder.base import Embedder
+
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -50,7 +54,7 @@ def checked(vectors: Any, count: int, dim: int, *, what: str = "embed_many") -> 
 
 
 @single_blas
-def embed_texts(embedder: Any, texts: Sequence[str], dim: int) -> np.ndarray:
+def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarray:
     """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK.
 
     Raises:
@@ -64,7 +68,7 @@ def embed_texts(embedder: Any, texts: Sequence[str], dim: int) -> np.ndarray:
 
 
 @single_blas
-def embed_query(embedder: Any, text: str, dim: int) -> np.ndarray:
+def embed_query(embedder: Embedder, text: str, dim: int) -> np.ndarray:
     """(D,) the checked vector of one query."""
     return checked(embedder.embed(text), 1, dim, what="embed")[0]  # (D,)
 
@@ -83,7 +87,7 @@ def embed_serving(cache: VectorCache, texts: Sequence[str], earlier: tuple[Gener
     return gen, embed_texts(gen.embedder, texts, cache.dim)
 
 
-def probe_embedder(embedder: Any, dim: int) -> None:
+def probe_embedder(embedder: Embedder, dim: int) -> None:
     """Embed PROBE_TEXT through embed and embed_many once, so a broken embedder fails at open.
 
     An embedder whose weights are not read yet (the shipped default, a LazyEmbedder) is not probed: opening a
@@ -288,7 +292,7 @@ class VectorWorker:
                         self._waiting.pop(rid, None)
                     self._cv.notify_all()
 
-    def _embed(self, texts: list[str], embedder: Any) -> tuple[np.ndarray, dict[int, BaseException]]:
+    def _embed(self, texts: list[str], embedder: Embedder) -> tuple[np.ndarray, dict[int, BaseException]]:
         """Vectors (b, D) of texts, and {position: error} for the texts the embedder fails on (their rows
         are zero; those facts keep no vector). A failing batch is retried one text at a time."""
         dim = self._cache.dim

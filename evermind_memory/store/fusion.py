@@ -22,11 +22,15 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 from .._lazy import lazy_import
 from ..errors import CheckpointError
 from .lexical import BM25_K1  # FTS5's bm25(): a word adds at most idf * (k1 + 1) to a row's score
+
+if TYPE_CHECKING:
+    from ..embedder.base import Embedder
+
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -416,7 +420,7 @@ def shipped_params() -> FusionParams | None:
         return load_params(real)
 
 
-def params_for(embedder: Any) -> FusionParams | None:
+def params_for(embedder: Embedder) -> FusionParams | None:
     """The fitted rule for `embedder`: its own `fusion_params` attribute (FusionParams, a dict or a path), else the
     shipped model's fusion.json when the embedder is the shipped model (same fingerprint), else None."""
     own = getattr(embedder, "fusion_params", None)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from .._crash import crash_point
 from .._lazy import lazy_import
+from ..embedder.base import Embedder, is_adaptable
 from ..errors import CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, InvalidInput
 from .access import Access
 from .adapter_state import (
@@ -38,7 +39,6 @@ from .adapter_state import (
     META_BASE_FP,
     META_PENDING,
     AdapterState,
-    is_lm_embedder,
     resolve_embedder,
 )
 from .backend.base import Backend, GenerationRows, Writes, utc_now
@@ -112,7 +112,7 @@ class Generations(AdapterState):
         leases: the store's leases ("generation" is held while a new generation is built).
     """
 
-    def __init__(self, db: Backend, cache: VectorCache, access: Access, base: Any, leases: Leases) -> None:
+    def __init__(self, db: Backend, cache: VectorCache, access: Access, base: Embedder, leases: Leases) -> None:
         self._db = db
         self._cache = cache
         self._access = access
@@ -129,7 +129,7 @@ class Generations(AdapterState):
         return self._cache.current
 
     @property
-    def embedder(self) -> Any:
+    def embedder(self) -> Embedder:
         """The serving embedder."""
         return self._cache.model.embedder
 
@@ -222,7 +222,7 @@ class Generations(AdapterState):
             return
         try:
             entry = json.loads(raw)
-            if not is_lm_embedder(gen.embedder):
+            if not is_adaptable(gen.embedder):
                 raise InvalidInput("the embedder given is not an LMEmbedder")
             embedder = resolve_embedder(gen.embedder, self.load_adapter(entry, gen.embedder))
         except (CheckpointError, InvalidInput, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
@@ -344,7 +344,7 @@ class Generations(AdapterState):
             base = self.base_embedder
             embedder = base if stored_fp == getattr(base, "fingerprint", None) else None
             entry = self.active_adapter()
-            if embedder is None and entry is not None and is_lm_embedder(base):
+            if embedder is None and entry is not None and is_adaptable(base):
                 try:
                     embedder = resolve_embedder(base, self.load_adapter(entry, base))
                 except (CheckpointError, InvalidInput) as exc:
@@ -417,11 +417,11 @@ class Generations(AdapterState):
         pending = self.pending() or {}
         report.resumed = True
         base = self.base_embedder
-        report.base_fingerprint = getattr(base, "fingerprint", "")
+        report.base_fingerprint = base.fingerprint
         entry = pending.get("adapter")
         report.adapter_id = None if not isinstance(entry, dict) else entry.get("id")
         try:
-            if pending.get("base_fingerprint") != getattr(base, "fingerprint", None) or not is_lm_embedder(base):
+            if pending.get("base_fingerprint") != base.fingerprint or not is_adaptable(base):
                 raise InvalidInput(f"it was started on base model {pending.get('base_fingerprint')}")
             embedder = base if entry is None else resolve_embedder(base, self.load_adapter(entry, base))
             if embedder.fingerprint != pending.get("fingerprint"):
@@ -432,7 +432,7 @@ class Generations(AdapterState):
         self.publish(embedder, entry, report, before_swap=before_swap, should_stop=should_stop, batch=batch,
                      resume=True)
 
-    def publish(self, embedder: Any, entry: dict | None, report: PublishReport, *,
+    def publish(self, embedder: Embedder, entry: dict | None, report: PublishReport, *,
                 seed: tuple[np.ndarray, np.ndarray] | None = None, before_swap: Callable[[Any], Any] | None = None,
                 should_stop: Callable[[], bool] | None = None, batch: int = REEMBED_BATCH,
                 resume: bool = False) -> None:
@@ -544,7 +544,7 @@ class Generations(AdapterState):
         report.swap_seconds += time.perf_counter() - t0
         report.status, report.swapped_at = "swapped", utc_now()
 
-    def _complete(self, embedder: Any, fingerprint: str, rows: GenerationRows,
+    def _complete(self, embedder: Embedder, fingerprint: str, rows: GenerationRows,
                   tx: Writes | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(labels (N,), vectors (N, D)) of rows, embedding (and storing, in `tx` or a transaction of its own)
         the ones the generation still lacks."""
@@ -557,7 +557,7 @@ class Generations(AdapterState):
             vectors[pos] = new
         return labels, vectors
 
-    def _replay(self, index: Any, embedder: Any, fingerprint: str, since: int,
+    def _replay(self, index: Any, embedder: Embedder, fingerprint: str, since: int,
                 tx: Writes | None = None) -> tuple[int, int]:
         """Apply changes after `since` to the new generation's index (R3), reading a snapshot (or inside `tx`,
         the swap's transaction). Returns (new watermark, changes)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError
 from . import closing, maintenance
@@ -43,6 +43,10 @@ from .validate import (
     check_typed_tags,
 )
 from .writer import Writer, new_fact, not_found, reachable
+
+if TYPE_CHECKING:
+    from ..embedder.base import Embedder
+
 
 FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
 
@@ -93,7 +97,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
     def __init__(
         self,
         path: str | os.PathLike,
-        embedder: Any = None,
+        embedder: Embedder | None = None,
         *,
         read_only: bool = False,
         durability: str = "normal",
@@ -660,7 +664,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return self._vectors.model.fingerprint
 
     @property
-    def embedder(self) -> Any:
+    def embedder(self) -> Embedder:
         """The embedder in use."""
         return self._vectors.model.embedder
 

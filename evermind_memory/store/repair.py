@@ -19,7 +19,7 @@ the file work is in salvage.py, below the front, which `MemoryStore.repair()` ca
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EvermindError, InvalidInput, StoreCorrupt
 from .backend.base import is_server_url
@@ -28,10 +28,14 @@ from .records import RepairReport
 from .salvage import report_of, salvage
 from .validate import check_path
 
+if TYPE_CHECKING:
+    from ..embedder.base import Embedder
+
+
 __all__ = ["RepairReport", "repair_store"]
 
 
-def repair_store(path: str | os.PathLike, embedder: Any = None, **options: Any) -> RepairReport:
+def repair_store(path: str | os.PathLike, embedder: Embedder | None = None, **options: Any) -> RepairReport:
     """Repair the store at `path`, whether or not it opens (see the module docstring).
 
     Args:

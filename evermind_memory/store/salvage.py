@@ -23,6 +23,7 @@ from ..errors import StoreCorrupt, StoreLocked
 from .records import CheckReport, RepairReport
 
 if TYPE_CHECKING:
+    from ..embedder.base import Embedder
     from .backend.codec import RepairCounts
 
 
@@ -35,7 +36,7 @@ def report_of(path: str, mode: str, counts: RepairCounts, after: CheckReport, be
                         problems_before=tuple(before), problems_after=after.problems, notes=tuple(counts.reasons))
 
 
-def salvage(real: str, embedder: Any) -> tuple[RepairCounts, Path]:
+def salvage(real: str, embedder: Embedder | None) -> tuple[RepairCounts, Path]:
     """Copy the damaged files aside, rebuild the store's file from their readable rows and swap it in (the caller
     then opens it and embeds what lost its vector). Returns (what the rebuild did, the folder kept aside).
 
@@ -101,7 +102,7 @@ def _exclusive(real: str) -> int:
     return fd
 
 
-def _stored_dim(path: str, embedder: Any) -> int:
+def _stored_dim(path: str, embedder: Embedder | None) -> int:
     """The vector length of the store's vectors: meta "dim", else the embedder's."""
     try:
         conn = sqlite3.connect(Path(path).as_uri() + "?mode=ro", uri=True)

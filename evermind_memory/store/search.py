@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from .._blas import single_blas
 from .._lazy import lazy_import
+from ..embedder.base import DEFAULT_HYBRID_WEIGHT
 from ..errors import InvalidInput
 from .backend.base import Backend, FactRow, Selection
 from .embedding import embed_query
@@ -36,9 +37,9 @@ from .vectors import Generation
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:  # (fusion.py is imported by the first hybrid recall: a lexical one never needs it)
+    from ..embedder.base import Embedder
     from .fusion import CandidatePool, Fused, FusionParams
 
-DEFAULT_HYBRID_WEIGHT = 2.0  # the vector side's weight in hybrid recall for an embedder that names none
 EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched exactly (R9)
 
 Hit = tuple[FactRow, float]
@@ -72,7 +73,7 @@ def fts_match(query: str, max_terms: int = MAX_TERMS) -> str | None:
     return phrase_query(query_words(query, max_terms))
 
 
-def hybrid_weight(embedder: Any) -> float:
+def hybrid_weight(embedder: Embedder) -> float:
     """The embedder's own `hybrid_weight` when it is a finite number, else DEFAULT_HYBRID_WEIGHT."""
     weight = getattr(embedder, "hybrid_weight", DEFAULT_HYBRID_WEIGHT)
     return float(weight) if isinstance(weight, (int, float)) and math.isfinite(weight) else DEFAULT_HYBRID_WEIGHT
@@ -86,7 +87,7 @@ class Search:
         dim: vector length.
     """
 
-    def __init__(self, db: Backend, dim: int, embedder: Any = None) -> None:
+    def __init__(self, db: Backend, dim: int, embedder: Embedder | None = None) -> None:
         self._db = db
         self._dim = dim
         self._base = embedder  # the model the store was opened with: its fitted fusion rule is hybrid's

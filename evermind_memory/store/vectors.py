@@ -18,7 +18,7 @@ import contextlib
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .._crash import crash_point
 from .._lazy import lazy_import
@@ -28,6 +28,10 @@ from .backend.base import Backend
 from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
 from .lock import RWLock
+
+if TYPE_CHECKING:
+    from ..embedder.base import Embedder
+
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -54,7 +58,7 @@ class Generation:
         watermark: the highest change seq the index reflects.
     """
 
-    embedder: Any
+    embedder: Embedder
     fingerprint: str
     index: VectorIndex
     watermark: int
@@ -91,7 +95,7 @@ class VectorCache:
         leases: the store's leases (a snapshot save holds "snapshot", so two processes never save at once).
     """
 
-    def __init__(self, db: Backend, access: Access, *, dim: int, config: IndexConfig, embedder: Any,
+    def __init__(self, db: Backend, access: Access, *, dim: int, config: IndexConfig, embedder: Embedder,
                  fingerprint: str, leases: Leases | None = None) -> None:
         self._db = db
         self._leases = leases
@@ -125,7 +129,7 @@ class VectorCache:
         None before the first vector use)."""
         return self._gen
 
-    def serve_model(self, embedder: Any, fingerprint: str) -> None:
+    def serve_model(self, embedder: Embedder, fingerprint: str) -> None:
         """At open, before the index is loaded: serve this model (the stored adapter on our base embedder)."""
         self._gen = replace(self._gen, embedder=embedder, fingerprint=fingerprint)
 
