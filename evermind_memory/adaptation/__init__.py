@@ -7,9 +7,10 @@ It then gates the candidate on held-out memories queried by a span of themselves
 publish it (re-embed into a new generation, build and catch up its index, swap under the lock).
 
 policy.py (AdaptationPolicy, AdaptationHooks), report.py (GateResult, AdaptationReport), fit.py (losses, views,
-fit_adapter), gate.py (gate_candidate), history.py (AdapterHistory: the adapter files) and rounds.py (run_round,
-Adaptation, rollback). The store imports this package only when adaptation is used; this package never imports
-the store: it works through the generation API the store hands it (evermind_memory/store/generations.py).
+fit_adapter), gate.py (gate_candidate) and rounds.py (run_round, Adaptation, rollback); the adapter files belong
+to the store (store/adapter_history.py). The store imports this package only when adaptation is used; this package
+never imports the store: it works through the generation API the store hands it
+(evermind_memory/store/generations.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from .fit import (
     retrieval_loss_and_grad, token_span, word_weights,
 )
 from .gate import gate_candidate, probe_queries, split_probe, text_span
-from .history import AdapterHistory
 from .policy import AdaptationHooks, AdaptationPolicy, check_hooks
 from .report import AdaptationReport, GateResult
 from .rounds import Adaptation, rollback, run_round
@@ -30,7 +30,6 @@ __all__ = [
     "AdaptationReport",
     "GateResult",
     "FitResult",
-    "AdapterHistory",
     "Adaptation",
     "check_hooks",
     "contrastive_loss_and_grad",

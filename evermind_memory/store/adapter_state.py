@@ -182,7 +182,7 @@ class AdapterState:
         in_db = self._db.adapters()
         if in_db is not None:
             return in_db
-        from ..adaptation.history import AdapterHistory
+        from .adapter_history import AdapterHistory
 
         return AdapterHistory(self.adapters_dir)
 

@@ -14,10 +14,11 @@ from evermind_memory.lm.adapter import LoRAWeights, adapter_digest, merge_adapte
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
 from evermind_memory.adaptation import (
-    AdaptationPolicy, AdapterHistory, anchor_loss_and_grad, check_hooks, contrastive_loss_and_grad, default_targets,
+    AdaptationPolicy, anchor_loss_and_grad, check_hooks, contrastive_loss_and_grad, default_targets,
     fit_adapter, gate_candidate, pad_batch, query_view, retrieval_loss_and_grad, split_probe, text_span, token_span,
     word_weights,
 )
+from evermind_memory.store.adapter_history import AdapterHistory  # (the store owns the adapter files)
 from evermind_memory.training.lora import lora_grads
 
 TEXTS = [

@@ -1,5 +1,5 @@
 """The adapters of a PostgreSQL store, in its `adapters` table: id, the entry (JSON: file, sha256, digest,
-status, round, ...) and the adapter file's bytes. The same methods as adaptation.history.AdapterHistory (which
+status, round, ...) and the adapter file's bytes. The same methods as store/adapter_history.AdapterHistory (which
 keeps them as files beside an SQLite store), so adaptation, rollback and every node read one history.
 
 An adapter is written and read through the one file format (lm/adapter.py: magic, CRC, shapes): `add` saves it
@@ -54,7 +54,7 @@ class DatabaseAdapters:
         Raises:
             InvalidInput: no such adapter.
         """
-        from ...adaptation.history import entry_of
+        from ..adapter_history import entry_of
 
         return entry_of(self.entries(), adapter_id, "this store")
 

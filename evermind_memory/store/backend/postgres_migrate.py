@@ -176,7 +176,7 @@ def _adapters(backend: Any) -> Any:
     in_db = backend.adapters()
     if in_db is not None:
         return in_db
-    from ...adaptation.history import AdapterHistory
+    from ..adapter_history import AdapterHistory
 
     p = Path(backend.path)
     return AdapterHistory(p.parent / (p.name + ".adapters"))

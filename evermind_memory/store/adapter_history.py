@@ -1,4 +1,6 @@
-"""The adapters of one store: `<db>.adapters/NNNN.lora` files and the `index.json` that lists them."""
+"""The adapters of one SQLite store: `<db>.adapters/NNNN.lora` files and the `index.json` that lists them (a
+PostgreSQL store keeps them in a table: backend/postgres_adapters.py, with the same methods). The store owns
+them; adaptation reaches them only through the generation API (store/generations.py)."""
 
 from __future__ import annotations
 
