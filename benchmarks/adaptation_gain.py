@@ -219,7 +219,7 @@ def print_tables(result: dict) -> None:
               f"{mean('delta', 'general') if all('general' in r['delta'] for r in mine) else float('nan'):+8.4f} "
               f"{sum(r['status'] == 'swapped' for r in mine)}/{len(mine)} swapped")
         if not all(r["overrides"].get("require_gain", True) for r in mine):
-            print(f"  (gate off for study) gain the strict gate would have let through: "
+            print("  (gate off for study) gain the strict gate would have let through: "
                   + " ".join(f"{r['source']} {r['gated_delta']:+.4f}" for r in mine)
                   + f"; mean {float(np.mean([r['gated_delta'] for r in mine])):+.4f}")
     for key, what in (("loso", "gain as run"), ("loso_gated", "gain the strict gate lets through")):

@@ -16,7 +16,6 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.lm.layers import (
-    RMS_EPS,
     ConvCache,
     EmbedCache,
     RMSNormCache,
@@ -38,13 +37,9 @@ from evermind_memory.lm.config import LMConfig, init_param, param_shapes
 from evermind_memory.lm.inference import FrozenEmbedder, build_plan, plan_embed_many, plan_embed_one
 from evermind_memory.lm.model_file import LM_BACKBONE, Backbone, load_model_file, save_model_file
 from evermind_memory.lm.moe import (
-    SHORT_MAX_ROWS,
     MoECache,
     moe_backward,
     moe_forward,
-    moe_infer,
-    moe_infer_short,
-    moe_inference_weights,
 )
 
 __all__ = [

@@ -31,7 +31,7 @@ from .generations import Generations
 from .index import SearchFailed
 from .leases import Leases, owner_alive
 from .records import CheckReport, DuplicatePair, StoreStats
-from .scope import check_record_scope, scope_parts
+from .scope import check_record_scope
 from .search import EXACT_FILTER_MAX
 from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags

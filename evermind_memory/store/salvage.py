@@ -16,7 +16,7 @@ import shutil
 import sqlite3
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._atomic import fsync_dir
 from ..errors import StoreCorrupt, StoreLocked

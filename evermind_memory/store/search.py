@@ -141,7 +141,7 @@ class Search:
 
     def vector(self, gen: Generation, qv: np.ndarray, k: int, sel: Selection) -> list[tuple[int, float]]:
         """(label, cosine) best first among the facts `sel` selects: exactly, or by filtered HNSW (see above)."""
-        index, fp, dim = gen.index, gen.fingerprint, self._dim
+        index, fp = gen.index, gen.fingerprint
         if sel.narrows:
             with self._db.reading() as r:
                 matching = r.count_selected(sel, fp)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -222,7 +220,7 @@ def build(d: Path, how: str, emb) -> Path:
 
 
 def run(workdir: str, names: list[str]) -> None:
-    from evermind_memory import EvermindError, MemoryStore, StoreCorrupt
+    from evermind_memory import EvermindError, MemoryStore
     from evermind_memory.store import repair_store
     from store_helpers import build_embedder
 

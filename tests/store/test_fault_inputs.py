@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from evermind_memory import EvermindError, InvalidInput, MemoryStore, RowDamaged, StoreWarning
+from evermind_memory import InvalidInput, MemoryStore, RowDamaged, StoreWarning
 from evermind_memory.store import IndexConfig, repair_store
 from store_helpers import CORPUS
 

@@ -7,8 +7,6 @@ the names the GPU tests and benchmarks import.
 from __future__ import annotations
 
 from evermind_memory.lm.sequence import (
-    A_LOG_MIN,
-    A_LOG_MAX,
     causal_attention_numpy,
     complex_ssd_numpy,
     linear_scan_numpy,
