@@ -1,8 +1,8 @@
 """No import cycles anywhere in the package, counted the way issues 17 and 33 count them: every import
 statement, also those inside functions (a lazy import that breaks a cycle at import time is still a cycle in
 the design), except `if TYPE_CHECKING:` blocks. A parent package's __init__ is not an edge. Cycles are
-looked for twice: between modules (lm/checkpoint <-> lm/model, memory_store -> maintaining -> repair ->
-memory_store) and between the package's subpackages (gpu <-> training, models <-> embedder), where a module's
+looked for twice: between modules (lm/checkpoint <-> lm/model, memory_store -> its maintenance methods ->
+repair -> memory_store) and between the package's subpackages (gpu <-> training, models <-> embedder), where a module's
 imports count for the subpackage it lies in.
 
 SCOPE lists the packages checked (the whole package); a cycle fails the test when any module of it lies in

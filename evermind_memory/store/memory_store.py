@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError
 from . import closing, maintenance
 from .access import Access, locate
-from .adapting import AdaptationMethods
+from .memory_store_adaptation import AdaptationMethods
 from .backend import open_backend
 from .backend.base import FactRow, new_id, utc_now
 from .damage import readable
@@ -31,8 +31,8 @@ from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
 from .leases import Leases, Owner
-from .maintaining import MaintenanceMethods
-from .maintenance import Checkpoints
+from .memory_store_maintenance import MaintenanceMethods
+from .checkpoints import Checkpoints
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
 from .search import Search, hybrid_weight

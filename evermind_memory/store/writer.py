@@ -24,7 +24,7 @@ from ..errors import FactNotFound, InvalidInput
 from .backend.base import Backend, FactRow, NewFact, new_id, utc_now
 from .embedding import PENDING_MAX, VectorWorker, embed_serving, embed_texts
 from .generations import Generations
-from .maintenance import Checkpoints
+from .checkpoints import Checkpoints
 from .scope import visible
 from .search import Search
 from .selection import same_kind
