@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from evermind_memory.errors import InvalidInput  # noqa: E402
 from evermind_memory.store.fusion import CandidatePool  # noqa: E402
-from evermind_memory.store.search import gather  # noqa: E402
+from evermind_memory.store.study import gather  # noqa: E402
 from recall_quality import (  # noqa: E402
     QueryCachingEmbedder, build_store, exact_rankings, plain_bm25_rankings, store_rankings,
 )

@@ -161,7 +161,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
     """
     import dev_pools as dp
     from evermind_memory.store.fusion import CandidatePool
-    from evermind_memory.store.search import gather
+    from evermind_memory.store.study import gather
 
     ps = ps or personal_set()
     cache_dir = Path(cache_dir or dp.CACHE_DIR)
@@ -223,7 +223,7 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
     of: near misses). Unscoped stores (a scope is a small store too, and is what the scoped asks test)."""
     import dev_pools as dp
     from evermind_memory.store.fusion import CandidatePool
-    from evermind_memory.store.search import gather
+    from evermind_memory.store.study import gather
 
     ps = ps or personal_set()
     cache_dir = Path(cache_dir or dp.CACHE_DIR)

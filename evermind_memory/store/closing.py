@@ -4,7 +4,7 @@ callback, which must not keep a dropped store alive.
 
 A script that never calls close() must exit and lose nothing; a notebook cell that opens the same store again
 must not wait on its own earlier object. So nothing here raises, and nothing here waits during interpreter
-finalisation. Everything here is called by memory_store.py with the store that owns the parts.
+finalisation. Everything here works on the parts (parts.py) of the store that opened them, never on a view.
 """
 
 from __future__ import annotations
@@ -13,67 +13,68 @@ import atexit
 import os
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from .memory_store import MemoryStore
+    from .backend.base import Backend
+    from .leases import Owner
+    from .parts import StoreParts
 
-_open_stores: "weakref.WeakSet[MemoryStore]" = weakref.WeakSet()  # closed by _close_all at interpreter exit
-
-
-def track(store: MemoryStore) -> None:
-    """Close `store` at interpreter exit if it is still open then."""
-    _open_stores.add(store)
+_open_stores: "weakref.WeakSet[StoreParts]" = weakref.WeakSet()  # closed by _close_all at interpreter exit
 
 
-def close(store: MemoryStore) -> None:
+def track(parts: StoreParts) -> None:
+    """Close the store of `parts` at interpreter exit if it is still open then."""
+    _open_stores.add(parts)
+
+
+def close(parts: StoreParts) -> None:
     """MemoryStore.close(): stop the threads, embed the waiting vectors, save the index, checkpoint, release.
 
-    A view only marks itself closed (the store it shares stays open). In a forked child only the release runs.
+    In a forked child only the release runs.
     """
-    if store._closed or not store._owner:
-        store._closed = True  # a view: the store it shares stays open
+    if parts.closed:
         return
-    _open_stores.discard(store)
-    ours = os.getpid() == store._pid
-    store._sweeper.stop()
-    adaptation = store._adaptation
+    _open_stores.discard(parts)
+    ours = os.getpid() == parts.pid
+    parts.sweeper.stop()
+    adaptation = parts.adaptation
     if adaptation is not None and ours:
         adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
     try:
         # Each step is best effort and never raises: what was acknowledged is committed already (a full disk,
         # a read-only directory or a damaged page met here loses nothing; the next open recovers).
-        if store._worker.started and ours:
+        if parts.worker.started and ours:
             try:
-                store._worker.wait()
+                parts.worker.wait()
             except Exception:  # noqa: BLE001
                 pass  # SQLite refused the writes (disk full): the facts wait in SQLite for any writer
             finally:
-                store._worker.stop()
-        if ours and store._access.saves_index and store._vectors.unsaved:
+                parts.worker.stop()
+        if ours and parts.access.saves_index and parts.vectors.unsaved:
             try:
-                store._vectors.save()
+                parts.vectors.save()
             except Exception:  # noqa: BLE001
                 pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
         if ours:
             try:
-                store._checkpoints.at_close()
+                parts.checkpoints.at_close()
             except Exception:  # noqa: BLE001
                 pass  # another process checkpoints later (or the last one to close)
     finally:
-        store._closed = True
-        release(store)
+        parts.closed = True
+        release(parts.db, parts.holder)
 
 
-def release(store: MemoryStore) -> None:
+def release(db: Backend | None, holder: Owner) -> None:
     """Close the backend and retire the store's owner token: what it still owns (facts waiting, leases) may now
-    be taken over at once. Also what a failed open runs."""
-    if store._db is not None:
-        store._db.close()
-    store._holder.retire()
+    be taken over at once. Also what a failed open runs (`db` None: the backend did not open)."""
+    if db is not None:
+        db.close()
+    holder.retire()
 
 
-def drop(store: MemoryStore) -> None:
+def drop(parts: StoreParts) -> None:
     """MemoryStore.__del__: free a store dropped without close() (a notebook cell run again, a script's last
     line) without waiting on anything.
 
@@ -82,31 +83,31 @@ def drop(store: MemoryStore) -> None:
     that never called close()). Never raises.
     """
     try:
-        if not getattr(store, "_owner", False) or getattr(store, "_closed", True) or os.getpid() != store._pid:
+        if parts.closed or os.getpid() != parts.pid:
             return
-        store._closed = True
+        parts.closed = True
         if sys.is_finalizing():
             return  # committed data is in the WAL; the OS closes the files
-        store._sweeper.signal_stop()
-        if store._worker is not None:
-            store._worker.signal_stop()
-        release(store)
+        parts.sweeper.signal_stop()
+        parts.worker.signal_stop()
+        release(parts.db, parts.holder)
     except Exception:  # noqa: BLE001
         pass
 
 
-def follower(store: MemoryStore) -> Any:
-    """The backend's follow() callback for `store`: serve the generation the database names and replay the
-    changes after the watermark, in the backend's thread (a weak reference: a dropped store is still collected)."""
-    ref = weakref.ref(store)
+def follower(parts: StoreParts) -> Callable[[int], None]:
+    """The backend's follow() callback for a store's `parts`: serve the generation the database names and replay
+    the changes after the watermark, in the backend's thread (a weak reference: a dropped store is still
+    collected)."""
+    ref = weakref.ref(parts)
 
     def on_change(head: int) -> None:
         live = ref()
-        if live is None or live._closed:
+        if live is None or live.closed:
             return
-        cache = live._vectors
+        cache = live.vectors
         if cache.loaded and (head < 0 or head > cache.current.watermark):  # (not loaded: its load reads it all)
-            live._sync()
+            live.sync()
 
     return on_change
 
@@ -115,8 +116,8 @@ def follower(store: MemoryStore) -> Any:
 def _close_all() -> None:
     """At exit (before daemon threads are frozen): close every store still open, so its waiting vectors are
     embedded, its index saved and its WAL checkpointed (nothing acknowledged is lost either way)."""
-    for store in list(_open_stores):
+    for parts in list(_open_stores):
         try:
-            store.close()
+            close(parts)
         except Exception:  # noqa: BLE001 (exit must go on)
             pass

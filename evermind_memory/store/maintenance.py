@@ -18,7 +18,7 @@ import threading
 import weakref
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._atomic import atomic_write
 from .._lazy import lazy_import
@@ -40,7 +40,7 @@ from .vectors import VectorCache
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:
-    from .memory_store import MemoryStore
+    from .parts import StoreParts
 
 MAX_IMPORT_LINE = 1 << 20
 SWEEP_INTERVAL = 60.0  # seconds between the sweeper thread's passes
@@ -288,17 +288,17 @@ class Sweeper:
     """A daemon thread that sweeps expired facts every SWEEP_INTERVAL seconds, for a writer whose store has
     facts with an expiry (started at open, or by the first remember with one).
 
-    It holds its owner (the MemoryStore) only while sweeping, so a dropped store is still collected. A failed
-    pass (SQLite refusing the write) is kept in `error` and retried at the next one; reads never depend on it,
-    since they leave expired facts out themselves.
+    It holds the object whose method sweeps (the store's parts) only while sweeping, so a dropped store is still
+    collected. A failed pass (SQLite refusing the write) is kept in `error` and retried at the next one; reads never
+    depend on it, since they leave expired facts out themselves.
 
     Args:
-        owner: the store; its `_sweep_expired()` does the work.
+        sweep: a bound method that makes one pass (StoreParts.sweep_expired), held through a weak reference.
         interval: seconds between passes (None: SWEEP_INTERVAL, read when the thread starts).
     """
 
-    def __init__(self, owner: Any, interval: float | None = None) -> None:
-        self._owner = weakref.ref(owner)
+    def __init__(self, sweep: Callable[[], int], interval: float | None = None) -> None:
+        self._sweep = weakref.WeakMethod(sweep)
         self._interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -337,16 +337,16 @@ class Sweeper:
         del me
         while not stop.wait(interval):
             me = self_ref()
-            owner = None if me is None else me._owner()
-            if owner is None:
+            sweep = None if me is None else me._sweep()
+            if sweep is None:
                 return
             try:
-                owner._sweep_expired()
+                sweep()
                 me.error = None
             except EvermindError as exc:
                 me.error = str(exc)
             finally:
-                del owner, me
+                del sweep, me
 
     def signal_stop(self) -> None:
         """Ask the thread to end (without waiting)."""
@@ -370,33 +370,34 @@ def prune_history(db: Backend, keep_history: timedelta) -> int:
             return tx.prune_history(before, tx.max_seq())
 
 
-def summary(store: MemoryStore) -> dict:
-    """MemoryStore.info(): sizes, identity, durability, the engine and its versions, the index, background work."""
-    facts = store.count()
-    with store._db.reading() as r:
+def summary(parts: StoreParts, facts: int, scope: dict[str, str]) -> dict:
+    """MemoryStore.info(): sizes, identity, durability, the engine and its versions, the index, background work
+    (`facts`: how many the handle's scope holds; `scope`: its levels)."""
+    opening, access = parts.opening, parts.access
+    with parts.db.reading() as r:
         top = r.max_seq()
         waiting = r.count_waiting()
         judged = r.count_feedback()
-    engine = store._db.describe()
-    building = store._gens.build_progress()
-    gen = store._vectors.current
+    engine = parts.db.describe()
+    building = parts.gens.build_progress()
+    gen = parts.vectors.current
     return {
-        "path": store._access.path, "read_only": store._access.read_only, "durability": store._durability,
+        "path": access.path, "read_only": access.read_only, "durability": opening.durability,
         "facts": facts,
         "indexed": gen.index.live_count, "index_elements": gen.index.element_count,
-        "index_status": store._vectors.status, "index_watermark": gen.watermark, "max_seq": top,
-        "fingerprint": gen.fingerprint, "dimensions": store._dim, "store_id": store._vectors.store_id,
+        "index_status": parts.vectors.status, "index_watermark": gen.watermark, "max_seq": top,
+        "fingerprint": gen.fingerprint, "dimensions": opening.dim, "store_id": parts.vectors.store_id,
         "schema_version": engine["schema_version"], "backend": engine.get("backend", "sqlite"),
         "server_version": engine.get("server_version"), "pgvector": engine.get("pgvector"),
         "notifications": engine.get("notifications"),
         "sqlite_version": engine["sqlite_version"],
-        "sqlite_wal_reset_fixed": engine["sqlite_wal_reset_fixed"], "filesystem": store._fs_type,
-        "hybrid_weight": store._hybrid_weight,
-        "adapter": store._gens.active_adapter_id(), "adaptation_pending": store._gens.pending() is not None,
-        "background_embedding": store._access.embeds_in_background, "waiting_vectors": waiting,
-        "vector_error": store._worker.vector_error, "feedback": judged, "checkpoints": store._checkpoints.done,
-        "building": None if building is None else building[0], "scope": store.scoped_to,
-        "sweep_error": store._root._sweeper.error,
+        "sqlite_wal_reset_fixed": engine["sqlite_wal_reset_fixed"], "filesystem": opening.fs_type,
+        "hybrid_weight": opening.hybrid_weight,
+        "adapter": parts.gens.active_adapter_id(), "adaptation_pending": parts.gens.pending() is not None,
+        "background_embedding": access.embeds_in_background, "waiting_vectors": waiting,
+        "vector_error": parts.worker.vector_error, "feedback": judged, "checkpoints": parts.checkpoints.done,
+        "building": None if building is None else building[0], "scope": scope,
+        "sweep_error": parts.sweeper.error,
     }
 
 

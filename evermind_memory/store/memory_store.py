@@ -1,7 +1,8 @@
 """MemoryStore: the public front of a store. It checks every argument at the boundary and hands the work to
 the rooms of store/: backend/ (all SQL), vectors.py (the HNSW cache and its catch-up), search.py (lexical,
 vector, hybrid), embedding.py (the background vector worker), generations.py (model swaps), maintenance.py
-(check, backup, export/import), access.py (who may write) and closing.py (how a store's life ends).
+(check, backup, export/import), access.py (who may write) and closing.py (how a store's life ends). It builds them
+as one StoreParts (parts.py) and passes that to the modules that need more than one of them.
 Adaptation (evermind_memory.adaptation) is imported only when it is used.
 
 Writes commit to SQLite first (`BEGIN IMMEDIATE`, acknowledged only after COMMIT), then update the index; the
@@ -19,30 +20,27 @@ import copy
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput, StorageError
+from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
 from . import closing, maintenance
-from .access import Access, locate
+from .access import locate
 from .memory_store_adaptation import AdaptationMethods
-from .backend import open_backend
 from .backend.base import FactRow, new_id, utc_now
 from .damage import readable
-from .embedding import VectorWorker, probe_embedder
+from .embedding import probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
-from .leases import Leases, Owner
 from .memory_store_maintenance import MaintenanceMethods
-from .checkpoints import Checkpoints
+from .parts import Opening, StoreParts, connect
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
-from .search import Search, hybrid_weight
+from .search import hybrid_weight
 from .selection import select
-from .vectors import VectorCache
 from .validate import (
     MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_tag_patch, check_text,
     check_typed_tags,
 )
-from .writer import Writer, new_fact, not_found, reachable
+from .writer import new_fact, not_found, reachable
 
 if TYPE_CHECKING:
     from ..embedder.base import Embedder
@@ -113,111 +111,43 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if index_config is not None and not isinstance(index_config, IndexConfig):
             raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
         scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
-        access, self._fs_type = locate(path, read_only, background_embedding)
+        access, fs_type = locate(path, read_only, background_embedding)
         from ..embedder.base import check_embedder  # (here, not at import: `import evermind_memory.store` stays light)
 
         embedder = resolve_embedder(embedder)
-        self._dim, fingerprint = check_embedder(embedder)
-        check_index_memory(index_config or IndexConfig(), self._dim)
-        probe_embedder(embedder, self._dim)
-        self._hybrid_weight = hybrid_weight(embedder)
-        self._path = path
+        dim, fingerprint = check_embedder(embedder)
+        check_index_memory(index_config or IndexConfig(), dim)
+        probe_embedder(embedder, dim)
+        shown = path
         if access.remote:  # a URL is shown without its password (postgres.py is imported for a server only)
             from .backend.postgres import redact
 
-            self._path = redact(path)
-        self._durability = durability
-        self._on_mismatch = on_mismatch
-        self._index_config = index_config or IndexConfig()
-        self._busy_timeout = float(busy_timeout)
-        self._scope, self._root, self._owner = scope, self, True  # a view (scope()) shares the rest
-        self._opening = (path, access, embedder, fingerprint)
-        self._connect()
-
-    def _connect(self) -> None:
-        """Open the database and build the parts that work on it; what __init__ ends with, and what repair() runs
-        to reopen this same object after it rebuilt the file (the checked arguments are kept in `_opening`)."""
-        path, access, embedder, fingerprint = self._opening
-        self._access = access
-        self._pid = os.getpid()
-        self._closed = False
-        self._sweeper = maintenance.Sweeper(self)
-        self._adaptation: Any = None
-        self._adapt_rounds = 0
-        self._db = None
-        self._worker: VectorWorker | None = None
-        self._holder = Owner.new()
-        try:
-            self._db = open_backend(path, read_only=access.read_only, durability=self._durability,
-                                    busy_timeout=self._busy_timeout)
-            self._access = access = Access(self._db.path, access.read_only, access.background_embedding)  # canonical
-            self._leases = Leases(self._db, self._holder)
-            self._checkpoints = Checkpoints(self._db, self._leases, access)
-            self._vectors = VectorCache(self._db, access, dim=self._dim, config=self._index_config, embedder=embedder,
-                                        fingerprint=fingerprint, leases=self._leases)
-            self._gens = Generations(self._db, self._vectors, access, embedder, self._leases)
-            self._worker = VectorWorker(self._db, self._vectors, owner=self, holder=self._holder)
-            self._search = Search(self._db, self._dim, embedder)
-            self._writer = Writer(self._db, self._vectors, self._worker, self._search, self._checkpoints,
-                                  self._holder.token)
-            self._open()
-            if access.remote:  # other nodes commit from other machines: follow them in the background too
-                self._db.follow(closing.follower(self))
-        except BaseException as exc:
-            closing.release(self)
-            if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
-                err = StorageError(f"{path}: the operating system refused opening the store ({exc}). Check the "
-                                   "permissions and free space of its directory, then retry.")
-                err.errno = exc.errno
-                raise err from exc
-            raise
-        closing.track(self)
-
-    # ---- opening -------------------------------------------------------------------------------------------
-    def _open(self) -> None:
-        with self._db.reading() as r:
-            self._vectors.store_id = r.meta("store_id")
-        self._gens.settle(self._on_mismatch)  # which model serves; build the generation of ours if it differs
-        # (the index is loaded on its first use, not here: commands that read rows never need it; issue 19)
-        if self._access.embeds_waiting and self._worker.adopt_orphans():
-            # remembered without a vector by a process that died (or whose embedder failed on them): retry now
-            if self._access.embeds_in_background:
-                self._worker.start()
-            else:
-                self._worker.drain()
-        self._start_sweeper(None)
-
-    def _start_sweeper(self, expires: str | None) -> None:
-        """Run the sweeper thread once this writer's store has a fact that can expire (`expires` None: look)."""
-        if self._access.writes:
-            self._root._sweeper.start_if_needed(self._db, known=expires is not None)
+            shown = redact(path)
+        opening = Opening(path, shown, access, embedder, fingerprint, dim, durability, on_mismatch,
+                          index_config or IndexConfig(), float(busy_timeout), fs_type, hybrid_weight(embedder))
+        # a view (scope()) shares the parts and keeps this store (whose finaliser closes them) alive
+        self._scope, self._root, self._owner, self._closed = scope, self, True, False
+        self._parts: StoreParts = connect(opening, owner=self)
 
     # ---- guards --------------------------------------------------------------------------------------------
     def _check_usable(self) -> None:
-        if self._closed or self._root._closed:
+        if self._closed or self._parts.closed:
             raise EvermindError("this MemoryStore is closed; open a new one.")
-        if os.getpid() != self._pid:
+        if os.getpid() != self._parts.pid:
             raise EvermindError(
-                f"this MemoryStore was opened in process {self._pid} and cannot be used after fork (now {os.getpid()}); "
+                f"this MemoryStore was opened in process {self._parts.pid} and cannot be used after fork (now "
+                f"{os.getpid()}); "
                 "open a new MemoryStore in the child."
             )
 
     def _check_writable(self, method: str) -> None:
         self._check_usable()
-        self._access.require_writer(method)
+        self._parts.access.require_writer(method)
 
     def _check_owner(self, method: str) -> None:
         if not self._owner:
             raise InvalidInput(f"{method}() looks after the whole store; call it on the MemoryStore that opened the "
                                "store, not on a scope view.")
-
-    def _sync(self, *, index: bool = True) -> None:
-        """Serve the generation the database names and replay the changes after our watermark (every process,
-        before it answers; for the only writer of a store both are one cheap read). index=False (a lexical
-        recall): leave an index not loaded yet as it is."""
-        self._gens.follow()
-        if index or self._vectors.loaded:
-            self._vectors.catch_up()
 
     # ---- writes --------------------------------------------------------------------------------------------
     def remember(self, text: str, *, tags: dict | None = None, source: str | None = None, id: str | None = None,
@@ -264,15 +194,15 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if check_flag(dedup, "dedup", "remember"):
             if id is not None:
                 raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not both.")
-            fid = self._writer.insert_unique(item)[0]
+            fid = self._parts.writer.insert_unique(item)[0]
         elif id is not None:
-            fid = self._writer.upsert(item._replace(id=check_id(id)), self._scope)
-        elif self._access.embeds_in_background:
-            fid = self._writer.insert_queued(item)
+            fid = self._parts.writer.upsert(item._replace(id=check_id(id)), self._scope)
+        elif self._parts.access.embeds_in_background:
+            fid = self._parts.writer.insert_queued(item)
         else:
-            fid = self._writer.insert_embedded([item])[0]
+            fid = self._parts.writer.insert_embedded([item])[0]
         if item.expires_at is not None:
-            self._start_sweeper(item.expires_at)
+            self._parts.start_sweeper(item.expires_at)
         return fid
 
     def flush(self) -> None:
@@ -288,11 +218,11 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 the vectors (the facts keep waiting and are retried).
         """
         self._check_usable()
-        if self._access.writes:
-            self._worker.adopt_orphans()  # facts a dead process left waiting: embedded here too
-            self._worker.wait()
-            self._worker.raise_failures("flush")
-        self._sync()
+        if self._parts.access.writes:
+            self._parts.worker.adopt_orphans()  # facts a dead process left waiting: embedded here too
+            self._parts.worker.wait()
+            self._parts.worker.raise_failures("flush")
+        self._parts.sync()
 
     def remember_many(self, texts: Sequence[str], *, tags: dict | None = None, source: str | None = None,
                       ttl: Any = None, expires_at: Any = None, pinned: bool = False, at: Any = None) -> list[str]:
@@ -318,9 +248,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             return []
         first = new_fact("remember_many", self._scope, checked[0], tags, source, ttl, expires_at, pinned, at)
         items = [first] + [first._replace(id=new_id(), text=t) for t in checked[1:]]
-        ids = self._writer.insert_embedded(items)
+        ids = self._parts.writer.insert_embedded(items)
         if first.expires_at is not None:
-            self._start_sweeper(first.expires_at)
+            self._parts.start_sweeper(first.expires_at)
         return ids
 
     def remember_conversation(self, turns: Sequence[Any], *, session: str, tags: dict | None = None,
@@ -352,7 +282,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         items = [new_fact("remember_conversation", self._scope, f"{speaker}: {text}",
                           turn_tags(tags, session, start + i, speaker), source, None, None, False, at)
                  for i, (speaker, text, at) in enumerate(checked)]
-        return self._writer.insert_embedded(items)
+        return self._parts.writer.insert_embedded(items)
 
     def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
                source: str | None = None, replace_tags: bool = False) -> Fact:
@@ -390,7 +320,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                "call update(fact_id, tags={}, replace_tags=True); to remove one, tags={'key': None}.")
         new_text = None if text is None else check_text(text)
         new_tags = None if tags is None else (check_typed_tags(tags) if replace_tags else check_tag_patch(tags))
-        return self._writer.update(fact_id, self._scope, new_text, new_tags, check_source(source),
+        return self._parts.writer.update(fact_id, self._scope, new_text, new_tags, check_source(source),
                                    merge=not replace_tags).to_fact()
 
     def supersede(self, old_id: str, text: str, *, tags: dict | None = None, source: str | None = None) -> str:
@@ -410,7 +340,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         old_id = check_id(old_id)
         text = check_text(text)
         new_tags = None if tags is None else check_typed_tags(tags)
-        return self._writer.supersede(old_id, self._scope, text, new_tags, check_source(source), new_id())
+        return self._parts.writer.supersede(old_id, self._scope, text, new_tags, check_source(source), new_id())
 
     def forget(self, fact_id: str) -> None:
         """Remove a fact; it is never returned again (a tombstone stays in its history).
@@ -423,7 +353,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             FactNotFound: no such fact in this scope.
         """
         self._check_writable("forget")
-        self._writer.forget(check_id(fact_id), self._scope)
+        self._parts.writer.forget(check_id(fact_id), self._scope)
 
     def forget_where(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
                      since: Any = None, until: Any = None) -> int:
@@ -443,7 +373,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if isinstance(sel.where, MatchAll):
             raise InvalidInput("forget_where() expected tags, where, source, since or until; to forget every fact of "
                                "this scope, call clear(confirm=True).")
-        return self._writer.forget_selected(sel)
+        return self._parts.writer.forget_selected(sel)
 
     def clear(self, *, confirm: bool = False) -> int:
         """Forget every fact of this scope (the whole store when unscoped), in one transaction; history kept.
@@ -460,7 +390,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._check_writable("clear")
         if confirm is not True:
             raise InvalidInput("clear() forgets every fact of this scope; call clear(confirm=True) if you mean it.")
-        return self._writer.forget_selected(select("clear", self._scope))
+        return self._parts.writer.forget_selected(select("clear", self._scope))
 
     def feedback(self, query: str, fact_id: str, *, useful: bool = True) -> None:
         """Tell the store whether a recalled fact answered a query; adaptation learns from it.
@@ -481,7 +411,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         query = check_text(query, "query")
         fact_id = check_id(fact_id)
         useful = check_flag(useful, "useful", "feedback")
-        self._writer.feedback(query, fact_id, useful, self._scope, FEEDBACK_LIMIT)
+        self._parts.writer.feedback(query, fact_id, useful, self._scope, FEEDBACK_LIMIT)
 
     # ---- reads ---------------------------------------------------------------------------------------------
     def get(self, fact_id: str) -> Fact:
@@ -492,7 +422,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         """
         self._check_usable()
         fact_id = check_id(fact_id)
-        with self._db.reading() as r:
+        with self._parts.db.reading() as r:
             row = r.fetch(fact_id)
         if not reachable(row, self._scope, utc_now()):
             raise not_found("get", fact_id)
@@ -520,7 +450,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         limit = check_int(limit, "limit", 1, MAX_LIST_LIMIT, "list")
         offset = check_int(offset, "offset", 0, 2**62, "list")
         sel = select("list", self._scope, tags=tags, where=where, source=source, since=since, until=until)
-        with self._db.reading() as r:
+        with self._parts.db.reading() as r:
             rows = r.list_rows(limit, offset, sel)
         return readable(rows, FactRow.to_fact, "list")
 
@@ -532,7 +462,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         """
         self._check_usable()
         sel = select("count", self._scope, tags=tags, where=where, source=source, since=since, until=until)
-        with self._db.reading() as r:
+        with self._parts.db.reading() as r:
             return r.count_selected(sel)
 
     def __len__(self) -> int:
@@ -550,7 +480,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         """
         self._check_usable()
         fact_id = check_id(fact_id)
-        with self._db.reading() as r:
+        with self._parts.db.reading() as r:
             changes = r.history(fact_id, self._scope)
         if not changes:
             raise FactNotFound(f"history() found no fact with id {fact_id!r} in this store.")
@@ -595,7 +525,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 recall serves results, without that fact's vector).
         """
         self._check_usable()
-        q = self._search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
+        q = self._parts.search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                min_relevance=min_relevance, explain=explain)
         if check_flag(time_words, "time_words", "recall") or now is not None or context:
@@ -606,15 +536,15 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                                       min_relevance=min_relevance, explain=explain),
                                  context=context, time_words=time_words, now=now)
         try:
-            self._sync(index=q.mode != "lexical")
+            self._parts.sync(index=q.mode != "lexical")
         except EmbedderMismatch:
             if q.mode != "lexical":  # text needs no model: a lexical recall still answers
                 raise
-        if q.mode != "lexical" and self._access.writes:
-            self._worker.wait()
-            self._worker.raise_failures("recall")
-        with self._vectors.serving(load=q.mode != "lexical") as gen:  # one generation (model, fingerprint, index)
-            hits = self._search.recall(gen, q, self._hybrid_weight)
+        if q.mode != "lexical" and self._parts.access.writes:
+            self._parts.worker.wait()
+            self._parts.worker.raise_failures("recall")
+        with self._parts.vectors.serving(load=q.mode != "lexical") as gen:  # one generation (model, fingerprint, index)
+            hits = self._parts.search.recall(gen, q, self._parts.opening.hybrid_weight)
         return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:q.k]
 
     # ---- scopes --------------------------------------------------------------------------------------------
@@ -656,32 +586,32 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
         Adaptation works through it; most programs never need it.
         """
-        return self._gens
+        return self._parts.gens
 
     @property
     def fingerprint(self) -> str:
         """The fingerprint of the embedder whose vectors this store serves."""
-        return self._vectors.model.fingerprint
+        return self._parts.vectors.model.fingerprint
 
     @property
     def embedder(self) -> Embedder:
         """The embedder in use."""
-        return self._vectors.model.embedder
+        return self._parts.vectors.model.embedder
 
     @property
     def path(self) -> str:
         """The database path (or ":memory:")."""
-        return self._path
+        return self._parts.opening.shown
 
     @property
     def read_only(self) -> bool:
         """Whether this is a read-only reader."""
-        return self._access.read_only
+        return self._parts.access.read_only
 
     def info(self) -> dict:
         """A summary for humans and the CLI: sizes, identity, durability, SQLite version, index state."""
         self._check_usable()
-        return maintenance.summary(self)
+        return maintenance.summary(self._parts, self.count(), self.scoped_to)
 
     # ---- closing -------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -692,10 +622,14 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         them. A store still open when the interpreter exits is closed by an atexit hook, so a script that never
         calls close() exits normally and loses nothing.
         """
-        closing.close(self)
+        if self._owner:
+            closing.close(self._parts)
+        else:
+            self._closed = True  # a view: the store it shares stays open
 
     def __del__(self) -> None:
-        closing.drop(self)  # a store dropped without close(): freed without waiting on anything, never raising
+        if self.__dict__.get("_owner") and "_parts" in self.__dict__:  # (not when __init__ raised)
+            closing.drop(self._parts)  # a store dropped without close(): freed without waiting, never raising
 
     def __enter__(self) -> "MemoryStore":
         return self
@@ -704,7 +638,14 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("read-only" if self._access.read_only else "writer")
+        state = "closed" if self._closed or self._parts.closed else (
+            "read-only" if self._parts.access.read_only else "writer")
         scope = f", scope={self._scope!r}" if self._scope else ""
-        return f"MemoryStore({self._path!r}, {state}{scope}, fingerprint={self.fingerprint!r})"
+        return f"MemoryStore({self.path!r}, {state}{scope}, fingerprint={self.fingerprint!r})"
 
+
+
+def parts_of(store: MemoryStore) -> tuple[StoreParts, str]:
+    """An open store's (or view's) parts and scope key, for offline study (study.py); the store's own modules get
+    the parts passed in."""
+    return store._parts, store._scope

@@ -7,18 +7,18 @@ MemoryStore inherits them; nothing else uses this class.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput
+
+if TYPE_CHECKING:
+    from .parts import StoreParts
 
 
 class AdaptationMethods:
     """The adaptation part of MemoryStore's public API (a mixin: it uses the store's guards and generations)."""
 
-    _adaptation: Any  # the Adaptation started last, or None
-    _adapt_rounds: int  # adapt_now() calls so far (numbers the reports)
-    _gens: Any  # the store's Generations
-    _access: Any  # the store's Access
+    _parts: StoreParts  # what the store is made of: its generations, access, the adaptation started last
 
     def start_adaptation(self, policy: Any = None, hooks: Any = None) -> Any:
         """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
@@ -43,16 +43,16 @@ class AdaptationMethods:
         self._check_adaptable("start_adaptation")
         policy = self._check_policy(policy, "start_adaptation")
         hooks = check_hooks(hooks)
-        self._gens.adaptable_base()  # fail now, not in the thread, when the store cannot be adapted
-        if self._adaptation is not None and self._adaptation.running:
+        self._parts.gens.adaptable_base()  # fail now, not in the thread, when the store cannot be adapted
+        if self._parts.adaptation is not None and self._parts.adaptation.running:
             raise InvalidInput("start_adaptation(): an adaptation is already running; stop() and join() it first.")
-        self._adaptation = Adaptation(self._gens, policy, hooks, owner=self).start()
-        return self._adaptation
+        self._parts.adaptation = Adaptation(self._parts.gens, policy, hooks, owner=self).start()
+        return self._parts.adaptation
 
     @property
     def adaptation(self) -> Any:
         """The Adaptation started by start_adaptation() (None if never started)."""
-        return self._adaptation
+        return self._parts.adaptation
 
     def adapt_now(self, policy: Any = None, hooks: Any = None, *, adapter: Any = None) -> Any:
         """Run one adaptation round in this thread (for scripts and `evermind adapt`).
@@ -76,8 +76,8 @@ class AdaptationMethods:
         self._check_adaptable("adapt_now")
         policy = self._check_policy(policy, "adapt_now")
         hooks = check_hooks(hooks)
-        self._adapt_rounds += 1
-        return run_round(self._gens, policy, hooks, round_no=self._adapt_rounds, adapter=adapter)
+        self._parts.adapt_rounds += 1
+        return run_round(self._parts.gens, policy, hooks, round_no=self._parts.adapt_rounds, adapter=adapter)
 
     def rollback_adapter(self, to: str | None = "base") -> Any:
         """Serve an earlier adapter (by id, see adapter_history()) or the base model again.
@@ -99,18 +99,18 @@ class AdaptationMethods:
         to = "base" if to is None else to
         if not isinstance(to, str) or not to:
             raise InvalidInput(f"rollback_adapter() expected an adapter id or 'base', got {to!r:.60}.")
-        return rollback(self._gens, to)
+        return rollback(self._parts.gens, to)
 
     def adapter_history(self) -> list[dict]:
         """Every adapter written for this store, oldest first, each with "active" (the one serving now)."""
         self._check_usable()
-        active = self._gens.active_adapter_id()
-        return [{**e, "active": e["id"] == active} for e in self._gens.adapter_history().entries()]
+        active = self._parts.gens.active_adapter_id()
+        return [{**e, "active": e["id"] == active} for e in self._parts.gens.adapter_history().entries()]
 
     def _check_adaptable(self, method: str) -> None:
         self._check_writable(method)
         self._check_owner(method)
-        if self._access.memory:
+        if self._parts.access.memory:
             raise InvalidInput(f"{method}() needs a store file (adapters are kept beside it); this store is ':memory:'.")
 
     @staticmethod

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from . import maintenance
 from .generations import REEMBED_BATCH
+from .parts import StoreParts, connect
 from .records import CheckReport, DuplicatePair, RepairReport, StoreStats
 from .selection import select
 from .timing import check_retention
@@ -28,18 +29,8 @@ from .validate import MAX_LIST_LIMIT, check_flag, check_int, check_path
 class MaintenanceMethods:
     """The maintenance part of MemoryStore's public API (a mixin: it uses the store's guards and parts)."""
 
-    _scope: str
-    _db: Any
-    _vectors: Any
-    _worker: Any
-    _gens: Any
-    _access: Any
-    _search: Any
-    _writer: Any
-    _checkpoints: Any
-    _leases: Any
-    _dim: int
-    _connect: Any
+    _scope: str  # the handle's scope key
+    _parts: StoreParts  # what the store is made of (shared with its views)
 
     def rebuild_index(self) -> int:
         """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.
@@ -51,8 +42,8 @@ class MaintenanceMethods:
         """
         self._check_usable()
         self._check_owner("rebuild_index")
-        self._worker.wait()
-        return self._vectors.rebuild("rebuild_index() was called")
+        self._parts.worker.wait()
+        return self._parts.vectors.rebuild("rebuild_index() was called")
 
     def reembed(self, *, force: bool = False, batch_size: int = REEMBED_BATCH) -> int:
         """Re-embed facts whose vector came from another embedder (every fact with force=True).
@@ -74,11 +65,11 @@ class MaintenanceMethods:
         self._check_owner("reembed")
         force = check_flag(force, "force", "reembed")
         batch_size = check_int(batch_size, "batch_size", 1, 100_000, "reembed")
-        with self._gens.claimed() as mine:
+        with self._parts.gens.claimed() as mine:
             if not mine:
                 raise StoreLocked("reembed(): another process is re-embedding this store or building a new "
                                   "generation; try again when it has finished.")
-            return self._gens.reembed(force=force, with_index=True, batch_size=batch_size)
+            return self._parts.gens.reembed(force=force, with_index=True, batch_size=batch_size)
 
     def check(self) -> CheckReport:
         """Check SQLite integrity, FTS, fact rows, vectors and the index against SQLite; report, never raise.
@@ -97,16 +88,16 @@ class MaintenanceMethods:
         except EvermindError as exc:
             return CheckReport(ok=False, problems=(str(exc),))
         early = []
-        for step in ((self._worker.wait,) if self._access.writes else ()) + (self._vectors.catch_up,):
+        for step in ((self._parts.worker.wait,) if self._parts.access.writes else ()) + (self._parts.vectors.catch_up,):
             try:
                 step()
             except Exception as exc:  # noqa: BLE001 (reported, never raised)
                 early.append(f"{type(exc).__name__}: {exc}")
         try:
-            building = self._gens.build_progress()
+            building = self._parts.gens.build_progress()
         except Exception:  # noqa: BLE001
             building = None
-        report = maintenance.check(self._db, self._vectors, self._worker, self._access, building)
+        report = maintenance.check(self._parts.db, self._parts.vectors, self._parts.worker, self._parts.access, building)
         if early:
             report = replace(report, ok=False, problems=tuple(early) + report.problems)
         return report
@@ -135,34 +126,35 @@ class MaintenanceMethods:
         self._check_owner("repair")
         before = self.check().problems
         if not before:
-            return RepairReport(path=self._access.path, mode="nothing to repair", facts=len(self),
-                                indexed=self._vectors.current.index.live_count)
-        if self._access.memory:
+            return RepairReport(path=self._parts.access.path, mode="nothing to repair", facts=len(self),
+                                indexed=self._parts.vectors.current.index.live_count)
+        if self._parts.access.memory:
             raise EvermindError("repair() needs a store file; an in-memory store has nothing to salvage.")
         try:
-            counts, found = self._db.repair_rows(self._dim)
+            counts, found = self._parts.db.repair_rows(self._parts.opening.dim)
         except StoreCorrupt as exc:
             counts, found = None, [str(exc)]
         mode, aside = "in place", None
         if counts is None or found != ["ok"]:
-            if self._access.remote:
-                raise StoreCorrupt(f"{self._access.path}: repair could not make the store sound "
+            if self._parts.access.remote:
+                raise StoreCorrupt(f"{self._parts.access.path}: repair could not make the store sound "
                                    f"({'; '.join(found[:3])}); the server's own tools (pg_amcheck, a restore) are "
-                                   "needed.", path=self._access.path)
+                                   "needed.", path=self._parts.access.path)
             embedder = self.embedder
             self.close()
             try:
-                counts, aside = salvage(self._access.path, embedder)
+                counts, aside = salvage(self._parts.access.path, embedder)
             finally:
-                self._connect()  # this same object, on the rebuilt file (or the old one when salvage refused)
+                # this same object, on the rebuilt file (or the old one when salvage refused)
+                self._parts = connect(self._parts.opening, owner=self)
             mode = "salvaged"
         else:
-            self._vectors.rebuild("repair()")
+            self._parts.vectors.rebuild("repair()")
         try:
             self.flush()  # adopts the facts whose vectors were cleared or lost, embeds them
         except EvermindError:
             pass  # the embedder failed on some: the report's check says which
-        return report_of(self._access.path, mode, counts, self.check(), before,
+        return report_of(self._parts.access.path, mode, counts, self.check(), before,
                          kept_aside=None if aside is None else str(aside))
 
     def backup(self, dest: str | os.PathLike) -> Path:
@@ -184,7 +176,7 @@ class MaintenanceMethods:
         if self._scope:
             raise InvalidInput("backup() copies every fact of every scope; call it on a store opened without "
                                "namespace=, or export() this scope's facts.")
-        return maintenance.backup(self._db, dest)
+        return maintenance.backup(self._parts.db, dest)
 
     def export(self, path: str | os.PathLike) -> int:
         """Write this scope's facts as JSON lines (id, text, tags, source, created_at, updated_at, expires_at,
@@ -201,7 +193,7 @@ class MaintenanceMethods:
         """
         self._check_usable()
         path = check_path(path, "path", "export")
-        return maintenance.export(self._db, path, select("export", self._scope))
+        return maintenance.export(self._parts.db, path, select("export", self._scope))
 
     def import_(self, path: str | os.PathLike) -> int:
         """Add the facts of a JSONL export (ids, timestamps and scopes kept; ids already present are skipped).
@@ -220,9 +212,9 @@ class MaintenanceMethods:
         self._check_writable("import_")
         path = check_path(path, "path", "import_")
         records = maintenance.read_export(path, self._scope)
-        added = maintenance.import_records(self._db, self._vectors, records)
+        added = maintenance.import_records(self._parts.db, self._parts.vectors, records)
         if any(rec.expires_at is not None for rec in records):
-            self._start_sweeper(None)
+            self._parts.start_sweeper(None)
         return added
 
     def sweep(self) -> int:
@@ -235,14 +227,7 @@ class MaintenanceMethods:
             how many facts were deleted.
         """
         self._check_writable("sweep")
-        return self._writer.sweep(self._scope, datetime.now(timezone.utc))
-
-    def _sweep_expired(self) -> int:
-        """The background sweeper's pass: every expired fact of the store, by one writer process per interval
-        (the "sweep" lease is left to expire, so the other processes' sweepers skip that round)."""
-        if not self._leases.claim(maintenance.SWEEP_LEASE, maintenance.SWEEP_INTERVAL):
-            return 0
-        return self._writer.sweep("", datetime.now(timezone.utc))
+        return self._parts.writer.sweep(self._scope, datetime.now(timezone.utc))
 
     def compact(self, *, keep_history: Any = maintenance.KEEP_HISTORY, vacuum: bool = True) -> StoreStats:
         """Keep the disk bounded: sweep expired facts, delete the history of facts forgotten more than
@@ -268,14 +253,14 @@ class MaintenanceMethods:
         keep = check_retention(keep_history, "keep_history")
         vacuum = check_flag(vacuum, "vacuum", "compact")
         self.flush()
-        self._sweep_expired()
-        maintenance.prune_history(self._db, keep)
+        self._parts.sweep_expired()
+        maintenance.prune_history(self._parts.db, keep)
         if vacuum:
-            self._db.vacuum()
-            self._checkpoints.now()  # the file shrinks once the WAL holding the rewritten pages is copied back
-        index = self._vectors.current.index
+            self._parts.db.vacuum()
+            self._parts.checkpoints.now()  # the file shrinks once the WAL holding the rewritten pages is copied back
+        index = self._parts.vectors.current.index
         if index.retired_count:
-            self._vectors.rebuild("compact() was called")
+            self._parts.vectors.rebuild("compact() was called")
         return self.stats()
 
     def stats(self) -> StoreStats:
@@ -284,8 +269,8 @@ class MaintenanceMethods:
         Thread-safe.
         """
         self._check_usable()
-        index = Path(self._access.path).resolve() if self._access.snapshot_files else None
-        return maintenance.stats(self._db, self._vectors, select("stats", self._scope), index)
+        index = Path(self._parts.access.path).resolve() if self._parts.access.snapshot_files else None
+        return maintenance.stats(self._parts.db, self._parts.vectors, select("stats", self._scope), index)
 
     def duplicates(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
                    limit: int = 100) -> list[DuplicatePair]:
@@ -301,5 +286,5 @@ class MaintenanceMethods:
         limit = check_int(limit, "limit", 1, MAX_LIST_LIMIT, "duplicates")
         sel = select("duplicates", self._scope, tags=tags, where=where, source=source)
         self.flush()
-        with self._vectors.serving() as gen:
-            return maintenance.duplicate_pairs(self._db, self._search, gen, sel, limit)
+        with self._parts.vectors.serving() as gen:
+            return maintenance.duplicate_pairs(self._parts.db, self._parts.search, gen, sel, limit)

@@ -258,16 +258,6 @@ class Search:
         return hits, details
 
 
-def gather(store: Any, query: str, size: int, qv: np.ndarray | None = None) -> tuple[dict, CandidatePool]:
-    """The hybrid candidates a MemoryStore (or a view of one) gathers for `query`, `size` per list, in its scope:
-    (rid -> FactRow, CandidatePool). For offline study (recipe/, benchmarks/, tests): exactly what recall fuses.
-    `qv` (D,) replaces the query's embedding (a cached one)."""
-    sel = select("recall", store._scope)
-    with store._vectors.serving() as gen:
-        qv = embed_query(gen.embedder, query, store._dim) if qv is None else qv
-        return store._search.pool(gen, query, qv, size, sel)
-
-
 def above(scored: list[Hit], detail: dict[int, Detail], min_score: float | None,
           min_relevance: float | None) -> list[tuple[FactRow, float, Detail]]:
     """The hits at or above both floors (None: no floor), each with its Detail (empty outside hybrid mode)."""

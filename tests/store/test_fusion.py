@@ -13,7 +13,7 @@ import pytest
 from evermind_memory import MemoryStore
 from evermind_memory.errors import CheckpointError, InvalidInput
 from evermind_memory.store import fusion as fu
-from evermind_memory.store.search import gather
+from evermind_memory.store.study import gather
 
 from store_helpers import build_embedder
 
@@ -185,7 +185,7 @@ def test_the_pool_says_which_query_words_and_names_each_candidate_holds(tmp_path
     words it holds) are gathered for every hybrid candidate, without BM25's length normalisation: two facts that
     hold the same words cover the query equally, however long."""
     from evermind_memory import MemoryStore
-    from evermind_memory.store.search import gather
+    from evermind_memory.store.study import gather
     from store_helpers import build_embedder
 
     facts = ["Ada prefers green tea in the morning.", "Bob drinks black coffee every day.",

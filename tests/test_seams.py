@@ -1,0 +1,91 @@
+"""The seams between the store's modules, counted from the source (issue 33 item 2): no module reaches into
+MemoryStore's private attributes. The front builds its parts (store/parts.py) and passes them to the modules that
+work on them, so closing.py, maintenance.py and search.py never read `store._db`, `owner._sweep_expired()` and
+the like.
+
+A reach is `x._name` (or `getattr(x, "_name")`) where x is a name other than `self` and `cls` and `_name` is a
+private attribute or method of MemoryStore (set on self or defined in memory_store*.py), unless the module's own
+classes define `_name` too and x is not called `store` (async_store.py's views have a `_root` of their own, the
+sweeper's thread reads its own `_owner`). The front's own files are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import evermind_memory
+
+ROOT = Path(evermind_memory.__file__).resolve().parent
+FRONT = ("memory_store.py", "memory_store_maintenance.py", "memory_store_adaptation.py")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def own_privates(tree: ast.AST) -> set[str]:
+    """Private names a module's classes define: `self._x = ...`, `_x: T` in a class body, `def _x`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) \
+                and node.value.id == "self" and _private(node.attr):
+            names.add(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and _private(item.target.id):
+                    names.add(item.target.id)
+    return names
+
+
+def store_privates() -> set[str]:
+    names: set[str] = set()
+    for name in FRONT:
+        names |= own_privates(ast.parse((ROOT / "store" / name).read_text(encoding="utf-8")))
+    return names
+
+
+def reaches(tree: ast.AST, privates: set[str]) -> list[tuple[int, str]]:
+    """(line, "x._name") for each reach into `privates` in a module."""
+    own = own_privates(tree)
+
+    def counts(receiver: ast.expr, name: object) -> bool:
+        return isinstance(receiver, ast.Name) and receiver.id not in ("self", "cls") and name in privates and (
+            name not in own or receiver.id == "store")
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and counts(node.value, node.attr):
+            found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and counts(node.args[0], node.args[1].value):
+            found.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})"))
+    return sorted(found)
+
+
+def store_reaches() -> dict[str, list[tuple[int, str]]]:
+    """module path -> its reaches into MemoryStore's privates (modules with none left out)."""
+    privates = store_privates()
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.parent.name == "store" and path.name in FRONT:
+            continue
+        found = reaches(ast.parse(path.read_text(encoding="utf-8")), privates)
+        if found:
+            out[str(path.relative_to(ROOT))] = found
+    return out
+
+
+def test_the_counter_sees_a_reach():
+    privates = {"_db", "_closed", "_root"}
+    code = ast.parse("class V:\n    def f(self, view):\n        self._root = 1\n        view._root = 2\n"
+                     "def g(store):\n    store._db.close()\n    getattr(store, '_closed', True)\n    store._root\n")
+    assert reaches(code, privates) == [(6, "store._db"), (7, "getattr(store, '_closed')"), (8, "store._root")]
+    assert {"_parts", "_scope", "_check_usable"} <= store_privates()
+
+
+def test_no_module_reaches_into_memory_store_privates():
+    found = store_reaches()
+    assert not found, f"reaches into MemoryStore's private attributes: {found}"
