@@ -17,6 +17,7 @@ from ..errors import InvalidInput
 from .validate import check_text
 
 if TYPE_CHECKING:
+    from .memory_store import MemoryStore
     from .records import Fact, Recall
 
 SESSION_TAG, TURN_TAG, SPEAKER_TAG = "session", "turn", "speaker"
@@ -81,7 +82,7 @@ def check_context(context: Any) -> int:
     return context
 
 
-def with_context(store: Any, hits: list["Recall"], n: int) -> list["Recall"]:
+def with_context(store: MemoryStore, hits: list["Recall"], n: int) -> list["Recall"]:
     """Each hit that is a conversation turn (session and turn tags) with `context`: the turns of its session
     from n before to n after it, itself included, in order; other hits unchanged."""
     out = []
@@ -97,7 +98,7 @@ def with_context(store: Any, hits: list["Recall"], n: int) -> list["Recall"]:
     return out
 
 
-def recall_around(store: Any, query: str, k: int, args: dict, *, context: Any, time_words: bool,
+def recall_around(store: MemoryStore, query: str, k: int, args: dict, *, context: Any, time_words: bool,
                   now: Any) -> list["Recall"]:
     """recall(..., context=, time_words=, now=): the plain recall's hits (`args`: its other arguments), first
     those of the span the query's time words name when time_words (store/timewords.py), each turn hit with its

@@ -125,7 +125,7 @@ class VectorWorker:
         holder: the store's lease owner, named by the facts it must embed.
     """
 
-    def __init__(self, db: Backend, cache: VectorCache, owner: Any, holder: Owner) -> None:
+    def __init__(self, db: Backend, cache: VectorCache, owner: object, holder: Owner) -> None:
         self._db = db
         self._cache = cache
         self._owner = weakref.ref(owner)
@@ -191,7 +191,7 @@ class VectorWorker:
         return self._thread is not None
 
     @staticmethod
-    def _run(owner_ref: "weakref.ref[Any]", worker_ref: "weakref.ref[VectorWorker]") -> None:
+    def _run(owner_ref: "weakref.ref[object]", worker_ref: "weakref.ref[VectorWorker]") -> None:
         worker = worker_ref()
         if worker is None:
             return

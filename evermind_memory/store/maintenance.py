@@ -18,7 +18,7 @@ import threading
 import weakref
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .._atomic import atomic_write
 from .._lazy import lazy_import
@@ -35,7 +35,7 @@ from .scope import check_record_scope
 from .search import EXACT_FILTER_MAX
 from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags
-from .vectors import VectorCache
+from .vectors import Generation, VectorCache
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -46,6 +46,7 @@ MAX_IMPORT_LINE = 1 << 20
 SWEEP_INTERVAL = 60.0  # seconds between the sweeper thread's passes
 SWEEP_LEASE = "sweep"
 KEEP_HISTORY = timedelta(days=30)  # compact()'s default: the history of facts forgotten longer ago goes
+T = TypeVar("T")
 _ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(\+00:00|Z)?")
 
 
@@ -62,7 +63,7 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
     live: set[int] = set()
     gen = cache.current
 
-    def attempt(what: str, step: Any) -> Any:
+    def attempt(what: str, step: Callable[[], T]) -> T | None:
         try:
             return step()
         except Exception as exc:  # noqa: BLE001 (check reports, never raises)
@@ -416,7 +417,7 @@ def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | No
                       index_bytes=index_bytes, free_bytes=sizes["free_bytes"])
 
 
-def duplicate_pairs(db: Backend, search: Any, gen: Any, sel: Selection, limit: int) -> list[DuplicatePair]:
+def duplicate_pairs(db: Backend, gen: Generation, sel: Selection, limit: int) -> list[DuplicatePair]:
     """(older, newer) pairs among the facts `sel` selects where the newer repeats the older (store/dedup.py's
     rule), each newer fact once with its best match, in the order the newer facts were remembered.
 

@@ -7,11 +7,13 @@ MemoryStore inherits them; nothing else uses this class.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
 
 if TYPE_CHECKING:
+    from ..adaptation import Adaptation, AdaptationHooks, AdaptationPolicy, AdaptationReport
+    from ..lm.adapter import LoRAWeights
     from .parts import StoreParts
 
 
@@ -20,7 +22,7 @@ class AdaptationMethods:
 
     _parts: StoreParts  # what the store is made of: its generations, access, the adaptation started last
 
-    def start_adaptation(self, policy: Any = None, hooks: Any = None) -> Any:
+    def start_adaptation(self, policy: AdaptationPolicy | None = None, hooks: AdaptationHooks | dict | None = None) -> Adaptation:
         """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
 
         A round runs when the policy says so (enough new memories, long enough since the last round): it fits
@@ -50,11 +52,12 @@ class AdaptationMethods:
         return self._parts.adaptation
 
     @property
-    def adaptation(self) -> Any:
+    def adaptation(self) -> Adaptation | None:
         """The Adaptation started by start_adaptation() (None if never started)."""
         return self._parts.adaptation
 
-    def adapt_now(self, policy: Any = None, hooks: Any = None, *, adapter: Any = None) -> Any:
+    def adapt_now(self, policy: AdaptationPolicy | None = None, hooks: AdaptationHooks | dict | None = None, *,
+                  adapter: LoRAWeights | None = None) -> AdaptationReport:
         """Run one adaptation round in this thread (for scripts and `evermind adapt`).
 
         If an earlier publish was interrupted (crash, stop()), this call finishes it instead and returns that
@@ -79,7 +82,7 @@ class AdaptationMethods:
         self._parts.adapt_rounds += 1
         return run_round(self._parts.gens, policy, hooks, round_no=self._parts.adapt_rounds, adapter=adapter)
 
-    def rollback_adapter(self, to: str | None = "base") -> Any:
+    def rollback_adapter(self, to: str | None = "base") -> AdaptationReport:
         """Serve an earlier adapter (by id, see adapter_history()) or the base model again.
 
         Re-embeds into a new generation and swaps like an adaptation round (no gate, no hooks).
@@ -114,7 +117,7 @@ class AdaptationMethods:
             raise InvalidInput(f"{method}() needs a store file (adapters are kept beside it); this store is ':memory:'.")
 
     @staticmethod
-    def _check_policy(policy: Any, method: str) -> Any:
+    def _check_policy(policy: object, method: str) -> AdaptationPolicy:
         from ..adaptation import AdaptationPolicy
 
         if policy is None:

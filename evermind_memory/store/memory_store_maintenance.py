@@ -287,4 +287,4 @@ class MaintenanceMethods:
         sel = select("duplicates", self._scope, tags=tags, where=where, source=source)
         self.flush()
         with self._parts.vectors.serving() as gen:
-            return maintenance.duplicate_pairs(self._parts.db, self._parts.search, gen, sel, limit)
+            return maintenance.duplicate_pairs(self._parts.db, gen, sel, limit)
