@@ -10,6 +10,8 @@ instead of `import numpy as np`: the first `np.<name>` imports numpy and puts th
 globals in place of the stand-in, so every later use is a plain global lookup (no cost in hot paths).
 Annotations are not evaluated (`from __future__ import annotations`), so `np.ndarray` in a signature imports
 nothing. Nothing at a module's top level may use the name, or the import happens there.
+A module that mypy checks (pyproject.toml's [tool.mypy]) writes it in the `else:` of an `if TYPE_CHECKING:` that
+imports numpy as np, so the checker sees the real module.
 A leaf module: it imports nothing from the package.
 """
 

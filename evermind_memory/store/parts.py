@@ -46,7 +46,7 @@ class Opening:
     on_mismatch: str  # "reembed" or "raise"
     index_config: IndexConfig
     busy_timeout: float  # seconds
-    fs_type: str  # the file system the store lies on, for info()
+    fs_type: str | None  # the file system the store lies on, for info() (None: no file, or unknown)
     hybrid_weight: float  # the embedder's weight of the vector score in hybrid recall
 
 

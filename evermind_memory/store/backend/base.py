@@ -41,10 +41,12 @@ from ..filters import Filter, MatchAll
 from ..records import Change, Fact, Recall
 from ..scope import scope_parts
 
-if TYPE_CHECKING:  # (codec.py imports this module)
-    from .codec import RepairCounts
+if TYPE_CHECKING:
+    import numpy as np
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+    from .codec import RepairCounts  # (codec.py imports this module)
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 
 def utc_now() -> str:
@@ -108,7 +110,7 @@ class FactRow(NamedTuple):
     def _common(self) -> dict:
         """The fields Fact and Recall share, checked: a damaged row raises RowDamaged (store/damage.py)."""
         try:
-            out = dict(id=self.id, text=self.text, tags=self.tags, source=self.source,
+            out: dict[str, Any] = dict(id=self.id, text=self.text, tags=self.tags, source=self.source,
                        created_at=_when("created_at", self.created_at),
                        updated_at=_when("updated_at", self.updated_at))
             reason = row_problem(out)
