@@ -123,7 +123,7 @@ def connect(opening: Opening, owner: object) -> StoreParts:
     except BaseException as exc:
         closing.release(db, holder)
         if isinstance(exc, OSError) and not isinstance(exc, EvermindError):
-            err = StorageError(f"{opening.path}: the operating system refused opening the store ({exc}). Check the "
+            err = StorageError(f"{opening.shown}: the operating system refused opening the store ({exc}). Check the "
                                "permissions and free space of its directory, then retry.")
             err.errno = exc.errno
             raise err from exc
