@@ -38,6 +38,7 @@ def close(parts: StoreParts) -> None:
     _open_stores.discard(parts)
     ours = os.getpid() == parts.pid
     parts.sweeper.stop()
+    parts.vectors.stop_background()
     adaptation = parts.adaptation
     if adaptation is not None and ours:
         adaptation.stop(wait=True)  # its error, if any, stays for adaptation.join() to raise
@@ -89,6 +90,7 @@ def drop(parts: StoreParts) -> None:
         if sys.is_finalizing():
             return  # committed data is in the WAL; the OS closes the files
         parts.sweeper.signal_stop()
+        parts.vectors.stop_background(wait=False)
         parts.worker.signal_stop()
         release(parts.db, parts.holder)
     except Exception:  # noqa: BLE001

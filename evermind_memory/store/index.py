@@ -32,7 +32,7 @@ from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .index_files import (
-    HnswFileInfo, IndexRejected, _manifest_names, groups_name, parse_hnsw_file, read_groups, read_manifest,
+    IndexRejected, _manifest_names, groups_name, parse_hnsw_file, read_groups, read_manifest,
 )
 from .lock import RWLock
 
@@ -47,6 +47,7 @@ EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py
 # NEAR_TOL * sqrt(D)): the same text embedded in two batches differs by ~1e-7 (the shipped model and the tiny
 # test model alike); two different texts of the shipped model are at most ~0.92 apart in cosine.
 NEAR_TOL = 1e-6
+KEY_COLUMNS = 16  # vector_keys hashes this many components of a row
 NEAR_WINDOW = 4  # near_duplicates() compares each row with the next this many in projection order
 _FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
 
@@ -170,11 +171,16 @@ def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: 
     return labels[top].astype(np.int64), scores[top].astype(np.float32)
 
 
-def vector_keys(vectors: np.ndarray) -> list[int]:
-    """A 64-bit hash of each (N, D) float32 row's bits (a random linear hash mod 2**64): equal for bit-identical
-    rows. Only a shortcut to a candidate node: add() checks the node's vector before a row joins it."""
-    bits = np.ascontiguousarray(vectors, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, D)
-    mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=vectors.shape[1], dtype=np.uint64)  # (D,)
+def vector_keys(vectors: np.ndarray, rows: np.ndarray | None = None) -> list[int]:
+    """A 64-bit hash of each (N, D) float32 row's bits (a random linear hash mod 2**64 of KEY_COLUMNS components
+    spread over the row): equal for bit-identical rows. Only a shortcut to a candidate node: add() checks the
+    node's vector before a row joins it, so two rows that agree on those components and differ elsewhere cost a
+    nearest-node search, never a wrong node (hashing every component cost 1 s of an open at 100k vectors).
+    `rows`: hash only these rows (N',) of `vectors` (a view into a file: only their hashed components are copied)."""
+    cols = np.arange(0, vectors.shape[1], max(1, vectors.shape[1] // KEY_COLUMNS))[:KEY_COLUMNS]  # (c,)
+    picked = vectors[:, cols] if rows is None else vectors[:, cols][rows]  # (N, c)
+    bits = np.ascontiguousarray(picked, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, c)
+    mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=len(cols), dtype=np.uint64)  # (c,)
     return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64).tolist()  # (N,) wraps mod 2**64
 
 
@@ -299,7 +305,6 @@ class VectorIndex:
         self._node_key: dict[int, int] = {}  # a live node's vector hash -> the node (vector_keys)
         self._key_of: dict[int, int] = {}  # live node -> its vector hash
         self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
-        self.file_info: HnswFileInfo | None = None
 
     # ---- state -------------------------------------------------------------------------------------------
     @property
@@ -641,8 +646,8 @@ class VectorIndex:
         if info.count and int(info.labels.max()) > manifest["watermark"]:
             raise IndexRejected("index holds a label newer than its watermark")
         groups = read_groups(Path(directory) / groups_name(name), manifest)  # (live, 2) label, node
-        alive = ~info.deleted  # (count,)
-        nodes, node_vectors = info.labels[alive].astype(np.int64), info.vectors[alive]  # (n,), (n, D)
+        alive = np.flatnonzero(~info.deleted)  # (n,) rows of live nodes
+        nodes = info.labels[alive].astype(np.int64)  # (n,)
         order = np.argsort(nodes)  # (n,)
         at = np.minimum(np.searchsorted(nodes[order], groups[:, 1]), max(len(nodes) - 1, 0))  # (live,)
         if len(groups) and (not len(nodes) or (nodes[order][at] != groups[:, 1]).any()):
@@ -651,7 +656,7 @@ class VectorIndex:
             raise IndexRejected("index holds a node no label belongs to")
         if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
             raise IndexRejected("index groups hold a label newer than its watermark")
-        keys = vector_keys(node_vectors)
+        keys = vector_keys(info.vectors, alive)
         self = cls(dim, config)
         with self._lock.write():
             hnsw = hnswlib.Index(space=SPACE, dim=dim)
@@ -659,9 +664,10 @@ class VectorIndex:
             hnsw.set_num_threads(1)
             self._hnsw = hnsw
             self._elements = info.count
-            self._node_key = dict(zip(keys, nodes.tolist()))
-            self._key_of = dict(zip(nodes.tolist(), keys))
-            self._members = {node: {} for node in nodes.tolist()}
+            node_list = nodes.tolist()
+            self._node_key = dict(zip(keys, node_list))
+            self._key_of = dict(zip(node_list, keys))
+            self._members = {node: {} for node in node_list}
             for label, node in groups.tolist():
                 self._members[node][label] = None
             self._node_of = dict(groups.tolist())
@@ -670,10 +676,6 @@ class VectorIndex:
                 if info.count > config.exact_max:
                     self._matrix = None
                 else:
-                    self._matrix.add(nodes, node_vectors)
+                    self._matrix.add(nodes, np.array(info.vectors[alive], dtype=np.float32))  # (n, D) a copy
             self._set_ef()
-        # kept for the caller to compare with SQLite, then dropped: each live label with its node's vector
-        self.file_info = HnswFileInfo(len(groups), info.max_elements, info.ef_construction,
-                                      groups[:, 0].astype(np.uint64), np.zeros(len(groups), bool),
-                                      node_vectors[order][at] if len(groups) else node_vectors[:0])
         return self, manifest

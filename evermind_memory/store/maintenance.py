@@ -70,6 +70,10 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
             problems.append(f"{what} failed: {exc}")
             return None
 
+    # The full cross-check an open no longer makes (it trusts a snapshot whose manifest matches the database):
+    # every label and vector of the index against SQLite; a disagreeing index is rebuilt (it is a cache), and
+    # info()["index_status"] says so.
+    attempt("comparing the index with SQLite", cache.verify)
     with db.write_mutex:  # a consistent view: no write of ours in between
         gen = cache.current
 

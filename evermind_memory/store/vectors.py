@@ -4,9 +4,11 @@ The truth is the backend (facts, vectors, fingerprints, the change sequence); th
 of it. The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a
 rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
 up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
-(R6) and checked against SQLite, else rebuilt. That load happens on the first vector use, not at open (issue
-19: commands that only read rows never import numpy or hnswlib, nor read the snapshot). A process far behind
-adopts a newer snapshot another process saved, checked the same way, else rebuilds. A snapshot is saved with
+(R6) and trusted when its manifest matches the database (issue 34: the comparison of every vector with SQLite
+runs in verify(), from check() and from a background pass), else rebuilt. That load happens on the first vector
+use, not at open (issue 19: commands that only read rows never import numpy or hnswlib, nor read the snapshot).
+A process behind by more changes than a newer saved snapshot costs to load adopts that snapshot, checked the
+same way, instead of replaying; one far behind with no such snapshot rebuilds. A snapshot is saved with
 compare-and-swap on the watermark, so a stale process never overwrites a newer index (R13). Any number of
 processes write the store: each one's
 index follows every process's commits through the same feed. Model changes themselves are in generations.py.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -44,6 +47,12 @@ SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes repl
 # the rebuild's graph holds no retired vectors, and its build runs outside the write mutex.
 REBUILD_BEHIND_RATIO = 2.0
 REBUILD_BEHIND_MIN = 1000
+# A node at least REBUILD_BEHIND_MIN changes behind adopts a newer saved snapshot (when one validates) as soon as
+# the changes it would skip number more than ADOPT_BEHIND_RATIO x the snapshot's vectors: a trusted load costs a
+# few microseconds a vector, a replayed insert about 90 (benchmarks/catch_up.py).
+ADOPT_BEHIND_RATIO = 0.1
+VERIFY_CHUNK = 8192  # vectors compared at a time by verify()
+VERIFY_DELAY = 5.0  # seconds after a trusted load before the background pass compares every vector with SQLite
 SNAPSHOT_LEASE = "snapshot"
 
 
@@ -109,6 +118,9 @@ class VectorCache:
         self._saved_watermark = -1
         self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively
         self._behind = threading.Lock()  # one far-behind rebuild at a time (it runs outside the write mutex)
+        self._refused_snapshot: tuple = ()  # (file, watermark) of a snapshot that failed a check: not tried again
+        self._verify_stop = threading.Event()  # set at close: the background verify pass ends
+        self._verify_thread: threading.Thread | None = None
 
     # ---- the serving generation ----------------------------------------------------------------------------
     @property
@@ -178,8 +190,14 @@ class VectorCache:
 
     # ---- keeping up with the database ----------------------------------------------------------------------
     def load(self) -> None:
-        """Load the saved snapshot if it validates, replay newer changes, verify it against SQLite, else rebuild
-        (ensure_loaded() calls it, under the write mutex)."""
+        """Load the saved snapshot if it validates, replay newer changes, else rebuild (ensure_loaded() calls it,
+        under the write mutex).
+
+        A snapshot is trusted when its manifest matches the database: this store and model, a watermark the change
+        feed still holds, the file's size and sha256 and its parsed structure, and after the replay as many live
+        vectors as SQLite holds for the model. Comparing every vector with SQLite (what an open did before: 1 s of
+        every open at 100k facts) is left to verify(): check() runs it, and so does a background pass
+        VERIFY_DELAY seconds after the load."""
         if not self._access.snapshot_files:  # ":memory:", or a server whose nodes keep no files: from the database
             self.rebuild("new in-memory store" if self._access.memory else "built from the database")
             return
@@ -199,25 +217,27 @@ class VectorCache:
             return
         self._gen = replace(self._gen, index=index, watermark=manifest["watermark"])
         self._saved_watermark = manifest["watermark"]
-        replayed = self.catch_up(verify=True)
+        replayed = self.catch_up(verify="count")
         self._loaded = True  # (a rebuild in catch_up installed its own index)
         if replayed is None:
             return
         self.status = f"loaded (replayed {replayed} changes)"
+        self._start_verify_pass()
         if replayed >= SAVE_AFTER_REPLAY and self._access.saves_index:
             self.save()
 
-    def catch_up(self, *, verify: bool = False, mutex_held: bool = False) -> int | None:
+    def catch_up(self, *, verify: str = "", mutex_held: bool = False) -> int | None:
         """Replay the changes after the watermark (R3); every process does this before it answers.
 
         Args:
-            verify: also compare the result with every vector in SQLite (after loading a snapshot).
+            verify: "" (none), "count" (after loading a snapshot: the live count must be SQLite's, else "full"
+                runs) or "full" (compare every label and vector with SQLite).
             mutex_held: the caller holds the write mutex (then a far-behind index is replayed when another thread
                 is rebuilding it right now, instead of waiting for that thread).
         Returns:
             how many changes were replayed, or None when the index disagreed and was rebuilt (or was loaded now).
         """
-        if not self._loaded and not verify:  # (load() itself verifies)
+        if not self._loaded and not verify:  # (load() itself checks)
             self.ensure_loaded()
             return None
         db = self._db
@@ -226,6 +246,13 @@ class VectorCache:
                 behind = r.max_seq() - self._gen.watermark
             if behind <= 0:
                 return 0
+            if behind >= REBUILD_BEHIND_MIN and self._snapshot_ahead():
+                if self._behind.acquire(blocking=not mutex_held):
+                    try:
+                        if self._catch_up_by_snapshot():
+                            return None
+                    finally:
+                        self._behind.release()
             if self._far_behind(behind, self._gen.index.live_count):
                 # One rebuild at a time: a thread that waited finds the index rebuilt, or still far behind. A
                 # caller holding the write mutex never waits here (the rebuilding thread needs the mutex to swap).
@@ -246,8 +273,10 @@ class VectorCache:
                 added = [c.seq for c in changes if c.vector_added]
                 removed = [c.label_removed for c in changes if c.label_removed is not None]
                 labels, vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
-                if verify:
+                if verify == "full":
                     truth_labels, truth_vecs = r.vectors(gen.fingerprint, self.dim)
+                elif verify == "count":
+                    truth_count = r.count(gen.fingerprint)
                 reason = pruned_past(r, gen.watermark)
             if reason is None and not verify and self._sparse_after(gen.index, labels, removed):
                 reason = f"{len(changes)} changes behind, {len(removed)} of them retiring vectors"
@@ -259,11 +288,14 @@ class VectorCache:
                 self._gen = replace(gen, watermark=top)
             except (InvalidInput, RuntimeError, MemoryError) as exc:
                 reason = f"replay failed ({exc})"
-            if verify and reason is None:
+            if verify == "full" and reason is None:
                 reason = disagreement(gen.index, truth_labels, truth_vecs)
             if reason is not None:
                 self.rebuild(reason)
                 return None
+            if verify == "count" and gen.index.live_count != truth_count:
+                # (a fact whose stored vector is damaged counts here but is left out of the index: compare all)
+                return None if self.catch_up(verify="full", mutex_held=True) is None else len(changes)
             if changes:
                 self._rebuild_if_sparse()
         return len(changes)
@@ -284,22 +316,38 @@ class VectorCache:
 
     def _rebuild_behind(self, reason: str) -> None:
         """Catch up a far-behind index: adopt a newer snapshot another process saved (when one validates, is not
-        itself far behind, and agrees with SQLite after its replay), else build a new index from the vectors
-        table; then swap it in.
+        itself far behind, and holds as many vectors as SQLite after its replay), else build a new index from the
+        vectors table; then swap it in.
 
         The load or build runs outside the write mutex (this process's writes and recalls go on with the current
         index meanwhile); under the mutex, the changes committed since are replayed onto the new index and it is
         installed as one value."""
-        db = self._db
         gen = self._gen
         adopted = self._adopt_snapshot(gen)
         if adopted is not None:
-            index, top, status = adopted
-        else:
-            with db.snapshot() as r:
-                top = r.max_seq()
-                labels, vectors = r.vectors(gen.fingerprint, self.dim)
-            index, status = build_index(self.dim, self.config, labels, vectors), f"rebuilt ({reason})"
+            self._swap_in(gen, *adopted, save=False)
+            return
+        with self._db.snapshot() as r:
+            top = r.max_seq()
+            labels, vectors = r.vectors(gen.fingerprint, self.dim)
+        self._swap_in(gen, build_index(self.dim, self.config, labels, vectors), top, f"rebuilt ({reason})", save=True)
+
+    def _catch_up_by_snapshot(self) -> bool:
+        """Adopt the newer snapshot on disk instead of replaying the feed (it skips more changes than its load
+        costs: see _snapshot_ahead); False when there is none or it fails a check (the caller replays)."""
+        gen = self._gen
+        if not self._snapshot_ahead():  # (again: another thread may have adopted it meanwhile)
+            return False
+        adopted = self._adopt_snapshot(gen)
+        if adopted is None:
+            return False
+        self._swap_in(gen, *adopted, save=False)
+        return True
+
+    def _swap_in(self, gen: Generation, index: VectorIndex, top: int, status: str, *, save: bool) -> None:
+        """Under the write mutex: replay onto `index` (which reflects seq `top`) the changes committed since, and
+        serve it, unless another thread swapped models since `gen` was read."""
+        db = self._db
         with db.write_mutex:
             now = self._gen
             if now.fingerprint != gen.fingerprint:
@@ -318,14 +366,34 @@ class VectorCache:
                 return
             crash_point("rebuild.before_swap")
             self.install(Generation(now.embedder, now.fingerprint, index, max(head, top)), status)
-            if adopted is None and self._access.saves_index:
+            if save and self._access.saves_index:
                 self.save()
+
+    def _snapshot_ahead(self) -> bool:
+        """Whether the snapshot on disk is this generation's and far enough ahead of our index to be worth adopting
+        instead of replaying (it skips at least REBUILD_BEHIND_MIN changes and ADOPT_BEHIND_RATIO x its vectors),
+        and was not already refused (reads its manifest only)."""
+        if not self._access.snapshot_files:
+            return False
+        directory, stem = self._files()
+        try:
+            manifest = read_manifest(directory / f"{stem}.json")
+        except IndexRejected:
+            return False
+        mark, live = manifest.get("watermark"), manifest.get("live")
+        if (manifest.get("store_id") != self.store_id or manifest.get("fingerprint") != self._gen.fingerprint
+                or not isinstance(mark, int) or not isinstance(live, int)
+                or (manifest.get("file"), mark) == self._refused_snapshot):
+            return False
+        skipped = mark - self._gen.watermark
+        return skipped >= REBUILD_BEHIND_MIN and skipped > ADOPT_BEHIND_RATIO * live
 
     def _adopt_snapshot(self, gen: Generation) -> tuple[VectorIndex, int, str] | None:
         """The snapshot on disk, when another process saved one newer than `gen`'s index that is not itself far
         behind the feed: loaded only after it validates (R6), the changes after its watermark replayed, and then
-        compared with every vector in SQLite, as an open compares it. Returns (index, the seq it reflects, status),
-        or None (no such snapshot, or it failed a check: the caller rebuilds)."""
+        trusted as an open trusts it (as many live vectors as SQLite holds for the model; verify() compares them
+        all). Returns (index, the seq it reflects, status), or None (no such snapshot, or it failed a check: the
+        caller rebuilds or replays)."""
         if not self._access.snapshot_files:
             return None
         directory, stem = self._files()
@@ -340,25 +408,30 @@ class VectorCache:
                 or not isinstance(mark, int) or not isinstance(live, int) or not gen.watermark < mark <= top
                 or self._far_behind(top - mark, live)):
             return None
+        refused = (manifest.get("file"), mark)
         try:
             index, manifest = VectorIndex.load(directory, stem, expect=self.expect(gen.fingerprint), config=self.config,
                                                max_seq=top)
         except (IndexRejected, OSError, RuntimeError, MemoryError):
+            self._refused_snapshot = refused
             return None
         mark = manifest["watermark"]
         with self._db.snapshot() as r:
             top = r.max_seq()
             labels, vectors, removed, count = feed_after(r, gen.fingerprint, self.dim, mark, top)
-            truth_labels, truth_vectors = r.vectors(gen.fingerprint, self.dim)
+            truth_count = r.count(gen.fingerprint)
             pruned = pruned_past(r, mark)
         if pruned is not None:
             return None
         try:
             replay(index, labels, vectors, removed)
         except (InvalidInput, RuntimeError, MemoryError):
+            self._refused_snapshot = refused
             return None
-        if disagreement(index, truth_labels, truth_vectors) is not None:
+        if index.live_count != truth_count:
+            self._refused_snapshot = refused
             return None
+        self._start_verify_pass()
         return index, top, f"adopted a saved index (seq {mark}, replayed {count} changes; was {gen.watermark})"
 
     def apply(self, added: np.ndarray, vectors: np.ndarray, removed: list[int], before: int, top: int) -> None:
@@ -412,6 +485,49 @@ class VectorCache:
             if self._access.saves_index:
                 self.save()
             return len(labels)
+
+    # ---- the full cross-check ------------------------------------------------------------------------------
+    def verify(self) -> str | None:
+        """Compare every label and vector of the index with SQLite (after catching up) and rebuild it on any
+        disagreement (R6: a cache is never repaired in place). Thread-safe: takes the write mutex.
+
+        Returns:
+            why it rebuilt (the new index_status), or None when they agree or the index was never loaded.
+        """
+        if not self._loaded:
+            return None
+        with self._db.write_mutex:
+            if self.catch_up(verify="full", mutex_held=True) is None:
+                return self.status
+        return None
+
+    def _start_verify_pass(self) -> None:
+        """After a trusted load or adoption: verify() once, VERIFY_DELAY seconds later, in a daemon thread; a
+        process closed sooner skips it (check() runs the same comparison on demand)."""
+        if self._verify_thread is not None or self._verify_stop.is_set():
+            return
+        ref, stop = weakref.ref(self), self._verify_stop
+
+        def run() -> None:
+            if stop.wait(VERIFY_DELAY):
+                return
+            cache = ref()
+            if cache is None:
+                return
+            try:
+                cache.verify()
+            except Exception:  # noqa: BLE001 - a store closed meanwhile, a busy database: best effort, check() reruns it
+                pass
+
+        self._verify_thread = threading.Thread(target=run, name="evermind-verify-index", daemon=True)
+        self._verify_thread.start()
+
+    def stop_background(self, *, wait: bool = True) -> None:
+        """End the background verify pass (at close); wait for one running now unless `wait` is False."""
+        self._verify_stop.set()
+        thread = self._verify_thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     # ---- snapshots on disk ---------------------------------------------------------------------------------
     def expect(self, fingerprint: str | None = None) -> dict:
@@ -491,19 +607,14 @@ def pruned_past(r: Any, watermark: int) -> str | None:
 
 
 def disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) -> str | None:
-    """Why a freshly loaded and replayed index disagrees with SQLite (labels or any stored vector), or None."""
-    info, index.file_info = index.file_info, None
+    """Why an index disagrees with SQLite's (N,) `labels` and (N, D) `vectors` (its live labels, or the vector
+    of any label's node, farther than NEAR_TOL from the stored one), or None."""
     live = index.live_labels()
     truth = set(labels.tolist())
     if live != truth:
         return f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)"
-    if info is not None and info.count:
-        order = np.argsort(info.labels)  # (N,)
-        file_labels = info.labels[order].astype(np.int64)  # (N,)
-        pos = np.searchsorted(file_labels, labels)  # (M,)
-        pos = np.minimum(pos, len(file_labels) - 1)  # (M,)
-        in_file = file_labels[pos] == labels  # (M,) labels the file holds (the rest came from replay)
-        file_vecs = info.vectors[order][pos[in_file]]  # (m, D)
-        if len(file_vecs) and np.abs(file_vecs - vectors[in_file]).max() > NEAR_TOL:  # (a fact's node's vector)
+    for start in range(0, len(labels), VERIFY_CHUNK):  # (chunks: hnswlib copies the rows it returns)
+        got = index.get_vectors(labels[start:start + VERIFY_CHUNK].tolist())  # (c, D)
+        if len(got) and np.abs(got - vectors[start:start + VERIFY_CHUNK]).max() > NEAR_TOL:
             return "index vectors disagree with SQLite"
     return None

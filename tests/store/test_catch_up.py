@@ -1,8 +1,10 @@
 """A node that stayed open while another process wrote many changes answers like a freshly opened store,
-whichever way it catches up: replaying the change feed; when it is far behind (more pending changes than a
-fraction of its index), adopting the newer snapshot the other process saved (after it validates and agrees with
-SQLite), or rebuilding its index from the vectors table when there is none or it fails a check; or rebuilding
-because the replay would retire so many vectors that the index would be rebuilt right after anyway."""
+whichever way it catches up: replaying the change feed; adopting the newer snapshot the other process saved
+(after it validates and holds as many vectors as SQLite) when that skips more changes than a fraction of the
+snapshot's size, whether or not the node is far behind; when it is far behind (more pending changes than a
+multiple of its index) and there is no snapshot or it fails a check, rebuilding its index from the vectors table;
+or rebuilding because the replay would retire so many vectors that the index would be rebuilt right after
+anyway."""
 
 from __future__ import annotations
 
@@ -28,19 +30,22 @@ with MemoryStore(db, emb) as store:
     print(",".join(new[15:] + again), flush=True)
 """
 
-# (REBUILD_BEHIND_MIN, REBUILD_BEHIND_RATIO) that force each path for ~270 pending changes on 100 vectors;
+# (REBUILD_BEHIND_MIN, REBUILD_BEHIND_RATIO, ADOPT_BEHIND_RATIO) that force each path for ~270 pending changes
+# on 100 vectors; "adopt_near": not far behind, but the snapshot skips more changes than 0.1 x its vectors;
 # "retire": a replay of at least 50 changes that would leave over 20 % of the graph deleted rebuilds instead
-PATHS = {"replay": (10**9, 1.0), "rebuild": (1, 0.0), "adopt": (1, 0.0), "adopt_damaged": (1, 0.0),
-         "retire": (50, 10**6)}
-FORGETS = {"replay": 25, "rebuild": 25, "adopt": 25, "adopt_damaged": 25, "retire": 60}  # seed facts node B
+PATHS = {"replay": (10**9, 1.0, 0.1), "rebuild": (1, 0.0, 0.1), "adopt": (1, 0.0, 10**6),
+         "adopt_near": (1, 10**6, 0.1), "adopt_damaged": (1, 0.0, 0.1), "retire": (50, 10**6, 10**6)}
+FORGETS = {"replay": 25, "rebuild": 25, "adopt": 25, "adopt_near": 25, "adopt_damaged": 25, "retire": 60}  # seed
+# facts node B
 # forgets (it updates 20 more); "rebuild": node B's snapshot is removed, "adopt_damaged": a byte of it flipped
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_a_node_left_behind_answers_like_a_fresh_open(path, model_files, embedder, db_path, monkeypatch):
-    minimum, ratio = PATHS[path]
+    minimum, ratio, adopt = PATHS[path]
     monkeypatch.setattr(vectors, "REBUILD_BEHIND_MIN", minimum)
     monkeypatch.setattr(vectors, "REBUILD_BEHIND_RATIO", ratio)
+    monkeypatch.setattr(vectors, "ADOPT_BEHIND_RATIO", adopt)
     with MemoryStore(db_path, embedder) as node:
         seed = node.remember_many([f"seed fact {i} about tea {i % 5} with ada in paris {i * 7 % 9}"
                                    for i in range(100)])
@@ -72,7 +77,7 @@ def test_a_node_left_behind_answers_like_a_fresh_open(path, model_files, embedde
             assert status == before, status  # replayed: no rebuild
         elif path in ("rebuild", "adopt_damaged"):
             assert status.startswith("rebuilt (") and "changes behind" in status, status
-        elif path == "adopt":
+        elif path in ("adopt", "adopt_near"):
             assert status.startswith("adopted a saved index"), status
         else:
             assert status.startswith("rebuilt (") and "retiring" in status, status

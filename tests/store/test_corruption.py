@@ -1,7 +1,9 @@
 """docs/reliability.md, tests C: 38 corrupted, forged or mismatched index/manifest variants, reopened in a child process.
 
-Every one must be detected and rebuilt (or, for a valid older generation, replayed), never trusted, never
-crash the process, and leave a store that passes check() with recall@10 >= 0.95 against exact search.
+Every one must be detected and rebuilt (or, for a valid older generation, replayed), never crash the process,
+and leave a store that passes check() with recall@10 >= 0.95 against exact search. Detected at open, except a
+forgery that re-signs a structurally valid file and changes only vectors: the open trusts a manifest that matches
+the database, and check()'s full comparison with SQLite rebuilds it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def test_there_are_at_least_20_variants():
 def test_variant_is_detected_and_store_recovers(results, name):
     r = results[name]
     assert "error" not in r, r.get("error")
-    assert r["status"].startswith(r["expected"]), r["status"]
+    if r["expected"] == "verify":
+        assert r["status"].startswith("loaded"), r["status"]
+        assert r["checked_status"].startswith("rebuilt (index vectors disagree"), r["checked_status"]
+    else:
+        assert r["status"].startswith(r["expected"]), r["status"]
     assert r["ok"], r["problems"]
     assert r["facts"] == (95 if name != "older_generation" else 114)
     assert r["recall"] >= 0.95
