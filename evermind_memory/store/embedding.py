@@ -27,6 +27,7 @@ from .._crash import crash_point
 from .._lazy import lazy_import
 from ..embedder.lazy import LazyEmbedder
 from ..errors import EmbedderOutputInvalid, EvermindError
+from .backend import vector_blobs
 from .backend.base import Backend, WaitingRow, utc_now
 from .leases import Owner, owner_alive
 from .vectors import Generation, VectorCache
@@ -55,7 +56,7 @@ def checked(vectors: Any, count: int, dim: int, *, what: str = "embed_many") -> 
 
 @single_blas
 def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarray:
-    """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK.
+    """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK, rounded as a row stores them (float16 values).
 
     Raises:
         EmbedderOutputInvalid: a bad vector. Any exception of the embedder itself.
@@ -64,7 +65,7 @@ def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarra
     for start in range(0, len(texts), EMBED_CHUNK):
         chunk = list(texts[start : start + EMBED_CHUNK])
         out[start : start + len(chunk)] = checked(embedder.embed_many(chunk), len(chunk), dim)
-    return out
+    return vector_blobs.as_stored(out)  # (N, D) what a row keeps: this process's index holds what others read
 
 
 @single_blas

@@ -27,6 +27,7 @@ from .._crash import crash_point
 from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .access import Access
+from .backend import vector_blobs
 from .backend.base import Backend
 from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
@@ -533,7 +534,8 @@ class VectorCache:
     def expect(self, fingerprint: str | None = None) -> dict:
         """The manifest fields a snapshot must carry to be this store's, of this generation (or of the generation
         with `fingerprint`)."""
-        return {"store_id": self.store_id, "fingerprint": fingerprint or self._gen.fingerprint, "dim": self.dim}
+        return {"store_id": self.store_id, "fingerprint": fingerprint or self._gen.fingerprint, "dim": self.dim,
+                "vectors": vector_blobs.FORMAT}  # (a snapshot of float32 rows, before schema 5, is rebuilt once)
 
     def _files(self) -> tuple[Path, str]:
         path = Path(self._access.path)

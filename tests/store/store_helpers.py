@@ -81,7 +81,10 @@ def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
     if not rows:
         return 1.0
     dim = store.embedder.dimensions
-    vec_of = {fid: np.frombuffer(blob, np.float32) for fid, blob in rows}
+    # rows hold float16 (schema 5; float32 before), read back at unit length
+    vec_of = {fid: np.frombuffer(blob, np.float16 if len(blob) == 2 * dim else np.float32).astype(np.float32)
+              for fid, blob in rows}
+    vec_of = {fid: v / np.linalg.norm(v) for fid, v in vec_of.items()}
     matrix = np.stack(list(vec_of.values()))
     hits = total = 0
     for q in queries:

@@ -284,7 +284,8 @@ def test_fingerprint_change_reembeds_without_mixing(target, embedder, other_embe
         top = store.recall(TEXTS[5], k=6, mode="vector")
         assert top[0].id == ids[5] and top[0].score == pytest.approx(1.0, abs=1e-5)
         want = other_embedder.embed_many([store.get(h.id).text for h in top]) @ other_embedder.embed(TEXTS[5])
-        assert np.allclose([h.score for h in top], want, atol=1e-5)  # every score from the new model
+        # every score from the new model (stored vectors are float16: a score moves by less than 1e-3)
+        assert np.allclose([h.score for h in top], want, atol=1e-3)
         assert [c.op for c in store.history(ids[0])] == ["remember"]  # a model swap changes no fact
         assert store.check().ok
 
@@ -377,7 +378,7 @@ def test_info_reports_sqlite_and_durability(tmp_path: Path, embedder):
     with MemoryStore(tmp_path / "f.db", embedder, durability="full") as store:
         info = store.info()
         assert info["durability"] == "full" and info["sqlite_version"] == sqlite3.sqlite_version
-        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 4
+        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 5
 
 
 def test_not_a_store_and_newer_schema_are_refused(tmp_path: Path, embedder):

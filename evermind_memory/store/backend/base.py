@@ -233,7 +233,7 @@ class Integrity(NamedTuple):
 
     messages: list[str]  # the engine's integrity check; ["ok"] when clean
     foreign_key_violations: int
-    bad_vectors: int  # vectors whose byte length is not 4 * dim
+    bad_vectors: int  # vectors whose byte length is neither 2 * dim (float16) nor 4 * dim (float32, before schema 5)
     fts_rows: int  # rows in the full-text index (must equal the facts)
     tags_out_of_sync: int  # facts whose tag rows disagree with their tags JSON
 

@@ -42,11 +42,14 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ...errors import EvermindError, InvalidInput, StorageError, StoreCorrupt, StoreLocked
+from . import vector_blobs
 from .base import utc_now
 from .codec import RepairCounts
 from .postgres_session import FTS_CONFIG, GEN_TABLE, PostgresSession
 
-SCHEMA_VERSION = 4  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases)
+SCHEMA_VERSION = 5  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases;
+# 5: vectors stored as float16, migrated from 4 by the first writer to open the store)
+COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
 LOCK_KEY = 0x45564D44  # "EVMD": the first half of the store's advisory lock (the second: its schema)
 CHANNEL = "evermind_changes"
 POLL_S = 1.0  # the follower's fallback poll when no notification came
@@ -399,7 +402,27 @@ class PostgresBackend:
                 conn.execute("INSERT INTO meta (key, value) VALUES (%s, %s), (%s, %s), (%s, %s)",
                              ("schema_version", str(SCHEMA_VERSION), "store_id", uuid.uuid4().hex,
                               "created_at", utc_now()))
+            raw = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if raw is not None and raw[0] == "4":
+                self._compact_vectors(conn)
             self._check_version(conn)
+
+    @staticmethod
+    def _compact_vectors(conn: Any) -> None:
+        """Schema 4 -> 5 (inside _ensure_schema's transaction): every float32 vector rewritten as float16
+        (backend/vector_blobs.py), the facts' and those of a generation being built, a batch at a time."""
+        for table, key in (("facts", "rid"), (GEN_TABLE, "label")):  # (names from this list, never from data)
+            last = -1
+            while True:
+                with conn.cursor(binary=True) as cur:
+                    rows = cur.execute(f"SELECT {key}, vector FROM {table} WHERE {key} > %s AND vector IS NOT NULL "
+                                       f"ORDER BY {key} LIMIT %s", (last, COMPACT_BATCH)).fetchall()
+                if not rows:
+                    break
+                with conn.cursor() as cur:
+                    cur.executemany(f"UPDATE {table} SET vector = %s WHERE {key} = %s", vector_blobs.compact_rows(rows))
+                last = rows[-1][0]
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
 class _Follower:

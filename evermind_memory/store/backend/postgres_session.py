@@ -3,7 +3,8 @@ backend.Writes, with the same rows and meanings as backend/sqlite_session.py.
 
 Plain parameterised SQL (psycopg `%s`; R19); lists travel as one array parameter (`= ANY(%s)`). Times are
 `timestamptz` columns, read back as the canonical UTC text every FactRow holds (`_ts`), so the front parses one
-format whatever the backend. Vectors are little-endian float32 `bytea`, as in SQLite, read with binary cursors.
+format whatever the backend. Vectors are little-endian float16 `bytea` (backend/vector_blobs.py), as in SQLite, read with
+binary cursors.
 
 Full-text search. `facts.tsv` is the fact's text through the `evermind` text search configuration (English
 Snowball stems, no stop words: like FTS5's `porter unicode61`, which indexes every word), after ASCII
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..lexical import BM25_B, BM25_K1, choose, idf
 from ..records import Change
+from . import vector_blobs
 from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .filter_sql import POSTGRES, compile_selection, scope_condition, tag_row
 from .codec import tags_json
@@ -95,7 +97,7 @@ def when(text: str | None) -> datetime | None:
 
 
 def _blob(vector: np.ndarray) -> bytes:
-    return vector.astype("<f4").tobytes()
+    return vector_blobs.encode(vector)
 
 
 def selection(sel: Selection) -> tuple[str, list]:
@@ -279,7 +281,7 @@ class PostgresSession:
             sql = f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = %s AND {where} ORDER BY f.label"
             params = [fingerprint, *params]
         rows = self._all(sql, params, binary=True)
-        good = [(label, bytes(blob)) for label, blob in rows if blob is not None and len(blob) == 4 * dim]
+        good = [(label, bytes(blob)) for label, blob in rows if vector_blobs.readable(blob, dim)]
         labels_arr = np.array([g[0] for g in good], dtype=np.int64)  # (N,)
         matrix = vectors_from_blobs([g[1] for g in good], dim)  # (N, D)
         usable = usable_rows(matrix)  # (N,) a damaged vector (NaN, Inf, zero) is left out like a short one
@@ -303,7 +305,8 @@ class PostgresSession:
 
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
         rows = self._all("SELECT label, text FROM facts WHERE fingerprint = %s AND label IS NOT NULL AND vector IS NOT "
-                         "NULL AND octet_length(vector) = %s ORDER BY label", (fingerprint, 4 * dim))
+                         "NULL AND octet_length(vector) IN (%s, %s) ORDER BY label",
+                         (fingerprint, *vector_blobs.blob_lengths(dim)))
         return np.array([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]  # (N,), N texts
 
     def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
@@ -443,8 +446,8 @@ class PostgresSession:
         return Integrity(
             messages=messages,
             foreign_key_violations=0,  # enforced by the server on every write
-            bad_vectors=self._scalar("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND octet_length(vector) != %s",
-                                     (4 * dim,)),
+            bad_vectors=self._scalar("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND octet_length(vector) NOT IN "
+                                     "(%s, %s)", vector_blobs.blob_lengths(dim)),
             fts_rows=self._scalar("SELECT COUNT(*) FROM facts WHERE tsv IS NOT NULL"),
             tags_out_of_sync=self._scalar(
                 "SELECT COUNT(*) FROM facts f WHERE (SELECT COUNT(*) FROM fact_tags t WHERE t.fact_id = f.id) != "
@@ -565,7 +568,7 @@ class PostgresSession:
                              binary=True)
         out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
         vectors = np.zeros((len(rows), dim), dtype=np.float32)  # (N, D)
-        have = [i for i, r in enumerate(rows) if r[2] is not None and len(r[2]) == 4 * dim]
+        have = [i for i, r in enumerate(rows) if vector_blobs.readable(r[2], dim)]
         if have:
             got = vectors_from_blobs([bytes(rows[i][2]) for i in have], dim)  # (H, D)
             usable = usable_rows(got)  # (H,)

@@ -28,16 +28,17 @@ from typing import Callable, Iterator
 
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
+from . import vector_blobs
 from .base import new_id, utc_now
 from .codec import RepairCounts
 from .filter_sql import migrate_typed_tags
 from .sqlite_faults import preflight, repair_hint, translate
-from .sqlite_session import SQLiteSession
+from .sqlite_session import GEN_TABLE, SQLiteSession
 
 # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: many writer
 # processes: + leases, + facts.owner (who embeds a waiting fact); 4: typed tags, expires_at, pinned, scopes,
-# history links (issue 20)
-SCHEMA_VERSION = 4
+# history links (issue 20); 5: vectors stored as float16 (issue 34: half the bytes of a row's vector)
+SCHEMA_VERSION = 5
 FTS_TABLE_SQL = ("CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
                  "tokenize='porter unicode61')")
 FTS_CHECK_SQL = "INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)"  # FTS5's deep check
@@ -70,8 +71,29 @@ def _add_owners(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX facts_waiting ON facts (owner) WHERE vector IS NULL")
 
 
+def _compact_vectors(conn: sqlite3.Connection) -> None:
+    """Schema 5: every float32 vector rewritten as float16 (backend/vector_blobs.py), the facts' and those of a
+    generation being built, a batch of rows at a time. The pages freed are reused by later writes (VACUUM returns
+    them to the file system: `evermind compact`, which vacuums unless --no-vacuum). Saved index snapshots name the old format and are
+    rebuilt once, at the next vector use."""
+    tables = [("facts", "rid")]
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (GEN_TABLE,)).fetchone():
+        tables.append((GEN_TABLE, "label"))
+    for table, key in tables:  # (names from the list above, never from data)
+        last = -1
+        while True:
+            rows = conn.execute(f"SELECT {key}, vector FROM {table} WHERE {key} > ? AND vector IS NOT NULL "
+                                f"ORDER BY {key} LIMIT ?", (last, COMPACT_BATCH)).fetchall()
+            if not rows:
+                break
+            conn.executemany(f"UPDATE {table} SET vector = ? WHERE {key} = ?", vector_blobs.compact_rows(rows))
+            last = rows[-1][0]
+
+
+COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners, 3: migrate_typed_tags}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners, 3: migrate_typed_tags,
+                                                              4: _compact_vectors}
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:

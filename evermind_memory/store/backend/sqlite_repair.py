@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from ..._lazy import lazy_import
 from ..scope import LEVELS
+from . import vector_blobs
 from .base import new_id, utc_now
 from .codec import RepairCounts, ok_tags, ok_text
 from .filter_sql import REBUILD_TAGS_SQL
@@ -96,9 +97,9 @@ def _scope_of(conn: sqlite3.Connection, rid: int) -> str:
 
 
 def _ok_vector(blob: Any, dim: int) -> bool:
-    if not isinstance(blob, bytes) or len(blob) != 4 * dim:
+    if not isinstance(blob, bytes) or not vector_blobs.readable(blob, dim):
         return False
-    v = np.frombuffer(blob, dtype="<f4").astype(np.float64)  # (D,)
+    v = vector_blobs.decode([blob], dim)[0].astype(np.float64)  # (D,)
     with np.errstate(over="ignore", invalid="ignore"):
         n = float(v @ v)
     return np.isfinite(n) and abs(n - 1.0) < UNIT_TOLERANCE

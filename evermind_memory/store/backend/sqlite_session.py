@@ -20,6 +20,7 @@ from ..._lazy import lazy_import
 from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_terms, varint, word_postings
 from ..records import Change
 from ..timing import time_text
+from . import vector_blobs
 from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
 from .codec import tags_json
 from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
@@ -31,7 +32,7 @@ _F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
 _IN_CHUNK = 500
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
-UNIT_TOLERANCE = 0.02  # a stored vector's squared norm is 1 within float32 rounding; one damaged float moves it more
+UNIT_TOLERANCE = vector_blobs.UNIT_TOLERANCE
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -45,10 +46,8 @@ _GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vec
 
 
 def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
-    """Concatenate float32 blobs into a (N, dim) matrix."""
-    if not blobs:
-        return np.zeros((0, dim), dtype=np.float32)  # (0, D)
-    return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dim).astype(np.float32)  # (N, D)
+    """Row vectors (float16, or float32 from before schema 5) as one (N, dim) float32 matrix."""
+    return vector_blobs.decode(blobs, dim)  # (N, D)
 
 
 def usable_rows(matrix: np.ndarray) -> np.ndarray:
@@ -62,7 +61,7 @@ def usable_rows(matrix: np.ndarray) -> np.ndarray:
 
 
 def _blob(vector: np.ndarray) -> bytes:
-    return vector.astype("<f4").tobytes()
+    return vector_blobs.encode(vector)
 
 
 def _stale_sql(include_waiting: bool) -> str:
@@ -233,7 +232,7 @@ class SQLiteSession:
             for label, blob in self.conn.execute(sql, params):
                 out_labels.append(label)
                 blobs.append(blob)
-        good = [i for i, b in enumerate(blobs) if isinstance(b, bytes) and len(b) == 4 * dim]
+        good = [i for i, b in enumerate(blobs) if isinstance(b, bytes) and vector_blobs.readable(b, dim)]
         if len(good) != len(blobs):
             out_labels = [out_labels[i] for i in good]
             blobs = [blobs[i] for i in good]
@@ -260,7 +259,7 @@ class SQLiteSession:
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
         rows = self.conn.execute(
             "SELECT label, text FROM facts WHERE fingerprint = ? AND label IS NOT NULL AND vector IS NOT NULL "
-            "AND length(vector) = ? ORDER BY label", (fingerprint, 4 * dim),
+            "AND length(vector) IN (?, ?) ORDER BY label", (fingerprint, *vector_blobs.blob_lengths(dim)),
         ).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]  # (N,), N texts
 
@@ -423,8 +422,8 @@ class SQLiteSession:
         return Integrity(
             messages=[r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()],
             foreign_key_violations=len(conn.execute("PRAGMA foreign_key_check").fetchall()),
-            bad_vectors=conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND length(vector) != ?",
-                                     (4 * dim,)).fetchone()[0],
+            bad_vectors=conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND length(vector) NOT IN "
+                                     "(?, ?)", vector_blobs.blob_lengths(dim)).fetchone()[0],
             fts_rows=conn.execute("SELECT COUNT(*) FROM facts_fts_docsize").fetchone()[0],
             tags_out_of_sync=conn.execute(  # (unreadable tags JSON counts as out of sync, without failing the query)
                 "SELECT COUNT(*) FROM facts f WHERE NOT json_valid(f.tags) OR (SELECT COUNT(*) FROM fact_tags t "
@@ -569,7 +568,7 @@ class SQLiteSession:
                                           [fingerprint, *chunk]).fetchall()
         out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
         vectors = np.zeros((len(rows), dim), dtype=np.float32)  # (N, D)
-        have = [i for i, r in enumerate(rows) if isinstance(r[2], bytes) and len(r[2]) == 4 * dim]
+        have = [i for i, r in enumerate(rows) if isinstance(r[2], bytes) and vector_blobs.readable(r[2], dim)]
         if have:
             got = vectors_from_blobs([rows[i][2] for i in have], dim)  # (H, D)
             usable = usable_rows(got)  # (H,) a damaged one is made again, like a missing one
