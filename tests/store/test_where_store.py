@@ -29,8 +29,8 @@ def facts(n: int) -> list[tuple[str, dict]]:
 
 def brute_force(store: MemoryStore, embedder, query: str, where: dict, k: int,
                 vectors: dict | None = None) -> list[tuple[str, float]]:
-    """The exact answer: every fact the evaluator accepts, ranked by cosine with the query (`vectors`: id -> the
-    embedder's vector of that fact, when already computed)."""
+    """The exact answer: every fact the evaluator accepts, ranked by cosine of the query with its vector as stored
+    (`vectors`: id -> the embedder's vector of that fact, when already computed)."""
     f = parse_where(where)
     kept = [fact for fact in store.list(limit=100_000) if f.matches(fact)]
     if not kept:
@@ -39,6 +39,8 @@ def brute_force(store: MemoryStore, embedder, query: str, where: dict, k: int,
         vecs = np.asarray(embedder.embed_many([fact.text for fact in kept]), dtype=np.float32)  # (N, D)
     else:
         vecs = np.stack([vectors[fact.id] for fact in kept])  # (N, D)
+    vecs = vecs.astype(np.float16).astype(np.float32)  # (N, D) as a row stores them (float16), read back at unit length
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     scores = vecs @ np.asarray(embedder.embed(query), dtype=np.float32)  # (N,)
     order = np.lexsort((np.arange(len(kept)), -scores))[:k]
     return [(kept[i].id, float(scores[i])) for i in order]
