@@ -5,9 +5,10 @@ is built by remember_many in batches of 1000 with the shipped model (background 
 includes the embedding); the build's own embedding rate is reported beside it. Then a fresh process (the way
 every CLI call, hook or MCP server starts) opens the store and reports: the open, the first vector recall after
 it (loading the saved HNSW snapshot), then p50/p99 of --queries recalls of each mode (k=10, the query's
-embedding included), its peak RSS, and the store's bytes on disk (database, WAL and index files) per fact.
+embedding included), its peak RSS, and the store's bytes on disk (database, WAL and index files) per fact; then
+--procs such processes at once, and the sum of their peak RSS (each process holds its own model and index).
 
-    python benchmarks/scale.py [--sizes 1000,10000,100000] [--queries 200] [--dir DIR] [--reuse]
+    python benchmarks/scale.py [--sizes 1000,10000,100000] [--queries 200] [--procs 2,4] [--dir DIR] [--reuse]
                                [--json out.json]
 
 --dir keeps the stores (default: a temp directory, deleted afterwards); with --reuse a store already in --dir
@@ -142,13 +143,17 @@ def child(db: str, n_queries: int, seed: int) -> dict:
     return out
 
 
-def measure(db: Path, args: argparse.Namespace) -> dict:
-    """Run `child` in a fresh interpreter (the code beside this file) and read its JSON answer."""
+def measure(db: Path, args: argparse.Namespace, procs: int = 1) -> list[dict]:
+    """Run `child` in `procs` fresh interpreters at once (the code beside this file); their JSON answers."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(db), "--queries", str(args.queries)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"child failed for {db}:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    running = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+    out = []
+    for proc in running:
+        stdout, stderr = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"child failed for {db}:\n{stderr[-3000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main() -> None:
@@ -157,6 +162,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--dir", type=Path, default=None, help="keep the stores here")
     parser.add_argument("--reuse", action="store_true", help="open a store already in --dir instead of building it")
+    parser.add_argument("--procs", default="2,4", help="also run this many recalling processes at once (sum of peak RSS)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,6 +170,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.queries, seed=7)))
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.procs = [int(p) for p in args.procs.split(",") if p]
     tmp = None
     if args.dir is None:
         tmp = tempfile.TemporaryDirectory()
@@ -180,7 +187,10 @@ def main() -> None:
                 for old in workdir.glob(db.name + "*"):
                     old.unlink()
                 row.update(build(db, n))
-            row.update(measure(db, args))
+            row.update(measure(db, args)[0])
+            for procs in args.procs:  # several processes recalling at once: each holds its own index
+                got = measure(db, args, procs)
+                row[f"rss_{procs}_procs_mb"] = sum(r["peak_rss_mb"] for r in got)
             row["file_bytes"] = store_bytes(db)
             row["bytes_per_fact"] = row["file_bytes"] / n
             rows.append(row)
@@ -189,14 +199,16 @@ def main() -> None:
         if tmp is not None:
             tmp.cleanup()
     print(f"{'facts':>9} | {'remember_many':>13} | {'embed':>7} | {'lexical p50/p99':>15} | {'vector p50/p99':>14} | "
-          f"{'hybrid p50/p99':>14} | {'open':>6} | {'1st vector':>10} | {'peak RSS':>8} | {'files':>8} | {'B/fact':>6}")
+          f"{'hybrid p50/p99':>14} | {'open':>6} | {'1st vector':>10} | {'peak RSS':>8} | {'files':>8} | {'B/fact':>6}"
+          + "".join(f" | {f'RSS x{p}':>8}" for p in args.procs))
     for r in rows:
         rate = f"{r['remember_many_per_s']:,.0f}/s" if "remember_many_per_s" in r else "-"
         embed = f"{r['embed_per_s']:,.0f}/s" if "embed_per_s" in r else "-"
         print(f"{r['facts']:>9,} | {rate:>13} | {embed:>7} | "
               f"{r['lexical_p50_ms']:6.1f} / {r['lexical_p99_ms']:5.1f} | {r['vector_p50_ms']:5.1f} / {r['vector_p99_ms']:5.1f} | "
               f"{r['hybrid_p50_ms']:5.1f} / {r['hybrid_p99_ms']:5.1f} | {r['open_s']:5.2f}s | {r['first_vector_s']:9.2f}s | "
-              f"{r['peak_rss_mb']:5.0f} MB | {r['file_bytes'] / 1e6:5.1f} MB | {r['bytes_per_fact']:6.0f}")
+              f"{r['peak_rss_mb']:5.0f} MB | {r['file_bytes'] / 1e6:5.1f} MB | {r['bytes_per_fact']:6.0f}"
+              + "".join(f" | {r[f'rss_{p}_procs_mb']:5.0f} MB" for p in args.procs))
     if args.json:
         meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "queries": args.queries, "k": 10}
