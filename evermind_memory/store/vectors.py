@@ -52,7 +52,7 @@ REBUILD_BEHIND_MIN = 1000
 # the changes it would skip number more than ADOPT_BEHIND_RATIO x the snapshot's vectors: a trusted load costs a
 # few microseconds a vector, a replayed insert about 90 (benchmarks/catch_up.py).
 ADOPT_BEHIND_RATIO = 0.1
-VERIFY_CHUNK = 8192  # vectors compared at a time by verify()
+VERIFY_CHUNK = 1024  # vectors compared at a time by verify() (hnswlib's get_items peaks near 10x the rows it returns)
 VERIFY_DELAY = 5.0  # seconds after a trusted load before the background pass compares every vector with SQLite
 SNAPSHOT_LEASE = "snapshot"
 
@@ -268,29 +268,28 @@ class VectorCache:
                         self._behind.release()
         with db.write_mutex:  # one catch-up or rebuild at a time, so the watermark only moves forward
             gen = self._gen
-            with db.snapshot() as r:
+            with contextlib.ExitStack() as held:
+                r = held.enter_context(db.snapshot())
                 top = r.max_seq()
                 changes = r.changes_after(gen.watermark, top)
                 added = [c.seq for c in changes if c.vector_added]
                 removed = [c.label_removed for c in changes if c.label_removed is not None]
                 labels, vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
-                if verify == "full":
-                    truth_labels, truth_vecs = r.vectors(gen.fingerprint, self.dim)
-                elif verify == "count":
+                if verify == "count":
                     truth_count = r.count(gen.fingerprint)
                 reason = pruned_past(r, gen.watermark)
-            if reason is None and not verify and self._sparse_after(gen.index, labels, removed):
-                reason = f"{len(changes)} changes behind, {len(removed)} of them retiring vectors"
-            if reason is not None:
-                self.rebuild(reason)
-                return None
-            try:
-                replay(gen.index, labels, vectors, removed)
-                self._gen = replace(gen, watermark=top)
-            except (InvalidInput, RuntimeError, MemoryError) as exc:
-                reason = f"replay failed ({exc})"
-            if verify == "full" and reason is None:
-                reason = disagreement(gen.index, truth_labels, truth_vecs)
+                if verify != "full":
+                    held.close()  # (the full comparison reads the same snapshot after the replay)
+                if reason is None and not verify and self._sparse_after(gen.index, labels, removed):
+                    reason = f"{len(changes)} changes behind, {len(removed)} of them retiring vectors"
+                if reason is None:
+                    try:
+                        replay(gen.index, labels, vectors, removed)
+                        self._gen = replace(gen, watermark=top)
+                    except (InvalidInput, RuntimeError, MemoryError) as exc:
+                        reason = f"replay failed ({exc})"
+                if verify == "full" and reason is None:
+                    reason = disagreement(r, gen.index, gen.fingerprint, self.dim)
             if reason is not None:
                 self.rebuild(reason)
                 return None
@@ -608,15 +607,22 @@ def pruned_past(r: Any, watermark: int) -> str | None:
     return None if pruned <= watermark else f"history was compacted past this index (seq {pruned} > {watermark})"
 
 
-def disagreement(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray) -> str | None:
-    """Why an index disagrees with SQLite's (N,) `labels` and (N, D) `vectors` (its live labels, or the vector
-    of any label's node, farther than NEAR_TOL from the stored one), or None."""
+def disagreement(r: Any, index: VectorIndex, fingerprint: str, dim: int) -> str | None:
+    """Why an index disagrees with the vectors reader `r` sees under `fingerprint` (its live labels, or the vector
+    of any label's node farther than NEAR_TOL from the stored one), or None. Reads VERIFY_CHUNK rows at a time, so
+    the comparison holds one chunk of vectors, not the whole table, in memory."""
     live = index.live_labels()
-    truth = set(labels.tolist())
-    if live != truth:
-        return f"index disagrees with SQLite ({len(truth - live)} missing, {len(live - truth)} extra)"
-    for start in range(0, len(labels), VERIFY_CHUNK):  # (chunks: hnswlib copies the rows it returns)
-        got = index.get_vectors(labels[start:start + VERIFY_CHUNK].tolist())  # (c, D)
-        if len(got) and np.abs(got - vectors[start:start + VERIFY_CHUNK]).max() > NEAR_TOL:
-            return "index vectors disagree with SQLite"
+    candidates = sorted(r.labels(fingerprint))  # (a damaged vector's row is among them; r.vectors leaves it out)
+    found = missing = 0
+    for start in range(0, len(candidates), VERIFY_CHUNK):
+        labels, vectors = r.vectors(fingerprint, dim, labels=candidates[start:start + VERIFY_CHUNK])  # (c,), (c, D)
+        inside = np.array([label in live for label in labels.tolist()], dtype=bool)  # (c,)
+        found += int(inside.sum())
+        missing += int((~inside).sum())
+        if inside.any():
+            got = index.get_vectors(labels[inside].tolist())  # (c', D)
+            if np.abs(got - vectors[inside]).max() > NEAR_TOL:
+                return "index vectors disagree with SQLite"
+    if missing or found != len(live):
+        return f"index disagrees with SQLite ({missing} missing, {len(live) - found} extra)"
     return None
