@@ -16,9 +16,10 @@ Compilers. `selection_sql(sel)` / `to_sqlite(f)` (and their PostgreSQL twins) re
 over the facts row aliased `f` (columns id, source, created_at, updated_at, expires_at, scope) and subqueries
 on `fact_tags`, for the caller to AND into its WHERE clause. Values travel only as parameters; keys of the
 filter are parameters too; column names come from a fixed list. Both are the same compiler over a `Dialect`
-(placeholder, null-safe inequality, string order, how a time travels), so another backend adds a Dialect, not
-a compiler. PostgreSQL's schema mirrors the one above with `num double precision` and `timestamptz` times; its
-strings compare under COLLATE "C" so that their order is the code-point order the Python evaluator uses.
+(backend/dialect.py: placeholder, null-safe inequality, string order, how a time travels), so another backend
+adds a Dialect, not a compiler. PostgreSQL's schema mirrors the one above with `num double precision` and
+`timestamptz` times; its strings compare under COLLATE "C" so that their order is the code-point order the
+Python evaluator uses.
 """
 
 from __future__ import annotations
@@ -26,14 +27,12 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ..filters import And, Exists, Filter, MatchAll, Member, Or
-from ..timing import time_text
 from ..validate import check_typed_tags, value_type
 from .base import Selection
+from .dialect import POSTGRES, SQLITE, Dialect
 
 SCHEMA_FROM, SCHEMA_TO = 3, 4
 INSERT_TAG_SQL = "INSERT INTO fact_tags (fact_id, key, value, vtype, num) VALUES (?, ?, ?, ?, ?)"
@@ -108,19 +107,6 @@ def tag_from_row(value: str, vtype: str) -> str | int | float | bool:
     return value if vtype == "s" else json.loads(value)
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between SQL databases in a compiled filter."""
-
-    name: str
-    mark: str  # the parameter placeholder
-    distinct: str  # null-safe "not equal": a NULL column counts as different from any value
-    text_order: str  # appended to a text column compared with < > so that strings order by code point
-    time_param: Callable[[datetime], Any]  # how a (UTC) time travels as a parameter
-
-
-SQLITE = Dialect("sqlite", "?", "IS NOT", "", time_text)
-POSTGRES = Dialect("postgres", "%s", "IS DISTINCT FROM", ' COLLATE "C"', lambda dt: dt)
 _SQL_OP = {"$eq": "=", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 

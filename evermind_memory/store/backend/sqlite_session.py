@@ -1,45 +1,40 @@
-"""The SQLite queries of a store: one `SQLiteSession` per connection answers backend.Reads and backend.Writes.
+"""The SQLite side of a store's queries: one `SQLiteSession` per connection answers backend.Reads and
+backend.Writes, the queries both engines share through backend/session.py (SQLite's Dialect: `?`, IN lists in
+chunks, text times) and the rest here: FTS5 search and upkeep, inserts, vectors, integrity, the generation table.
 
-Plain parameterised SQL (R19: never a value in the text); long IN lists go in chunks of _IN_CHUNK. Rows come
-back as the named tuples of backend/base.py. Which facts a read sees is a `Selection`, compiled by
-backend/filter_sql.py into one condition on `facts f`; other indexed equalities next to it carry a unary plus
-(`+f.fingerprint = ?`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it
-would otherwise start from the fingerprint index and probe every fact: 94 ms against 0.09 ms at 50k facts,
+Plain parameterised SQL (R19: never a value in the text). Rows come back as the named tuples of
+backend/base.py. Which facts a read sees is a `Selection`, compiled by backend/filter_sql.py into one condition
+on `facts f`; other indexed equalities next to it carry a unary plus (`+f.fingerprint = ?`, the Dialect's
+`hint`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it would otherwise
+start from the fingerprint index and probe every fact: 94 ms against 0.09 ms at 50k facts,
 benchmarks/filter_speed.py). Full-text matching is planned by store/lexical.py (which FTS5 terms to match, from
 the vocabulary's document frequencies) and run here.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from datetime import datetime, timezone
 from typing import Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
 from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_terms, varint, word_postings
-from ..records import Change
-from ..timing import time_text
 from . import vector_blobs
-from .base import ChangeRow, FactRow, GenerationRows, Integrity, LeaseRow, NewFact, Selection, StaleRow, WaitingRow
+from .base import FactRow, GenerationRows, Integrity, NewFact, Selection
 from .codec import tags_json
-from .filter_sql import INSERT_TAG_SQL, SQLITE, scope_condition, selection_sql, tag_row
+from .dialect import SQLITE
+from .filter_sql import INSERT_TAG_SQL, selection_sql, tag_row
+from .session import GEN_TABLE, INSERT_CHANGE as _INSERT_CHANGE, Session, fact_columns
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
-FACT_COLS = "rid, id, text, tags, source, created_at, updated_at, fingerprint, label, seq, expires_at, pinned, scope"
-_F_COLS = ", ".join("f." + c for c in FACT_COLS.split(", "))
-GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
+FACT_COLS = fact_columns(SQLITE)
+_F_COLS = fact_columns(SQLITE, "f")
 _IN_CHUNK = 500
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
 UNIT_TOLERANCE = vector_blobs.UNIT_TOLERANCE
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_CHANGE = (
-    "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
              f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")
@@ -64,13 +59,6 @@ def _blob(vector: np.ndarray) -> bytes:
     return vector_blobs.encode(vector)
 
 
-def _stale_sql(include_waiting: bool) -> str:
-    """The WHERE condition (one `?`: the current fingerprint) for stale vectors, with or without missing ones."""
-    if include_waiting:
-        return "(fingerprint IS NOT ? OR vector IS NULL)"
-    return "(vector IS NOT NULL AND fingerprint IS NOT ?)"
-
-
 def _chunks(items: Sequence, size: int = _IN_CHUNK) -> Iterator[Sequence]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -81,133 +69,52 @@ def _fact_rows(rows: Iterable[tuple]) -> list[tuple[FactRow, float]]:
     return [(FactRow._make(row[:-1]), -float(row[-1])) for row in rows]
 
 
-class SQLiteSession:
-    """Queries over one connection (backend.Reads and backend.Writes); see SQLiteBackend for the transactions."""
+class SQLiteSession(Session):
+    """Queries over one connection (backend.Reads and backend.Writes: the shared ones in backend/session.py); see
+    SQLiteBackend for the transactions."""
+
+    dialect = SQLITE
+    _cols, _f_cols = FACT_COLS, _F_COLS
+    _encode = staticmethod(_blob)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self._sizes: dict[tuple, tuple[int, int, int]] = {}  # selection key -> (change seq, facts, tokens)
         self._last_postings: tuple[tuple, tuple] | None = None  # (words, selection key, seq) -> _postings' answer
 
-    # ---- meta ----------------------------------------------------------------------------------------------
-    def meta(self, key: str) -> str | None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
+    # ---- running statements (Session's primitives) ---------------------------------------------------------
+    def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
+        return self.conn.execute(sql, params).fetchall()
 
-    def set_meta(self, key: str, value: str) -> None:
-        self.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                          (key, value))
+    def _one(self, sql: str, params: Sequence = ()) -> tuple | None:
+        rows = self.conn.execute(sql, params).fetchall()  # (all of them: a RETURNING statement finishes)
+        return rows[0] if rows else None
 
-    def delete_meta(self, *keys: str) -> None:
-        self.conn.execute(f"DELETE FROM meta WHERE key IN ({','.join('?' * len(keys))})", keys)
+    def _iter(self, sql: str, params: Sequence = ()) -> Iterable:
+        return self.conn.execute(sql, params)
 
-    # ---- leases --------------------------------------------------------------------------------------------
-    def lease(self, name: str) -> LeaseRow | None:
-        row = self.conn.execute("SELECT owner, expires FROM leases WHERE name = ?", (name,)).fetchone()
-        return None if row is None else LeaseRow(row[0], float(row[1]))
+    def _run(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
 
-    def set_lease(self, name: str, owner: str, expires: float) -> None:
-        self.conn.execute("INSERT INTO leases (name, owner, expires) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                          "SET owner = excluded.owner, expires = excluded.expires", (name, owner, expires))
+    def _many(self, sql: str, rows: Sequence[Sequence]) -> None:
+        self.conn.executemany(sql, rows)
 
-    def drop_lease(self, name: str, owner: str) -> None:
-        self.conn.execute("DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
+    def _storage_bytes(self) -> tuple[int, int]:
+        page = int(self.conn.execute("PRAGMA page_size").fetchone()[0])
+        return (page * int(self.conn.execute("PRAGMA page_count").fetchone()[0]),
+                page * int(self.conn.execute("PRAGMA freelist_count").fetchone()[0]))
 
-    # ---- the change feed -----------------------------------------------------------------------------------
-    def max_seq(self) -> int:
-        return int(self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+    def _text_changed(self, row: FactRow, text: str) -> None:
+        self.conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
+        self.conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (row.rid, text))
 
-    def changes_after(self, seq: int, upto: int) -> list[ChangeRow]:
-        return [ChangeRow(s, bool(added), removed) for s, added, removed in self.conn.execute(
-            "SELECT seq, vector_added, label_removed FROM changes WHERE seq > ? AND seq <= ? ORDER BY seq", (seq, upto))]
+    def _texts_removed(self, rows: Sequence[FactRow]) -> None:
+        self.conn.executemany("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)",
+                              [(row.rid, row.text) for row in rows])
 
-    def remembered_since(self, seq: int) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM changes WHERE seq > ? AND op = 'remember'", (seq,)).fetchone()[0])
-
-    def history(self, fact_id: str, scope: str) -> list[Change]:
-        # The arrival of a first vector (a 'reembed' that removed no label: background embedding of a remembered
-        # fact) is part of remembering it, so a history reads the same whether it was embedded before or after.
-        params: list = [fact_id]
-        in_scope = scope_condition("scope", scope, True, SQLITE, params)
-        rows = self.conn.execute(
-            "SELECT seq, op, at, text, tags, source, link FROM changes WHERE fact_id = ? "
-            f"AND NOT (op = 'reembed' AND label_removed IS NULL){' AND ' + in_scope if in_scope else ''} ORDER BY seq",
-            params,
-        ).fetchall()
-        return [Change(seq=r[0], op=r[1], at=datetime.fromisoformat(r[2]), text=r[3], tags=None if r[4] is None else json.loads(r[4]),
-                       source=r[5], replaces=r[6] if r[1] == "remember" else None,
-                       replaced_by=r[6] if r[1] == "forget" else None) for r in rows]
-
-    # ---- facts ---------------------------------------------------------------------------------------------
-    def count(self, fingerprint: str | None = None) -> int:
-        if fingerprint is None:
-            return int(self.conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
-        return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE fingerprint = ?", (fingerprint,)).fetchone()[0])
-
-    def fetch(self, fact_id: str) -> FactRow | None:
-        row = self.conn.execute(f"SELECT {FACT_COLS} FROM facts WHERE id = ?", (fact_id,)).fetchone()
-        return None if row is None else FactRow._make(row)
-
-    def fetch_where(self, column: str, values: Sequence) -> dict:
-        if column not in ("rid", "id", "label"):
-            raise ValueError(f"fetch_where() expected rid, id or label, got {column!r}")
-        out: dict = {}
-        for chunk in _chunks(list(values)):
-            marks = ",".join("?" * len(chunk))
-            for row in self.conn.execute(f"SELECT {FACT_COLS} FROM facts WHERE {column} IN ({marks})", list(chunk)):
-                fact = FactRow._make(row)
-                out[getattr(fact, column)] = fact
-        return out
-
-    def list_rows(self, limit: int, offset: int, sel: Selection) -> list[FactRow]:
-        where, params = selection_sql(sel)
-        sql = f"SELECT {_F_COLS} FROM facts f WHERE {where} ORDER BY f.rid LIMIT ? OFFSET ?"
-        return [FactRow._make(r) for r in self.conn.execute(sql, [*params, limit, offset])]
-
-    def count_selected(self, sel: Selection, fingerprint: str | None = None) -> int:
-        where, params = selection_sql(sel)
-        if fingerprint is None:
-            return int(self.conn.execute(f"SELECT COUNT(*) FROM facts f WHERE {where}", params).fetchone()[0])
-        return int(self.conn.execute(f"SELECT COUNT(*) FROM facts f WHERE +f.fingerprint = ? AND {where}",
-                                     [fingerprint, *params]).fetchone()[0])
-
-    def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
-        params: list = [time_text(now)]
-        in_scope = scope_condition("f.scope", scope, True, SQLITE, params)
-        sql = (f"SELECT {_F_COLS} FROM facts f WHERE f.expires_at <= ?{' AND ' + in_scope if in_scope else ''} "
-               "ORDER BY f.expires_at, f.rid LIMIT ?")
-        return [FactRow._make(r) for r in self.conn.execute(sql, [*params, limit])]
-
-    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
-        # Driven from the few recent changes and waiting facts (the change feed's key, the waiting index), then
-        # filtered: never a scan of the scope's facts.
-        where, params = selection_sql(sel)
-        return [FactRow._make(r) for r in self.conn.execute(
-            f"SELECT {_F_COLS} FROM (SELECT fact_id AS id FROM changes WHERE seq > ? UNION "
-            f"SELECT id FROM facts WHERE vector IS NULL) r CROSS JOIN facts f ON f.id = r.id WHERE {where} ORDER BY f.rid",
-            [seq, *params])]
-
-    def _count_expired(self, now: datetime) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE expires_at <= ?", (time_text(now),)).fetchone()[0])
-
-    def sizes(self) -> dict:
-        conn = self.conn
-        now = datetime.now(timezone.utc)
-        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
-        return {
-            "facts": self.count(), "expired": self._count_expired(now),
-            "pinned": int(conn.execute("SELECT COUNT(*) FROM facts WHERE pinned = 1").fetchone()[0]),
-            "changes": int(conn.execute("SELECT COUNT(*) FROM changes").fetchone()[0]),
-            "forgotten": int(conn.execute(
-                "SELECT COUNT(DISTINCT c.fact_id) FROM changes c WHERE NOT EXISTS (SELECT 1 FROM facts f WHERE f.id = c.fact_id)"
-            ).fetchone()[0]),
-            "page_bytes": page * int(conn.execute("PRAGMA page_count").fetchone()[0]),
-            "free_bytes": page * int(conn.execute("PRAGMA freelist_count").fetchone()[0]),
-        }
-
-    def export_rows(self) -> Iterator[FactRow]:
-        for row in self.conn.execute(f"SELECT {FACT_COLS} FROM facts ORDER BY rid"):
-            yield FactRow._make(row)
+    def _generation_table(self) -> None:
+        self.conn.execute(f"CREATE TABLE IF NOT EXISTS {GEN_TABLE} (label INTEGER PRIMARY KEY, "
+                          "fingerprint TEXT NOT NULL, vector BLOB NOT NULL)")
 
     # ---- vectors -------------------------------------------------------------------------------------------
     def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
@@ -242,70 +149,12 @@ class SQLiteSession:
             return labels_arr[usable], matrix[usable]
         return labels_arr, matrix
 
-    def labels(self, fingerprint: str | None) -> set[int]:
-        if fingerprint is None:
-            return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE label IS NOT NULL")}
-        return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE fingerprint = ?", (fingerprint,))}
-
-    def selected_labels(self, sel: Selection, fingerprint: str) -> np.ndarray:
-        where, params = selection_sql(sel)
-        rows = self.conn.execute(f"SELECT f.label FROM facts f WHERE +f.fingerprint = ? AND {where}", [fingerprint, *params])
-        return np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
-
-    def expired_labels(self, fingerprint: str, now: datetime) -> set[int]:
-        return {r[0] for r in self.conn.execute("SELECT label FROM facts WHERE expires_at <= ? AND +fingerprint = ?",
-                                                (time_text(now), fingerprint))}
-
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
         rows = self.conn.execute(
             "SELECT label, text FROM facts WHERE fingerprint = ? AND label IS NOT NULL AND vector IS NOT NULL "
             "AND length(vector) IN (?, ?) ORDER BY label", (fingerprint, *vector_blobs.blob_lengths(dim)),
         ).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]  # (N,), N texts
-
-    def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
-              include_waiting: bool = True) -> list[StaleRow]:
-        if fingerprint is None:
-            rows = self.conn.execute("SELECT rid, id, text, label FROM facts WHERE rid > ? ORDER BY rid LIMIT ?",
-                                     (after_rid, limit))
-        else:
-            rows = self.conn.execute(
-                f"SELECT rid, id, text, label FROM facts WHERE {_stale_sql(include_waiting)} AND rid > ? "
-                "ORDER BY rid LIMIT ?", (fingerprint, after_rid, limit),
-            )
-        return [StaleRow._make(r) for r in rows]
-
-    def count_stale(self, fingerprint: str, include_waiting: bool = True) -> int:
-        return int(self.conn.execute(f"SELECT COUNT(*) FROM facts WHERE {_stale_sql(include_waiting)}",
-                                     (fingerprint,)).fetchone()[0])
-
-    def count_foreign(self, fingerprint: str) -> int:
-        return int(self.conn.execute(
-            "SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND fingerprint IS NOT ?", (fingerprint,)
-        ).fetchone()[0])
-
-    def waiting(self) -> list[WaitingRow]:
-        return [WaitingRow._make(r) for r in
-                self.conn.execute("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
-
-    def waiting_owners(self) -> dict[str | None, int]:
-        return dict(self.conn.execute("SELECT owner, COUNT(*) FROM facts WHERE vector IS NULL GROUP BY owner").fetchall())
-
-    def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
-        rows = self.conn.execute(
-            "UPDATE facts SET owner = ? WHERE vector IS NULL AND owner IS ? RETURNING rid, id, text", (new_owner, old_owner)
-        ).fetchall()
-        return sorted(WaitingRow._make(r) for r in rows)
-
-    def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for chunk in _chunks(list(rids)):
-            marks = ",".join("?" * len(chunk))
-            out.update(self.conn.execute(f"SELECT rid, text FROM facts WHERE vector IS NULL AND rid IN ({marks})", chunk))
-        return out
-
-    def count_waiting(self) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NULL").fetchone()[0])
 
     # ---- full-text search ----------------------------------------------------------------------------------
     def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
@@ -398,24 +247,6 @@ class SQLiteSession:
         )
         return _fact_rows(self.conn.execute(sql, [match, *params, limit]))
 
-    # ---- feedback ------------------------------------------------------------------------------------------
-    def add_feedback(self, at: str, query: str, fact_id: str, useful: bool, limit: int) -> None:
-        cur = self.conn.execute("INSERT INTO feedback (at, query, fact_id, useful) VALUES (?, ?, ?, ?)",
-                                (at, query, fact_id, int(useful)))
-        self.conn.execute("DELETE FROM feedback WHERE id <= ?", (cur.lastrowid - limit,))
-
-    def feedback_pairs(self, fingerprint: str) -> list[tuple[str, int]]:
-        return self.conn.execute(
-            "SELECT f.query, facts.label FROM feedback f JOIN facts ON facts.id = f.fact_id "
-            "WHERE facts.fingerprint = ? AND facts.label IS NOT NULL AND f.id = "
-            "(SELECT MAX(g.id) FROM feedback g WHERE g.query = f.query AND g.fact_id = f.fact_id) AND f.useful = 1 "
-            "ORDER BY f.id",
-            (fingerprint,),
-        ).fetchall()
-
-    def count_feedback(self) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
-
     # ---- checks --------------------------------------------------------------------------------------------
     def integrity(self, dim: int) -> Integrity:
         conn = self.conn
@@ -433,11 +264,6 @@ class SQLiteSession:
         )
 
     # ---- writes (inside a transaction) ---------------------------------------------------------------------
-    def _log(self, seq: int, fact_id: str, op: str, at: str, text: str | None, tags: str | None, source: str | None,
-             vector_added: bool, label_removed: int | None, scope: str, link: str | None = None) -> None:
-        self.conn.execute(_INSERT_CHANGE, (seq, fact_id, op, at, text, tags, source, int(vector_added), label_removed,
-                                           scope, link))
-
     def insert(self, items: Sequence[NewFact], vectors: np.ndarray | None, fingerprint: str | None,
                owner: str | None = None) -> tuple[list[int], int]:
         conn = self.conn
@@ -469,95 +295,23 @@ class SQLiteSession:
             conn.executemany(INSERT_TAG_SQL, tag_rows)
         return seqs, first
 
-    def update(self, row: FactRow, *, text: str, tags: dict, source: str | None, vector: np.ndarray | None,
-               fingerprint: str | None, now: str, expires_at: str | None, pinned: bool) -> tuple[int, int | None]:
-        conn = self.conn
-        seq = self.max_seq() + 1
-        tj = tags_json(tags)
-        if vector is not None:
-            conn.execute(
-                "UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint = ?, "
-                "label = ?, seq = ?, expires_at = ?, pinned = ? WHERE rid = ?",
-                (text, tj, source, now, _blob(vector), fingerprint, seq, seq, expires_at, int(pinned), row.rid),
-            )
-        else:
-            conn.execute("UPDATE facts SET text = ?, tags = ?, source = ?, updated_at = ?, seq = ?, expires_at = ?, "
-                         "pinned = ? WHERE rid = ?", (text, tj, source, now, seq, expires_at, int(pinned), row.rid))
-        if text != row.text:
-            conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
-            conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (row.rid, text))
-        conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (row.id,))
-        conn.executemany(INSERT_TAG_SQL, [tag_row(row.id, k, v) for k, v in tags.items()])
-        removed = row.label if vector is not None else None
-        self._log(seq, row.id, "update", now, text, tj, source, vector is not None, removed, row.scope)
-        return seq, removed
-
-    def delete(self, rows: Sequence[FactRow], now: str, replaced_by: str | None = None) -> list[int]:
-        conn = self.conn
-        removed: list[int] = []
-        seq = self.max_seq()
-        for row in rows:
-            seq += 1
-            conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (row.id,))
-            conn.execute("DELETE FROM feedback WHERE fact_id = ?", (row.id,))  # a forgotten fact leaves no trace there
-            conn.execute("INSERT INTO facts_fts (facts_fts, rowid, text) VALUES ('delete', ?, ?)", (row.rid, row.text))
-            conn.execute("DELETE FROM facts WHERE rid = ?", (row.rid,))
-            self._log(seq, row.id, "forget", now, None, None, None, False, row.label, row.scope, replaced_by)
-            if row.label is not None:
-                removed.append(row.label)
-        return removed
-
     def set_vectors(self, rows: Sequence[tuple[int, str, int | None]], vectors: np.ndarray, fingerprint: str,
                     now: str) -> list[tuple[int, int | None]]:
         seq = self.max_seq()
         scopes: dict[int, str] = {}
-        for chunk in _chunks([rid for rid, _, _ in rows]):
-            scopes.update(self.conn.execute(f"SELECT rid, scope FROM facts WHERE rid IN ({','.join('?' * len(chunk))})",
-                                            list(chunk)))
-        out = []
+        for cond, params in SQLITE.in_list("rid", [rid for rid, _, _ in rows]):
+            scopes.update(self._all(f"SELECT rid, scope FROM facts WHERE {cond}", params))
+        out, changes = [], []
         for (rid, fid, old_label), vec in zip(rows, vectors):
             seq += 1
             self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
                               (_blob(vec), fingerprint, seq, seq, rid))
-            self._log(seq, fid, "reembed", now, None, None, None, True, old_label, scopes.get(rid, ""))
+            changes.append((seq, fid, "reembed", now, None, None, None, 1, old_label, scopes.get(rid, ""), None))
             out.append((seq, old_label))
+        self._log(changes)
         return out
 
-    def prune_history(self, before: str, upto: int) -> int:
-        # Every change of a fact up to (and with) a forget older than `before`: the history of an incarnation
-        # that ended long ago. The newest change row is never deleted (upto: the current max seq), so max_seq()
-        # and the labels it hands out keep growing.
-        conn = self.conn
-        doomed = (
-            "SELECT c.seq FROM changes c JOIN (SELECT fact_id, MAX(seq) AS last FROM changes "
-            "WHERE op = 'forget' AND at < ? AND seq < ? GROUP BY fact_id) g ON c.fact_id = g.fact_id AND c.seq <= g.last"
-        )
-        top = conn.execute(f"SELECT MAX(seq) FROM ({doomed})", (before, upto)).fetchone()[0]
-        if top is None:
-            return 0
-        cur = conn.execute(f"DELETE FROM changes WHERE seq IN ({doomed})", (before, upto))
-        self.set_meta("history_pruned", str(max(int(top), int(self.meta("history_pruned") or 0))))
-        return cur.rowcount
-
     # ---- the generation being built (adaptation, rollback) -------------------------------------------------
-    def generation_begin(self, fingerprint: str, labels: np.ndarray | None, vectors: np.ndarray | None) -> None:
-        self.conn.execute(f"CREATE TABLE IF NOT EXISTS {GEN_TABLE} (label INTEGER PRIMARY KEY, "
-                          "fingerprint TEXT NOT NULL, vector BLOB NOT NULL)")
-        self.conn.execute(f"DELETE FROM {GEN_TABLE} WHERE fingerprint != ?", (fingerprint,))
-        if labels is not None:
-            self.generation_store(fingerprint, labels.tolist(), vectors)
-
-    def generation_store(self, fingerprint: str, labels: Sequence[int], vectors: np.ndarray) -> None:
-        self.conn.executemany(f"INSERT OR REPLACE INTO {GEN_TABLE} (label, fingerprint, vector) VALUES (?, ?, ?)",
-                              [(int(lab), fingerprint, _blob(v)) for lab, v in zip(labels, vectors)])
-
-    def generation_missing(self, fingerprint: str, after: int, limit: int) -> list[tuple[int, str]]:
-        return self.conn.execute(
-            f"SELECT f.label, f.text FROM facts f WHERE f.label > ? AND NOT EXISTS (SELECT 1 FROM "
-            f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?) ORDER BY f.label LIMIT ?",
-            (after, fingerprint, limit),
-        ).fetchall()
-
     def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
         if labels is None:
             rows = self.conn.execute(_GEN_JOIN + "f.label IS NOT NULL ORDER BY f.label", (fingerprint,)).fetchall()
@@ -576,18 +330,6 @@ class SQLiteSession:
             vectors[have] = got[usable]
         have_set = set(have)
         return GenerationRows(out, vectors, [(i, rows[i][1]) for i in range(len(rows)) if i not in have_set])
-
-    def generation_count_missing(self, fingerprint: str) -> int:
-        return int(self.conn.execute(
-            f"SELECT COUNT(*) FROM facts f WHERE f.label IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "
-            f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?)", (fingerprint,),
-        ).fetchone()[0])
-
-    def generation_adopt(self, fingerprint: str) -> None:
-        self.conn.execute(
-            f"UPDATE facts SET vector = (SELECT g.vector FROM {GEN_TABLE} g WHERE g.label = facts.label "
-            "AND g.fingerprint = ?1), fingerprint = ?1", (fingerprint,),
-        )
 
     def generation_drop(self) -> None:
         self.conn.execute(f"DROP TABLE IF EXISTS {GEN_TABLE}")
