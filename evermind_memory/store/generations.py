@@ -41,7 +41,7 @@ from .adapter_state import (
     AdapterState,
     resolve_embedder,
 )
-from .backend.base import Backend, GenerationRows, Writes, utc_now
+from .backend.base import Backend, FeedReads, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
 from .leases import Heartbeat, Leases
 from .vectors import Generation, VectorCache, build_index
@@ -194,7 +194,7 @@ class Generations(AdapterState):
                        "store, or at the next adaptation round"), False
 
     @staticmethod
-    def require_serving(tx: Writes, fingerprint: str, method: str) -> None:
+    def require_serving(tx: FeedReads, fingerprint: str, method: str) -> None:
         """Inside a write: refuse vectors of `fingerprint` when the store now serves another model.
 
         Raises:

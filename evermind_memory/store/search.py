@@ -22,7 +22,7 @@ from .._blas import single_blas
 from .._lazy import lazy_import
 from ..embedder.base import DEFAULT_HYBRID_WEIGHT
 from ..errors import InvalidInput
-from .backend.base import Backend, FactRow, Selection
+from .backend.base import Backend, FactRow, Selection, VectorReads
 from .embedding import embed_query
 from .index import SearchFailed, VectorIndex, exact_search
 from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words, text_terms
@@ -161,7 +161,7 @@ class Search:
         with self._db.reading() as r:  # the index could not fill k (a failed search, or it lags): exactly
             return self._exact(r, gen, qv, k, sel)
 
-    def _exact(self, r: Any, gen: Generation, qv: np.ndarray, k: int, sel: Selection) -> list[tuple[int, float]]:
+    def _exact(self, r: VectorReads, gen: Generation, qv: np.ndarray, k: int, sel: Selection) -> list[tuple[int, float]]:
         labels, vecs = r.vectors(gen.fingerprint, self._dim, sel=sel)
         return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
 

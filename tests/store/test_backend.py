@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import inspect
 
-from evermind_memory.store.backend import Backend, Reads, Writes
+import pytest
+
+from evermind_memory.store.backend import Backend, Reads, Writes, base
+from evermind_memory.store.backend.postgres_session import PostgresSession
 from evermind_memory.store.backend.sqlite import EXPECTED_TABLES, SQLiteBackend, created_tables
 from evermind_memory.store.backend.sqlite_session import SQLiteSession
 
 
 def interface(protocol: type) -> dict[str, inspect.Signature]:
-    names = {n for klass in protocol.__mro__ if klass.__name__ in ("Reads", "Writes", "Backend")
+    names = {n for klass in protocol.__mro__ if klass.__module__ == base.__name__  # (Reads' roles, Writes, Backend)
              for n, v in vars(klass).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))}
     return {n: inspect.signature(getattr(protocol, n)) if callable(getattr(protocol, n)) else None for n in names}
 
@@ -20,11 +23,19 @@ def parameters(sig: inspect.Signature | None) -> list[tuple[str, object]]:
     return [] if sig is None else [(p.name, p.kind) for p in sig.parameters.values()]
 
 
-def test_the_sqlite_session_implements_reads_and_writes() -> None:
+@pytest.mark.parametrize("session", [SQLiteSession, PostgresSession])
+def test_each_session_implements_reads_and_writes(session: type) -> None:
     wanted = interface(Writes)
     assert set(interface(Reads)) < set(wanted) and {"insert", "lexical", "changes_after"} <= set(wanted)
     for name, sig in wanted.items():
-        assert parameters(inspect.signature(getattr(SQLiteSession, name))) == parameters(sig), name
+        assert parameters(inspect.signature(getattr(session, name))) == parameters(sig), name
+
+
+def test_reads_is_the_union_of_its_roles_each_method_in_one() -> None:
+    roles = [k for k in Reads.__mro__[1:] if k.__module__ == base.__name__]
+    assert not [n for n in vars(Reads) if not n.startswith("_") and callable(vars(Reads)[n])]
+    names = [n for role in roles for n, v in vars(role).items() if not n.startswith("_") and callable(v)]
+    assert len(names) == len(set(names)) and set(names) == set(interface(Reads))
 
 
 def test_the_sqlite_backend_implements_backend() -> None:

@@ -246,8 +246,9 @@ class GenerationRows(NamedTuple):
     missing: list[tuple[int, str]]  # (position in labels, text) of the facts with no new vector yet
 
 
-class Reads(Protocol):
-    """Queries every session answers."""
+class FeedReads(Protocol):
+    """The store's settings and its change feed: what a vector cache reads to catch up (store/vectors.py), and
+    every part that reads a setting."""
 
     def meta(self, key: str) -> str | None:
         """A store-level setting (schema_version, store_id, fingerprint, dim, adapter state), or None."""
@@ -257,6 +258,13 @@ class Reads(Protocol):
 
     def changes_after(self, seq: int, upto: int) -> list[ChangeRow]:
         """The changes with seq in (seq, upto], oldest first: what a cache at watermark `seq` must replay."""
+
+    def remembered_since(self, seq: int) -> int:
+        """How many facts were remembered after change `seq`."""
+
+
+class FactReads(Protocol):
+    """Facts as rows: the front's get/list/count/history, the writer's lookups, maintenance's sweeps."""
 
     def count(self, fingerprint: str | None = None) -> int:
         """Live facts (only those whose vector has `fingerprint` when given)."""
@@ -277,10 +285,24 @@ class Reads(Protocol):
         """Every change of one fact made in `scope` or under it, oldest first (a first vector arriving is part of
         its remember)."""
 
+    def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
+        """Up to `limit` facts in `scope` (or under it) that expired at or before `now`, oldest expiry first."""
+
+    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
+        """Facts `sel` selects that changed after change `seq` or have no vector yet: what an index at watermark
+        `seq` may not hold (duplicate candidates)."""
+
+
+class VectorReads(Protocol):
+    """Stored vectors and their labels: the cache's loads, exact and filtered vector search."""
+
     def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
                 sel: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(labels (N,), vectors (N, D)) of facts with `fingerprint`, optionally only `labels` or those `sel`
         selects. Vectors of the wrong length are left out."""
+
+    def labels(self, fingerprint: str | None) -> set[int]:
+        """Labels of facts whose vector has `fingerprint` (None: every labelled fact)."""
 
     def selected_labels(self, sel: Selection, fingerprint: str) -> np.ndarray:
         """(N,) labels of the facts with `fingerprint` that `sel` selects (a filtered HNSW search's allow-list)."""
@@ -288,11 +310,9 @@ class Reads(Protocol):
     def expired_labels(self, fingerprint: str, now: datetime) -> set[int]:
         """Labels of facts with `fingerprint` whose expiry is at or before `now` (not swept yet)."""
 
-    def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
-        """Up to `limit` facts in `scope` (or under it) that expired at or before `now`, oldest expiry first."""
 
-    def labels(self, fingerprint: str | None) -> set[int]:
-        """Labels of facts whose vector has `fingerprint` (None: every labelled fact)."""
+class LexicalReads(Protocol):
+    """Full-text search and its statistics (store/search.py)."""
 
     def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         """Full-text search for `words` (store/lexical.query_words) among the facts `sel` selects: (row, score)
@@ -305,12 +325,9 @@ class Reads(Protocol):
     def selection_size(self, sel: Selection) -> tuple[int, int]:
         """(facts, tokens) that `sel` selects: the statistics lexical recall scores a narrowing selection with."""
 
-    def recent_selected(self, sel: Selection, seq: int) -> list[FactRow]:
-        """Facts `sel` selects that changed after change `seq` or have no vector yet: what an index at watermark
-        `seq` may not hold (duplicate candidates)."""
 
-    def sizes(self) -> dict:
-        """Counts and bytes for stats(): facts, expired, pinned, changes, forgotten, page bytes, free bytes."""
+class QueueReads(Protocol):
+    """Facts whose vector is missing or from another model: the background worker's queue and reembed's."""
 
     def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
               include_waiting: bool = True) -> list[StaleRow]:
@@ -330,21 +347,26 @@ class Reads(Protocol):
         """How many facts with no vector yet each owner has (None: facts from before owners were recorded, or
         left to anyone)."""
 
-    def lease(self, name: str) -> LeaseRow | None:
-        """The current claim on lease `name` (possibly expired), or None."""
-
     def still_waiting(self, rids: Sequence[int]) -> dict[int, str]:
         """rid -> text of those of `rids` that still have no vector (not forgotten, not updated since)."""
 
     def count_waiting(self) -> int:
         """Facts with no vector yet."""
 
+
+class LeaseReads(Protocol):
+    """Who holds a lease (store/leases.py)."""
+
+    def lease(self, name: str) -> LeaseRow | None:
+        """The current claim on lease `name` (possibly expired), or None."""
+
+
+class LearningReads(Protocol):
+    """What an adaptation round learns from (store/adapter_state.py)."""
+
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
         """(labels (N,), texts) of every fact with a valid vector of `fingerprint`, by label (what adaptation
         learns from; their vectors come from `vectors(..., labels=...)`)."""
-
-    def remembered_since(self, seq: int) -> int:
-        """How many facts were remembered after change `seq`."""
 
     def feedback_pairs(self, fingerprint: str) -> list[tuple[str, int]]:
         """(query, label) of every query whose latest judgement of a fact with a current vector is "useful"."""
@@ -352,11 +374,9 @@ class Reads(Protocol):
     def count_feedback(self) -> int:
         """Judgements kept."""
 
-    def export_rows(self) -> Iterator[FactRow]:
-        """Every fact in insertion order (use inside `snapshot()` for a consistent copy)."""
 
-    def integrity(self, dim: int) -> Integrity:
-        """Run the database's structural checks (use inside `snapshot()`)."""
+class GenerationReads(Protocol):
+    """The generation being built (store/generations.py)."""
 
     def generation_missing(self, fingerprint: str, after: int, limit: int) -> list[tuple[int, str]]:
         """(label, text) of facts after label `after` with no vector yet in the generation `fingerprint`."""
@@ -366,6 +386,25 @@ class Reads(Protocol):
 
     def generation_count_missing(self, fingerprint: str) -> int:
         """Labelled facts with no vector in the generation `fingerprint` (all of them while none is being built)."""
+
+
+class CheckReads(Protocol):
+    """What check(), stats() and export read (store/maintenance.py)."""
+
+    def sizes(self) -> dict:
+        """Counts and bytes for stats(): facts, expired, pinned, changes, forgotten, page bytes, free bytes."""
+
+    def export_rows(self) -> Iterator[FactRow]:
+        """Every fact in insertion order (use inside `snapshot()` for a consistent copy)."""
+
+    def integrity(self, dim: int) -> Integrity:
+        """Run the database's structural checks (use inside `snapshot()`)."""
+
+
+class Reads(FeedReads, FactReads, VectorReads, LexicalReads, QueueReads, LeaseReads, LearningReads, GenerationReads,
+            CheckReads, Protocol):
+    """Queries every session answers: the union of the roles above. A part that reads only some of them names
+    those roles in its signatures; `Backend.reading()` and `snapshot()` hand out the whole."""
 
 
 class Writes(Reads, Protocol):
@@ -493,9 +532,7 @@ def is_server_url(path: str) -> bool:
 
 
 __all__ = [
-    "Backend", "ChangeRow", "FactRow", "GenerationRows", "Integrity", "LeaseRow", "NewFact", "Reads", "Selection",
-    "StaleRow",
-    "WaitingRow",
-    "Writes",
-    "is_server_url", "new_id", "row_problem", "utc_now",
+    "Backend", "ChangeRow", "CheckReads", "FactReads", "FactRow", "FeedReads", "GenerationReads", "GenerationRows",
+    "Integrity", "LearningReads", "LeaseReads", "LeaseRow", "LexicalReads", "NewFact", "QueueReads", "Reads",
+    "Selection", "StaleRow", "VectorReads", "WaitingRow", "Writes", "is_server_url", "new_id", "row_problem", "utc_now",
 ]
