@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
 from ..records import Change
@@ -21,7 +21,10 @@ from .codec import tags_json
 from .dialect import Dialect
 from .filter_sql import INSERT_TAG_SQL, compile_selection, scope_condition, tag_row
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
 TIME_COLUMNS = ("created_at", "updated_at", "expires_at")  # the facts' times (text in SQLite, timestamptz in PostgreSQL)
@@ -351,7 +354,7 @@ class Session:
     def generation_begin(self, fingerprint: str, labels: np.ndarray | None, vectors: np.ndarray | None) -> None:
         self._generation_table()
         self._run(f"DELETE FROM {GEN_TABLE} WHERE fingerprint != ?", (fingerprint,))
-        if labels is not None:
+        if labels is not None and vectors is not None:
             self.generation_store(fingerprint, labels.tolist(), vectors)
 
     def generation_store(self, fingerprint: str, labels: Sequence[int], vectors: np.ndarray) -> None:
