@@ -21,7 +21,7 @@ from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_term
 from . import vector_blobs
 from .base import FactRow, GenerationRows, Integrity, NewFact, Selection
 from .codec import tags_json
-from .dialect import SQLITE
+from .dialect import IN_CHUNK, SQLITE
 from .filter_sql import INSERT_TAG_SQL, selection_sql, tag_row
 from .session import GEN_TABLE, INSERT_CHANGE as _INSERT_CHANGE, Session, fact_columns
 
@@ -29,7 +29,6 @@ np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
-_IN_CHUNK = 500
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
 UNIT_TOLERANCE = vector_blobs.UNIT_TOLERANCE
 _INSERT_FACT = (
@@ -59,7 +58,7 @@ def _blob(vector: np.ndarray) -> bytes:
     return vector_blobs.encode(vector)
 
 
-def _chunks(items: Sequence, size: int = _IN_CHUNK) -> Iterator[Sequence]:
+def _chunks(items: Sequence, size: int = IN_CHUNK) -> Iterator[Sequence]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
