@@ -77,7 +77,7 @@ def run(embedder: object, ps: PersonalSet, log: Callable[[str], None] = lambda s
     """Every ask of the protocol through the public recall API, in every mode.
 
     Returns:
-        {"fingerprint", "asks": [{"q", "scope", "part", "answerable", "ranks": {mode: rank 1..K or 0},
+        {"fingerprint", "asks": [{"q", "scope", "part", "answerable", "category", "ranks": {mode: rank 1..K or 0},
         "top_relevance": float | None}]} (ranks of the right fact; 0: not in the top K or unanswerable).
     """
     with tempfile.TemporaryDirectory(prefix="personal_") as tmp:
@@ -91,7 +91,7 @@ def run(embedder: object, ps: PersonalSet, log: Callable[[str], None] = lambda s
                 q = ps.questions[qi]
                 view = store.scope(user=q.user) if scope == "scoped" else store
                 rec = {"q": qi, "scope": scope, "part": q.part, "answerable": q.fact is not None,
-                       "first_person": q.first_person, "ranks": {}}
+                       "first_person": q.first_person, "category": q.category, "ranks": {}}
                 for mode in MODES:
                     hits = view.recall(q.text, k=K, mode=mode)
                     found = [index[h.id] for h in hits]
@@ -106,8 +106,9 @@ def run(embedder: object, ps: PersonalSet, log: Callable[[str], None] = lambda s
 
 
 def summarise(res: dict) -> dict:
-    """Per (part, scope) and mode: first, mrr@10, top5 (answerable asks); and the relevance thresholds."""
-    out: dict = {"groups": {}, "relevance": {}}
+    """Per (part, scope) and mode: first, mrr@10, top5 (answerable asks); the same per kind of fact ("categories",
+    scoped and store-wide together: which kinds of knowledge the embedder lacks); and the relevance thresholds."""
+    out: dict = {"groups": {}, "categories": {}, "relevance": {}}
     asks_ = res["asks"]
     groups = {}
     for part in ("generated", "hand"):
@@ -125,6 +126,10 @@ def summarise(res: dict) -> dict:
                        "mrr@10": float(np.where(r > 0, 1.0 / np.maximum(r, 1), 0.0).mean()) if len(r) else 0.0,
                        "top5": float(((r >= 1) & (r <= 5)).mean()) if len(r) else 0.0}
         out["groups"][name] = g
+    kinds = sorted({a["category"] for a in asks_ if a["answerable"] and a.get("category")})
+    for kind in kinds:
+        rows = [a for a in asks_ if a["answerable"] and a.get("category") == kind]
+        out["categories"][kind] = {"n": len(rows), **{m: int(sum(a["ranks"][m] == 1 for a in rows)) for m in MODES}}
     right = np.array([a["top_relevance"] for a in asks_ if a["answerable"] and a.get("top_right")
                       and a.get("top_relevance") is not None])
     none = np.array([a["top_relevance"] for a in asks_ if not a["answerable"] and a.get("top_relevance") is not None])
@@ -140,6 +145,10 @@ def format_table(label: str, summary: dict) -> str:
     for name, g in summary["groups"].items():
         cells = "".join(f"{g[m]['first']:>9} ({g[m]['first_share']:.2f}){g[m]['mrr@10']:>7.3f}" for m in MODES)
         lines.append(f"  {name:<24}{g['n']:>5}{cells}")
+    if summary.get("categories"):
+        lines.append("  right first per kind of fact (scoped + store-wide): "
+                     + ", ".join(f"{kind} {c['vector']}/{c['hybrid']} of {c['n']}"
+                                 for kind, c in summary["categories"].items()) + " (vector/hybrid)")
     rel = summary.get("relevance")
     if rel:
         lines.append("  relevance of the hybrid top hit (threshold: share of right top hits kept / of unanswerable "

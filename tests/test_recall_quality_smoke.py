@@ -210,6 +210,10 @@ def test_personal_protocol_runs_and_pools_through_a_real_store(tmp_path: Path, e
     summary = pr.summarise(res)
     assert summary["groups"]["all answerable"]["n"] == sum(q.fact is not None for q in ps.questions) + sum(
         q.fact is not None and not q.first_person for q in ps.questions)
+    kinds = summary["categories"]
+    assert sum(c["n"] for c in kinds.values()) == summary["groups"]["all answerable"]["n"]
+    assert all(0 <= c[m] <= c["n"] for c in kinds.values() for m in pr.MODES)
+    assert "right first per kind of fact" in pr.format_table("x", summary)
     src = pr.personal_sources(embedder, ps)
     for name, d in src.items():
         assert len(d["pools"]) == len(d["gold"]) == len(d["source"].queries)
