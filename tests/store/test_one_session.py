@@ -18,7 +18,6 @@ EXPECTED_ALIKE = {
     "_run": "running one statement: each engine's own call",
     "_many": "running one statement many times: each engine's own call",
     "generation_drop": "SQLite drops the table it creates per build; PostgreSQL's schema keeps it and empties it",
-    "memory_texts": "its vector length check changes with issue 34's float16 rows; it moves once those land",
 }
 
 
@@ -49,5 +48,6 @@ def test_no_query_is_written_twice_for_the_two_engines() -> None:
 
 def test_the_shared_session_holds_the_common_queries() -> None:
     shared = methods("session.py", "Session")
-    assert {"meta", "fetch_where", "list_rows", "history", "stale", "update", "delete", "prune_history"} <= set(shared)
+    assert {"meta", "fetch_where", "list_rows", "history", "stale", "update", "delete", "prune_history", "vectors",
+            "memory_texts", "generation_rows"} <= set(shared)
     assert all("%s" not in text for text in shared.values())  # written with `?`; the Dialect says what travels

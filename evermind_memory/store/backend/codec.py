@@ -1,9 +1,8 @@
 """How a fact row's fields are written and checked, the same for both engines (neither owns this module): the
 canonical tag JSON, the checks repair runs on a raw field, and the counts a repair reports.
 
-The vector codec (float32 blobs <-> matrices, the unit-norm check) still lives in sqlite_session.py and
-sqlite_repair.py, which postgres_*.py import it from: it joins this module once the compact vector storage of
-issue 34 has settled how vectors are stored.
+How a vector is stored and read back (float16 rows, the length and unit-norm checks) is backend/vector_blobs.py,
+shared the same way.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 content (tags that are not a JSON object of labels, a vector of the wrong length or not of unit norm, a scope
 key no handle could have written) and the derived rows (tag rows, full-text statistics) falling out of step
 with the facts. `repair()` fixes both in the caller's transaction, recording what it did in `quarantine`, as
-the SQLite repair does (sqlite_repair.py: the same checks of a row, reused here).
+the SQLite repair does (the same checks of a row: backend/codec.py for its fields, backend/vector_blobs.py
+for its vector).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from ...errors import RowDamaged
 from .base import FactRow, utc_now
 from .filter_sql import tag_rows
 from .postgres_session import FACT_COLS, FTS_CONFIG, PostgresSession, when
+from . import vector_blobs
 from .codec import RepairCounts, ok_tags
-from .sqlite_repair import _ok_vector
 
 _INSERT_TAG = "INSERT INTO fact_tags (fact_id, key, value, vtype, num) VALUES (%s, %s, %s, %s, %s)"
 
@@ -46,7 +47,7 @@ def count_damaged(s: PostgresSession, dim: int) -> tuple[int, int, str | None]:
         if reason is not None:
             damaged += 1
             first = first or reason
-        if blob is not None and not _ok_vector(blob, dim):
+        if blob is not None and not vector_blobs.intact(blob, dim):
             bad += 1
     return damaged, bad, first
 
@@ -72,7 +73,7 @@ def repair(s: PostgresSession, dim: int) -> RepairCounts:
             _quarantine(s, row, "tags are not a JSON object of labels", f"tags set to {tags}")
             counts.fixed += 1
             counts.note(f"fact {row.id}: tags restored")
-        if blob is not None and not _ok_vector(blob, dim):
+        if blob is not None and not vector_blobs.intact(blob, dim):
             seq += 1
             s.conn.execute("UPDATE facts SET vector = NULL, label = NULL, fingerprint = NULL, owner = NULL, seq = %s "
                            "WHERE rid = %s", (seq, row.rid))

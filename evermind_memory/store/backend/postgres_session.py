@@ -2,9 +2,9 @@
 backend.Writes, the queries both engines share through backend/session.py and the rest (full text, inserts) here.
 
 Plain parameterised SQL (psycopg `%s`; R19); lists travel as one array parameter (`= ANY(%s)`). Times are
-`timestamptz` columns, read back as the canonical UTC text every FactRow holds (`_ts`), so the front parses one
-format whatever the backend. Vectors are little-endian float16 `bytea` (backend/vector_blobs.py), as in SQLite, read with
-binary cursors.
+`timestamptz` columns, read back as the canonical UTC text every FactRow holds (the Dialect's `time_column`), so the front
+parses one format whatever the backend. Vectors are little-endian float16 `bytea` (backend/vector_blobs.py), as in
+SQLite, read with binary cursors.
 
 Full-text search. `facts.tsv` is the fact's text through the `evermind` text search configuration (English
 Snowball stems, no stop words: like FTS5's `porter unicode61`, which indexes every word), after ASCII
@@ -25,12 +25,11 @@ import numpy as np
 
 from ..lexical import BM25_B, BM25_K1, choose, idf
 from . import vector_blobs
-from .base import FactRow, GenerationRows, Integrity, NewFact, Selection
+from .base import FactRow, Integrity, NewFact, Selection
 from .dialect import POSTGRES, when
 from .filter_sql import compile_selection, tag_row
 from .codec import tags_json
 from .session import GEN_TABLE, Session, fact_columns
-from .sqlite_session import usable_rows, vectors_from_blobs
 
 RANKING = "bm25"  # or "ts_rank_cd" (benchmarks/pg_speed.py --lexical compares them)
 FTS_CONFIG = "evermind"
@@ -69,10 +68,6 @@ _SET_VECTORS = (
     "FROM v CROSS JOIN s LEFT JOIN u ON u.rid = v.rid) "
     "SELECT head FROM s"
 )
-_GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
-             f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = %s WHERE ")
-
-
 def _blob(vector: np.ndarray) -> bytes:
     return vector_blobs.encode(vector)
 
@@ -147,33 +142,6 @@ class PostgresSession(Session):
                   "adapters"]
         return self._scalar("SELECT COALESCE(SUM(pg_total_relation_size(to_regclass(t))), 0) FROM unnest(?::text[]) t",
                             (tables,)), 0
-
-    # ---- vectors -------------------------------------------------------------------------------------------
-    def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
-                sel: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
-        if labels is not None:
-            sql, params = ("SELECT label, vector FROM facts WHERE fingerprint = %s AND label = ANY(%s)",
-                           [fingerprint, [int(x) for x in labels]])
-        elif sel is None:  # every vector (the index holds expired facts too, until they are swept)
-            sql, params = "SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = %s ORDER BY f.label", [fingerprint]
-        else:
-            where, params = selection(sel)
-            sql = f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = %s AND {where} ORDER BY f.label"
-            params = [fingerprint, *params]
-        rows = self._all(sql, params, binary=True)
-        good = [(label, bytes(blob)) for label, blob in rows if vector_blobs.readable(blob, dim)]
-        labels_arr = np.array([g[0] for g in good], dtype=np.int64)  # (N,)
-        matrix = vectors_from_blobs([g[1] for g in good], dim)  # (N, D)
-        usable = usable_rows(matrix)  # (N,) a damaged vector (NaN, Inf, zero) is left out like a short one
-        if not usable.all():
-            return labels_arr[usable], matrix[usable]
-        return labels_arr, matrix
-
-    def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
-        rows = self._all("SELECT label, text FROM facts WHERE fingerprint = %s AND label IS NOT NULL AND vector IS NOT "
-                         "NULL AND octet_length(vector) IN (%s, %s) ORDER BY label",
-                         (fingerprint, *vector_blobs.blob_lengths(dim)))
-        return np.array([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]  # (N,), N texts
 
     # ---- full-text search ----------------------------------------------------------------------------------
     def _stems(self, words: list[str]) -> list[list[str]]:
@@ -305,23 +273,6 @@ class PostgresSession(Session):
         return [(head + i, label) for i, label in enumerate(old, start=1)]
 
     # ---- the generation being built (adaptation, rollback) -------------------------------------------------
-    def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
-        if labels is None:
-            rows = self._all(_GEN_JOIN + "f.label IS NOT NULL ORDER BY f.label", (fingerprint,), binary=True)
-        else:
-            rows = self._all(_GEN_JOIN + "f.label = ANY(%s) ORDER BY f.label", (fingerprint, [int(x) for x in labels]),
-                             binary=True)
-        out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
-        vectors = np.zeros((len(rows), dim), dtype=np.float32)  # (N, D)
-        have = [i for i, r in enumerate(rows) if vector_blobs.readable(r[2], dim)]
-        if have:
-            got = vectors_from_blobs([bytes(rows[i][2]) for i in have], dim)  # (H, D)
-            usable = usable_rows(got)  # (H,)
-            have = [i for i, ok in zip(have, usable.tolist()) if ok]
-            vectors[have] = got[usable]
-        have_set = set(have)
-        return GenerationRows(out, vectors, [(i, rows[i][1]) for i in range(len(rows)) if i not in have_set])
-
     def generation_drop(self) -> None:
         self.conn.execute(f"DELETE FROM {GEN_TABLE}")
 

@@ -5,7 +5,8 @@ backend.Writes whose SQL differs between SQLite and PostgreSQL only in spelling,
 
 An engine's session (backend/sqlite_session.py, backend/postgres_session.py) subclasses it, runs the statements
 (`_all`, `_one`, `_run`, `_many`, `_iter`) and keeps what truly differs: full-text search (FTS5 or tsvector),
-inserting facts and their change rows, storage sizes, integrity checks and the generation table's life.
+inserting facts and their change rows, storage sizes, integrity checks and the generation table's life. Every
+read of stored vectors goes through backend/vector_blobs.py's `read` (length, then unit norm), on both engines.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
 from ..records import Change
-from .base import ChangeRow, FactRow, LeaseRow, Selection, StaleRow, WaitingRow
+from . import vector_blobs
+from .base import ChangeRow, FactRow, GenerationRows, LeaseRow, Selection, StaleRow, WaitingRow
 from .codec import tags_json
 from .dialect import Dialect
 from .filter_sql import INSERT_TAG_SQL, compile_selection, scope_condition, tag_row
@@ -32,6 +34,10 @@ INSERT_CHANGE = (
     "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+
+
+GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
+            f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")  # generation_rows, before its condition
 
 
 def fact_columns(dialect: Dialect, alias: str = "") -> str:
@@ -199,6 +205,34 @@ class Session:
         for row in self._iter(f"SELECT {self._cols} FROM facts ORDER BY rid"):
             yield FactRow._make(row)
 
+    # ---- vectors -------------------------------------------------------------------------------------------
+    def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
+                sel: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
+        rows: list = []
+        if labels is not None:
+            for cond, params in self.dialect.in_list("label", [int(x) for x in labels]):
+                rows += self._all(f"SELECT label, vector FROM facts WHERE fingerprint = ? AND {cond}",
+                                  [fingerprint, *params], binary=True)
+        elif sel is None:  # every vector (the index holds expired facts too, until they are swept)
+            rows = self._all("SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = ? ORDER BY f.label",
+                             (fingerprint,), binary=True)
+        else:
+            where, params = self._selection(sel)
+            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE {self.dialect.hint}f.fingerprint = ? "
+                             f"AND {where} ORDER BY f.label", [fingerprint, *params], binary=True)
+        ok, matrix = vector_blobs.read([r[1] for r in rows], dim)  # (N,), (N, D)
+        out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
+        if not ok.all():  # a vector of the wrong length, or damaged (NaN, Inf, zero), is left out
+            return out[ok], matrix[ok]
+        return out, matrix
+
+    def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
+        rows = self._all("SELECT label, text, vector FROM facts WHERE fingerprint = ? AND label IS NOT NULL "
+                         "AND vector IS NOT NULL ORDER BY label", (fingerprint,), binary=True)
+        ok = vector_blobs.read([r[2] for r in rows], dim)[0].tolist()  # (the vectors `vectors(labels=...)` gives)
+        kept = [r for r, fine in zip(rows, ok) if fine]
+        return np.array([r[0] for r in kept], dtype=np.int64), [r[1] for r in kept]  # (N,), N texts
+
     # ---- labels and the vector worker's queue --------------------------------------------------------------
     def labels(self, fingerprint: str | None) -> set[int]:
         if fingerprint is None:
@@ -361,6 +395,17 @@ class Session:
         self._many(f"INSERT INTO {GEN_TABLE} (label, fingerprint, vector) VALUES (?, ?, ?) ON CONFLICT (label) DO "
                    "UPDATE SET fingerprint = excluded.fingerprint, vector = excluded.vector",
                    [(int(lab), fingerprint, self._encode(v)) for lab, v in zip(labels, vectors)])
+
+    def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
+        if labels is None:
+            rows = self._all(GEN_JOIN + "f.label IS NOT NULL ORDER BY f.label", (fingerprint,), binary=True)
+        else:  # (sorted before the IN lists, so that the chunks of SQLite's come back in label order too)
+            rows = []
+            for cond, params in self.dialect.in_list("f.label", sorted({int(x) for x in labels})):
+                rows += self._all(GEN_JOIN + f"{cond} ORDER BY f.label", [fingerprint, *params], binary=True)
+        have, vectors = vector_blobs.read([r[2] for r in rows], dim)  # (N,), (N, D): a damaged one is made again
+        out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
+        return GenerationRows(out, vectors, [(i, r[1]) for i, (r, ok) in enumerate(zip(rows, have.tolist())) if not ok])
 
     def generation_missing(self, fingerprint: str, after: int, limit: int) -> list[tuple[int, str]]:
         return [(r[0], r[1]) for r in self._all(

@@ -19,15 +19,12 @@ import sqlite3
 from datetime import datetime
 from typing import Any, Iterator
 
-from ..._lazy import lazy_import
 from ..scope import LEVELS
 from . import vector_blobs
 from .base import new_id, utc_now
 from .codec import RepairCounts, ok_tags, ok_text
 from .filter_sql import REBUILD_TAGS_SQL
-from .sqlite_session import _INSERT_CHANGE, UNIT_TOLERANCE
-
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+from .sqlite_session import _INSERT_CHANGE
 
 QUARANTINE_SQL = (
     "CREATE TABLE IF NOT EXISTS quarantine (qid INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, "
@@ -96,15 +93,6 @@ def _scope_of(conn: sqlite3.Connection, rid: int) -> str:
     return row[0] if row is not None and _ok_scope(row[0]) else ""
 
 
-def _ok_vector(blob: Any, dim: int) -> bool:
-    if not isinstance(blob, bytes) or not vector_blobs.readable(blob, dim):
-        return False
-    v = vector_blobs.decode([blob], dim)[0].astype(np.float64)  # (D,)
-    with np.errstate(over="ignore", invalid="ignore"):
-        n = float(v @ v)
-    return np.isfinite(n) and abs(n - 1.0) < UNIT_TOLERANCE
-
-
 def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
     """From a fact's change log: its latest text, tags, source and time, and its first time (what was readable)."""
     out: dict = {}
@@ -166,7 +154,7 @@ def row_faults(row: dict, dim: int) -> list[str]:
     if not _ok_scope(row["scope"]):
         faults.append("scope")
     vec, label = row["vector"], row["label"]
-    if vec is not None and (not _ok_vector(vec, dim) or label is None or not isinstance(row["fingerprint"], str)):
+    if vec is not None and (not vector_blobs.intact(vec, dim) or label is None or not isinstance(row["fingerprint"], str)):
         faults.append("vector")
     elif vec is None and label is not None:
         faults.append("label")

@@ -1,6 +1,6 @@
 """The SQLite side of a store's queries: one `SQLiteSession` per connection answers backend.Reads and
 backend.Writes, the queries both engines share through backend/session.py (SQLite's Dialect: `?`, IN lists in
-chunks, text times) and the rest here: FTS5 search and upkeep, inserts, vectors, integrity, the generation table.
+chunks, text times) and the rest here: FTS5 search and upkeep, inserts, integrity, the generation table's life.
 
 Plain parameterised SQL (R19: never a value in the text). Rows come back as the named tuples of
 backend/base.py. Which facts a read sees is a `Selection`, compiled by backend/filter_sql.py into one condition
@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Sequence
 from ..._lazy import lazy_import
 from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_terms, varint, word_postings
 from . import vector_blobs
-from .base import FactRow, GenerationRows, Integrity, NewFact, Selection
+from .base import FactRow, Integrity, NewFact, Selection
 from .codec import tags_json
 from .dialect import IN_CHUNK, SQLITE
 from .filter_sql import INSERT_TAG_SQL, selection_sql, tag_row
@@ -30,30 +30,10 @@ np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
-UNIT_TOLERANCE = vector_blobs.UNIT_TOLERANCE
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vector FROM facts f LEFT JOIN "
-             f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")
-
-
-def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> np.ndarray:
-    """Row vectors (float16, or float32 from before schema 5) as one (N, dim) float32 matrix."""
-    return vector_blobs.decode(blobs, dim)  # (N, D)
-
-
-def usable_rows(matrix: np.ndarray) -> np.ndarray:
-    """(N,) bool: rows of an (N, D) float32 matrix that are stored vectors as the store writes them: finite and of
-    unit length (R10; every vector is normalised before it is stored, so a damaged one shows in its norm)."""
-    if not len(matrix):
-        return np.zeros(0, dtype=bool)
-    with np.errstate(over="ignore", invalid="ignore"):
-        norms = np.einsum("nd,nd->n", matrix, matrix, dtype=np.float64)  # (N,) squared norms
-    return np.isfinite(norms) & (np.abs(norms - 1.0) < UNIT_TOLERANCE)
-
-
 def _blob(vector: np.ndarray) -> bytes:
     return vector_blobs.encode(vector)
 
@@ -114,46 +94,6 @@ class SQLiteSession(Session):
     def _generation_table(self) -> None:
         self.conn.execute(f"CREATE TABLE IF NOT EXISTS {GEN_TABLE} (label INTEGER PRIMARY KEY, "
                           "fingerprint TEXT NOT NULL, vector BLOB NOT NULL)")
-
-    # ---- vectors -------------------------------------------------------------------------------------------
-    def vectors(self, fingerprint: str, dim: int, *, labels: Sequence[int] | None = None,
-                sel: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
-        out_labels: list[int] = []
-        blobs: list[bytes] = []
-        if labels is not None:
-            for chunk in _chunks(list(labels)):
-                marks = ",".join("?" * len(chunk))
-                for label, blob in self.conn.execute(
-                    f"SELECT label, vector FROM facts WHERE fingerprint = ? AND label IN ({marks})", [fingerprint, *chunk]
-                ):
-                    out_labels.append(label)
-                    blobs.append(blob)
-        else:
-            if sel is None:  # every vector (the index holds expired facts too, until they are swept)
-                sql, params = "SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = ? ORDER BY f.label", [fingerprint]
-            else:
-                where, params = selection_sql(sel)
-                sql = f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {where} ORDER BY f.label"
-                params = [fingerprint, *params]
-            for label, blob in self.conn.execute(sql, params):
-                out_labels.append(label)
-                blobs.append(blob)
-        good = [i for i, b in enumerate(blobs) if isinstance(b, bytes) and vector_blobs.readable(b, dim)]
-        if len(good) != len(blobs):
-            out_labels = [out_labels[i] for i in good]
-            blobs = [blobs[i] for i in good]
-        labels_arr, matrix = np.array(out_labels, dtype=np.int64), vectors_from_blobs(blobs, dim)  # (N,), (N, D)
-        usable = usable_rows(matrix)  # (N,) a damaged vector (NaN, Inf, zero) is left out like a short one
-        if not usable.all():
-            return labels_arr[usable], matrix[usable]
-        return labels_arr, matrix
-
-    def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
-        rows = self.conn.execute(
-            "SELECT label, text FROM facts WHERE fingerprint = ? AND label IS NOT NULL AND vector IS NOT NULL "
-            "AND length(vector) IN (?, ?) ORDER BY label", (fingerprint, *vector_blobs.blob_lengths(dim)),
-        ).fetchall()
-        return np.array([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]  # (N,), N texts
 
     # ---- full-text search ----------------------------------------------------------------------------------
     def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
@@ -311,24 +251,5 @@ class SQLiteSession(Session):
         return out
 
     # ---- the generation being built (adaptation, rollback) -------------------------------------------------
-    def generation_rows(self, fingerprint: str, dim: int, labels: Sequence[int] | None = None) -> GenerationRows:
-        if labels is None:
-            rows = self.conn.execute(_GEN_JOIN + "f.label IS NOT NULL ORDER BY f.label", (fingerprint,)).fetchall()
-        else:
-            rows = []
-            for chunk in _chunks(list(labels)):
-                rows += self.conn.execute(_GEN_JOIN + f"f.label IN ({','.join('?' * len(chunk))})",
-                                          [fingerprint, *chunk]).fetchall()
-        out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
-        vectors = np.zeros((len(rows), dim), dtype=np.float32)  # (N, D)
-        have = [i for i, r in enumerate(rows) if isinstance(r[2], bytes) and vector_blobs.readable(r[2], dim)]
-        if have:
-            got = vectors_from_blobs([rows[i][2] for i in have], dim)  # (H, D)
-            usable = usable_rows(got)  # (H,) a damaged one is made again, like a missing one
-            have = [i for i, ok in zip(have, usable.tolist()) if ok]
-            vectors[have] = got[usable]
-        have_set = set(have)
-        return GenerationRows(out, vectors, [(i, rows[i][1]) for i in range(len(rows)) if i not in have_set])
-
     def generation_drop(self) -> None:
         self.conn.execute(f"DROP TABLE IF EXISTS {GEN_TABLE}")

@@ -9,7 +9,7 @@ migration, and a float32 row met later (a process of the previous version still 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..._lazy import lazy_import
 
@@ -50,6 +50,38 @@ def _unit(raw: np.ndarray) -> np.ndarray:
 def readable(blob: object, dim: int) -> bool:
     """Whether a row's vector has a length a vector of `dim` components can have (NULL: no)."""
     return isinstance(blob, (bytes, bytearray, memoryview)) and len(blob) in blob_lengths(dim)
+
+
+def usable(matrix: np.ndarray) -> np.ndarray:
+    """(N,) bool: rows of an (N, D) float32 matrix that are vectors as the store writes them: finite and of unit
+    length (R10; every vector is normalised before it is stored, so a damaged one shows in its norm)."""
+    if not len(matrix):
+        return np.zeros(0, dtype=bool)  # (0,)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("nd,nd->n", matrix, matrix, dtype=np.float64)  # (N,) squared norms
+    return np.isfinite(sq) & (np.abs(sq - 1.0) < UNIT_TOLERANCE)  # (N,)
+
+
+def read(blobs: Sequence[Any], dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """N raw vector columns as (ok (N,) bool, vectors (N, D) float32): a row is ok when it has a readable length
+    and decodes to a usable vector; the other rows (NULL, wrong length, damaged) are zeros. What every read of
+    stored vectors goes through, on both engines."""
+    ok = np.array([readable(b, dim) for b in blobs], dtype=bool)  # (N,)
+    if ok.all():  # (the usual case: decode straight into the answer)
+        matrix = decode([bytes(b) for b in blobs], dim)  # (N, D)
+    else:
+        matrix = np.zeros((len(blobs), dim), dtype=np.float32)  # (N, D)
+        if ok.any():
+            matrix[ok] = decode([bytes(b) for b, fine in zip(blobs, ok.tolist()) if fine], dim)  # (H, D)
+    ok &= usable(matrix)
+    if not ok.all():
+        matrix[~ok] = 0.0
+    return ok, matrix
+
+
+def intact(blob: object, dim: int) -> bool:
+    """Whether one raw vector column holds a vector as the store writes it (repair's check of a row)."""
+    return bool(read([blob], dim)[0][0])
 
 
 def decode(blobs: Sequence[bytes], dim: int) -> np.ndarray:
