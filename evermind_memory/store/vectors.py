@@ -28,7 +28,7 @@ from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .access import Access
 from .backend import vector_blobs
-from .backend.base import Backend
+from .backend.base import Backend, CatchUpReads, FeedReads, VectorReads
 from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
 from .leases import Leases
 from .lock import RWLock
@@ -589,7 +589,7 @@ def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed:
     index.add(labels[fresh], vectors[fresh])
 
 
-def feed_after(r: Any, fingerprint: str, dim: int, after: int,
+def feed_after(r: CatchUpReads, fingerprint: str, dim: int, after: int,
                top: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
     """The change feed (after, top] as reader `r` sees it: (labels (N,) and vectors (N, D) added under
     `fingerprint`, labels retired, how many changes)."""
@@ -600,14 +600,14 @@ def feed_after(r: Any, fingerprint: str, dim: int, after: int,
     return labels, vectors, removed, len(changes)
 
 
-def pruned_past(r: Any, watermark: int) -> str | None:
+def pruned_past(r: FeedReads, watermark: int) -> str | None:
     """Why an index at `watermark` cannot replay the change feed: compact() pruned changes after it (meta
     `history_pruned`, the highest seq pruned), so a forget may be missing; None when it can."""
     pruned = int(r.meta("history_pruned") or 0)
     return None if pruned <= watermark else f"history was compacted past this index (seq {pruned} > {watermark})"
 
 
-def disagreement(r: Any, index: VectorIndex, fingerprint: str, dim: int) -> str | None:
+def disagreement(r: VectorReads, index: VectorIndex, fingerprint: str, dim: int) -> str | None:
     """Why an index disagrees with the vectors reader `r` sees under `fingerprint` (its live labels, or the vector
     of any label's node farther than NEAR_TOL from the stored one), or None. Reads VERIFY_CHUNK rows at a time, so
     the comparison holds one chunk of vectors, not the whole table, in memory."""

@@ -311,6 +311,10 @@ class VectorReads(Protocol):
         """Labels of facts with `fingerprint` whose expiry is at or before `now` (not swept yet)."""
 
 
+class CatchUpReads(FeedReads, VectorReads, Protocol):
+    """What a vector cache reads to catch up (store/vectors.py): the change feed, then the vectors it added."""
+
+
 class LexicalReads(Protocol):
     """Full-text search and its statistics (store/search.py)."""
 
@@ -532,7 +536,8 @@ def is_server_url(path: str) -> bool:
 
 
 __all__ = [
-    "Backend", "ChangeRow", "CheckReads", "FactReads", "FactRow", "FeedReads", "GenerationReads", "GenerationRows",
-    "Integrity", "LearningReads", "LeaseReads", "LeaseRow", "LexicalReads", "NewFact", "QueueReads", "Reads",
-    "Selection", "StaleRow", "VectorReads", "WaitingRow", "Writes", "is_server_url", "new_id", "row_problem", "utc_now",
+    "Backend", "CatchUpReads", "ChangeRow", "CheckReads", "FactReads", "FactRow", "FeedReads", "GenerationReads",
+    "GenerationRows", "Integrity", "LearningReads", "LeaseReads", "LeaseRow", "LexicalReads", "NewFact", "QueueReads",
+    "Reads", "Selection", "StaleRow", "VectorReads", "WaitingRow", "Writes", "is_server_url", "new_id", "row_problem",
+    "utc_now",
 ]
