@@ -70,7 +70,8 @@ def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Pat
     db = tmp_path / "cli.db"
     fid = run(embedder, db, "remember", "Ada prefers green tea")[1].strip()
     with sqlite3.connect(db) as conn:
-        vector, fingerprint = conn.execute("SELECT vector, fingerprint FROM facts WHERE id = ?", (fid,)).fetchone()
+        vector, fingerprint = conn.execute("SELECT f.vector, p.fingerprint FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id "
+                                                 "WHERE f.id = ?", (fid,)).fetchone()
         top = conn.execute("SELECT MAX(seq) FROM changes").fetchone()[0]
     assert vector is not None and fingerprint == embedder.fingerprint
     manifest = json.loads((tmp_path / "cli.db.json").read_text())  # the saved index holds it

@@ -67,6 +67,39 @@ def stored_rows(db, sql: str, params: tuple = ()) -> list[tuple]:
         return conn.execute(sql, params).fetchall()
 
 
+def execute(db, statements: list[tuple[str, tuple]]) -> None:
+    """Run statements (`?` placeholders) in one transaction straight on a store's database, without opening a
+    MemoryStore: an SQLite file, or a postgresql:// URL."""
+    if str(db).startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(str(db)) as conn:
+            for sql, params in statements:
+                conn.execute(sql.replace("?", "%s"), params)
+        return
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        for sql, params in statements:
+            conn.execute(sql, params)
+
+
+SCHEMA_5 = [  # a store of schema 6 turned back into what schema 5 looked like: each fact row holds its fingerprint
+    ("ALTER TABLE facts ADD COLUMN fingerprint TEXT", ()),
+    ("UPDATE facts SET fingerprint = (SELECT p.fingerprint FROM fingerprints p WHERE p.id = facts.fingerprint_id)", ()),
+    ("DROP INDEX facts_fingerprint", ()),
+    ("ALTER TABLE facts DROP COLUMN fingerprint_id", ()),
+    ("DROP TABLE fingerprints", ()),
+    ("CREATE INDEX facts_fingerprint ON facts (fingerprint, label)", ()),
+    ("UPDATE meta SET value = '5' WHERE key = 'schema_version'", ()),
+]
+
+
+def as_schema_5(db) -> None:
+    """Rewrite a store (closed) as schema 5 left it: the fingerprint string in every fact row."""
+    execute(db, SCHEMA_5)
+
+
 def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
     """recall@k of store.recall(mode="vector") against exact search over the vectors stored in the database
     (`db`: an SQLite file, or a postgresql:// URL, read straight with the driver).
@@ -76,7 +109,7 @@ def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
     """
     import numpy as np
 
-    rows = stored_rows(db, "SELECT id, vector FROM facts WHERE fingerprint = ?", (store.fingerprint,))
+    rows = stored_rows(db, "SELECT f.id, f.vector FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id WHERE p.fingerprint = ?", (store.fingerprint,))
     rows = [(fid, bytes(blob)) for fid, blob in rows]
     if not rows:
         return 1.0

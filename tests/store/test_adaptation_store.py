@@ -32,7 +32,7 @@ FAST = AdaptationPolicy(steps=6, batch_size=8, lr=5e-3, gate_tolerance=1.0, requ
 
 def fingerprints(db) -> set[str]:
     """The fingerprints of the stored vectors (an SQLite file or a PostgreSQL URL)."""
-    return {r[0] for r in stored_rows(db, "SELECT DISTINCT fingerprint FROM facts")}
+    return {r[0] for r in stored_rows(db, "SELECT DISTINCT p.fingerprint FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id")}
 
 
 def vector_ids(store: MemoryStore, queries=QUERIES, k: int = 5) -> list[list[str]]:

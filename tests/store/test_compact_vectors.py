@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from evermind_memory import EvermindError, MemoryStore
-from store_helpers import recall_at_k, stored_rows
+from store_helpers import SCHEMA_5, recall_at_k, stored_rows
 
 TEXTS = [f"fact {i}: {name} keeps {thing} in the {room}" for i, (name, thing, room) in enumerate(
     (n, t, r) for n in ("Ada", "Bob", "Carol", "Dmitri") for t in ("tea", "maps", "keys", "books", "plants")
@@ -39,7 +39,7 @@ def _as_schema_4(db, dim: int) -> None:
     for rid, blob in rows:
         v = np.frombuffer(bytes(blob), np.float16).astype(np.float32)
         updates.append(("UPDATE facts SET vector = ? WHERE rid = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), rid)))
-    _execute(db, updates + [("UPDATE meta SET value = '4' WHERE key = 'schema_version'", ())])
+    _execute(db, SCHEMA_5 + updates + [("UPDATE meta SET value = '4' WHERE key = 'schema_version'", ())])
 
 
 def test_a_row_holds_two_bytes_a_component(target, embedder):
@@ -61,7 +61,7 @@ def test_a_schema_4_store_is_migrated_by_its_first_writer(target, embedder):
     with pytest.raises(EvermindError, match="schema version 4"):
         MemoryStore(target, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(target, embedder) as store:
-        assert store.info()["schema_version"] == 5
+        assert store.info()["schema_version"] == 6
         lengths = {len(bytes(r[0])) for r in stored_rows(target, "SELECT vector FROM facts")}
         assert lengths == {2 * embedder.dimensions}
         after = {q: [h.id for h in store.recall(q, k=5, mode="vector")] for q in QUERIES}

@@ -13,6 +13,7 @@ from evermind_memory.adaptation import AdaptationPolicy
 from evermind_memory.errors import EvermindError, InvalidInput
 from evermind_memory.store import memory_store as memory_store_module
 from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
+from store_helpers import as_schema_5
 
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
 WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats", "lazy dogs", "news at eight"]
@@ -86,6 +87,7 @@ def test_only_the_newest_judgements_are_kept(db_path: Path, embedder, monkeypatc
 def test_a_first_release_store_migrates_to_the_current_schema(db_path: Path, embedder) -> None:
     with MemoryStore(db_path, embedder) as store:
         fid = store.remember("Ada drinks green tea")
+    as_schema_5(db_path)
     with sqlite3.connect(db_path) as conn:  # what schema 1 looked like: no feedback (2), leases or owners (3)
         conn.execute("DROP TABLE feedback")
         conn.execute("DROP TABLE leases")
@@ -95,7 +97,7 @@ def test_a_first_release_store_migrates_to_the_current_schema(db_path: Path, emb
     with pytest.raises(EvermindError, match="schema version 1"):
         MemoryStore(db_path, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(db_path, embedder) as store:
-        assert store.info()["schema_version"] == SCHEMA_VERSION == 5
+        assert store.info()["schema_version"] == SCHEMA_VERSION == 6
         assert store.get(fid).text == "Ada drinks green tea"
         store.feedback("tea", fid)
         assert store.info()["feedback"] == 1 and store.check().ok

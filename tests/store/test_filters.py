@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from evermind_memory import EvermindError, InvalidInput, MemoryStore
 from evermind_memory.store.backend.sqlite import SCHEMA_VERSION
+from store_helpers import as_schema_5
 from evermind_memory.store.backend.filter_sql import (
     INSERT_TAG_SQL, MIGRATION_3_TO_4, migrate_typed_tags, tag_from_row, tag_rows, to_postgres, to_sqlite,
 )
@@ -364,6 +365,7 @@ def test_fuzzed_filters_raise_only_invalid_input_and_what_parses_runs(schema_sql
 def downgrade(path: Path, version: int) -> None:
     """Turn a store file back into what schema 3 (no typed tags, expiry, pin, scope or links) or schema 2 (nor
     the many-writers leases and owners) looked like."""
+    as_schema_5(path)
     conn = sqlite3.connect(path, isolation_level=None)
     for name in ("fact_tags_num", "facts_expires", "facts_created", "facts_updated", "facts_scope"):
         conn.execute(f"DROP INDEX {name}")
@@ -434,7 +436,7 @@ def test_a_schema_2_store_opens_migrated_with_its_facts_and_history(tmp_path: Pa
     with pytest.raises(EvermindError, match="schema version 2"):
         MemoryStore(path, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(path, embedder) as s:
-        assert s.info()["schema_version"] == SCHEMA_VERSION == 5
+        assert s.info()["schema_version"] == SCHEMA_VERSION == 6
         fact = s.get(fid)
         assert (fact.tags, fact.source, fact.expires_at, fact.pinned, fact.scope) == ({"person": "ada"}, "chat", None, False, {})
         assert [c.op for c in s.history(gone)] == ["remember", "forget"]  # old history rows belong to the whole store

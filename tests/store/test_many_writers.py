@@ -226,7 +226,8 @@ def test_a_killed_rebuild_keeps_the_old_generation_and_is_taken_over(model_files
             follower.recall("fact 7 about tea", k=1)
         assert follower.recall("fact 7 about tea", k=1, mode="lexical")[0].id in ids
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM facts WHERE fingerprint IS NOT ?",
+        assert conn.execute("SELECT COUNT(*) FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id "
+                            "WHERE p.fingerprint IS NOT ?",
                             (other_embedder.fingerprint,)).fetchone()[0] == 0
 
 

@@ -378,7 +378,7 @@ def test_info_reports_sqlite_and_durability(tmp_path: Path, embedder):
     with MemoryStore(tmp_path / "f.db", embedder, durability="full") as store:
         info = store.info()
         assert info["durability"] == "full" and info["sqlite_version"] == sqlite3.sqlite_version
-        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 5
+        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 6
 
 
 def test_not_a_store_and_newer_schema_are_refused(tmp_path: Path, embedder):

@@ -41,14 +41,16 @@ import uuid
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+from ..._crash import crash_point
 from ...errors import EvermindError, InvalidInput, StorageError, StoreCorrupt, StoreLocked
 from . import vector_blobs
 from .base import utc_now
 from .codec import RepairCounts
 from .postgres_session import FTS_CONFIG, GEN_TABLE, PostgresSession
 
-SCHEMA_VERSION = 5  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases;
-# 5: vectors stored as float16, migrated from 4 by the first writer to open the store)
+SCHEMA_VERSION = 6  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases;
+# 5: vectors stored as float16, migrated from 4 by the first writer to open the store; 6: fingerprints stored once
+# and referenced by id, migrated from 5 the same way)
 COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
 LOCK_KEY = 0x45564D44  # "EVMD": the first half of the store's advisory lock (the second: its schema)
 CHANNEL = "evermind_changes"
@@ -405,6 +407,9 @@ class PostgresBackend:
             raw = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if raw is not None and raw[0] == "4":
                 self._compact_vectors(conn)
+                raw = ("5",)
+            if raw is not None and raw[0] == "5":
+                self._reference_fingerprints(conn)
             self._check_version(conn)
 
     @staticmethod
@@ -422,7 +427,24 @@ class PostgresBackend:
                 with conn.cursor() as cur:
                     cur.executemany(f"UPDATE {table} SET vector = %s WHERE {key} = %s", vector_blobs.compact_rows(rows))
                 last = rows[-1][0]
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+
+    @staticmethod
+    def _reference_fingerprints(conn: Any) -> None:
+        """Schema 5 -> 6 (inside _ensure_schema's transaction, which also records the version: a crash leaves
+        schema 5 whole): each fingerprint string stored once, in `fingerprints`, facts referencing it by id."""
+        from .postgres_schema import FINGERPRINT_INDEX_SQL, FINGERPRINTS_SQL
+
+        conn.execute(FINGERPRINTS_SQL)
+        conn.execute("INSERT INTO fingerprints (fingerprint) SELECT DISTINCT fingerprint FROM facts "
+                     "WHERE fingerprint IS NOT NULL ORDER BY fingerprint ON CONFLICT (fingerprint) DO NOTHING")
+        conn.execute("ALTER TABLE facts ADD COLUMN fingerprint_id bigint")
+        conn.execute("UPDATE facts f SET fingerprint_id = p.id FROM fingerprints p WHERE p.fingerprint = f.fingerprint")
+        conn.execute("DROP INDEX IF EXISTS facts_fingerprint")
+        conn.execute("ALTER TABLE facts DROP COLUMN fingerprint")
+        conn.execute(FINGERPRINT_INDEX_SQL)
         conn.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        crash_point("migrate.fingerprints")  # (before the transaction commits: tests/store/test_fingerprint_ids.py)
 
 
 class _Follower:

@@ -33,8 +33,9 @@ from .filter_sql import tag_row
 # (table, columns in canonical order, the columns holding times, key)
 TABLES = (
     ("meta", ("key", "value"), (), "key"),
-    ("facts", ("rid", "id", "text", "tags", "source", "created_at", "updated_at", "vector", "fingerprint", "label", "seq",
-               "owner", "expires_at", "pinned", "scope"), ("created_at", "updated_at", "expires_at"), "rid"),
+    ("fingerprints", ("id", "fingerprint"), (), "id"),  # (before facts, which reference them by id)
+    ("facts", ("rid", "id", "text", "tags", "source", "created_at", "updated_at", "vector", "fingerprint_id", "label",
+               "seq", "owner", "expires_at", "pinned", "scope"), ("created_at", "updated_at", "expires_at"), "rid"),
     ("changes", ("seq", "fact_id", "op", "at", "text", "tags", "source", "vector_added", "label_removed", "scope", "link"),
      ("at",), "seq"),
     ("feedback", ("id", "at", "query", "fact_id", "useful"), ("at",), "id"),
@@ -133,7 +134,7 @@ def _load_postgres(tx: Any, table: str, cols: tuple[str, ...], times: tuple[str,
         with conn.cursor() as cur, cur.copy("COPY fact_tags (fact_id, key, value, vtype, num) FROM STDIN") as copy:
             for t in tags:
                 copy.write_row(t)
-    if table in ("facts", "feedback"):
+    if table in ("facts", "feedback", "fingerprints"):
         key = "rid" if table == "facts" else "id"
         conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{key}'), "  # (our names)
                      f"GREATEST((SELECT MAX({key}) FROM {table}), 1))")

@@ -75,7 +75,7 @@ def repair(s: PostgresSession, dim: int) -> RepairCounts:
             counts.note(f"fact {row.id}: tags restored")
         if blob is not None and not vector_blobs.intact(blob, dim):
             seq += 1
-            s.conn.execute("UPDATE facts SET vector = NULL, label = NULL, fingerprint = NULL, owner = NULL, seq = %s "
+            s.conn.execute("UPDATE facts SET vector = NULL, label = NULL, fingerprint_id = NULL, owner = NULL, seq = %s "
                            "WHERE rid = %s", (seq, row.rid))
             s._log([(seq, row.id, "reembed", when(now), None, None, None, 0, row.label, row.scope, None)])
             _quarantine(s, row, "its vector is damaged", "vector cleared: it is embedded again")

@@ -45,9 +45,9 @@ _INSERT = (
     "n AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[], "
     "%s::bytea[], %s::timestamptz[], %s::smallint[], %s::text[], %s::text[]) WITH ORDINALITY "
     "AS n(id, text, tags, source, created_at, updated_at, vector, expires_at, pinned, scope, link, o)), "
-    "f AS (INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, "
+    "f AS (INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, "
     "expires_at, pinned, scope, owner) SELECT n.id, n.text, n.tags, n.source, n.created_at, n.updated_at, n.vector, "
-    "%s, CASE WHEN n.vector IS NULL THEN NULL ELSE s.head + n.o END, s.head + n.o, n.expires_at, n.pinned, n.scope, "
+    "%s::bigint, CASE WHEN n.vector IS NULL THEN NULL ELSE s.head + n.o END, s.head + n.o, n.expires_at, n.pinned, n.scope, "
     "%s FROM n, s ORDER BY n.o RETURNING rid), "
     "c AS (INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
     "SELECT s.head + n.o, n.id, 'remember', n.updated_at, n.text, n.tags, n.source, %s, NULL, n.scope, n.link "
@@ -61,7 +61,7 @@ _SET_VECTORS = (
     "WITH s AS (SELECT COALESCE(MAX(seq), 0) AS head FROM changes), "
     "v AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bytea[]) WITH ORDINALITY "
     "AS v(rid, fid, old, vector, o)), "
-    "u AS (UPDATE facts f SET vector = v.vector, fingerprint = %s, label = s.head + v.o, seq = s.head + v.o, "
+    "u AS (UPDATE facts f SET vector = v.vector, fingerprint_id = %s, label = s.head + v.o, seq = s.head + v.o, "
     "owner = NULL FROM v, s WHERE f.rid = v.rid RETURNING f.rid, f.scope), "
     "c AS (INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
     "SELECT s.head + v.o, v.fid, 'reembed', %s, NULL, NULL, NULL, 1, v.old, COALESCE(u.scope, ''), NULL "
@@ -138,7 +138,7 @@ class PostgresSession(Session):
         self.conn.cursor().executemany(POSTGRES.statement(sql), rows)
 
     def _storage_bytes(self) -> tuple[int, int]:
-        tables = ["facts", "fact_tags", "changes", "feedback", "leases", "meta", GEN_TABLE, "fts_terms", "fts_stats",
+        tables = ["facts", "fingerprints", "fact_tags", "changes", "feedback", "leases", "meta", GEN_TABLE, "fts_terms", "fts_stats",
                   "adapters"]
         return self._scalar("SELECT COALESCE(SUM(pg_total_relation_size(to_regclass(t))), 0) FROM unnest(?::text[]) t",
                             (tables,)), 0
@@ -256,8 +256,8 @@ class PostgresSession(Session):
             for k, v in tags.items():
                 for col, value in zip(tag_cols, tag_row(fid, k, v)):
                     col.append(value)
-        head, first = self._one(_INSERT, [*cols, fingerprint if has_vec else None, None if has_vec else owner,
-                                          int(has_vec), *tag_cols])
+        fp = self._fingerprint_id(fingerprint) if has_vec and fingerprint is not None else None
+        head, first = self._one(_INSERT, [*cols, fp, None if has_vec else owner, int(has_vec), *tag_cols])
         self.changed = True
         return list(range(head + 1, head + 1 + len(items))), int(first)
 
@@ -268,7 +268,8 @@ class PostgresSession(Session):
         rids = [int(r) for r, _, _ in rows]
         ids = [fid for _, fid, _ in rows]
         old = [None if label is None else int(label) for _, _, label in rows]
-        head = self._scalar(_SET_VECTORS, (rids, ids, old, [_blob(v) for v in vectors], fingerprint, when(now)))
+        head = self._scalar(_SET_VECTORS, (rids, ids, old, [_blob(v) for v in vectors], self._fingerprint_id(fingerprint),
+                                            when(now)))
         self.changed = True
         return [(head + i, label) for i, label in enumerate(old, start=1)]
 

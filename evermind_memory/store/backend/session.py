@@ -40,11 +40,20 @@ GEN_JOIN = (f"SELECT f.label, CASE WHEN g.vector IS NULL THEN f.text END, g.vect
             f"{GEN_TABLE} g ON g.label = f.label AND g.fingerprint = ? WHERE ")  # generation_rows, before its condition
 
 
+# A fingerprint as the id its facts reference (schema 6: each fingerprint string is stored once, in
+# `fingerprints`); 0, which no fingerprint has, for one no fact references yet, so that `fingerprint_id = ...`
+# matches no row and `fingerprint_id IS NOT ...` every row, as the string comparisons did.
+FINGERPRINT_ID = "COALESCE((SELECT id FROM fingerprints WHERE fingerprint = ?), 0)"
+
+
 def fact_columns(dialect: Dialect, alias: str = "") -> str:
-    """The select list of a FactRow (its fields, in order; `tags_json` is the `tags` column) over `alias`."""
+    """The select list of a FactRow (its fields, in order; `tags_json` is the `tags` column) over `alias` (or
+    `facts`); the fingerprint is read from `fingerprints` by the id the row references."""
     a = f"{alias}." if alias else ""
     names = ["tags" if f == "tags_json" else f for f in FactRow._fields]
-    return ", ".join(dialect.time_column(a + n) if n in TIME_COLUMNS else a + n for n in names)
+    fingerprint = f"(SELECT p.fingerprint FROM fingerprints p WHERE p.id = {alias or 'facts'}.fingerprint_id)"
+    return ", ".join(dialect.time_column(a + n) if n in TIME_COLUMNS else fingerprint if n == "fingerprint" else a + n
+                     for n in names)
 
 
 class Session:
@@ -85,6 +94,13 @@ class Session:
 
     def _selection(self, sel: Selection) -> tuple[str, list]:
         return compile_selection(sel, self.dialect, "f")
+
+    def _fingerprint_id(self, fingerprint: str) -> int:
+        """The id facts reference `fingerprint` by, stored now if no fact did yet (inside a write transaction)."""
+        row = self._one("SELECT id FROM fingerprints WHERE fingerprint = ?", (fingerprint,))
+        if row is None:
+            row = self._one("INSERT INTO fingerprints (fingerprint) VALUES (?) RETURNING id", (fingerprint,))
+        return int(row[0])
 
     # ---- meta ----------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -142,7 +158,7 @@ class Session:
     def count(self, fingerprint: str | None = None) -> int:
         if fingerprint is None:
             return self._scalar("SELECT COUNT(*) FROM facts")
-        return self._scalar("SELECT COUNT(*) FROM facts WHERE fingerprint = ?", (fingerprint,))
+        return self._scalar(f"SELECT COUNT(*) FROM facts WHERE fingerprint_id = {FINGERPRINT_ID}", (fingerprint,))
 
     def fetch(self, fact_id: str) -> FactRow | None:
         row = self._one(f"SELECT {self._cols} FROM facts WHERE id = ?", (fact_id,))
@@ -168,7 +184,7 @@ class Session:
         where, params = self._selection(sel)
         if fingerprint is None:
             return self._scalar(f"SELECT COUNT(*) FROM facts f WHERE {where}", params)
-        return self._scalar(f"SELECT COUNT(*) FROM facts f WHERE {self.dialect.hint}f.fingerprint = ? AND {where}",
+        return self._scalar(f"SELECT COUNT(*) FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} AND {where}",
                             [fingerprint, *params])
 
     def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
@@ -211,14 +227,14 @@ class Session:
         rows: list = []
         if labels is not None:
             for cond, params in self.dialect.in_list("label", [int(x) for x in labels]):
-                rows += self._all(f"SELECT label, vector FROM facts WHERE fingerprint = ? AND {cond}",
+                rows += self._all(f"SELECT label, vector FROM facts WHERE fingerprint_id = {FINGERPRINT_ID} AND {cond}",
                                   [fingerprint, *params], binary=True)
         elif sel is None:  # every vector (the index holds expired facts too, until they are swept)
-            rows = self._all("SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = ? ORDER BY f.label",
+            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint_id = {FINGERPRINT_ID} ORDER BY f.label",
                              (fingerprint,), binary=True)
         else:
             where, params = self._selection(sel)
-            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE {self.dialect.hint}f.fingerprint = ? "
+            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} "
                              f"AND {where} ORDER BY f.label", [fingerprint, *params], binary=True)
         ok, matrix = vector_blobs.read([r[1] for r in rows], dim)  # (N,), (N, D)
         out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
@@ -227,7 +243,7 @@ class Session:
         return out, matrix
 
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
-        rows = self._all("SELECT label, text, vector FROM facts WHERE fingerprint = ? AND label IS NOT NULL "
+        rows = self._all(f"SELECT label, text, vector FROM facts WHERE fingerprint_id = {FINGERPRINT_ID} AND label IS NOT NULL "
                          "AND vector IS NOT NULL ORDER BY label", (fingerprint,), binary=True)
         ok = vector_blobs.read([r[2] for r in rows], dim)[0].tolist()  # (the vectors `vectors(labels=...)` gives)
         kept = [r for r, fine in zip(rows, ok) if fine]
@@ -237,23 +253,23 @@ class Session:
     def labels(self, fingerprint: str | None) -> set[int]:
         if fingerprint is None:
             return {r[0] for r in self._all("SELECT label FROM facts WHERE label IS NOT NULL")}
-        return {r[0] for r in self._all("SELECT label FROM facts WHERE fingerprint = ?", (fingerprint,))}
+        return {r[0] for r in self._all(f"SELECT label FROM facts WHERE fingerprint_id = {FINGERPRINT_ID}", (fingerprint,))}
 
     def selected_labels(self, sel: Selection, fingerprint: str) -> np.ndarray:
         where, params = self._selection(sel)
-        rows = self._all(f"SELECT f.label FROM facts f WHERE {self.dialect.hint}f.fingerprint = ? AND {where}",
+        rows = self._all(f"SELECT f.label FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} AND {where}",
                          [fingerprint, *params])
         return np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
 
     def expired_labels(self, fingerprint: str, now: datetime) -> set[int]:
         return {r[0] for r in self._all(f"SELECT label FROM facts WHERE expires_at <= ? AND {self.dialect.hint}"
-                                        "fingerprint = ?", (self.dialect.time_param(now), fingerprint))}
+                                        f"fingerprint_id = {FINGERPRINT_ID}", (self.dialect.time_param(now), fingerprint))}
 
     def _stale_sql(self, include_waiting: bool) -> str:
         """The WHERE condition (one `?`: the current fingerprint) for stale vectors, with or without missing ones."""
         if include_waiting:
-            return f"(fingerprint {self.dialect.distinct} ? OR vector IS NULL)"
-        return f"(vector IS NOT NULL AND fingerprint {self.dialect.distinct} ?)"
+            return f"(fingerprint_id {self.dialect.distinct} {FINGERPRINT_ID} OR vector IS NULL)"
+        return f"(vector IS NOT NULL AND fingerprint_id {self.dialect.distinct} {FINGERPRINT_ID})"
 
     def stale(self, fingerprint: str | None, limit: int, *, after_rid: int = 0,
               include_waiting: bool = True) -> list[StaleRow]:
@@ -269,8 +285,8 @@ class Session:
         return self._scalar(f"SELECT COUNT(*) FROM facts WHERE {self._stale_sql(include_waiting)}", (fingerprint,))
 
     def count_foreign(self, fingerprint: str) -> int:
-        return self._scalar(f"SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND fingerprint "
-                            f"{self.dialect.distinct} ?", (fingerprint,))
+        return self._scalar(f"SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND fingerprint_id "
+                            f"{self.dialect.distinct} {FINGERPRINT_ID}", (fingerprint,))
 
     def waiting(self) -> list[WaitingRow]:
         return [WaitingRow._make(r) for r in self._all("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
@@ -301,7 +317,7 @@ class Session:
     def feedback_pairs(self, fingerprint: str) -> list[tuple[str, int]]:
         return [(r[0], r[1]) for r in self._all(
             "SELECT f.query, facts.label FROM feedback f JOIN facts ON facts.id = f.fact_id "
-            "WHERE facts.fingerprint = ? AND facts.label IS NOT NULL AND f.id = "
+            f"WHERE facts.fingerprint_id = {FINGERPRINT_ID} AND facts.label IS NOT NULL AND f.id = "
             "(SELECT MAX(g.id) FROM feedback g WHERE g.query = f.query AND g.fact_id = f.fact_id) AND f.useful = 1 "
             "ORDER BY f.id", (fingerprint,))]
 
@@ -333,9 +349,10 @@ class Session:
         text_set = "text = ?, " if text != row.text else ""  # (an unchanged text keeps its full-text entry)
         params = [text] if text_set else []
         if vector is not None:
-            self._run(f"UPDATE facts SET {text_set}tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint = ?, "
+            self._run(f"UPDATE facts SET {text_set}tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint_id = ?, "
                       "label = ?, seq = ?, expires_at = ?, pinned = ? WHERE rid = ?",
-                      [*params, tj, source, d.text_time(now), self._encode(vector), fingerprint, seq, seq,
+                      [*params, tj, source, d.text_time(now), self._encode(vector),
+                       None if fingerprint is None else self._fingerprint_id(fingerprint), seq, seq,
                        d.text_time(expires_at), int(pinned), row.rid])
         else:
             self._run(f"UPDATE facts SET {text_set}tags = ?, source = ?, updated_at = ?, seq = ?, expires_at = ?, "
@@ -420,5 +437,5 @@ class Session:
 
     def generation_adopt(self, fingerprint: str) -> None:
         self._run(f"UPDATE facts SET vector = (SELECT g.vector FROM {GEN_TABLE} g WHERE g.label = facts.label "
-                  "AND g.fingerprint = ?), fingerprint = ?", (fingerprint, fingerprint))
+                  "AND g.fingerprint = ?), fingerprint_id = ?", (fingerprint, self._fingerprint_id(fingerprint)))
         self.changed = True

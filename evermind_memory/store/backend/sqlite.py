@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..._crash import crash_point
 from ...errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from ..identity import FileIdentity, identify, resolve
 from . import vector_blobs
@@ -37,8 +38,9 @@ from .sqlite_session import GEN_TABLE, SQLiteSession
 
 # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: many writer
 # processes: + leases, + facts.owner (who embeds a waiting fact); 4: typed tags, expires_at, pinned, scopes,
-# history links (issue 20); 5: vectors stored as float16 (issue 34: half the bytes of a row's vector)
-SCHEMA_VERSION = 5
+# history links (issue 20); 5: vectors stored as float16 (issue 34: half the bytes of a row's vector); 6: each
+# embedder fingerprint stored once, in `fingerprints`, and referenced by id from facts.fingerprint_id (issue 34)
+SCHEMA_VERSION = 6
 FTS_TABLE_SQL = ("CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
                  "tokenize='porter unicode61')")
 FTS_CHECK_SQL = "INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)"  # FTS5's deep check
@@ -46,7 +48,7 @@ WAL_SIZE_LIMIT = 64 << 20  # bytes a reset WAL file is truncated back to
 SQLITE_FIXED = ((3, 51, 3), (3, 50, 7), (3, 44, 6))  # WAL-reset bug fixed in these (and later) releases
 # The tables a store of SCHEMA_VERSION has: those _create_schema makes (tests/store/test_backend.py checks it).
 EXPECTED_TABLES = frozenset({"changes", "fact_tags", "facts", "facts_fts", "facts_fts_config", "facts_fts_data",
-                             "facts_fts_docsize", "facts_fts_idx", "feedback", "leases", "meta"})
+                             "facts_fts_docsize", "facts_fts_idx", "feedback", "fingerprints", "leases", "meta"})
 # Text columns are decoded by us: a damaged byte in one row's text then yields that row (with lone surrogates,
 # which the row's reader refuses: backend.FactRow) instead of failing the whole query it belongs to.
 _decode_text = functools.partial(str, encoding="utf-8", errors="surrogateescape")
@@ -90,10 +92,30 @@ def _compact_vectors(conn: sqlite3.Connection) -> None:
             last = rows[-1][0]
 
 
+FINGERPRINTS_SQL = "CREATE TABLE IF NOT EXISTS fingerprints (id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL UNIQUE)"
+FINGERPRINT_INDEX_SQL = "CREATE INDEX facts_fingerprint ON facts (fingerprint_id, label)"
+
+
+def _reference_fingerprints(conn: sqlite3.Connection) -> None:
+    """Schema 6: each fingerprint string stored once, in `fingerprints`, and facts referencing it by id (issue
+    34: the string and its index cost ~140 bytes a fact). Inside the migration's one transaction, with the
+    version it records, so a crash leaves schema 5 whole and the next writer runs it again from the start."""
+    conn.execute(FINGERPRINTS_SQL)
+    conn.execute("INSERT OR IGNORE INTO fingerprints (fingerprint) SELECT DISTINCT fingerprint FROM facts "
+                 "WHERE fingerprint IS NOT NULL ORDER BY fingerprint")
+    conn.execute("ALTER TABLE facts ADD COLUMN fingerprint_id INTEGER")
+    conn.execute("UPDATE facts SET fingerprint_id = (SELECT p.id FROM fingerprints p WHERE p.fingerprint = "
+                 "facts.fingerprint) WHERE fingerprint IS NOT NULL")
+    conn.execute("DROP INDEX IF EXISTS facts_fingerprint")
+    conn.execute("ALTER TABLE facts DROP COLUMN fingerprint")  # (SQLite 3.35+; rewrites the table once)
+    conn.execute(FINGERPRINT_INDEX_SQL)
+    crash_point("migrate.fingerprints")  # (before the transaction commits: tests/store/test_fingerprint_ids.py)
+
+
 COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners, 3: migrate_typed_tags,
-                                                              4: _compact_vectors}
+                                                              4: _compact_vectors, 5: _reference_fingerprints}
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:
@@ -502,12 +524,13 @@ class SQLiteBackend:
         db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"})
         db["facts"].create(
             {"rid": int, "id": str, "text": str, "tags": str, "source": str, "created_at": str, "updated_at": str,
-             "vector": bytes, "fingerprint": str, "label": int, "seq": int, "owner": str},
+             "vector": bytes, "fingerprint_id": int, "label": int, "seq": int, "owner": str},
             pk="rid", not_null={"id", "text", "tags", "created_at", "updated_at", "seq"},
         )
         db["facts"].create_index(["id"], index_name="facts_id", unique=True)
         db["facts"].create_index(["label"], index_name="facts_label", unique=True)
-        db["facts"].create_index(["fingerprint", "label"], index_name="facts_fingerprint")
+        conn.execute(FINGERPRINTS_SQL)
+        conn.execute(FINGERPRINT_INDEX_SQL)
         conn.execute("CREATE INDEX facts_waiting ON facts (owner) WHERE vector IS NULL")
         db["fact_tags"].create(
             {"fact_id": str, "key": str, "value": str}, pk=("fact_id", "key"),

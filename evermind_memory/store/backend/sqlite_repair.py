@@ -31,7 +31,8 @@ QUARANTINE_SQL = (
     "tbl TEXT NOT NULL, fact_id TEXT, reason TEXT NOT NULL, action TEXT NOT NULL, data TEXT NOT NULL)"
 )
 FACT_RAW = ("SELECT rid, id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, "
-            "fingerprint, label, seq, expires_at, scope FROM facts")
+            "(SELECT p.fingerprint FROM fingerprints p WHERE p.id = facts.fingerprint_id), label, seq, expires_at, scope "
+            "FROM facts")
 MISSES_BEFORE_STOP = 4096  # salvage: consecutive missing rowids after which a table is taken as ended
 
 
@@ -225,7 +226,7 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
                 sets[name] = log.get(name) or (other if _ok_time(other) else now)
                 reasons.append(f"{name} unreadable: now {sets[name]}")
         if "vector" in faults or "label" in faults:
-            sets.update(vector=None, fingerprint=None, label=None, owner=None)
+            sets.update(vector=None, fingerprint_id=None, label=None, owner=None)
             reasons.append("vector damaged: cleared, to be embedded again")
             counts.vectors_cleared += 1
             if row["label"] is not None:
@@ -322,10 +323,16 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                 counts.note(f"change {row[0]} unreadable: left out")
     seen_ids: set[str] = set()
     if _has(src, "facts"):
-        cols = "id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, fingerprint, label, seq, " + (
+        # A store of schema 6 references its fingerprints by id: read them apart (a lost page of them leaves
+        # those facts' vectors without a fingerprint, cleared by the repair that follows, and the facts kept).
+        by_id = dict(_rows(src, "fingerprints", "fingerprint", "id", counts)) if _has(src, "fingerprints") else None
+        fp_col = "fingerprint" if by_id is None else "fingerprint_id"
+        cols = f"id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, {fp_col}, label, seq, " + (
             "expires_at, pinned, scope" if _has_column(src, "facts", "scope") else "NULL, 0, ''")
         for (rid, fid, ttype, text, tags, source, created, updated, vec, fp, label, seq, expires, pinned,
              scope) in _rows(src, "facts", cols, "rid", counts):
+            if by_id is not None:
+                fp = by_id.get(fp)
             row = dict(rid=rid, id=fid, text_type=ttype, text=text, tags=tags, source=source, created_at=created,
                        updated_at=updated, vector=vec, fingerprint=fp, label=label, seq=seq)
             kept = (expires if _ok_time(expires) else None, 1 if pinned == 1 and not _ok_time(expires) else 0,
@@ -335,12 +342,12 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                 quarantine(dst, "facts", fid, "a second row with the id of another fact: given a new id", "repaired", row)
             try:
                 dst.execute(
-                    "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, vector, fingerprint, label, "
+                    "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, "
                     "seq, owner, expires_at, pinned, scope) VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, NULL, "
                     "?, ?, ?)",
                     (rid, fid if isinstance(fid, str) else new_id(), text if isinstance(text, bytes) else b"",
                      tags if isinstance(tags, str) else "{}", source, created if isinstance(created, str) else "",
-                     updated if isinstance(updated, str) else "", vec, fp, label if isinstance(label, int) else None,
+                     updated if isinstance(updated, str) else "", vec, _fingerprint_id(dst, fp), label if isinstance(label, int) else None,
                      seq if isinstance(seq, int) else 0, *kept))
             except sqlite3.IntegrityError:  # a label another row holds: keep the fact, embed it again
                 dst.execute(
@@ -375,6 +382,17 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                     dst.execute(f"INSERT INTO {table} (id, {cols}) VALUES (?, ?, ?, ?, ?)", row)
                 except sqlite3.Error:
                     pass
+
+
+def _fingerprint_id(conn: sqlite3.Connection, fingerprint: Any) -> int | None:
+    """The id a salvaged fact references `fingerprint` by in the new store (None for no fingerprint, or one that
+    is not text: its vector is then cleared by the repair)."""
+    if not isinstance(fingerprint, str) or not ok_text(fingerprint):
+        return None
+    row = conn.execute("SELECT id FROM fingerprints WHERE fingerprint = ?", (fingerprint,)).fetchone()
+    if row is None:
+        row = conn.execute("INSERT INTO fingerprints (fingerprint) VALUES (?) RETURNING id", (fingerprint,)).fetchone()
+    return int(row[0])
 
 
 def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:

@@ -4,7 +4,7 @@ chunks, text times) and the rest here: FTS5 search and upkeep, inserts, integrit
 
 Plain parameterised SQL (R19: never a value in the text). Rows come back as the named tuples of
 backend/base.py. Which facts a read sees is a `Selection`, compiled by backend/filter_sql.py into one condition
-on `facts f`; other indexed equalities next to it carry a unary plus (`+f.fingerprint = ?`, the Dialect's
+on `facts f`; other indexed equalities next to it carry a unary plus (`+f.fingerprint_id = ?`, the Dialect's
 `hint`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it would otherwise
 start from the fingerprint index and probe every fact: 94 ms against 0.09 ms at 50k facts,
 benchmarks/filter_speed.py). Full-text matching is planned by store/lexical.py (which FTS5 terms to match, from
@@ -31,7 +31,7 @@ FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
 _INSERT_FACT = (
-    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, expires_at, "
+    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 def _blob(vector: np.ndarray) -> bytes:
@@ -211,13 +211,14 @@ class SQLiteSession(Session):
         fact_rows, change_rows, tag_rows = [], [], []
         tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
         has_vec = vectors is not None
+        fp = self._fingerprint_id(fingerprint) if has_vec and fingerprint is not None else None
         for i, (seq, item) in enumerate(zip(seqs, items)):
             fid, text, tags, source, created, updated, expires, pinned, scope, replaces = item
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             blob = _blob(vectors[i]) if has_vec else None
-            fact_rows.append((fid, text, tj, source, created, updated, blob, fingerprint, seq if has_vec else None, seq,
+            fact_rows.append((fid, text, tj, source, created, updated, blob, fp, seq if has_vec else None, seq,
                               expires, int(pinned), scope, None if has_vec else owner))
             change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None, scope, replaces))
             tag_rows.extend(tag_row(fid, k, v) for k, v in tags.items())
@@ -237,14 +238,15 @@ class SQLiteSession(Session):
     def set_vectors(self, rows: Sequence[tuple[int, str, int | None]], vectors: np.ndarray, fingerprint: str,
                     now: str) -> list[tuple[int, int | None]]:
         seq = self.max_seq()
+        fp = self._fingerprint_id(fingerprint)
         scopes: dict[int, str] = {}
         for cond, params in SQLITE.in_list("rid", [rid for rid, _, _ in rows]):
             scopes.update(self._all(f"SELECT rid, scope FROM facts WHERE {cond}", params))
         out, changes = [], []
         for (rid, fid, old_label), vec in zip(rows, vectors):
             seq += 1
-            self.conn.execute("UPDATE facts SET vector = ?, fingerprint = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
-                              (_blob(vec), fingerprint, seq, seq, rid))
+            self.conn.execute("UPDATE facts SET vector = ?, fingerprint_id = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
+                              (_blob(vec), fp, seq, seq, rid))
             changes.append((seq, fid, "reembed", now, None, None, None, 1, old_label, scopes.get(rid, ""), None))
             out.append((seq, old_label))
         self._log(changes)
