@@ -5,11 +5,11 @@ over 100 user scopes).
 Each query fetches (label, vector) of the matching facts with the store's fingerprint, as vector recall does
 before an exact search. Systems, side by side on the same file:
   legacy tags       the old tagged_from_sql: the FROM clause starts at fact_tags (exact str tags only)
-  compiled          f.fingerprint = ? AND <to_sqlite(filter)>: SQLite (no ANALYZE statistics, as in a store)
+  compiled          f.fingerprint_id = ? AND <to_sqlite(filter)>: SQLite (no ANALYZE statistics, as in a store)
                     drives from the fingerprint index and probes every fact with that fingerprint
-  compiled +fp      +f.fingerprint = ? AND <to_sqlite(filter)>: the unary + keeps the fingerprint a row test,
+  compiled +fp      +f.fingerprint_id = ? AND <to_sqlite(filter)>: the unary + keeps the fingerprint a row test,
                     so SQLite drives from the filter's own index (tag subquery -> facts_id, facts_created)
-  store             what the store runs: +f.fingerprint = ? AND <selection_sql(...)>, the filter plus the
+  store             what the store runs: +f.fingerprint_id = ? AND <selection_sql(...)>, the filter plus the
                     expiry condition (the whole store's handle)
   store, 1 user     the same in one user's scope view (the scope condition too; 1% of the facts)
   python filter     every row read, Filter.matches in Python (the in-memory evaluator, for scale)
@@ -37,12 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from evermind_memory.store.backend import Selection, open_backend  # noqa: E402
+from evermind_memory.store.backend.session import FINGERPRINT_ID  # noqa: E402
 from evermind_memory.store.backend.filter_sql import INSERT_TAG_SQL, selection_sql, tag_rows, to_sqlite  # noqa: E402
 from evermind_memory.store.filters import parse_where  # noqa: E402
 from evermind_memory.store.timing import time_text  # noqa: E402
 
 DIM = 256
 FP = "bench-fp"
+FP_ID = 1  # its row in `fingerprints` (schema 6: facts reference it by id)
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
 
@@ -59,6 +61,7 @@ def build(path: Path, n: int, rng: np.random.Generator) -> list[dict]:
     open_backend(str(path), read_only=False, durability="normal", busy_timeout=5.0).close()
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
+    conn.execute("INSERT INTO fingerprints (id, fingerprint) VALUES (?, ?)", (FP_ID, FP))
     users, teams = rng.integers(0, 1000, n), rng.integers(0, 10, n)
     nums, flags = rng.integers(0, 1000, n), rng.random(n) < 0.5
     vecs = rng.standard_normal((n, DIM)).astype("<f4")  # (N, D)
@@ -68,10 +71,10 @@ def build(path: Path, n: int, rng: np.random.Generator) -> list[dict]:
         created = T0 + timedelta(minutes=int(i))
         facts.append({"tags": tags, "source": "chat" if i % 3 else "mail", "created_at": created, "updated_at": created})
         conn.execute(
-            "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint, label, seq, scope) "
+            "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, scope) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (f"f{i}", f"fact {i}", json.dumps(tags), facts[-1]["source"], time_text(created), time_text(created),
-             vecs[i].tobytes(), FP, i, i, f"user=s{i % 100}"),
+             vecs[i].tobytes(), FP_ID, i, i, f"user=s{i % 100}"),
         )
         conn.executemany(INSERT_TAG_SQL, tag_rows(f"f{i}", tags))
     conn.execute("COMMIT")
@@ -120,17 +123,17 @@ def main() -> None:
             f = parse_where(where)
             sql, params = to_sqlite(f)
             compiled = lambda: conn.execute(  # noqa: E731
-                f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint = ? AND {sql}", [FP, *params]).fetchall()
+                f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint_id = {FINGERPRINT_ID} AND {sql}", [FP, *params]).fetchall()
             t_new, rows = timed(compiled, args.repeat)
             plus = lambda: conn.execute(  # noqa: E731
-                f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {sql}", [FP, *params]).fetchall()
+                f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint_id = {FINGERPRINT_ID} AND {sql}", [FP, *params]).fetchall()
             t_plus, plus_rows = timed(plus, args.repeat)
             assert plus_rows == rows, (name, plus_rows, rows)
             times_store = []
             for scope in ("", "user=s7"):
                 ssql, sparams = selection_sql(Selection(f, scope, now))
                 store_q = lambda: conn.execute(  # noqa: E731
-                    f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint = ? AND {ssql}", [FP, *sparams]).fetchall()
+                    f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint_id = {FINGERPRINT_ID} AND {ssql}", [FP, *sparams]).fetchall()
                 t_s, s_rows = timed(store_q, args.repeat)
                 assert scope or s_rows == rows, (name, s_rows, rows)
                 times_store.append(t_s)
@@ -138,7 +141,7 @@ def main() -> None:
             if legacy is not None:
                 src, lp = tagged_from_sql(legacy)
                 old = lambda: conn.execute(  # noqa: E731
-                    f"SELECT f.label, f.vector FROM {src} WHERE f.fingerprint = ?", [*lp, FP]).fetchall()
+                    f"SELECT f.label, f.vector FROM {src} WHERE f.fingerprint_id = {FINGERPRINT_ID}", [*lp, FP]).fetchall()
                 t_old, old_rows = timed(old, args.repeat)
                 assert old_rows == rows, (name, old_rows, rows)
             t_py, py_rows = timed(lambda: [x for x in facts if f.matches(x)], max(1, args.repeat // 2))
