@@ -67,7 +67,7 @@ def build(path: Path, n: int, rng: np.random.Generator) -> list[dict]:
     vecs = rng.standard_normal((n, DIM)).astype("<f4")  # (N, D)
     facts = []
     for i in range(n):
-        tags = {"user": f"u{users[i]}", "team": f"t{teams[i]}", "n": int(nums[i]), "flag": bool(flags[i])}
+        tags = {"owner": f"u{users[i]}", "team": f"t{teams[i]}", "n": int(nums[i]), "flag": bool(flags[i])}
         created = T0 + timedelta(minutes=int(i))
         facts.append({"tags": tags, "source": "chat" if i % 3 else "mail", "created_at": created, "updated_at": created})
         conn.execute(
@@ -106,10 +106,10 @@ def main() -> None:
         print(f"{args.facts:,} facts built in {time.perf_counter() - t:.1f} s; SQLite {sqlite3.sqlite_version}")
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         queries = [
-            ("user = u7 (0.1%)", {"user": "u7"}, {"user": "u7"}),
+            ("owner = u7 (0.1%)", {"owner": "u7"}, {"owner": "u7"}),
             ("team = t3 (10%)", {"team": "t3"}, {"team": "t3"}),
-            ("user AND team", {"user": "u7", "team": "t3"}, {"user": "u7", "team": "t3"}),
-            ("user in 2 ($or)", {"$or": [{"user": "u7"}, {"user": "u8"}]}, None),
+            ("owner AND team", {"owner": "u7", "team": "t3"}, {"owner": "u7", "team": "t3"}),
+            ("owner in 2 ($or)", {"$or": [{"owner": "u7"}, {"owner": "u8"}]}, None),
             ("n < 10 (1%)", {"n": {"$lt": 10}}, None),
             ("team AND n < 100", {"team": "t3", "n": {"$lt": 100}}, None),
             ("created_at last 1%", {"created_at": {"$gte": time_text(T0 + timedelta(minutes=int(args.facts * 0.99)))}}, None),
