@@ -158,6 +158,16 @@ class WordNet:
                 out.append(w)
         return sorted(set(out))
 
+    def names(self, root: str, gloss_part: str = "", depth: int = 4, max_words: int = 3) -> list[str]:
+        """Proper names below `root` (instances such as a writer, or capitalised kinds such as a language): the
+        synset's full name where it has one ("Charles Dickens" before "Dickens"), of at most max_words words."""
+        out = []
+        for off in sorted(self.below(self.find(root, gloss_part), depth)):
+            cands = [w for w in self.words[off] if w[:1].isupper() and "(" not in w and len(w.split()) <= max_words]
+            if cands:
+                out.append(max(cands, key=lambda w: (len(w.split()), -self.words[off].index(w))))
+        return sorted(set(out))
+
     def cities(self) -> list[tuple[str, str]]:
         """(city, country) for cities, capitals and ports whose part holonym is a country (by its gloss)."""
         country = re.compile(r"\b(republic|kingdom|country|monarchy|nation|principality|sultanate|emirate)\b")
@@ -175,8 +185,32 @@ class WordNet:
         return sorted(set(out))
 
 
-def vocabulary(wordnet: Path, reserved: set[str]) -> dict[str, list]:
-    """Every slot's values: WordNet's lists, Faker's names and jobs, and the lists above; reserved words out."""
+TREATMENTS = ("medication", "regular check-ups", "a specialist's care", "physiotherapy", "a strict diet", "daily tablets",
+              "an inhaler", "rest and fluids")
+
+
+def broad_values(wn: WordNet) -> dict[str, list]:
+    """More values for the kinds of fact whose questions name a category and whose facts name a member of it
+    (sports, illnesses, writers, languages, things people dislike): every member WordNet lists, so the student
+    learns the category from many members instead of a few dozen (benchmarks/results/personal/personal_kinds.txt:
+    the kinds the shipped model loses most on are exactly those with the shortest value lists)."""
+    illness = [w for w in wn.lemmas("disease", "impairment of health", 3) + wn.lemmas("illness", "impairment of normal", 3)
+               if len(w) < 28]
+    rng = random.Random(0)
+    return {
+        "sport": [w for w in wn.lemmas("sport", "active diversion", 4) if len(w) < 24],
+        "condition": [(w, rng.choice(TREATMENTS)) for w in sorted(set(illness))],
+        "author": [w for r, g in (("writer", "writes (books"), ("poet", "a writer of poems"),
+                                  ("novelist", "writes novels"), ("dramatist", "writes plays")) for w in wn.names(r, g, 2)],
+        "language": [w for w in wn.names("natural language", "human written or spoken", 3) if len(w) < 20],
+        "dislike": [w for r, g, d in (("herb", "plant lacking a permanent woody stem", 1), ("vegetable", "edible seeds", 2),
+                                      ("insect", "small air-breathing arthropod", 2)) for w in wn.lemmas(r, g, d, 2)],
+    }
+
+
+def vocabulary(wordnet: Path, reserved: set[str], broad: bool = False) -> dict[str, list]:
+    """Every slot's values: WordNet's lists, Faker's names and jobs, and the lists above; reserved words out.
+    With `broad`, the kinds of `broad_values` take WordNet's members too."""
     from faker import Faker
 
     wn = WordNet(wordnet)
@@ -222,6 +256,10 @@ def vocabulary(wordnet: Path, reserved: set[str]) -> dict[str, list]:
         "petname": PET_NAMES, "subject": SUBJECTS, "author": AUTHORS, "genre": GENRES, "team": TEAMS,
         "relation": RELATIONS, "dislike": DISLIKES, "appointment": APPOINTMENTS, "event": EVENTS,
     }
+    if broad:
+        for kind, more in broad_values(wn).items():
+            seen = set(vocab[kind])
+            vocab[kind] = list(vocab[kind]) + [v for v in more if v not in seen and not seen.add(v)]
     return {k: [v for v in vals if ok(v)] for k, vals in vocab.items()}
 
 
@@ -604,6 +642,9 @@ def main() -> None:
     ap.add_argument("--dump-vocab", type=Path, default=None, help="also write the slot values and dialogue lines here")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--people", type=int, default=40000)
+    ap.add_argument("--broad-values", action="store_true",
+                    help="with --wordnet: sports, illnesses, writers, languages and dislikes from all of WordNet's members "
+                         "(broad_values), not only the lists here (stage 4 was built without it)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if (args.wordnet is None) == (args.vocab is None):
@@ -614,7 +655,7 @@ def main() -> None:
         vocab = {k: [tuple(x) if isinstance(x, list) else x for x in v] for k, v in vocab.items()}
         dialogue = vocab.pop("dialogue", [])
     else:
-        vocab = vocabulary(args.wordnet, res)
+        vocab = vocabulary(args.wordnet, res, broad=args.broad_values)
         dialogue = [p["text"] for p in chatterbot_lines(res)]
     if args.dump_vocab is not None:
         args.dump_vocab.write_text(json.dumps({**vocab, "dialogue": dialogue}, ensure_ascii=False), encoding="utf-8")
