@@ -636,10 +636,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="fusion JSON to write (default: beside the shipped model when "
                                                 "no --model is given)")
     ap.add_argument("--report", default=None, help="also write the left-out report here")
+    ap.add_argument("--relevance-extra", default="", metavar="F1,F2",
+                    help="add these store/fusion.py FEATURES to the relevance model's (a trial; the report says how "
+                         "they do left out)")
     ap.add_argument("--study", action="store_true", help="also weigh the rules that lost (STUDY_RULES: slower)")
     ap.add_argument("--no-personal", action="store_true",
                     help="leave out the personal-memory sources (benchmarks/personal_recall.py)")
     args = ap.parse_args(argv)
+    global RELEVANCE_FEATURES
+    extra = tuple(f for f in args.relevance_extra.split(",") if f.strip())
+    unknown = [f for f in extra if f not in FEATURES]
+    if unknown:
+        raise InvalidInput(f"--relevance-extra: unknown features {unknown}; known: {sorted(FEATURES)}")
+    RELEVANCE_FEATURES = RELEVANCE_FEATURES + extra
 
     def log(msg: str) -> None:
         print(f"[calibrate_fusion] {msg}", file=sys.stderr, flush=True)

@@ -320,6 +320,9 @@ FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     "cos_x_agree": ("vector", lambda p: _cos(p) * _agree(p)),
     "cos_x_abstop": ("vector", lambda p: _cos(p) * _lex_abs(p).max(initial=0.0)),
     "rr_both": ("vector", lambda p: _lex_rr(p) * _vec_rr(p)),
+    # for relevance: how many facts were searched (a store of 5 facts makes every top hit look decisive)
+    "log_facts": ("vector", lambda p: np.full(len(p.ids), np.log1p(max(p.n_facts, 0)))),
+    "cos_x_log_facts": ("vector", lambda p: _cos(p) * np.log1p(max(p.n_facts, 0))),
 }
 
 

@@ -49,6 +49,9 @@ def test_features_by_hand() -> None:
     np.testing.assert_allclose(x["lex_gap1"], [0.5, 0.0, 0.0, 0.0])  # (4 - 2) / 4
     np.testing.assert_allclose(x["rr_both"], [1 / 3, 0.5, 0.0, 0.0])
     np.testing.assert_allclose(x["cos_x_cut"], [0.0, 0.9 * 0.5, 0.0, 0.0])  # 1200 chars: half unseen
+    size = dict(zip(["log_facts", "cos_x_log_facts"], fu.features(p, ["log_facts", "cos_x_log_facts"]).T))
+    np.testing.assert_allclose(size["log_facts"], [math.log(21)] * 4)  # 20 facts searched
+    np.testing.assert_allclose(size["cos_x_log_facts"], np.array([0.4, 0.9, 0.1, 0.5]) * math.log(21))
 
 
 def test_learned_rule_splits_into_lexical_and_vector_parts_and_calibrates() -> None:
