@@ -110,6 +110,11 @@ class Batch:
         self._keep: list[GpuBuffer] = []  # pooled buffers to release after submit
         self.dispatches = 0
 
+    @property
+    def device(self) -> "GpuDevice":
+        """The device this batch records for (ops size their workgroups by its limits)."""
+        return self._dev
+
     def _compute_pass(self) -> Any:
         if self._pass is None:
             self._pass = self._encoder.begin_compute_pass()

@@ -16,7 +16,6 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu import ops
-from evermind_memory.gpu.ops import _Scope  # one buffer-scope helper for every GPU op module
 from evermind_memory.gpu.blocks.reference import (
     causal_attention_numpy,
     complex_ssd_numpy,
@@ -25,6 +24,7 @@ from evermind_memory.gpu.blocks.reference import (
     ssd_numpy,
 )
 from evermind_memory.gpu.device import Batch, GpuBuffer, GpuDevice, get_device
+from evermind_memory.gpu.ops.support import BufferScope, fold_groups
 from evermind_memory.lm.sequence import MAX_STATE  # the WGSL's per-lane state array; lm's configs keep to it
 
 __all__ = [
@@ -49,12 +49,6 @@ FLASH_LANES: int | None = None
 
 
 # ==== small helpers ======================================================================================
-
-def _fold(dev: GpuDevice, n_groups: int) -> tuple[int, int]:
-    """Fold a 1-D workgroup count into (x, y) under the per-dimension limit (kernels guard the excess)."""
-    lim = dev.max_groups_per_dim
-    return (n_groups, 1) if n_groups <= lim else (lim, -(-n_groups // lim))
-
 
 def _f32(name: str, arr: Any, shape: tuple[int, ...] | None = None, ndim: int | None = None) -> np.ndarray:
     if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
@@ -88,7 +82,7 @@ def record_rmsnorm(batch: Batch, x: GpuBuffer, weight: GpuBuffer, y: GpuBuffer, 
     """Record y = rmsnorm(x) * weight over rows of width dim (rmsnorm.wgsl)."""
     params = batch.uniform([("u", rows), ("u", dim), ("f", eps), ("u", 0)])
     batch.dispatch("rmsnorm", "main", {0: params, 1: x, 2: weight, 3: y, 4: batch.scratch(max(rows, 1) * 4)},
-                   _fold(batch._dev, rows))
+                   fold_groups(batch.device, rows))
 
 
 def record_conv1d(batch: Batch, x: GpuBuffer, w: GpuBuffer, bias: GpuBuffer, y: GpuBuffer, b: int, t: int,
@@ -100,7 +94,7 @@ def record_conv1d(batch: Batch, x: GpuBuffer, w: GpuBuffer, bias: GpuBuffer, y: 
     """
     params = batch.uniform([("u", t), ("u", c), ("u", k), ("u", b), ("u", 1)])
     batch.dispatch("conv1d_causal", "main", {0: params, 1: x, 2: w, 3: bias, 4: y},
-                   _fold(batch._dev, -(-b * t * c // 256)), {"HAS_BIAS": True})
+                   fold_groups(batch.device, -(-b * t * c // 256)), {"HAS_BIAS": True})
 
 
 def record_column_slice(batch: Batch, x: GpuBuffer, out: GpuBuffer, rows: int, stride: int, start: int,
@@ -111,13 +105,13 @@ def record_column_slice(batch: Batch, x: GpuBuffer, out: GpuBuffer, rows: int, s
     the first rows * width floats (a prefix copy) is right only when rows == 1.
     """
     params = batch.uniform([("u", rows), ("u", stride), ("u", start), ("u", width)])
-    batch.dispatch("column_slice", "main", {0: params, 1: x, 2: out}, _fold(batch._dev, -(-rows * width // 256)))
+    batch.dispatch("column_slice", "main", {0: params, 1: x, 2: out}, fold_groups(batch.device, -(-rows * width // 256)))
 
 
 def record_silu(batch: Batch, x: GpuBuffer, y: GpuBuffer, n: int) -> None:
     """Record y = silu(x) over n elements (activation.wgsl)."""
     params = batch.uniform([("u", n), ("u", 0), ("u", 0), ("u", 0)])
-    batch.dispatch("activation", "forward", {0: params, 1: x, 3: y}, _fold(batch._dev, -(-n // 256)), {"ACT": 1})
+    batch.dispatch("activation", "forward", {0: params, 1: x, 3: y}, fold_groups(batch.device, -(-n // 256)), {"ACT": 1})
 
 
 def record_linear(batch: Batch, x: GpuBuffer, w: GpuBuffer, bias: GpuBuffer | None, y: GpuBuffer, m: int,
@@ -145,7 +139,7 @@ def record_selective_scan(batch: Batch, u: GpuBuffer, delta: GpuBuffer, a_log: G
     Each window dispatches `scan` on a D x N x B grid (one 64-lane workgroup per (d, n, b): seed-001's grid)
     and then `reduce`; the state (B, D, N) carries from one window to the next.
     """
-    dev = batch._dev
+    dev = batch.device
     win = _scan_window(dev, b, length, d, n)
     part = batch.scratch(b * win * d * n * 4)
     state = batch.scratch(b * d * n * 4)
@@ -158,7 +152,7 @@ def record_selective_scan(batch: Batch, u: GpuBuffer, delta: GpuBuffer, a_log: G
                        {0: params, 1: u, 2: delta, 3: a_log, 4: bm, 5: cm, 9: part, 10: state}, (d, n, b))
         batch.dispatch("selective_scan", "reduce",
                        {0: params, 1: u, 6: d_skip, 7: gate, 8: y, 9: part},
-                       _fold(dev, -(-b * t_len * d // 256)), {"HAS_GATE": z is not None})
+                       fold_groups(dev, -(-b * t_len * d // 256)), {"HAS_GATE": z is not None})
 
 
 def _check_scan(u, delta, a_log, b, c, d) -> tuple[int, int, int, int]:
@@ -201,7 +195,7 @@ def selective_scan(u: np.ndarray, delta: np.ndarray, a_log: np.ndarray, b: np.nd
     dev = get_device()
     if u.size == 0 or n == 0:
         return selective_scan_numpy(u, delta, a_log, b, c, d, z)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         y = s.empty(u.nbytes)
         batch = dev.batch()
         record_selective_scan(batch, s.up(u), s.up(delta), s.up(a_log), s.up(b), s.up(c), s.up(d),
@@ -236,7 +230,7 @@ def selective_scan_backward(u: np.ndarray, delta: np.ndarray, a_log: np.ndarray,
     win = _scan_window(dev, bsz, length, dim, n, planes=4)
     starts = list(range(0, length, win))
     sbytes = bsz * dim * n * 4
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         bufs = {name: s.up(arr) for name, arr in
                 (("u", u), ("delta", delta), ("a_log", a_log), ("b", b), ("c", c), ("d", d), ("dy", dy))}
         hs, parts = s.empty(bsz * win * dim * n * 4), s.empty(4 * bsz * win * dim * n * 4)
@@ -267,9 +261,9 @@ def selective_scan_backward(u: np.ndarray, delta: np.ndarray, a_log: np.ndarray,
                            (-(-dim // 64), n, bsz))
             batch.dispatch("selective_scan_backward", "reduce_n",
                            {0: params, 6: bufs["dy"], 11: parts, 12: bufs["d"], 13: du, 14: ddelta},
-                           _fold(dev, -(-bsz * t_len * dim // 256)))
+                           fold_groups(dev, -(-bsz * t_len * dim // 256)))
             batch.dispatch("selective_scan_backward", "reduce_d",
-                           {0: params, 11: parts, 15: db, 16: dc}, _fold(dev, -(-bsz * t_len * n // 256)))
+                           {0: params, 11: parts, 15: db, 16: dc}, fold_groups(dev, -(-bsz * t_len * n // 256)))
         batch.submit()
         out_du = dev.read(du, np.float32, u.shape)
         out_ddelta = dev.read(ddelta, np.float32, u.shape)
@@ -293,16 +287,16 @@ def _ssd_params(batch: Batch, b: int, length: int, heads: int, p: int, groups: i
 def _record_chunked(kernel: str, batch: Batch, x: GpuBuffer, dt: GpuBuffer, bm: GpuBuffer, cm: GpuBuffer,
                     a_log: GpuBuffer, dt_bias: GpuBuffer, d_skip: GpuBuffer, y: GpuBuffer, b: int, length: int,
                     heads: int, p: int, groups: int, n: int, chunk_len: int, width: int) -> None:
-    dev = batch._dev
+    dev = batch.device
     n_chunks = -(-length // chunk_len)
     states = batch.scratch(n_chunks * b * heads * n * p * width * 4)
     cum = batch.scratch(b * length * heads * width * 4)
     params = _ssd_params(batch, b, length, heads, p, groups, n, chunk_len)
     binds = {0: params, 1: x, 2: dt, 3: bm, 4: cm, 5: a_log, 6: dt_bias, 7: d_skip, 8: y, 9: states, 10: cum}
     batch.dispatch(kernel, "chunk", binds, (n_chunks, heads, b))
-    batch.dispatch(kernel, "carry", {0: params, 9: states, 10: cum}, _fold(dev, -(-b * heads * n * p // 256)))
+    batch.dispatch(kernel, "carry", {0: params, 9: states, 10: cum}, fold_groups(dev, -(-b * heads * n * p // 256)))
     batch.dispatch(kernel, "output", {0: params, 4: cm, 8: y, 9: states, 10: cum},
-                   _fold(dev, -(-b * length * heads * p // 256)))
+                   fold_groups(dev, -(-b * length * heads * p // 256)))
 
 
 def record_ssd(batch: Batch, x: GpuBuffer, dt: GpuBuffer, bm: GpuBuffer, cm: GpuBuffer, a_log: GpuBuffer,
@@ -353,7 +347,7 @@ def _run_chunked(kernel: str, x, dt, a_log, dt_bias, b, c, d, n_groups, chunk_le
     dev = get_device()
     if x.size == 0:
         return np.zeros_like(x)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         y = s.empty(x.nbytes)
         batch = dev.batch()
         _record_chunked(kernel, batch, s.up(x), s.up(dt), s.up(b), s.up(c), s.up(a_log), s.up(dt_bias), s.up(d), y,
@@ -469,7 +463,7 @@ def _record_attention_three_pass(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: Gp
     probability-weighted values (attention_values); one scores buffer is reused by every window. O(L^2)
     scratch and three passes: the path for heads wider than the flash kernel holds in registers.
     """
-    dev = batch._dev
+    dev = batch.device
     rows = _window(length, b * heads * length * 4, dev, _ATTN_TILE, "causal attention's score rows")
     scores = batch.scratch(b * heads * rows * length * 4)
     for row0 in range(0, length, rows):
@@ -478,7 +472,7 @@ def _record_attention_three_pass(batch: Batch, q: GpuBuffer, k: GpuBuffer, v: Gp
                                 ("u", 0), ("u", 0)])
         batch.dispatch("attention_scores", "main", {0: params, 1: q, 2: k, 3: scores},
                        (-(-length // 16), -(-r // 16), b * heads))
-        batch.dispatch("attention_softmax", "main", {0: params, 3: scores}, _fold(dev, b * heads * r))
+        batch.dispatch("attention_softmax", "main", {0: params, 3: scores}, fold_groups(dev, b * heads * r))
         batch.dispatch("attention_values", "main", {0: params, 3: scores, 4: v, 5: out},
                        (-(-p // 16), -(-r // 16), b * heads))
 
@@ -511,7 +505,7 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, 
     dev = get_device()
     if q.size == 0:
         return np.zeros_like(q)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         out = s.empty(q.nbytes)
         batch = dev.batch()
         record_causal_attention(batch, s.up(q), s.up(k), s.up(v), out, bsz, length, int(n_heads), dim // n_heads,

@@ -12,7 +12,6 @@ sizes small); past the device's binding limit they raise InvalidInput rather tha
 
 from __future__ import annotations
 
-from evermind_memory.gpu.ops._dispatch import _Scope  # noqa: F401 (the one buffer-scope helper, for gpu/blocks)
 from evermind_memory.gpu.ops.dense import (
     axpy,
     axpy_numpy,

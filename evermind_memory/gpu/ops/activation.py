@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops._dispatch import _Scope, _elementwise_1d, _f32, _shape_eq, _tiles
+from evermind_memory.gpu.ops.support import BufferScope, dispatch_1d, check_f32, check_shape, binding_tiles
 
 __all__ = [
     "relu_numpy", "relu_backward_numpy", "silu_numpy", "silu_backward_numpy", "gelu_numpy",
@@ -20,16 +20,16 @@ _GELU_A = 0.044715
 
 
 def _act(kind: str, x: np.ndarray, dy: np.ndarray | None) -> np.ndarray:
-    _f32("x", x)
+    check_f32("x", x)
     if dy is not None:
-        _f32("dy", dy)
-        _shape_eq("dy", dy, x.shape)
+        check_f32("dy", dy)
+        check_shape("dy", dy, x.shape)
     dev = get_device()
     out = np.empty_like(x)  # (...)
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)  # (n,)
     flat_dy = dy.reshape(-1) if dy is not None else None  # (n,)
-    with _Scope(dev) as s:
-        for i0, i1 in _tiles(x.size, 4, dev, "element"):
+    with BufferScope(dev) as s:
+        for i0, i1 in binding_tiles(x.size, 4, dev, "element"):
             n = i1 - i0
             batch = dev.batch()
             o_buf = s.empty(n * 4)
@@ -40,7 +40,7 @@ def _act(kind: str, x: np.ndarray, dy: np.ndarray | None) -> np.ndarray:
             else:
                 bindings = {0: params, 1: s.up(flat_x[i0:i1]), 2: s.up(flat_dy[i0:i1]), 3: o_buf}
                 entry = "backward"
-            _elementwise_1d(batch, "activation", entry, bindings, n, {"ACT": _ACT[kind]})
+            dispatch_1d(batch, "activation", entry, bindings, n, {"ACT": _ACT[kind]})
             batch.submit()
             flat_out[i0:i1] = dev.read(o_buf, np.float32, (n,))
     return out

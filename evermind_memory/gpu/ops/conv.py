@@ -7,7 +7,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import Batch, GpuBuffer, get_device
-from evermind_memory.gpu.ops._dispatch import _Scope, _elementwise_1d, _f32, _shape_eq, _tiles
+from evermind_memory.gpu.ops.support import BufferScope, dispatch_1d, check_f32, check_shape, binding_tiles
 
 __all__ = ["conv1d_causal_numpy", "conv1d_causal", "conv1d_causal_backward_numpy", "conv1d_causal_backward"]
 
@@ -29,8 +29,8 @@ def _conv_params(batch: Batch, b: int, t: int, c: int, k: int) -> GpuBuffer:
 
 
 def _check_conv(x: np.ndarray, w: np.ndarray) -> tuple[int, int, int, int]:
-    _f32("x", x, 3)
-    _f32("w", w, 2)
+    check_f32("x", x, 3)
+    check_f32("w", w, 2)
     b, t, c = x.shape
     if w.shape[1] != c or w.shape[0] < 1:
         raise InvalidInput(f"conv weight must be (K, C) with K >= 1 and C = {c}, got {w.shape}")
@@ -54,19 +54,19 @@ def conv1d_causal(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) 
     """
     b, t, c, k = _check_conv(x, w)
     if bias is not None:
-        _f32("bias", bias, 1)
-        _shape_eq("bias", bias, (c,))
+        check_f32("bias", bias, 1)
+        check_shape("bias", bias, (c,))
     dev = get_device()
     out = np.empty_like(x)  # (B, T, C)
     if x.size == 0:
         return out
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         w_buf = s.up(w)
         bias_buf = s.up(bias if bias is not None else np.zeros(c, dtype=np.float32))
-        for b0, b1 in _tiles(b, t * c * 4, dev, "sequence"):
+        for b0, b1 in binding_tiles(b, t * c * 4, dev, "sequence"):
             batch = dev.batch()
             y_buf = s.empty((b1 - b0) * t * c * 4)
-            _elementwise_1d(batch, "conv1d_causal", "main",
+            dispatch_1d(batch, "conv1d_causal", "main",
                             {0: _conv_params(batch, b1 - b0, t, c, k), 1: s.up(x[b0:b1]), 2: w_buf,
                              3: bias_buf, 4: y_buf},
                             (b1 - b0) * t * c, {"HAS_BIAS": bias is not None})
@@ -106,22 +106,22 @@ def conv1d_causal_backward(x: np.ndarray, w: np.ndarray,
         GpuUnavailable: no GPU device.
     """
     b, t, c, k = _check_conv(x, w)
-    _f32("dy", dy, 3)
-    _shape_eq("dy", dy, x.shape)
+    check_f32("dy", dy, 3)
+    check_shape("dy", dy, x.shape)
     dev = get_device()
     dx = np.empty_like(x)  # (B, T, C)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         w_buf = s.up(w)
         dw_buf = s.empty(k * c * 4)
         db_buf = s.empty(c * 4)
         batch = dev.batch()
         batch.clear(dw_buf)
         batch.clear(db_buf)
-        for b0, b1 in _tiles(b, t * c * 4, dev, "sequence"):
+        for b0, b1 in binding_tiles(b, t * c * 4, dev, "sequence"):
             nb = b1 - b0
             params = _conv_params(batch, nb, t, c, k)
             x_buf, dy_buf, dx_buf = s.up(x[b0:b1]), s.up(dy[b0:b1]), s.empty(nb * t * c * 4)
-            _elementwise_1d(batch, "conv1d_causal_backward", "dx_main",
+            dispatch_1d(batch, "conv1d_causal_backward", "dx_main",
                             {0: params, 2: w_buf, 3: dy_buf, 4: dx_buf}, nb * t * c)
             batch.dispatch("conv1d_causal_backward", "dw_main",
                            {0: params, 1: x_buf, 3: dy_buf, 5: dw_buf, 6: db_buf},

@@ -8,7 +8,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import Batch, GpuBuffer, get_device
-from evermind_memory.gpu.ops._dispatch import _Scope, _elementwise_1d, _f32, _fits, _shape_eq, _tiles
+from evermind_memory.gpu.ops.support import BufferScope, dispatch_1d, check_f32, check_fits, check_shape, binding_tiles
 
 __all__ = [
     "matmul_numpy", "record_matmul", "matmul", "linear_numpy", "linear", "linear_backward_numpy",
@@ -118,12 +118,12 @@ def matmul(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool
         InvalidInput: wrong dtype, rank, contiguity or mismatched inner dimensions.
         GpuUnavailable: no GPU device.
     """
-    _f32("a", a, 2)
-    _f32("b", b, 2)
+    check_f32("a", a, 2)
+    check_f32("b", b, 2)
     m, n, k = _matmul_dims(a, b, trans_a, trans_b)
     if bias is not None:
-        _f32("bias", bias, 1)
-        _shape_eq("bias", bias, (n,))
+        check_f32("bias", bias, 1)
+        check_shape("bias", bias, (n,))
     dev = get_device()
     out = np.zeros((m, n), dtype=np.float32)  # (M, N)
     if m == 0 or n == 0 or k == 0:
@@ -150,7 +150,7 @@ def matmul(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool
             nt = _halve(nt)
         else:
             kt = _halve(kt)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         for m0 in range(0, m, mt):
             m1 = min(m, m0 + mt)
             for n0 in range(0, n, nt):
@@ -216,9 +216,9 @@ def linear_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> tuple[np.nd
         InvalidInput: wrong dtype, rank, contiguity or shapes.
         GpuUnavailable: no GPU device.
     """
-    _f32("x", x, 2)
-    _f32("w", w, 2)
-    _f32("dy", dy, 2)
+    check_f32("x", x, 2)
+    check_f32("w", w, 2)
+    check_f32("dy", dy, 2)
     if x.shape[1] != w.shape[0] or dy.shape != (x.shape[0], w.shape[1]):
         raise InvalidInput(
             f"linear_backward expects x (M, K), w (K, N), dy (M, N); got {x.shape}, {w.shape}, {dy.shape}"
@@ -247,16 +247,16 @@ def column_sum(x: np.ndarray) -> np.ndarray:
         InvalidInput: wrong dtype, rank or contiguity.
         GpuUnavailable: no GPU device.
     """
-    _f32("x", x, 2)
+    check_f32("x", x, 2)
     m, n = x.shape
     dev = get_device()
     if n == 0:
         return np.zeros((0,), dtype=np.float32)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         out_buf = s.empty(n * 4)
         batch = dev.batch()
         batch.clear(out_buf)
-        for r0, r1 in _tiles(m, n * 4, dev, "row"):
+        for r0, r1 in binding_tiles(m, n * 4, dev, "row"):
             dims = batch.uniform([("u", r1 - r0), ("u", n), ("u", 0), ("u", 0)])
             batch.dispatch("column_sum", "main", {0: dims, 1: s.up(x[r0:r1]), 2: out_buf},
                            (-(-n // 64), 1, 1), {"ACCUMULATE": True})
@@ -284,7 +284,7 @@ def column_slice(x: np.ndarray, start: int, width: int) -> np.ndarray:
         InvalidInput: wrong dtype, rank or contiguity, or a column range outside x.
         GpuUnavailable: no GPU device.
     """
-    _f32("x", x, 2)
+    check_f32("x", x, 2)
     m, stride = x.shape
     if not (isinstance(start, (int, np.integer)) and isinstance(width, (int, np.integer))) or start < 0 \
             or width < 0 or start + width > stride:
@@ -293,13 +293,13 @@ def column_slice(x: np.ndarray, start: int, width: int) -> np.ndarray:
     out = np.empty((m, int(width)), dtype=np.float32)  # (M, width)
     if m == 0 or width == 0:
         return out
-    with _Scope(dev) as s:
-        for r0, r1 in _tiles(m, stride * 4, dev, "row"):
+    with BufferScope(dev) as s:
+        for r0, r1 in binding_tiles(m, stride * 4, dev, "row"):
             n = r1 - r0
             batch = dev.batch()
             o_buf = s.empty(n * width * 4)
             params = batch.uniform([("u", n), ("u", stride), ("u", int(start)), ("u", int(width))])
-            _elementwise_1d(batch, "column_slice", "main", {0: params, 1: s.up(x[r0:r1]), 2: o_buf}, n * width)
+            dispatch_1d(batch, "column_slice", "main", {0: params, 1: s.up(x[r0:r1]), 2: o_buf}, n * width)
             batch.submit()
             out[r0:r1] = dev.read(o_buf, np.float32, (n, int(width)))
     return out
@@ -324,17 +324,17 @@ def axpy(y: np.ndarray, x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
         InvalidInput: wrong dtype, contiguity or shapes, or an array over one binding.
         GpuUnavailable: no GPU device.
     """
-    _f32("y", y)
-    _f32("x", x)
-    _shape_eq("x", x, y.shape)
+    check_f32("y", y)
+    check_f32("x", x)
+    check_shape("x", x, y.shape)
     dev = get_device()
     if y.size == 0:
         return y.copy()
-    _fits(dev, y.nbytes, "axpy")
-    with _Scope(dev) as s:
+    check_fits(dev, y.nbytes, "axpy")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         y_buf = s.up(y)
         params = batch.uniform([("u", y.size), ("f", alpha), ("u", 0), ("u", 0)])
-        _elementwise_1d(batch, "axpy", "main", {0: params, 1: s.up(x), 2: y_buf}, y.size)
+        dispatch_1d(batch, "axpy", "main", {0: params, 1: s.up(x), 2: y_buf}, y.size)
         batch.submit()
         return dev.read(y_buf, np.float32, y.shape)

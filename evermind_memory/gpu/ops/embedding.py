@@ -7,12 +7,12 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops._dispatch import _Scope, _elementwise_1d, _f32, _ids, _tiles
+from evermind_memory.gpu.ops.support import BufferScope, dispatch_1d, check_f32, check_ids, binding_tiles
 
 __all__ = ["embedding_gather_numpy", "embedding_gather", "embedding_scatter_add_numpy", "embedding_scatter_add"]
 
 
-def _gather(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def gather_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Row gather out[i] = table[ids[i]] with vocabulary tiles and row tiles as the binding limit needs."""
     v, c = table.shape
     n = ids.shape[0]
@@ -20,17 +20,17 @@ def _gather(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     out = np.zeros((n, c), dtype=np.float32)  # (N, C)
     if n == 0 or c == 0:
         return out
-    vocab_tiles = list(_tiles(v, c * 4, dev, "table row"))
-    with _Scope(dev) as s:
+    vocab_tiles = list(binding_tiles(v, c * 4, dev, "table row"))
+    with BufferScope(dev) as s:
         table_bufs = [s.up(table[v0:v1]) for v0, v1 in vocab_tiles]
-        for r0, r1 in _tiles(n, c * 4, dev, "output row"):
+        for r0, r1 in binding_tiles(n, c * 4, dev, "output row"):
             k = r1 - r0
             batch = dev.batch()
             o_buf = s.empty(k * c * 4)
             id_buf = s.up(ids[r0:r1])
             for (v0, v1), t_buf in zip(vocab_tiles, table_bufs):
                 params = batch.uniform([("u", k), ("u", c), ("i", v0), ("i", v1)])
-                _elementwise_1d(batch, "gather_rows", "main", {0: params, 1: t_buf, 2: id_buf, 3: o_buf}, k * c)
+                dispatch_1d(batch, "gather_rows", "main", {0: params, 1: t_buf, 2: id_buf, 3: o_buf}, k * c)
             batch.submit()
             out[r0:r1] = dev.read(o_buf, np.float32, (k, c))
     return out
@@ -55,11 +55,11 @@ def embedding_gather(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         InvalidInput: wrong dtype, rank or contiguity, or an id out of range.
         GpuUnavailable: no GPU device.
     """
-    _f32("table", table, 2)
+    check_f32("table", table, 2)
     if not isinstance(ids, np.ndarray):
         raise InvalidInput(f"ids must be a numpy.ndarray of integers, got {type(ids).__name__}")
-    flat = _ids("ids", ids.reshape(-1), 1, 0, table.shape[0])  # (N,)
-    return _gather(table, flat).reshape(ids.shape + (table.shape[1],))
+    flat = check_ids("ids", ids.reshape(-1), 1, 0, table.shape[0])  # (N,)
+    return gather_rows(table, flat).reshape(ids.shape + (table.shape[1],))
 
 
 def embedding_scatter_add_numpy(ids: np.ndarray, dy: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -87,20 +87,20 @@ def embedding_scatter_add(ids: np.ndarray, dy: np.ndarray, vocab_size: int) -> n
     """
     if not isinstance(vocab_size, (int, np.integer)) or vocab_size < 0:
         raise InvalidInput(f"vocab_size must be a non-negative int, got {vocab_size!r}")
-    _f32("dy", dy, min_ndim=1)
+    check_f32("dy", dy, min_ndim=1)
     if not isinstance(ids, np.ndarray) or dy.shape[:-1] != ids.shape:
         got = getattr(ids, "shape", ids)
         raise InvalidInput(f"dy must have shape ids.shape + (C,), got ids {got} and dy {dy.shape}")
     c = dy.shape[-1]
-    flat_ids = _ids("ids", ids.reshape(-1), 1, 0, int(vocab_size))  # (N,)
+    flat_ids = check_ids("ids", ids.reshape(-1), 1, 0, int(vocab_size))  # (N,)
     flat_dy = dy.reshape(-1, c)  # (N, C)
     dev = get_device()
     out = np.zeros((int(vocab_size), c), dtype=np.float32)  # (V, C)
     if flat_ids.size == 0 or c == 0:
         return out
-    row_tiles = list(_tiles(flat_ids.size, c * 4, dev, "gradient row"))
-    with _Scope(dev) as s:
-        for v0, v1 in _tiles(int(vocab_size), c * 4, dev, "table row"):
+    row_tiles = list(binding_tiles(flat_ids.size, c * 4, dev, "gradient row"))
+    with BufferScope(dev) as s:
+        for v0, v1 in binding_tiles(int(vocab_size), c * 4, dev, "table row"):
             batch = dev.batch()
             d_buf = s.empty((v1 - v0) * c * 4)
             batch.clear(d_buf)
@@ -115,7 +115,7 @@ def embedding_scatter_add(ids: np.ndarray, dy: np.ndarray, vocab_size: int) -> n
                 uniq, counts = np.unique(sel, return_counts=True)  # (U,)
                 offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)  # (U + 1,)
                 params = batch.uniform([("u", uniq.size), ("u", c), ("i", v0), ("u", 0)])
-                _elementwise_1d(batch, "embedding_scatter_add", "main",
+                dispatch_1d(batch, "embedding_scatter_add", "main",
                                 {0: params, 1: s.up(flat_dy[r0:r1]), 2: s.up(uniq.astype(np.int32)),
                                  3: s.up(offsets), 4: s.up(order), 5: d_buf},
                                 uniq.size * c, {"ACCUMULATE": True})

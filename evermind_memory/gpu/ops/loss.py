@@ -7,7 +7,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops._dispatch import _Scope, _f32, _fold, _ids, _rows_of, _tiles
+from evermind_memory.gpu.ops.support import BufferScope, check_f32, fold_groups, check_ids, rows_of, binding_tiles
 
 __all__ = ["softmax_numpy", "softmax", "cross_entropy_numpy", "cross_entropy"]
 
@@ -31,19 +31,19 @@ def softmax(x: np.ndarray) -> np.ndarray:
         InvalidInput: wrong dtype or contiguity, or an empty last axis.
         GpuUnavailable: no GPU device.
     """
-    rows, v = _rows_of("x", x)
+    rows, v = rows_of("x", x)
     if v == 0:
         raise InvalidInput("softmax needs a non-empty last axis, got shape " + str(x.shape))
     dev = get_device()
     out = np.empty_like(x)  # (..., V)
     flat_x, flat_out = x.reshape(rows, v), out.reshape(rows, v)  # (N, V)
-    with _Scope(dev) as s:
-        for r0, r1 in _tiles(rows, v * 4, dev, "row"):
+    with BufferScope(dev) as s:
+        for r0, r1 in binding_tiles(rows, v * 4, dev, "row"):
             n = r1 - r0
             batch = dev.batch()
             y_buf = s.empty(n * v * 4)
             params = batch.uniform([("u", n), ("u", v), ("u", 0), ("u", 0)])
-            batch.dispatch("softmax", "main", {0: params, 1: s.up(flat_x[r0:r1]), 2: y_buf}, _fold(dev, n))
+            batch.dispatch("softmax", "main", {0: params, 1: s.up(flat_x[r0:r1]), 2: y_buf}, fold_groups(dev, n))
             batch.submit()
             flat_out[r0:r1] = dev.read(y_buf, np.float32, (n, v))
     return out
@@ -94,7 +94,7 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray,
         InvalidInput: wrong dtype, rank, contiguity or shapes, or a valid target out of range.
         GpuUnavailable: no GPU device.
     """
-    _f32("logits", logits, 2)
+    check_f32("logits", logits, 2)
     n, v = logits.shape
     if v == 0:
         raise InvalidInput("cross_entropy needs V >= 1 columns of logits")
@@ -103,19 +103,19 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray,
         got = getattr(targets, "shape", targets)
         raise InvalidInput(f"targets must be an integer numpy array of shape ({n},), got {got}")
     tg = np.where(wts > 0, targets, 0)  # (N,)
-    tg = _ids("targets", tg, 1, 0, v)
+    tg = check_ids("targets", tg, 1, 0, v)
     dev = get_device()
     grad = np.empty_like(logits)  # (N, V)
     total = 0.0
-    with _Scope(dev) as s:
-        for r0, r1 in _tiles(n, v * 4, dev, "row"):
+    with BufferScope(dev) as s:
+        for r0, r1 in binding_tiles(n, v * 4, dev, "row"):
             k = r1 - r0
             batch = dev.batch()
             g_buf, l_buf = s.empty(k * v * 4), s.empty(k * 4)
             params = batch.uniform([("u", k), ("u", v), ("u", 0), ("u", 0)])
             batch.dispatch("cross_entropy", "main",
                            {0: params, 1: s.up(logits[r0:r1]), 2: s.up(tg[r0:r1]), 3: s.up(wts[r0:r1]),
-                            4: g_buf, 5: l_buf}, _fold(dev, k))
+                            4: g_buf, 5: l_buf}, fold_groups(dev, k))
             batch.submit()
             grad[r0:r1] = dev.read(g_buf, np.float32, (k, v))
             total += float(dev.read(l_buf, np.float32, (k,)).sum(dtype=np.float64))

@@ -8,18 +8,18 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops._dispatch import (
-    _MAX_EXPERTS,
-    _Scope,
-    _elementwise_1d,
-    _f32,
-    _fits,
-    _fold,
-    _ids,
-    _shape_eq,
-    _tiles,
+from evermind_memory.gpu.ops.support import (
+    MAX_EXPERTS,
+    BufferScope,
+    dispatch_1d,
+    check_f32,
+    check_fits,
+    fold_groups,
+    check_ids,
+    check_shape,
+    binding_tiles,
 )
-from evermind_memory.gpu.ops.embedding import _gather
+from evermind_memory.gpu.ops.embedding import gather_rows
 
 __all__ = [
     "moe_route_numpy", "moe_route", "moe_dispatch_numpy", "moe_dispatch", "moe_combine_numpy", "moe_combine",
@@ -52,10 +52,10 @@ def moe_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         InvalidInput: wrong dtype, rank or contiguity, E > 64, k out of range, or a non-finite logit.
         GpuUnavailable: no GPU device.
     """
-    _f32("logits", logits, 2)
+    check_f32("logits", logits, 2)
     n, e = logits.shape
-    if e > _MAX_EXPERTS:
-        raise InvalidInput(f"moe_route supports at most {_MAX_EXPERTS} experts, got E = {e}")
+    if e > MAX_EXPERTS:
+        raise InvalidInput(f"moe_route supports at most {MAX_EXPERTS} experts, got E = {e}")
     if not isinstance(k, (int, np.integer)) or not 1 <= k <= e:
         raise InvalidInput(f"k must be an int in [1, E = {e}], got {k!r}")
     if not np.isfinite(logits).all():
@@ -63,14 +63,14 @@ def moe_route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     dev = get_device()
     idx = np.empty((n, k), dtype=np.int64)  # (N, k)
     gates = np.empty((n, k), dtype=np.float32)  # (N, k)
-    with _Scope(dev) as s:
-        for r0, r1 in _tiles(n, e * 4, dev, "row"):
+    with BufferScope(dev) as s:
+        for r0, r1 in binding_tiles(n, e * 4, dev, "row"):
             m = r1 - r0
             batch = dev.batch()
             i_buf, g_buf = s.empty(m * k * 4), s.empty(m * k * 4)
             params = batch.uniform([("u", m), ("u", e), ("u", int(k)), ("u", 0)])
             batch.dispatch("moe_route", "main", {0: params, 1: s.up(logits[r0:r1]), 2: i_buf, 3: g_buf},
-                           _fold(dev, -(-m // 64)))
+                           fold_groups(dev, -(-m // 64)))
             batch.submit()
             idx[r0:r1] = dev.read(i_buf, np.int32, (m, k))
             gates[r0:r1] = dev.read(g_buf, np.float32, (m, k))
@@ -96,21 +96,21 @@ def moe_dispatch(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         InvalidInput: wrong dtype, rank or contiguity, or a row index out of range.
         GpuUnavailable: no GPU device.
     """
-    _f32("x", x, 2)
-    return _gather(x, _ids("rows", rows, 1, 0, x.shape[0]))
+    check_f32("x", x, 2)
+    return gather_rows(x, check_ids("rows", rows, 1, 0, x.shape[0]))
 
 
 def _check_combine(out: np.ndarray, ye: np.ndarray, rows: np.ndarray, gates: np.ndarray,
                    out_name: str) -> np.ndarray:
-    _f32(out_name, out, 2)
-    _f32("ye", ye, 2)
-    _f32("gates", gates, 1)
+    check_f32(out_name, out, 2)
+    check_f32("ye", ye, 2)
+    check_f32("gates", gates, 1)
     r = ye.shape[0]
     if ye.shape[1] != out.shape[1]:
         raise InvalidInput(f"ye must be (R, C = {out.shape[1]}), got {ye.shape}")
-    _shape_eq("gates", gates, (r,))
-    rr = _ids("rows", rows, 1, 0, out.shape[0])
-    _shape_eq("rows", rr, (r,))
+    check_shape("gates", gates, (r,))
+    rr = check_ids("rows", rows, 1, 0, out.shape[0])
+    check_shape("rows", rr, (r,))
     if np.unique(rr).size != rr.size:
         raise InvalidInput("rows must not repeat a token within one expert (top-k picks distinct experts)")
     return rr
@@ -145,17 +145,17 @@ def moe_combine(out: np.ndarray, ye: np.ndarray, rows: np.ndarray, gates: np.nda
     res = out.copy()  # (N, C)
     if rr.size == 0 or c == 0:
         return res
-    with _Scope(dev) as s:
-        for n0, n1 in _tiles(n, c * 4, dev, "output row"):
+    with BufferScope(dev) as s:
+        for n0, n1 in binding_tiles(n, c * 4, dev, "output row"):
             sel_all = np.nonzero((rr >= n0) & (rr < n1))[0]  # (R_tile,)
             if sel_all.size == 0:
                 continue
             o_buf = s.up(res[n0:n1])
             batch = dev.batch()
-            for j0, j1 in _tiles(sel_all.size, c * 4, dev, "expert row"):
+            for j0, j1 in binding_tiles(sel_all.size, c * 4, dev, "expert row"):
                 sel = sel_all[j0:j1]
                 params = batch.uniform([("u", sel.size), ("u", c), ("u", 0), ("u", 0)])
-                _elementwise_1d(batch, "moe_combine", "main",
+                dispatch_1d(batch, "moe_combine", "main",
                                 {0: params, 1: s.up(ye[sel]), 2: s.up(rr[sel] - n0), 3: s.up(gates[sel]),
                                  4: o_buf}, sel.size * c)
             batch.submit()
@@ -195,13 +195,13 @@ def moe_combine_backward(dout: np.ndarray, ye: np.ndarray, rows: np.ndarray,
     dgates = np.zeros((r,), dtype=np.float32)  # (R,)
     if r == 0:
         return dye, dgates
-    with _Scope(dev) as s:
-        for n0, n1 in _tiles(n, c * 4, dev, "gradient row"):
+    with BufferScope(dev) as s:
+        for n0, n1 in binding_tiles(n, c * 4, dev, "gradient row"):
             sel_all = np.nonzero((rr >= n0) & (rr < n1))[0]  # (R_tile,)
             if sel_all.size == 0:
                 continue
             d_buf = s.up(dout[n0:n1])
-            for j0, j1 in _tiles(sel_all.size, c * 4, dev, "expert row"):
+            for j0, j1 in binding_tiles(sel_all.size, c * 4, dev, "expert row"):
                 sel = sel_all[j0:j1]
                 m = sel.size
                 batch = dev.batch()
@@ -209,17 +209,17 @@ def moe_combine_backward(dout: np.ndarray, ye: np.ndarray, rows: np.ndarray,
                 params = batch.uniform([("u", m), ("u", c), ("u", 0), ("u", 0)])
                 batch.dispatch("moe_combine_backward", "main",
                                {0: params, 1: d_buf, 2: s.up(ye[sel]), 3: s.up(rr[sel] - n0),
-                                4: s.up(gates[sel]), 5: dye_buf, 6: dg_buf}, _fold(dev, m))
+                                4: s.up(gates[sel]), 5: dye_buf, 6: dg_buf}, fold_groups(dev, m))
                 batch.submit()
                 dye[sel] = dev.read(dye_buf, np.float32, (m, c))
                 dgates[sel] = dev.read(dg_buf, np.float32, (m,))
     return dye, dgates
 
 def _check_routing(idx: np.ndarray, gates: np.ndarray, n_experts: int) -> tuple[np.ndarray, int, int]:
-    _f32("gates", gates, 2)
+    check_f32("gates", gates, 2)
     n, k = gates.shape
-    rr = _ids("idx", idx, 2, 0, n_experts)
-    _shape_eq("idx", rr, (n, k))
+    rr = check_ids("idx", idx, 2, 0, n_experts)
+    check_shape("idx", rr, (n, k))
     if n and k > 1 and (np.sort(rr, axis=1)[:, 1:] == np.sort(rr, axis=1)[:, :-1]).any():
         raise InvalidInput("idx must name distinct experts within a row (top-k picks distinct experts)")
     return rr, n, k
@@ -254,13 +254,13 @@ def moe_gates_dense(idx: np.ndarray, gates: np.ndarray, n_experts: int) -> np.nd
     g = n_experts + 1
     if n == 0:
         return np.zeros((0, g), dtype=np.float32)
-    _fits(dev, n * g * 4, "moe_gates_dense")
-    with _Scope(dev) as s:
+    check_fits(dev, n * g * 4, "moe_gates_dense")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         out = s.empty(n * g * 4)
         params = batch.uniform([("u", n), ("u", n_experts), ("u", k), ("u", 0)])
         batch.dispatch("moe_gates", "dense", {0: params, 1: s.up(rr), 2: s.up(gates), 3: out},
-                       _fold(dev, -(-n // 64)))
+                       fold_groups(dev, -(-n // 64)))
         batch.submit()
         return dev.read(out, np.float32, (n, g))
 
@@ -290,20 +290,20 @@ def moe_gates_backward(dgmat: np.ndarray, idx: np.ndarray, gates: np.ndarray) ->
         InvalidInput: wrong dtype, rank, contiguity or shapes, an expert out of range or repeated in a row.
         GpuUnavailable: no GPU device.
     """
-    _f32("dgmat", dgmat, 2)
+    check_f32("dgmat", dgmat, 2)
     n, g = dgmat.shape
     rr, _, k = _check_routing(idx, gates, g - 1)
-    _shape_eq("gates", gates, (n, k))
+    check_shape("gates", gates, (n, k))
     dev = get_device()
     if n == 0:
         return np.zeros((0, g - 1), dtype=np.float32)
-    _fits(dev, dgmat.nbytes, "moe_gates_backward")
-    with _Scope(dev) as s:
+    check_fits(dev, dgmat.nbytes, "moe_gates_backward")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         out = s.empty(n * (g - 1) * 4)
         params = batch.uniform([("u", n), ("u", g - 1), ("u", k), ("u", 0)])
         batch.dispatch("moe_gates", "backward", {0: params, 1: s.up(rr), 2: s.up(gates), 4: s.up(dgmat), 5: out},
-                       _fold(dev, -(-n // 64)))
+                       fold_groups(dev, -(-n // 64)))
         batch.submit()
         return dev.read(out, np.float32, (n, g - 1))
 
@@ -317,12 +317,12 @@ def moe_hidden_numpy(pre: np.ndarray, gmat: np.ndarray, hidden: int) -> tuple[np
 
 
 def _check_hidden(name: str, arr: np.ndarray, gmat: np.ndarray, hidden: int) -> tuple[int, int]:
-    _f32(name, arr, 2)
-    _f32("gmat", gmat, 2)
+    check_f32(name, arr, 2)
+    check_f32("gmat", gmat, 2)
     n, g = gmat.shape
     if not isinstance(hidden, (int, np.integer)) or hidden < 1:
         raise InvalidInput(f"hidden must be an int >= 1, got {hidden!r}")
-    _shape_eq(name, arr, (n, g * int(hidden)))
+    check_shape(name, arr, (n, g * int(hidden)))
     return n, g
 
 
@@ -345,12 +345,12 @@ def moe_hidden(pre: np.ndarray, gmat: np.ndarray, hidden: int) -> tuple[np.ndarr
     dev = get_device()
     if pre.size == 0:
         return pre.copy(), pre.copy()
-    _fits(dev, pre.nbytes, "moe_hidden")
-    with _Scope(dev) as s:
+    check_fits(dev, pre.nbytes, "moe_hidden")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         h_buf, hs_buf = s.up(pre), s.empty(pre.nbytes)
         params = batch.uniform([("u", n), ("u", g), ("u", int(hidden)), ("u", 0)])
-        _elementwise_1d(batch, "moe_hidden", "forward", {0: params, 1: h_buf, 2: s.up(gmat), 3: hs_buf}, pre.size)
+        dispatch_1d(batch, "moe_hidden", "forward", {0: params, 1: h_buf, 2: s.up(gmat), 3: hs_buf}, pre.size)
         batch.submit()
         return dev.read(h_buf, np.float32, pre.shape), dev.read(hs_buf, np.float32, pre.shape)
 
@@ -380,23 +380,23 @@ def moe_hidden_backward(dhs: np.ndarray, h: np.ndarray, gmat: np.ndarray) -> tup
         InvalidInput: wrong dtype, rank, contiguity or shapes, or an input over one binding.
         GpuUnavailable: no GPU device.
     """
-    _f32("gmat", gmat, 2)
-    _f32("dhs", dhs, 2)
+    check_f32("gmat", gmat, 2)
+    check_f32("dhs", dhs, 2)
     n, g = gmat.shape
     if g == 0 or dhs.shape[0] != n or dhs.shape[1] % g or dhs.shape[1] == 0:
         raise InvalidInput(f"dhs must be (N, G * H) for gmat (N, G) = {gmat.shape}, got {dhs.shape}")
     hidden = dhs.shape[1] // g
-    _f32("h", h, 2)
-    _shape_eq("h", h, dhs.shape)
+    check_f32("h", h, 2)
+    check_shape("h", h, dhs.shape)
     dev = get_device()
     if dhs.size == 0:
         return dhs.copy(), np.zeros((n, g), dtype=np.float32)
-    _fits(dev, dhs.nbytes, "moe_hidden_backward")
-    with _Scope(dev) as s:
+    check_fits(dev, dhs.nbytes, "moe_hidden_backward")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         d_buf, dg_buf = s.up(dhs), s.empty(n * g * 4)
         params = batch.uniform([("u", n), ("u", g), ("u", hidden), ("u", 0)])
         batch.dispatch("moe_hidden", "backward", {0: params, 2: s.up(gmat), 4: s.up(h), 5: d_buf, 6: dg_buf},
-                       _fold(dev, n * g))
+                       fold_groups(dev, n * g))
         batch.submit()
         return dev.read(d_buf, np.float32, dhs.shape), dev.read(dg_buf, np.float32, (n, g))

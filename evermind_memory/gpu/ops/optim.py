@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops._dispatch import (
-    _SUMSQ_CHUNK,
-    _Scope,
-    _elementwise_1d,
-    _f32,
-    _fits,
-    _fold,
-    _shape_eq,
-    _tiles,
+from evermind_memory.gpu.ops.support import (
+    SUMSQ_CHUNK,
+    BufferScope,
+    dispatch_1d,
+    check_f32,
+    check_fits,
+    fold_groups,
+    check_shape,
+    binding_tiles,
 )
 
 if TYPE_CHECKING:
@@ -55,14 +55,14 @@ def adamw_update_(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndar
         InvalidInput: wrong dtype, contiguity or shapes.
         GpuUnavailable: no GPU device.
     """
-    _f32("param", param)
+    check_f32("param", param)
     for name, arr in (("grad", grad), ("m", m), ("v", v)):
-        _f32(name, arr)
-        _shape_eq(name, arr, param.shape)
+        check_f32(name, arr)
+        check_shape(name, arr, param.shape)
     dev = get_device()
     views = [a.reshape(-1) for a in (param, grad, m, v)]  # (n,) each
-    tiles = list(_tiles(param.size, 4, dev, "element"))
-    with _Scope(dev) as s:
+    tiles = list(binding_tiles(param.size, 4, dev, "element"))
+    with BufferScope(dev) as s:
         flag = s.empty(16)
         batch = dev.batch()
         batch.clear(flag)
@@ -76,10 +76,10 @@ def adamw_update_(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndar
                 ("f", 0.0), ("f", 0.0),
             ])
             staged.append((i0, i1, bufs, uni))
-            _elementwise_1d(batch, "adamw_update", "check",
+            dispatch_1d(batch, "adamw_update", "check",
                             {0: uni, 2: bufs[1], 3: bufs[2], 4: bufs[3], 5: flag}, n)
         for i0, i1, bufs, uni in staged:
-            _elementwise_1d(batch, "adamw_update", "apply",
+            dispatch_1d(batch, "adamw_update", "apply",
                             {0: uni, 1: bufs[0], 2: bufs[1], 3: bufs[2], 4: bufs[3], 5: flag}, i1 - i0)
         # Uniforms go back to the pool only after submit; reading waits for the work.
         batch.submit()
@@ -124,26 +124,26 @@ def clip_grads(grads: list[np.ndarray], clip: float,
         GpuUnavailable: no GPU device.
     """
     for i, g in enumerate(grads):
-        _f32(f"grads[{i}]", g)
+        check_f32(f"grads[{i}]", g)
     dev = get_device()
     sizes = [int(g.size) for g in grads]
-    n_part = [-(-n // _SUMSQ_CHUNK) for n in sizes]
+    n_part = [-(-n // SUMSQ_CHUNK) for n in sizes]
     slots = np.concatenate([[0], np.cumsum(n_part)]).astype(int)  # (len + 1,)
-    with _Scope(dev) as s:
+    with BufferScope(dev) as s:
         batch = dev.batch()
         part = s.empty(max(int(slots[-1]), 1) * 4)
         batch.clear(part)
         ctl, flag = s.empty(16), s.empty(16)
         bufs = []
         for g, n, slot in zip(grads, sizes, slots):
-            _fits(dev, g.nbytes, "a gradient")
+            check_fits(dev, g.nbytes, "a gradient")
             buf = s.up(g) if n else None
             bufs.append(buf)
             if n:
                 params = batch.uniform([("u", n), ("u", int(slot)), ("u", 0), ("u", 0),
                                         ("f", 0.0), ("f", 0.0), ("f", 0.0), ("f", 0.0)])
                 batch.dispatch("sum_squares", "partial", {0: params, 1: buf, 2: part},
-                               _fold(dev, -(-n // _SUMSQ_CHUNK)))
+                               fold_groups(dev, -(-n // SUMSQ_CHUNK)))
         fin = batch.uniform([("u", 0), ("u", 0), ("u", int(slots[-1])), ("u", 0),
                              ("f", unscale), ("f", clip), ("f", 0.0), ("f", 0.0)])
         batch.dispatch("sum_squares", "finish", {0: fin, 2: part, 3: ctl, 4: flag}, (1, 1, 1))
@@ -151,7 +151,7 @@ def clip_grads(grads: list[np.ndarray], clip: float,
             if n:
                 params = batch.uniform([("u", n), ("u", 0), ("u", 0), ("u", 0),
                                         ("f", 0.0), ("f", 0.0), ("f", 0.0), ("f", 0.0)])
-                _elementwise_1d(batch, "sum_squares", "scale", {0: params, 3: ctl, 5: buf}, n)
+                dispatch_1d(batch, "sum_squares", "scale", {0: params, 3: ctl, 5: buf}, n)
         batch.submit()
         out = [dev.read(buf, np.float32, g.shape) if n else g.copy() for buf, g, n in zip(bufs, grads, sizes)]
         norm = float(dev.read(ctl, np.float32, (4,))[1])

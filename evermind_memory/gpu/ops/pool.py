@@ -9,7 +9,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import get_device
-from evermind_memory.gpu.ops._dispatch import _Scope, _f32, _fits, _fold, _ids, _shape_eq
+from evermind_memory.gpu.ops.support import BufferScope, check_f32, check_fits, fold_groups, check_ids, check_shape
 
 __all__ = ["pool_attention_numpy", "pool_attention", "mean_pool_numpy", "mean_pool"]
 
@@ -18,8 +18,8 @@ _POOL_ATTENTION_MAX_T = 1024  # pool_attention.wgsl keeps one query's scores in 
 
 
 def _check_lengths(lengths: Any, b: int, t: int) -> np.ndarray:
-    lens = _ids("lengths", np.asarray(lengths), 1, 1, t + 1)
-    _shape_eq("lengths", lens, (b,))
+    lens = check_ids("lengths", np.asarray(lengths), 1, 1, t + 1)
+    check_shape("lengths", lens, (b,))
     return lens.astype(np.uint32)
 
 
@@ -55,7 +55,7 @@ def pool_attention(qkv: np.ndarray, lengths: np.ndarray, n_heads: int) -> np.nda
             not dividing C.
         GpuUnavailable: no GPU device.
     """
-    _f32("qkv", qkv, 3)
+    check_f32("qkv", qkv, 3)
     b, t, c3 = qkv.shape
     if c3 % 3 or not isinstance(n_heads, (int, np.integer)) or n_heads < 1 or (c3 // 3) % n_heads:
         raise InvalidInput(f"qkv must be (B, T, 3C) with n_heads dividing C, got {qkv.shape}, n_heads={n_heads!r}")
@@ -66,14 +66,14 @@ def pool_attention(qkv: np.ndarray, lengths: np.ndarray, n_heads: int) -> np.nda
     dev = get_device()
     if qkv.size == 0:
         return np.zeros((b, t, c), dtype=np.float32)
-    _fits(dev, qkv.nbytes, "pool_attention")
-    with _Scope(dev) as s:
+    check_fits(dev, qkv.nbytes, "pool_attention")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         out = s.empty(b * t * c * 4)
         params = batch.uniform([("u", b), ("u", t), ("u", c), ("u", int(n_heads)),
                                 ("f", 1.0 / np.sqrt(c // n_heads)), ("u", 0), ("u", 0), ("u", 0)])
         batch.dispatch("pool_attention", "main", {0: params, 1: s.up(qkv), 2: s.up(lens), 3: out},
-                       _fold(dev, b * int(n_heads) * t))
+                       fold_groups(dev, b * int(n_heads) * t))
         batch.submit()
         return dev.read(out, np.float32, (b, t, c))
 
@@ -102,17 +102,17 @@ def mean_pool(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         InvalidInput: wrong dtype, rank, contiguity or shapes, or lengths out of range.
         GpuUnavailable: no GPU device.
     """
-    _f32("x", x, 3)
+    check_f32("x", x, 3)
     b, t, c = x.shape
     lens = _check_lengths(lengths, b, t)
     dev = get_device()
     if x.size == 0:
         return np.zeros((b, c), dtype=np.float32)
-    _fits(dev, x.nbytes, "mean_pool")
-    with _Scope(dev) as s:
+    check_fits(dev, x.nbytes, "mean_pool")
+    with BufferScope(dev) as s:
         batch = dev.batch()
         out = s.empty(b * c * 4)
         params = batch.uniform([("u", b), ("u", t), ("u", c), ("u", 0)])
-        batch.dispatch("mean_pool", "main", {0: params, 1: s.up(x), 2: s.up(lens), 3: out}, _fold(dev, b))
+        batch.dispatch("mean_pool", "main", {0: params, 1: s.up(x), 2: s.up(lens), 3: out}, fold_groups(dev, b))
         batch.submit()
         return dev.read(out, np.float32, (b, c))

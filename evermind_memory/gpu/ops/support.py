@@ -1,5 +1,8 @@
 """Validation and dispatch helpers shared by every GPU op: dtype/shape checks, workgroup folding, tiling
 past the binding limit, and a scope that releases an op's buffers together.
+
+Public to gpu/ (the op modules, gpu/blocks, the resident model and its trainer import these names), not part
+of the package's user-facing API: `evermind_memory.gpu.ops` re-exports the ops, not these helpers.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import Batch, GpuBuffer, GpuDevice
 
 
-_MAX_EXPERTS = 64  # moe_route keeps a 64-bit "taken" mask per row
+MAX_EXPERTS = 64  # moe_route keeps a 64-bit "taken" mask per row
 
 
 
-def _f32(name: str, arr: Any, ndim: int | None = None, *, min_ndim: int = 0) -> np.ndarray:
+def check_f32(name: str, arr: Any, ndim: int | None = None, *, min_ndim: int = 0) -> np.ndarray:
     """Check that `arr` is a C-contiguous float32 ndarray of the given rank; return it."""
     if not isinstance(arr, np.ndarray):
         raise InvalidInput(f"{name} must be a numpy.ndarray of float32, got {type(arr).__name__}")
@@ -32,7 +35,7 @@ def _f32(name: str, arr: Any, ndim: int | None = None, *, min_ndim: int = 0) -> 
     return arr
 
 
-def _ids(name: str, arr: Any, ndim: int, lo: int, hi: int) -> np.ndarray:
+def check_ids(name: str, arr: Any, ndim: int, lo: int, hi: int) -> np.ndarray:
     """Check an integer index array (rank, range [lo, hi)); return it as contiguous int32."""
     if not isinstance(arr, np.ndarray) or not np.issubdtype(arr.dtype, np.integer):
         got = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
@@ -46,12 +49,12 @@ def _ids(name: str, arr: Any, ndim: int, lo: int, hi: int) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
-def _shape_eq(name: str, arr: np.ndarray, shape: tuple[int, ...]) -> None:
+def check_shape(name: str, arr: np.ndarray, shape: tuple[int, ...]) -> None:
     if arr.shape != tuple(shape):
         raise InvalidInput(f"{name} must have shape {tuple(shape)}, got {arr.shape}")
 
 
-def _fold(dev: GpuDevice, n_groups: int) -> tuple[int, int]:
+def fold_groups(dev: GpuDevice, n_groups: int) -> tuple[int, int]:
     """Fold a 1-D workgroup count into (x, y) under the per-dimension limit (kernels guard the excess)."""
     lim = dev.max_groups_per_dim
     if n_groups <= lim:
@@ -59,7 +62,7 @@ def _fold(dev: GpuDevice, n_groups: int) -> tuple[int, int]:
     return (lim, -(-n_groups // lim))
 
 
-def _tiles(n: int, per_item_bytes: int, dev: GpuDevice, what: str) -> Iterator[tuple[int, int]]:
+def binding_tiles(n: int, per_item_bytes: int, dev: GpuDevice, what: str) -> Iterator[tuple[int, int]]:
     """Split range(n) into [start, stop) tiles whose binding (per_item_bytes each) fits the device limit."""
     if per_item_bytes > dev.max_binding_bytes:
         raise InvalidInput(
@@ -71,7 +74,7 @@ def _tiles(n: int, per_item_bytes: int, dev: GpuDevice, what: str) -> Iterator[t
         yield start, min(n, start + step)
 
 
-class _Scope:
+class BufferScope:
     """Buffers acquired for one op call, all released together at the end."""
 
     def __init__(self, dev: GpuDevice) -> None:
@@ -88,7 +91,7 @@ class _Scope:
         self.bufs.append(buf)
         return buf
 
-    def __enter__(self) -> "_Scope":
+    def __enter__(self) -> "BufferScope":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -97,22 +100,22 @@ class _Scope:
         self.bufs.clear()
 
 
-def _elementwise_1d(batch: Batch, kernel: str, entry: str, bindings: dict, n: int,
+def dispatch_1d(batch: Batch, kernel: str, entry: str, bindings: dict, n: int,
                     constants: dict | None = None, per_group: int = 256) -> None:
-    groups = _fold(batch._dev, -(-n // per_group))
+    groups = fold_groups(batch.device, -(-n // per_group))
     batch.dispatch(kernel, entry, bindings, groups, constants)
 
-_SUMSQ_CHUNK = 4096  # elements per workgroup of sum_squares.partial
+SUMSQ_CHUNK = 4096  # elements per workgroup of sum_squares.partial
 
 
-def _fits(dev: GpuDevice, nbytes: int, what: str) -> None:
+def check_fits(dev: GpuDevice, nbytes: int, what: str) -> None:
     if nbytes > dev.max_binding_bytes:
         raise InvalidInput(
             f"{what} needs {nbytes} bytes in one binding but the device allows {dev.max_binding_bytes}; "
             "pass smaller inputs or use the numpy twin"
         )
 
-def _rows_of(name: str, x: np.ndarray) -> tuple[int, int]:
-    _f32(name, x, min_ndim=1)
+def rows_of(name: str, x: np.ndarray) -> tuple[int, int]:
+    check_f32(name, x, min_ndim=1)
     c = x.shape[-1]
     return (x.size // c if c else 0), c
