@@ -17,12 +17,12 @@ import numpy as np
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import GpuBuffer, GpuDevice, get_device
 from evermind_memory.lm.layers import RMS_EPS
-from evermind_memory.gpu.plan import _layout, _pack, _Plan, _unpack, _view
+from evermind_memory.gpu.ops.support import MAX_EXPERTS
+from evermind_memory.gpu.plan import DeviceTensor, Plan, buffer_view, device_layout, pack_tensor, unpack_tensor
 from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes
 
-__all__ = ["GpuLM"]
+__all__ = ["GpuLM", "TrainingView"]
 
-_MAX_EXPERTS = 64  # moe_route.wgsl keeps a 64-bit "chosen" mask per row
 _POOL_MAX_T = 1024  # pool_attention.wgsl keeps one query's scores in workgroup memory
 _HEAD_CHUNK_BYTES = 256 * 1024 * 1024  # logits of one head chunk (rows x V float32), at most
 _EMBED_SEQS = 64  # sequences per embed_batch forward, at most
@@ -57,6 +57,17 @@ class _Acts(NamedTuple):
     hs: GpuBuffer  # (N, G*H) h times its gate
 
 
+class TrainingView(NamedTuple):
+    """The resident model as a device optimizer sees it (gpu/trainer.py): its tensors in device order, and the
+    model's own weight and gradient buffers and loss cell beside them (writes through them change the model).
+    Valid until the model's `close()`."""
+
+    layout: tuple[DeviceTensor, ...]
+    params: tuple[GpuBuffer, ...]  # one per layout entry
+    grads: tuple[GpuBuffer, ...]  # one per layout entry, summed over a window by `GpuLM.record_batches`
+    loss: GpuBuffer  # the window's token-weighted mean loss, one float32 (16 bytes)
+
+
 # ==== the model ===========================================================================================
 
 class GpuLM:
@@ -79,14 +90,14 @@ class GpuLM:
         """
         if not isinstance(config, LMConfig):
             raise InvalidInput(f"GpuLM expected an LMConfig, got {type(config).__name__}.")
-        if config.n_experts > _MAX_EXPERTS:
-            raise InvalidInput(f"GpuLM supports at most {_MAX_EXPERTS} experts per layer, got {config.n_experts}.")
+        if config.n_experts > MAX_EXPERTS:
+            raise InvalidInput(f"GpuLM supports at most {MAX_EXPERTS} experts per layer, got {config.n_experts}.")
         checked = EvermindLM.from_params(config, params).params  # validates names, shapes, finiteness
         self.config = config
         self.dev = device if device is not None else get_device()
-        self._layout = _layout(config)
+        self._layout = device_layout(config)
         self._index = {t.name: i for i, t in enumerate(self._layout)}
-        self._params = [self.dev.upload(_pack(t, checked)) for t in self._layout]
+        self._params = [self.dev.upload(pack_tensor(t, checked)) for t in self._layout]
         self._grads: list[GpuBuffer] | None = None
         self._zero = self.dev.storage(16)
         self.dev.write(self._zero, np.zeros(4, dtype=np.float32))
@@ -130,7 +141,7 @@ class GpuLM:
         """
         found: dict[str, np.ndarray] = {}
         for t, buf in zip(self._layout, self._params):
-            found.update(_unpack(t, self.dev.read(buf, np.float32, t.shape)))
+            found.update(unpack_tensor(t, self.dev.read(buf, np.float32, t.shape)))
         return {name: found[name] for name in param_shapes(self.config)}
 
     def load_params(self, params: Mapping[str, np.ndarray]) -> None:
@@ -141,7 +152,7 @@ class GpuLM:
         """
         checked = EvermindLM.from_params(self.config, params).params
         for t, buf in zip(self._layout, self._params):
-            self.dev.write(buf, _pack(t, checked))
+            self.dev.write(buf, pack_tensor(t, checked))
 
     def to_model(self) -> EvermindLM:
         """A numpy EvermindLM with the current device weights."""
@@ -190,7 +201,7 @@ class GpuLM:
         clean = np.where(real, arr, 0).astype(np.int32)  # (B, T)
         return clean, lens.astype(np.int64)
 
-    def _write_train_inputs(self, plan: _Plan, tokens: np.ndarray, lengths: np.ndarray, weight: float) -> int:
+    def _write_train_inputs(self, plan: Plan, tokens: np.ndarray, lengths: np.ndarray, weight: float) -> int:
         """Fill a train plan's input buffers; returns the number of predicted positions."""
         b, t = tokens.shape
         dev = self.dev
@@ -216,7 +227,7 @@ class GpuLM:
 
     # -- plans --------------------------------------------------------------------------------------------
 
-    def _plan(self, kind: str, b: int, t: int) -> _Plan:
+    def _plan(self, kind: str, b: int, t: int) -> Plan:
         cache = self._plans[kind]
         key = (b, t)
         plan = cache.get(key)
@@ -226,7 +237,7 @@ class GpuLM:
         if len(cache) >= _PLAN_CACHE:
             _, old = cache.popitem(last=False)
             old.release()
-        plan = _Plan(self.dev)
+        plan = Plan(self.dev)
         try:
             self._build(plan, kind, b, t)
         except Exception:
@@ -235,7 +246,7 @@ class GpuLM:
         cache[key] = plan
         return plan
 
-    def _acts(self, plan: _Plan, n: int) -> _Acts:
+    def _acts(self, plan: Plan, n: int) -> _Acts:
         cfg = self.config
         c, e, k, g = cfg.d_model, cfg.n_experts, cfg.top_k, cfg.n_experts + 1
         gh = g * cfg.hidden_dim
@@ -243,7 +254,7 @@ class GpuLM:
                      plan.buffer(n * k * 4), plan.buffer(n * k * 4), plan.buffer(n * g * 4), plan.buffer(n * gh * 4),
                      plan.buffer(n * gh * 4))
 
-    def _build(self, plan: _Plan, kind: str, b: int, t: int) -> None:
+    def _build(self, plan: Plan, kind: str, b: int, t: int) -> None:
         cfg = self.config
         n, c, v = b * t, cfg.d_model, cfg.vocab_size
         ids = plan.buffer(n * 4, "ids")
@@ -262,7 +273,7 @@ class GpuLM:
         if kind == "logits":
             out = plan.buffer(n * v * 4, "out")
             for r0, r1 in self._head_chunks(n):
-                plan.matmul(_view(x_final, r0 * c, (r1 - r0) * c), emb, _view(out, r0 * v, (r1 - r0) * v),
+                plan.matmul(buffer_view(x_final, r0 * c, (r1 - r0) * c), emb, buffer_view(out, r0 * v, (r1 - r0) * v),
                             r1 - r0, v, c, trans_b=True, zero=self._zero)
         elif kind == "embed":
             self._pool(plan, x_final, rinv, b, t)
@@ -276,7 +287,7 @@ class GpuLM:
         rows = max(64, (limit // (v * 4)) // 64 * 64)
         return [(r0, min(n, r0 + rows)) for r0 in range(0, n, rows)]
 
-    def _layer_forward(self, plan: _Plan, layer: int, x: GpuBuffer, out: GpuBuffer, a: _Acts, rinv: GpuBuffer,
+    def _layer_forward(self, plan: Plan, layer: int, x: GpuBuffer, out: GpuBuffer, a: _Acts, rinv: GpuBuffer,
                        b: int, t: int) -> None:
         """out = x2 + MoE(norm(x2)), x2 = x + conv(norm(x)); keeps the backward's activations in `a`."""
         cfg = self.config
@@ -303,7 +314,7 @@ class GpuLM:
         plan.matmul(a.hs, w.w2, out, n, c, gh, accumulate=True, zero=self._zero)
         plan.matmul(a.gmat, w.b2, out, n, c, g, accumulate=True, zero=self._zero)
 
-    def _head_backward(self, plan: _Plan, x_final: GpuBuffer, b: int, t: int, xs: list[GpuBuffer],
+    def _head_backward(self, plan: Plan, x_final: GpuBuffer, b: int, t: int, xs: list[GpuBuffer],
                        acts: list[_Acts], rinv: GpuBuffer) -> None:
         """Loss, then the backward of the head, every layer and the lookup, accumulating into the grads."""
         cfg = self.config
@@ -320,14 +331,14 @@ class GpuLM:
         emb = self._param("emb")
         for r0, r1 in chunks:
             m = r1 - r0
-            x_rows = _view(x_final, r0 * c, m * c)
+            x_rows = buffer_view(x_final, r0 * c, m * c)
             plan.matmul(x_rows, emb, logits, m, v, c, trans_b=True, zero=self._zero)
             plan.dispatch("cross_entropy", "main",
-                          {0: plan.uniform([("u", m), ("u", v), ("u", 0), ("u", 0)]), 1: _view(logits, 0, m * v),
-                           2: _view(targets, r0, m), 3: _view(cew, r0, m), 4: _view(dlogits, 0, m * v),
-                           5: _view(loss_rows, r0, m)}, plan.fold(m))
-            plan.matmul(_view(dlogits, 0, m * v), emb, _view(dx_a, r0 * c, m * c), m, c, v, zero=self._zero)
-            plan.matmul(_view(dlogits, 0, m * v), x_rows, d_emb, v, c, m, trans_a=True, accumulate=True,
+                          {0: plan.uniform([("u", m), ("u", v), ("u", 0), ("u", 0)]), 1: buffer_view(logits, 0, m * v),
+                           2: buffer_view(targets, r0, m), 3: buffer_view(cew, r0, m), 4: buffer_view(dlogits, 0, m * v),
+                           5: buffer_view(loss_rows, r0, m)}, plan.fold(m))
+            plan.matmul(buffer_view(dlogits, 0, m * v), emb, buffer_view(dx_a, r0 * c, m * c), m, c, v, zero=self._zero)
+            plan.matmul(buffer_view(dlogits, 0, m * v), x_rows, d_emb, v, c, m, trans_a=True, accumulate=True,
                         zero=self._zero)
         plan.dispatch("column_sum", "main", {0: plan.uniform([("u", n), ("u", 1), ("u", 0), ("u", 0)]),
                                              1: loss_rows, 2: self._loss}, (1, 1, 1), {"ACCUMULATE": True})
@@ -345,7 +356,7 @@ class GpuLM:
                           3: plan.buffer((n + 1) * 4, "offsets"), 4: plan.buffer(n * 4, "order"), 5: d_emb},
                          n * c, {"ACCUMULATE": True})
 
-    def _layer_backward(self, plan: _Plan, layer: int, x: GpuBuffer, a: _Acts, dout: GpuBuffer, dx: GpuBuffer,
+    def _layer_backward(self, plan: Plan, layer: int, x: GpuBuffer, a: _Acts, dout: GpuBuffer, dx: GpuBuffer,
                         s: dict[str, GpuBuffer], rinv: GpuBuffer, b: int, t: int) -> None:
         """dx = d(layer input) from dout = d(layer output); adds every weight gradient into the grads."""
         cfg = self.config
@@ -390,7 +401,7 @@ class GpuLM:
                       (-(-c // 64), 1, 1), {"ACCUMULATE": True})
         plan.elementwise("axpy", "main", {0: add_u, 1: s["dx2"], 2: dx}, n * c)
 
-    def _pool(self, plan: _Plan, x: GpuBuffer, rinv: GpuBuffer, b: int, t: int) -> None:
+    def _pool(self, plan: Plan, x: GpuBuffer, rinv: GpuBuffer, b: int, t: int) -> None:
         """The embedder's pooling: [x += attn(norm(x)); x = norm(x)] when attn_heads, then the normalised mean."""
         cfg = self.config
         n, c = b * t, cfg.d_model
@@ -430,8 +441,11 @@ class GpuLM:
             enc.clear_buffer(self._loss.raw, 0, 16)
         return enc
 
-    def _record_batches(self, batches: Sequence[tuple[np.ndarray, np.ndarray]], where: str,
-                        tail: Any = None) -> int:
+    def training_view(self) -> TrainingView:
+        """The buffers a device optimizer steps (layout, weights, gradients, loss); see TrainingView."""
+        return TrainingView(tuple(self._layout), tuple(self._params), tuple(self._grad_buffers()), self._loss)
+
+    def record_batches(self, batches: Sequence[tuple[Any, Any]], where: str, tail: Any = None) -> int:
         """Record and submit forward + backward of each batch (grads summed, CE weight 1 / total positions).
 
         One submit per batch (their inputs share buffers); `tail(encoder)` records into the last one.
@@ -464,14 +478,14 @@ class GpuLM:
         Raises:
             InvalidInput: bad inputs, or no sequence has two or more tokens.
         """
-        self._record_batches([(tokens, lengths)], "loss_and_grads()")
+        self.record_batches([(tokens, lengths)], "loss_and_grads()")
         loss = float(self.dev.read(self._loss, np.float32, (1,))[0])
         return loss, self._read_grads()
 
     def _read_grads(self) -> dict[str, np.ndarray]:
         found: dict[str, np.ndarray] = {}
         for t, buf in zip(self._layout, self._grad_buffers()):
-            found.update(_unpack(t, self.dev.read(buf, np.float32, t.shape)))
+            found.update(unpack_tensor(t, self.dev.read(buf, np.float32, t.shape)))
         return {name: found[name] for name in param_shapes(self.config)}
 
     def forward(self, tokens: Any, lengths: Any = None) -> np.ndarray:

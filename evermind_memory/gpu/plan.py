@@ -1,6 +1,7 @@
 """The GPU model's building blocks: how EvermindLM's parameters are laid out on the device (stacked expert
-weights, so the routed experts run densely beside the shared one) and `_Plan`, a replayable command list
-whose bind groups are made once.
+weights, so the routed experts run densely beside the shared one) and `Plan`, a replayable command list
+whose bind groups are made once. Public to gpu/: the resident model (model.py) and its trainer (trainer.py) build
+on these names.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from evermind_memory.lm.model import LMConfig, param_shapes
 # ==== the device layout of the parameters =================================================================
 
 @dataclass(frozen=True)
-class _Tensor:
+class DeviceTensor:
     """One device tensor: canonical parameters packed side by side (AdamW is elementwise, so packing is free)."""
 
     name: str
@@ -29,28 +30,28 @@ class _Tensor:
     decay: bool  # 2-D weights decay; norm gains and biases do not (as LMTrainer's no_decay)
 
 
-def _layout(config: LMConfig) -> list[_Tensor]:
+def device_layout(config: LMConfig) -> list[DeviceTensor]:
     """Device tensors in a fixed order. Per layer the shared expert is group 0 and expert e is group 1 + e."""
     shapes = param_shapes(config)
     c, h, g = config.d_model, config.hidden_dim, config.n_experts + 1
-    out = [_Tensor("emb", shapes["emb"], ("emb",), "same", True)]
+    out = [DeviceTensor("emb", shapes["emb"], ("emb",), "same", True)]
     for layer in range(config.n_layers):
         p = f"layers.{layer}."
         groups = [p + "shared"] + [f"{p}expert{e}" for e in range(config.n_experts)]
         for local in ("conv_norm", "conv", "moe_norm", "router"):
-            out.append(_Tensor(p + local, shapes[p + local], (p + local,), "same", len(shapes[p + local]) >= 2))
-        out.append(_Tensor(p + "w1", (c, g * h), tuple(x + ".w1" for x in groups), "cols", True))
-        out.append(_Tensor(p + "b1", (g * h,), tuple(x + ".b1" for x in groups), "rows", False))
-        out.append(_Tensor(p + "w2", (g * h, c), tuple(x + ".w2" for x in groups), "rows", True))
-        out.append(_Tensor(p + "b2", (g, c), tuple(x + ".b2" for x in groups), "stack", False))
+            out.append(DeviceTensor(p + local, shapes[p + local], (p + local,), "same", len(shapes[p + local]) >= 2))
+        out.append(DeviceTensor(p + "w1", (c, g * h), tuple(x + ".w1" for x in groups), "cols", True))
+        out.append(DeviceTensor(p + "b1", (g * h,), tuple(x + ".b1" for x in groups), "rows", False))
+        out.append(DeviceTensor(p + "w2", (g * h, c), tuple(x + ".w2" for x in groups), "rows", True))
+        out.append(DeviceTensor(p + "b2", (g, c), tuple(x + ".b2" for x in groups), "stack", False))
     for local in ("attn_norm", "wqkv", "wo", "out_norm"):
         name = "pool." + local
         if name in shapes:
-            out.append(_Tensor(name, shapes[name], (name,), "same", len(shapes[name]) >= 2))
+            out.append(DeviceTensor(name, shapes[name], (name,), "same", len(shapes[name]) >= 2))
     return out
 
 
-def _pack(t: _Tensor, params: Mapping[str, np.ndarray]) -> np.ndarray:
+def pack_tensor(t: DeviceTensor, params: Mapping[str, np.ndarray]) -> np.ndarray:
     parts = [np.asarray(params[m], dtype=np.float32) for m in t.members]
     if t.how == "same":
         return np.ascontiguousarray(parts[0])  # (shape)
@@ -61,7 +62,7 @@ def _pack(t: _Tensor, params: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.stack(parts, axis=0)  # (G, C)
 
 
-def _unpack(t: _Tensor, arr: np.ndarray) -> dict[str, np.ndarray]:
+def unpack_tensor(t: DeviceTensor, arr: np.ndarray) -> dict[str, np.ndarray]:
     if t.how == "same":
         return {t.members[0]: arr}
     if t.how == "cols":
@@ -75,7 +76,7 @@ def _unpack(t: _Tensor, arr: np.ndarray) -> dict[str, np.ndarray]:
 
 # ==== a replayable command list ===========================================================================
 
-class _Plan:
+class Plan:
     """Dispatches, clears and copies with their bind groups made once; `record` replays them into an encoder.
 
     Buffers made through the plan are owned by it and go back to the device pool on `release`.
@@ -187,5 +188,5 @@ def _uniform_bytes(values: Sequence[tuple[str, float | int]]) -> bytes:
     return raw + b"\0" * (-len(raw) % 16)
 
 
-def _view(buf: GpuBuffer, offset_elems: int, n_elems: int) -> tuple[GpuBuffer, int, int]:
+def buffer_view(buf: GpuBuffer, offset_elems: int, n_elems: int) -> tuple[GpuBuffer, int, int]:
     return (buf, 4 * int(offset_elems), 4 * max(int(n_elems), 1))

@@ -13,13 +13,11 @@ import numpy as np
 from evermind_memory.errors import InvalidInput
 from evermind_memory.gpu.device import GpuDevice
 from evermind_memory.gpu.model import GpuLM
-from evermind_memory.gpu.plan import _pack, _Plan, _unpack
+from evermind_memory.gpu.ops.support import SUMSQ_CHUNK
+from evermind_memory.gpu.plan import Plan, pack_tensor, unpack_tensor
 from evermind_memory.lm.model import EvermindLM, param_shapes
 
 __all__ = ["GpuTrainer", "StepResult"]
-
-_SUMSQ_CHUNK = 4096  # elements per workgroup of sum_squares.partial
-
 
 class StepResult(NamedTuple):
     """What one training step did."""
@@ -74,8 +72,9 @@ class GpuTrainer:
         self.config = config
         self.optimizers = list(optimizers or [])
         self.gpu = GpuLM.from_model(model, device=device)
+        self.view = self.gpu.training_view()
         dev = self.gpu.dev
-        sizes = [int(np.prod(t.shape)) for t in self.gpu._layout]
+        sizes = [int(np.prod(t.shape)) for t in self.view.layout]
         self._m = [dev.storage(n * 4) for n in sizes]
         self._v = [dev.storage(n * 4) for n in sizes]
         self.t = 0
@@ -88,18 +87,18 @@ class GpuTrainer:
         self._opt = self._build_optimizer(sizes)
         self.push()
 
-    def _build_optimizer(self, sizes: list[int]) -> _Plan:
+    def _build_optimizer(self, sizes: list[int]) -> Plan:
         """Global norm + clip scale, scale the grads, AdamW check then apply; stats copied for the read back."""
         gpu = self.gpu
-        plan = _Plan(gpu.dev)
-        grads = gpu._grad_buffers()
-        n_part = [-(-n // _SUMSQ_CHUNK) for n in sizes]
+        plan = Plan(gpu.dev)
+        grads = self.view.grads
+        n_part = [-(-n // SUMSQ_CHUNK) for n in sizes]
         slots = np.concatenate([[0], np.cumsum(n_part)]).astype(int)  # (n_tensors + 1,)
         partials = plan.buffer(int(slots[-1]) * 4)
         ctl, flag = self._ctl, self._flag
         for g, n, slot in zip(grads, sizes, slots):
             u = plan.uniform([("u", n), ("u", int(slot)), ("u", 0), ("u", 0)] + [("f", 0.0)] * 4)
-            plan.dispatch("sum_squares", "partial", {0: u, 1: g, 2: partials}, plan.fold(-(-n // _SUMSQ_CHUNK)))
+            plan.dispatch("sum_squares", "partial", {0: u, 1: g, 2: partials}, plan.fold(-(-n // SUMSQ_CHUNK)))
         clip = float(getattr(self.config, "clip", 0.0))
         fin = plan.uniform([("u", 0), ("u", 0), ("u", int(slots[-1])), ("u", 0), ("f", 1.0), ("f", clip),
                             ("f", 0.0), ("f", 0.0)])
@@ -111,21 +110,21 @@ class GpuTrainer:
         for i, n in enumerate(sizes):
             plan.elementwise("adamw_update", "check", {0: hp[i], 2: grads[i], 3: self._m[i], 4: self._v[i], 5: flag}, n)
         for i, n in enumerate(sizes):
-            plan.elementwise("adamw_update", "apply", {0: hp[i], 1: gpu._params[i], 2: grads[i], 3: self._m[i],
+            plan.elementwise("adamw_update", "apply", {0: hp[i], 1: self.view.params[i], 2: grads[i], 3: self._m[i],
                                                        4: self._v[i], 5: flag}, n)
         plan.copy(self._ctl, self._staging, 16)
         plan.copy(self._flag, self._staging, 16, dst_offset=16)
-        plan.copy(gpu._loss, self._staging, 16, dst_offset=32)
+        plan.copy(self.view.loss, self._staging, 16, dst_offset=32)
         return plan
 
     def _write_hyper(self, lr: float, t: int) -> None:
         cfg = self.config
         b1, b2 = (float(x) for x in cfg.betas)
-        rows = np.zeros((len(self.gpu._layout), self._stride // 4), dtype=np.float32)  # (n_tensors, stride/4)
-        rows[:, 0] = np.array([int(np.prod(tt.shape)) for tt in self.gpu._layout], dtype=np.uint32).view(np.float32)
+        rows = np.zeros((len(self.view.layout), self._stride // 4), dtype=np.float32)  # (n_tensors, stride/4)
+        rows[:, 0] = np.array([int(np.prod(tt.shape)) for tt in self.view.layout], dtype=np.uint32).view(np.float32)
         rows[:, 1] = lr
         rows[:, 2], rows[:, 3], rows[:, 4] = b1, b2, float(cfg.eps)
-        rows[:, 5] = [float(cfg.weight_decay) if tt.decay else 0.0 for tt in self.gpu._layout]
+        rows[:, 5] = [float(cfg.weight_decay) if tt.decay else 0.0 for tt in self.view.layout]
         rows[:, 6], rows[:, 7] = b1 ** t, b2 ** t
         rows[:, 8] = float(cfg.max_delta)
         rows[:, 9] = 1.0  # the clip scale is already applied to the gradients by sum_squares.scale
@@ -148,7 +147,7 @@ class GpuTrainer:
         if not batches:
             raise InvalidInput("step() expected at least one (tokens, lengths) batch, got none.")
         self._write_hyper(float(lr), self.t + 1)
-        total = self.gpu._record_batches(batches, "step()", tail=self._opt.record)
+        total = self.gpu.record_batches(batches, "step()", tail=self._opt.record)
         st = self._staging.raw
         st.map_sync(self.gpu.dev.wgpu.MapMode.READ, 0, self._staging.capacity)
         try:
@@ -192,9 +191,9 @@ class GpuTrainer:
             return
         m: dict[str, np.ndarray] = {}
         v: dict[str, np.ndarray] = {}
-        for t, mb, vb in zip(self.gpu._layout, self._m, self._v):
-            m.update(_unpack(t, dev.read(mb, np.float32, t.shape)))
-            v.update(_unpack(t, dev.read(vb, np.float32, t.shape)))
+        for t, mb, vb in zip(self.view.layout, self._m, self._v):
+            m.update(unpack_tensor(t, dev.read(mb, np.float32, t.shape)))
+            v.update(unpack_tensor(t, dev.read(vb, np.float32, t.shape)))
         for opt in self.optimizers:
             for name in opt.owned:
                 opt.m[name][...] = m[name]
@@ -213,9 +212,9 @@ class GpuTrainer:
             for name in opt.owned:
                 m[name], v[name] = opt.m[name], opt.v[name]
             self.t = int(opt.t)
-        for t, mb, vb in zip(self.gpu._layout, self._m, self._v):
-            dev.write(mb, _pack(t, m))
-            dev.write(vb, _pack(t, v))
+        for t, mb, vb in zip(self.view.layout, self._m, self._v):
+            dev.write(mb, pack_tensor(t, m))
+            dev.write(vb, pack_tensor(t, v))
 
     def close(self) -> None:
         """Give the device buffers back (weights are not pulled first)."""
