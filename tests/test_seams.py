@@ -89,3 +89,93 @@ def test_the_counter_sees_a_reach():
 def test_no_module_reaches_into_memory_store_privates():
     found = store_reaches()
     assert not found, f"reaches into MemoryStore's private attributes: {found}"
+
+
+# ---- the whole package: no module imports another's private names or reaches into another's private attributes
+#
+# Issue 33 counted 74 private names imported across modules (58 of them inside gpu/ops/, from `_dispatch`) and 64
+# private attributes reached. A private import is `from x import _name`. A reach is `x._name` (or
+# `getattr(x, "_name")`) where x is anything but a bare `self` or `cls` and the module's own classes do not define
+# `_name` (a module reading its own objects' privates, such as async_store.py's views, is not a reach). A module
+# named `_x.py` is private to the package, not to one module: its public names are for the package to import.
+#
+# Not counted: namedtuple's public API, which carries an underscore so as not to clash with field names
+# (`_make`, `_replace`, `_fields`, `_asdict`), and `os._exit`, the standard library's documented hard exit.
+
+NAMEDTUPLE_API = {"_make", "_replace", "_fields", "_asdict", "_field_defaults"}
+STDLIB = {"os._exit"}
+
+# What can't move yet, each with its reason. An entry that no longer matches fails the test: take it out.
+BACKEND = "store/backend/* is being edited on another branch (sessions, codecs); it moves after that merges"
+ALLOWED = {
+    ("store/backend/postgres.py", "session._begin"): BACKEND,
+    ("store/backend/postgres_repair.py", "s._one"): BACKEND,
+    ("store/backend/postgres_repair.py", "s._log"): BACKEND,
+    ("store/backend/postgres_repair.py", "s._all"): BACKEND,
+    ("store/backend/sqlite_repair.py", "from .sqlite_session import _INSERT_CHANGE"): BACKEND,
+}
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """own_privates, plus private names assigned in a class body (`_fields = (...)`)."""
+    names = own_privates(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.Assign):
+                    names |= {t.id for t in item.targets if isinstance(t, ast.Name) and _private(t.id)}
+    return names
+
+
+def crossings(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, text) for each private import and each reach into another module's private attribute."""
+    own = own_names(tree)
+
+    def counts(receiver: ast.expr, name: object) -> bool:
+        if not isinstance(name, str) or not _private(name) or name in own or name in NAMEDTUPLE_API:
+            return False
+        if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+            return False
+        return f"{ast.unparse(receiver)}.{name}" not in STDLIB
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {alias.name}")
+                      for alias in node.names if _private(alias.name)]
+        elif isinstance(node, ast.Attribute) and counts(node.value, node.attr):
+            found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and counts(node.args[0], node.args[1].value):
+            found.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})"))
+    return sorted(found)
+
+
+def package_crossings() -> dict[tuple[str, str], list[int]]:
+    """(module path, text) -> the lines where it occurs, over the whole package."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        for line, text in crossings(ast.parse(path.read_text(encoding="utf-8"))):
+            out.setdefault((rel, text), []).append(line)
+    return out
+
+
+def test_the_package_counter_sees_imports_and_reaches():
+    code = ast.parse(
+        "import os\nfrom .a import _helper, public\nfrom . import _module\n"
+        "class Row(NamedTuple):\n    x: int\n"
+        "class Own:\n    _fields = ('a',)\n    def f(self, other):\n        self._mine = 1\n        other._mine\n"
+        "        other._theirs\n        self.gpu._layout\n        getattr(other, '_hidden', None)\n"
+        "        Row._make((1,))._replace(x=2)\n        os._exit(0)\n        Own._fields\n")
+    assert crossings(code) == [
+        (2, "from .a import _helper"), (3, "from . import _module"), (11, "other._theirs"), (12, "self.gpu._layout"),
+        (13, "getattr(other, '_hidden')")]
+
+
+def test_no_module_crosses_into_another_modules_privates():
+    found = package_crossings()
+    unexpected = {key: lines for key, lines in found.items() if key not in ALLOWED}
+    assert not unexpected, f"private imports or reaches across modules (give the name a public spelling): {unexpected}"
+    stale = sorted(set(ALLOWED) - set(found))
+    assert not stale, f"allowed crossings that no longer occur; take them out of ALLOWED: {stale}"

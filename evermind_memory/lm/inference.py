@@ -18,6 +18,7 @@ import numpy as np
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.lm.attention import key_mask
+from evermind_memory.lm.batch import prepare_list
 from evermind_memory.lm.config import LMConfig
 from evermind_memory.lm.layers import RMS_EPS
 from evermind_memory.lm.moe import SHORT_MAX_ROWS, moe_infer, moe_infer_short, moe_inference_weights
@@ -251,7 +252,7 @@ class FrozenEmbedder:
     def __init__(self, model: Any) -> None:
         params = {name: np.array(p, copy=True) for name, p in model.params.items()}
         self.config = model.config
-        self._check = model._prepare_list
+        self._vocab = int(model.config.vocab_size)
         self._plan = build_plan(model.config, params, fused=True)
 
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
@@ -266,7 +267,7 @@ class FrozenEmbedder:
         Raises:
             InvalidInput: empty list or ids out of range.
         """
-        return plan_embed_one(self._plan, self._check(tokens, "embed()"))
+        return plan_embed_one(self._plan, prepare_list(tokens, self._vocab, "embed()"))
 
     def embed_batch(self, token_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Same as `EvermindLM.embed_batch` with the weights of the snapshot.
@@ -280,5 +281,5 @@ class FrozenEmbedder:
         Raises:
             InvalidInput: an empty list or ids out of range (the message names the index).
         """
-        seqs = [self._check(tokens, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
+        seqs = [prepare_list(tokens, self._vocab, f"embed_batch() item {i}") for i, tokens in enumerate(token_lists)]
         return plan_embed_many(self._plan, seqs, self.config.d_model)

@@ -38,7 +38,7 @@ from typing import Any, Iterator, Mapping
 from ..errors import InvalidInput
 from .timing import check_window, parse_time, time_text
 from .validate import (
-    MAX_SOURCE_CHARS, SCOPE_LEVELS, TAG_KEY_RE, _plain_string, _show, check_tag_value, scope_name_refused, value_type,
+    MAX_SOURCE_CHARS, SCOPE_LEVELS, TAG_KEY_RE, plain_string, show_value, check_tag_value, scope_name_refused, value_type,
 )
 
 MAX_IN = 100
@@ -302,7 +302,7 @@ def parse_where(where: Any) -> Filter:
         return MATCH_ALL
     if not isinstance(where, Mapping):
         raise InvalidInput(
-            f'where expects a dict such as {{"topic": "travel"}} or {{"$or": [...]}}, got {_show(where)}.'
+            f'where expects a dict such as {{"topic": "travel"}} or {{"$or": [...]}}, got {show_value(where)}.'
         )
     if not where:
         return MATCH_ALL
@@ -315,7 +315,7 @@ def _parse_doc(doc: Mapping, path: str, depth: int, budget: _Budget) -> Filter:
         here = _index(path, key)
         if not isinstance(key, str):
             raise InvalidInput(f"{here}: filter keys are strings (a tag key, source, created_at, updated_at, $and, $or), "
-                               f"got {_show(key)}.")
+                               f"got {show_value(key)}.")
         if key in LOGICAL:
             parts.append(_parse_logical(key, value, here, depth, budget))
         elif key.startswith("$"):
@@ -331,14 +331,14 @@ def _parse_logical(op: str, value: Any, path: str, depth: int, budget: _Budget) 
     if depth + 1 > MAX_DEPTH:
         raise InvalidInput(f"{path}: $and / $or nest more than {MAX_DEPTH} levels deep; flatten the filter.")
     if not isinstance(value, (list, tuple)) or not value:
-        raise InvalidInput(f"{path}: {op} expects a non-empty list of filters, got {_show(value)}.")
+        raise InvalidInput(f"{path}: {op} expects a non-empty list of filters, got {show_value(value)}.")
     budget.clause(path)
     parts = []
     for i, item in enumerate(value):
         here = _index(path, i)
         if not isinstance(item, Mapping) or not item:
             raise InvalidInput(f'{here}: {op} expects each item to be a non-empty filter dict such as {{"topic": "travel"}}, '
-                               f"got {_show(item)}.")
+                               f"got {show_value(item)}.")
         parts.append(_parse_doc(item, here, depth + 1, budget))
     if len(parts) == 1:
         return parts[0]
@@ -383,11 +383,11 @@ def _parse_op(field: Field, op: str, arg: Any, path: str, budget: _Budget) -> Fi
     budget.clause(path)
     if op == "$exists":
         if not isinstance(arg, bool):
-            raise InvalidInput(f"{path}: $exists expects true or false, got {_show(arg)}.")
+            raise InvalidInput(f"{path}: $exists expects true or false, got {show_value(arg)}.")
         return Exists(field, arg)
     if op in MEMBERSHIP:
         if not isinstance(arg, (list, tuple)) or not arg:
-            raise InvalidInput(f"{path}: {op} expects a non-empty list of values, got {_show(arg)}.")
+            raise InvalidInput(f"{path}: {op} expects a non-empty list of values, got {show_value(arg)}.")
         if len(arg) > MAX_IN:
             raise InvalidInput(f"{path}: {op} expects at most {MAX_IN} values, got {len(arg)}; split the filter with $or.")
         budget.value(path, len(arg))
@@ -407,12 +407,12 @@ def _scalar(field: Field, op: str, value: Any, what: str) -> Any:
         return parse_time(value, what)
     if field.name == "source":
         if not isinstance(value, str):
-            raise InvalidInput(f"{what} on source expects a string, got {_show(value)}.")
+            raise InvalidInput(f"{what} on source expects a string, got {show_value(value)}.")
         if not 1 <= len(value) <= MAX_SOURCE_CHARS:
             raise InvalidInput(f"{what} on source expects 1 to {MAX_SOURCE_CHARS} characters, got {len(value)}.")
-        _plain_string(value, what)
+        plain_string(value, what)
         return value
     if op in ORDER and value_type(value) not in ("number", "str"):
-        raise InvalidInput(f"{what} expects a number or a string, got {_show(value)}"
+        raise InvalidInput(f"{what} expects a number or a string, got {show_value(value)}"
                            + ("; bools have no order, use $eq." if isinstance(value, bool) else "."))
     return check_tag_value(value, what)

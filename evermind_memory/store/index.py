@@ -32,7 +32,7 @@ from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .index_files import (
-    IndexRejected, _manifest_names, groups_name, parse_hnsw_file, read_groups, read_manifest,
+    IndexRejected, manifest_names, groups_name, parse_hnsw_file, read_groups, read_manifest,
 )
 from .lock import RWLock
 
@@ -590,7 +590,7 @@ class VectorIndex:
             write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
         except BaseException:
             tmp.unlink(missing_ok=True)
-            if name not in _manifest_names(directory / f"{stem}.json"):
+            if name not in manifest_names(directory / f"{stem}.json"):
                 final.unlink(missing_ok=True)
                 groups_file.unlink(missing_ok=True)
             raise

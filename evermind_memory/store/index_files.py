@@ -221,7 +221,8 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed")
 
 
-def _manifest_names(path: Path) -> set[str]:
+def manifest_names(path: Path) -> set[str]:
+    """The file a manifest names, as a set (empty when the manifest is unreadable)."""
     try:
         return {read_manifest(path).get("file")}
     except IndexRejected:

@@ -21,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 from ..errors import InvalidInput
-from .validate import SCOPE_LEVELS, _plain_string
+from .validate import SCOPE_LEVELS, plain_string
 
 LEVELS = SCOPE_LEVELS  # also the tag keys every interface refuses (validate.py): "user" has one meaning
 MAX_PART_CHARS = 128
@@ -41,7 +41,7 @@ def check_part(value: Any, level: str) -> str:
             f"scope {level} expects 1 to {MAX_PART_CHARS} characters without '/', control characters or "
             f"surrounding spaces, got {value!r:.60}."
         )
-    _plain_string(value, f"scope {level}")
+    plain_string(value, f"scope {level}")
     return value
 
 

@@ -31,7 +31,7 @@ MODES = ("hybrid", "vector", "lexical")
 FUSIONS = ("score", "rrf")
 
 
-def _plain_string(value: str, what: str) -> None:
+def plain_string(value: str, what: str) -> None:
     """Refuse NUL and lone surrogates, which SQLite truncates or refuses (R19)."""
     nul = value.find("\x00")
     if nul >= 0:
@@ -59,7 +59,7 @@ def check_text(text: Any, what: str = "text") -> str:
         )
     if not text.strip():
         raise InvalidInput(f"{what} expected some non-blank text, got {text!r:.40}.")
-    _plain_string(text, what)
+    plain_string(text, what)
     return text
 
 
@@ -107,7 +107,7 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
             raise InvalidInput(f"{what}[{key!r}] expected a str value, got {type(value).__name__} {value!r:.40}.")
         if len(value) > MAX_TAG_VALUE_CHARS:
             raise InvalidInput(f"{what}[{key!r}] expected at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
-        _plain_string(value, f"{what}[{key!r}]")
+        plain_string(value, f"{what}[{key!r}]")
         out[key] = value
     return out
 
@@ -178,7 +178,7 @@ def value_type(value: Any) -> str:
     return ""
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A value as an error message shows it: its repr (cut short) and its type."""
     text = repr(value)
     if len(text) > 60:
@@ -197,7 +197,7 @@ def check_tag_value(value: Any, what: str) -> str | int | float | bool:
     if kind == "str":
         if len(value) > MAX_TAG_VALUE_CHARS:
             raise InvalidInput(f"{what} expects a string of at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
-        _plain_string(value, what)
+        plain_string(value, what)
         return value
     if kind == "bool":
         return value
@@ -211,7 +211,7 @@ def check_tag_value(value: Any, what: str) -> str | int | float | bool:
             )
         return value if type(value) in (int, float) else (int(value) if isinstance(value, int) else float(value))
     hint = " Store times in tags as ISO 8601 strings (they order as strings)." if kind == "time" else ""
-    raise InvalidInput(f"{what} expects a str, int, float or bool, got {_show(value)}.{hint}")
+    raise InvalidInput(f"{what} expects a str, int, float or bool, got {show_value(value)}.{hint}")
 
 
 def check_source(source: Any) -> str | None:
@@ -229,7 +229,7 @@ def check_source(source: Any) -> str | None:
     if not source.strip():  # str.strip(): every Unicode space, tab, U+00A0, U+2028, U+3000 ...
         raise InvalidInput(f"source expected a visible label such as 'chat' or None, got only whitespace "
                            f"{source!r:.40}.")
-    _plain_string(source, "source")
+    plain_string(source, "source")
     return source
 
 
@@ -246,7 +246,7 @@ def check_id(fact_id: Any) -> str:
         raise InvalidInput(f"fact id expected 1 to {MAX_ID_CHARS} characters, got {len(fact_id)}.")
     if not fact_id.strip():  # reads and check() take a row with a blank id for a damaged one
         raise InvalidInput(f"fact id expected some visible characters, got only whitespace {fact_id!r:.40}.")
-    _plain_string(fact_id, "fact id")
+    plain_string(fact_id, "fact id")
     return fact_id
 
 
@@ -327,10 +327,10 @@ def check_path(value: Any, name: str, method: str) -> str:
         InvalidInput: None, a number, bytes (or a PathLike giving bytes), an empty path or one with NUL.
     """
     if not isinstance(value, (str, os.PathLike)):
-        raise InvalidInput(f"{method}() expected {name} to be a str or os.PathLike path, got {_show(value)}.")
+        raise InvalidInput(f"{method}() expected {name} to be a str or os.PathLike path, got {show_value(value)}.")
     text = os.fspath(value)
     if not isinstance(text, str):
-        raise InvalidInput(f"{method}() expected {name} to be a text path, got {_show(text)}; decode it first, "
+        raise InvalidInput(f"{method}() expected {name} to be a text path, got {show_value(text)}; decode it first, "
                            "e.g. os.fsdecode(path).")
     if not text:
         raise InvalidInput(f"{method}() expected {name} to be a path, got an empty string.")
