@@ -10,12 +10,15 @@ import re
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from .._atomic import write_atomic
 from ..errors import CheckpointError, InvalidInput
 from ..lm.adapter import LoRAWeights, adapter_digest, load_adapter, save_adapter
 from ..lm.checkpoint import file_sha256
+
+if TYPE_CHECKING:
+    from ..lm.model import EvermindLM
 
 HISTORY_FORMAT = "evermind-adapters 1"
 HISTORY_INDEX = "index.json"
@@ -25,6 +28,21 @@ MAX_HISTORY_BYTES = 4 << 20
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+class AdapterLog(Protocol):
+    """What the store's adapter history offers (AdapterHistory beside an SQLite file, the `adapters` table of a
+    PostgreSQL store): its entries, oldest first, and adding, updating and loading one."""
+
+    def entries(self) -> list[dict]: ...
+
+    def get(self, adapter_id: str) -> dict: ...
+
+    def add(self, weights: LoRAWeights, **info: object) -> dict: ...
+
+    def update(self, adapter_id: str, **changes: object) -> None: ...
+
+    def load(self, entry: dict, model: EvermindLM) -> LoRAWeights: ...
 
 
 class AdapterHistory:
@@ -89,7 +107,7 @@ class AdapterHistory:
             raise CheckpointError(f"adapter entry names an unexpected file {name!r:.60}.")
         return self.directory / name
 
-    def add(self, weights: LoRAWeights, **info: Any) -> dict:
+    def add(self, weights: LoRAWeights, **info: object) -> dict:
         """Write a new adapter file (atomic) and list it with status "candidate".
 
         Returns:
@@ -124,7 +142,7 @@ class AdapterHistory:
             write_atomic(path, data)
             self._write([e for e in self.entries() if e["id"] != entry["id"]] + [dict(entry)])
 
-    def update(self, adapter_id: str, **changes: Any) -> None:
+    def update(self, adapter_id: str, **changes: object) -> None:
         """Change fields of an entry (best effort: the index is informational)."""
         with self._lock:
             entries = self.entries()
@@ -136,7 +154,7 @@ class AdapterHistory:
             except OSError:
                 pass
 
-    def load(self, entry: dict, model: Any) -> LoRAWeights:
+    def load(self, entry: dict, model: EvermindLM) -> LoRAWeights:
         """Load an adapter, checked against its recorded sha256 and the model's shapes.
 
         Raises:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._lazy import lazy_import
 from ..embedder.base import Adaptable, Embedder, is_adaptable
@@ -21,6 +21,7 @@ from .vectors import VectorCache
 
 if TYPE_CHECKING:
     from ..lm.adapter import LoRAWeights
+    from .adapter_history import AdapterLog
 
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
@@ -176,7 +177,7 @@ class AdapterState:
         sha = entry.get("sha256")
         return load_adapter(self.adapters_dir / name, model=base.model, sha256=sha if isinstance(sha, str) else None)
 
-    def adapter_history(self) -> Any:
+    def adapter_history(self) -> AdapterLog:
         """The store's adapters (entries, get, add, update, load): files in `adapters_dir` beside an SQLite store,
         the `adapters` table of a PostgreSQL one (every node reads the same history)."""
         in_db = self._db.adapters()

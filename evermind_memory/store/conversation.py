@@ -11,7 +11,7 @@ as one. No SQL here: the front's writer stores the facts and its list() finds th
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import InvalidInput
 from .validate import check_text
@@ -26,7 +26,7 @@ MAX_SESSION_CHARS = 128
 MAX_CONTEXT = 20
 
 
-def check_session(session: Any) -> str:
+def check_session(session: object) -> str:
     """A session id: 1..MAX_SESSION_CHARS characters, not blank."""
     if not isinstance(session, str) or not session.strip() or len(session) > MAX_SESSION_CHARS:
         raise InvalidInput(f"remember_conversation() expects session= a str of 1 to {MAX_SESSION_CHARS} characters "
@@ -34,7 +34,7 @@ def check_session(session: Any) -> str:
     return session
 
 
-def check_turns(turns: Any) -> list[tuple[str, str, Any]]:
+def check_turns(turns: object) -> list[tuple[str, str, object]]:
     """[(speaker, text, at or None)] from a sequence of {"speaker", "text"[, "at"]} mappings or (speaker, text) pairs.
 
     Raises:
@@ -62,7 +62,7 @@ def check_turns(turns: Any) -> list[tuple[str, str, Any]]:
     return out
 
 
-def turn_tags(tags: Any, session: str, turn: int, speaker: str) -> dict:
+def turn_tags(tags: object, session: str, turn: int, speaker: str) -> object:
     """The caller's tags plus the turn's session, number and speaker (the caller may not set those three)."""
     tags = dict(tags or {}) if isinstance(tags, Mapping) or tags is None else tags
     if isinstance(tags, dict):
@@ -74,7 +74,7 @@ def turn_tags(tags: Any, session: str, turn: int, speaker: str) -> dict:
     return tags  # not a mapping: new_fact's tag check names the error
 
 
-def check_context(context: Any) -> int:
+def check_context(context: object) -> int:
     """recall(context=...) checked: 0..MAX_CONTEXT turns."""
     if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= MAX_CONTEXT:
         raise InvalidInput(f"recall(context=...) expects a number of turns from 0 to {MAX_CONTEXT}, "
@@ -98,8 +98,8 @@ def with_context(store: MemoryStore, hits: list["Recall"], n: int) -> list["Reca
     return out
 
 
-def recall_around(store: MemoryStore, query: str, k: int, args: dict, *, context: Any, time_words: bool,
-                  now: Any) -> list["Recall"]:
+def recall_around(store: MemoryStore, query: str, k: int, args: dict, *, context: object, time_words: bool,
+                  now: object) -> list["Recall"]:
     """recall(..., context=, time_words=, now=): the plain recall's hits (`args`: its other arguments), first
     those of the span the query's time words name when time_words (store/timewords.py), each turn hit with its
     neighbouring turns when context > 0."""

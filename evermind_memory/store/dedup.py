@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence, TypeVar
 
 from .._lazy import lazy_import
 
@@ -27,6 +27,8 @@ np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 # Fitted on the dev split by benchmarks/dedup_quality.py (it prints the fit next to these): min_cosine is the 99th
 # percentile of the cosine between unrelated facts, min_overlap the widest margin at dev precision 1.0.
+Key = TypeVar("Key")  # a candidate's id, handed back as given
+
 MIN_COSINE = 0.28
 MIN_OVERLAP = 0.73
 NEIGHBOURS = 8  # the nearest stored facts (same scope, tags and source) the store compares a new fact with
@@ -318,8 +320,8 @@ def is_duplicate(new_text: str, new_vec: np.ndarray, old_text: str, old_vec: np.
     return Decision(True, cos, overlap, "duplicate")
 
 
-def find_duplicate(new_text: str, new_vec: np.ndarray, candidates: Sequence[tuple[Any, str, np.ndarray]], *,
-                   min_cosine: float = MIN_COSINE, min_overlap: float = MIN_OVERLAP) -> tuple[Any, Decision] | None:
+def find_duplicate(new_text: str, new_vec: np.ndarray, candidates: Sequence[tuple[Key, str, np.ndarray]], *,
+                   min_cosine: float = MIN_COSINE, min_overlap: float = MIN_OVERLAP) -> tuple[Key, Decision] | None:
     """The stored fact that `new_text` duplicates, if any: the best of the candidates that pass `is_duplicate`.
 
     Args:
@@ -329,7 +331,7 @@ def find_duplicate(new_text: str, new_vec: np.ndarray, candidates: Sequence[tupl
     Returns:
         (id, Decision) of the duplicate with the highest (overlap, cosine), or None.
     """
-    best: tuple[Any, Decision] | None = None
+    best: tuple[Key, Decision] | None = None
     for cid, text, vec in candidates:
         d = is_duplicate(new_text, new_vec, text, vec, min_cosine=min_cosine, min_overlap=min_overlap)
         if d.dup and (best is None or (d.overlap, d.cosine) > (best[1].overlap, best[1].cosine)):

@@ -20,7 +20,7 @@ import itertools
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .._blas import single_blas
 from .._crash import crash_point
@@ -47,7 +47,7 @@ GATHER_S = 0.05  # the thread waits this long after the first fact queued, so a 
 WAKE_S = 2.0  # an idle vector thread wakes this often to adopt facts a dead process left waiting
 
 
-def checked(vectors: Any, count: int, dim: int, *, what: str = "embed_many") -> np.ndarray:
+def checked(vectors: object, count: int, dim: int, *, what: str = "embed_many") -> np.ndarray:
     """The embedder's output as a checked (count, dim) float32 matrix of unit rows (embedder.checked_vectors)."""
     from ..embedder.base import checked_vectors  # (imported when first used: `import evermind_memory.store` stays light)
 

@@ -33,12 +33,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Union
 
 from ..errors import InvalidInput
 from .timing import check_window, parse_time, time_text
 from .validate import (
-    MAX_SOURCE_CHARS, SCOPE_LEVELS, TAG_KEY_RE, plain_string, show_value, check_tag_value, scope_name_refused, value_type,
+    MAX_SOURCE_CHARS, SCOPE_LEVELS, TAG_KEY_RE, TagValue, check_tag_value, plain_string, scope_name_refused, show_value,
+    value_type,
 )
 
 MAX_IN = 100
@@ -53,6 +54,7 @@ MEMBERSHIP = ("$in", "$nin")
 FIELD_OPS = (*EQUALITY, *ORDER, *MEMBERSHIP, "$exists")
 LOGICAL = ("$and", "$or")
 _OPS_TEXT = ", ".join(FIELD_OPS)
+FilterValue = Union[TagValue, datetime]  # a value a filter compares with: a tag value, or a UTC time
 
 
 # ---- the tree --------------------------------------------------------------------------------------------------
@@ -67,12 +69,17 @@ class Field:
         """The key that names this field in a where dict."""
         if self.name != "tag":
             return self.name
-        return f"tags[{self.key}]" if self.key in FACT_FIELDS or self.key in SCOPE_LEVELS else self.key
+        key = self.key or ""
+        return f"tags[{key}]" if key in FACT_FIELDS or key in SCOPE_LEVELS else key
 
-    def value_of(self, fact: Any) -> tuple[bool, Any]:
-        """(present, value) of this field in a Fact, a Recall or a mapping with tags/source/created_at/updated_at."""
+    def value_of(self, fact: object) -> tuple[bool, Any]:
+        """(present, value) of this field in a Fact, a Recall or a mapping with tags/source/created_at/updated_at.
+
+        The value is Any: the caller orders it against a filter value only once value_type says they are alike.
+        """
         if self.name == "tag":
-            tags = _attr(fact, "tags") or {}
+            tags = _attr(fact, "tags")
+            tags = tags if isinstance(tags, Mapping) else {}
             return (self.key in tags, tags.get(self.key))
         value = _attr(fact, self.name)
         if value is None:
@@ -82,14 +89,14 @@ class Field:
         return True, value
 
 
-def _attr(fact: Any, name: str) -> Any:
+def _attr(fact: object, name: str) -> object:
     return fact.get(name) if isinstance(fact, Mapping) else getattr(fact, name, None)
 
 
 class Filter:
     """A parsed where-filter (immutable). Build one with `parse_where`; combine with `all_of`."""
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         """Whether a fact (Fact, Recall, or a mapping with tags, source, created_at, updated_at) passes.
 
         Raises:
@@ -113,7 +120,7 @@ class Filter:
 class MatchAll(Filter):
     """No condition: every fact passes (the filter of None and {})."""
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         return True
 
     def to_where(self) -> dict:
@@ -126,9 +133,9 @@ class Compare(Filter):
 
     field: Field
     op: str
-    value: Any  # str, int, float, bool, or a UTC datetime for time fields
+    value: FilterValue  # a UTC datetime for time fields
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         present, got = self.field.value_of(fact)
         same = present and value_type(got) == value_type(self.value)
         if self.op == "$ne":
@@ -154,10 +161,10 @@ class Member(Filter):
     """field $in values (negate: $nin, the complement); the values share one type."""
 
     field: Field
-    values: tuple
+    values: tuple[FilterValue, ...]
     negate: bool = False
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         present, got = self.field.value_of(fact)
         kind = value_type(self.values[0])
         hit = present and value_type(got) == kind and any(got == v for v in self.values)
@@ -174,7 +181,7 @@ class Exists(Filter):
     field: Field
     present: bool = True
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         return self.field.value_of(fact)[0] == self.present
 
     def to_where(self) -> dict:
@@ -197,7 +204,7 @@ class _Group(Filter):
 class And(_Group):
     """Every part matches (two or more parts)."""
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         return all(p.matches(fact) for p in self.parts)
 
     def to_where(self) -> dict:
@@ -207,8 +214,10 @@ class And(_Group):
         last = None
         for p in self.parts:
             w = p.to_where()
-            (key, value), = w.items() if len(w) == 1 else ((None, None),)
-            if key is None or (key in merged and (key != last or key in LOGICAL or merged[key].keys() & value.keys())):
+            if len(w) != 1:
+                return {"$and": [p.to_where() for p in self.parts]}
+            (key, value), = w.items()
+            if key in merged and (key != last or key in LOGICAL or merged[key].keys() & value.keys()):
                 return {"$and": [p.to_where() for p in self.parts]}
             merged[key] = {**merged[key], **value} if key in merged else value
             last = key
@@ -219,7 +228,7 @@ class And(_Group):
 class Or(_Group):
     """At least one part matches (two or more parts)."""
 
-    def matches(self, fact: Any) -> bool:
+    def matches(self, fact: object) -> bool:
         return any(p.matches(fact) for p in self.parts)
 
     def to_where(self) -> dict:
@@ -229,7 +238,7 @@ class Or(_Group):
 MATCH_ALL = MatchAll()
 
 
-def _json_value(value: Any) -> Any:
+def _json_value(value: object) -> object:
     return time_text(value) if isinstance(value, datetime) else value
 
 
@@ -246,12 +255,12 @@ def all_of(*filters: Filter) -> Filter:
     return parts[0] if len(parts) == 1 else And(tuple(parts))
 
 
-def tags_filter(tags: Mapping[str, str]) -> Filter:
+def tags_filter(tags: Mapping[str, TagValue]) -> Filter:
     """The filter of the exact-match `tags=` argument (already checked by validate.check_tags): an AND of $eq."""
     return all_of(*(Compare(Field("tag", k), "$eq", v) for k, v in sorted(tags.items())))
 
 
-def time_window(since: Any = None, until: Any = None, field: str = "created_at") -> Filter:
+def time_window(since: object = None, until: object = None, field: str = "created_at") -> Filter:
     """recall's since / until (inclusive, each optional) as a filter on `field` (created_at or updated_at).
 
     Raises:
@@ -281,11 +290,11 @@ class _Budget:
             raise InvalidInput(f"{path}: the filter holds more than {MAX_VALUES} values in all; narrow it down.")
 
 
-def _index(path: str, key: Any) -> str:
+def _index(path: str, key: object) -> str:
     return f"{path}[{json.dumps(key, ensure_ascii=False)}]" if isinstance(key, str) else f"{path}[{key}]"
 
 
-def parse_where(where: Any) -> Filter:
+def parse_where(where: object) -> Filter:
     """Parse a Chroma-style where dict (see the module docstring) into a Filter.
 
         parse_where({"topic": "travel", "n": {"$gte": 2}}).matches(fact)
@@ -327,7 +336,7 @@ def _parse_doc(doc: Mapping, path: str, depth: int, budget: _Budget) -> Filter:
     return all_of(*parts)
 
 
-def _parse_logical(op: str, value: Any, path: str, depth: int, budget: _Budget) -> Filter:
+def _parse_logical(op: str, value: object, path: str, depth: int, budget: _Budget) -> Filter:
     if depth + 1 > MAX_DEPTH:
         raise InvalidInput(f"{path}: $and / $or nest more than {MAX_DEPTH} levels deep; flatten the filter.")
     if not isinstance(value, (list, tuple)) or not value:
@@ -362,7 +371,7 @@ def _field(key: str, path: str) -> Field:
     return Field("tag", tag)
 
 
-def _parse_field(field: Field, value: Any, path: str, budget: _Budget) -> list[Filter]:
+def _parse_field(field: Field, value: object, path: str, budget: _Budget) -> list[Filter]:
     if isinstance(value, Mapping):
         if not value:
             raise InvalidInput(f'{path}: expects a value or an operator dict such as {{"$eq": ...}}, got {{}}.')
@@ -378,7 +387,7 @@ def _parse_field(field: Field, value: Any, path: str, budget: _Budget) -> list[F
     return [_parse_op(field, "$eq", value, path, budget)]
 
 
-def _parse_op(field: Field, op: str, arg: Any, path: str, budget: _Budget) -> Filter:
+def _parse_op(field: Field, op: str, arg: object, path: str, budget: _Budget) -> Filter:
     """One operator on one field; errors read `<path of the field>: <op> expects ..., got ...`."""
     budget.clause(path)
     if op == "$exists":
@@ -401,7 +410,7 @@ def _parse_op(field: Field, op: str, arg: Any, path: str, budget: _Budget) -> Fi
     return Compare(field, op, _scalar(field, op, arg, f"{path}: {op}"))
 
 
-def _scalar(field: Field, op: str, value: Any, what: str) -> Any:
+def _scalar(field: Field, op: str, value: object, what: str) -> FilterValue:
     """Check one filter value against its field and operator (`what` names it); times come back in UTC."""
     if field.name in TIME_FIELDS:
         return parse_time(value, what)

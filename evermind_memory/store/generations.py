@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from .._crash import crash_point
 from .._lazy import lazy_import
@@ -45,6 +45,9 @@ from .backend.base import Backend, FeedReads, GenerationRows, Writes, utc_now
 from .embedding import embed_texts
 from .leases import Heartbeat, Leases
 from .vectors import Generation, VectorCache, build_index
+
+if TYPE_CHECKING:
+    from .index import VectorIndex
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -407,7 +410,7 @@ class Generations(AdapterState):
         return done
 
     # ---- replacing the model -------------------------------------------------------------------------------
-    def resume(self, report: PublishReport, *, before_swap: Callable[[Any], Any] | None = None,
+    def resume(self, report: PublishReport, *, before_swap: Callable[[PublishReport], object] | None = None,
                should_stop: Callable[[], bool] | None = None, batch: int = REEMBED_BATCH) -> None:
         """Finish the publish recorded in meta (after a crash or stop()), or drop it if it cannot be rebuilt.
 
@@ -433,7 +436,7 @@ class Generations(AdapterState):
                      resume=True)
 
     def publish(self, embedder: Embedder, entry: dict | None, report: PublishReport, *,
-                seed: tuple[np.ndarray, np.ndarray] | None = None, before_swap: Callable[[Any], Any] | None = None,
+                seed: tuple[np.ndarray, np.ndarray] | None = None, before_swap: Callable[[PublishReport], object] | None = None,
                 should_stop: Callable[[], bool] | None = None, batch: int = REEMBED_BATCH,
                 resume: bool = False) -> None:
         """Re-embed every memory into a new generation, index it, catch up, and swap it in (R12).
@@ -557,7 +560,7 @@ class Generations(AdapterState):
             vectors[pos] = new
         return labels, vectors
 
-    def _replay(self, index: Any, embedder: Embedder, fingerprint: str, since: int,
+    def _replay(self, index: VectorIndex, embedder: Embedder, fingerprint: str, since: int,
                 tx: Writes | None = None) -> tuple[int, int]:
         """Apply changes after `since` to the new generation's index (R3), reading a snapshot (or inside `tx`,
         the swap's transaction). Returns (new watermark, changes)."""

@@ -6,6 +6,7 @@ Split from index.py, which builds, searches and saves the index; everything here
 
 from __future__ import annotations
 
+
 import bisect
 import hashlib
 import json

@@ -18,7 +18,7 @@ import threading
 import weakref
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from .._atomic import atomic_write
 from .._lazy import lazy_import
@@ -267,7 +267,7 @@ def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> i
     return len(keep)
 
 
-def check_time(value: Any, default: str | None = None) -> str:
+def check_time(value: object, default: str | None = None) -> str:
     """An ISO 8601 UTC timestamp, normalised (None: `default`, else now).
 
     Raises:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
 from . import closing, maintenance
@@ -36,6 +36,7 @@ from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
 from .search import hybrid_weight
 from .selection import select
+from .timing import DurationArg, TimeArg
 from .validate import (
     MAX_LIST_LIMIT, check_flag, check_id, check_int, check_open_args, check_source, check_tag_patch, check_text,
     check_typed_tags,
@@ -151,8 +152,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
     # ---- writes --------------------------------------------------------------------------------------------
     def remember(self, text: str, *, tags: dict | None = None, source: str | None = None, id: str | None = None,
-                 ttl: Any = None, expires_at: Any = None, pinned: bool = False, dedup: bool = False,
-                 at: Any = None) -> str:
+                 ttl: DurationArg | None = None, expires_at: TimeArg | None = None, pinned: bool = False, dedup: bool = False,
+                 at: TimeArg | None = None) -> str:
         """Store a fact; returns only after it is committed (durable as `durability` says).
 
         By default (background_embedding=True) the vector follows from a background thread: lexical recall
@@ -225,7 +226,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._parts.sync()
 
     def remember_many(self, texts: Sequence[str], *, tags: dict | None = None, source: str | None = None,
-                      ttl: Any = None, expires_at: Any = None, pinned: bool = False, at: Any = None) -> list[str]:
+                      ttl: DurationArg | None = None, expires_at: TimeArg | None = None, pinned: bool = False, at: TimeArg | None = None) -> list[str]:
         """Store many facts in one transaction (all or none), embedded before the commit.
 
         Thread-safe.
@@ -253,7 +254,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             self._parts.start_sweeper(first.expires_at)
         return ids
 
-    def remember_conversation(self, turns: Sequence[Any], *, session: str, tags: dict | None = None,
+    def remember_conversation(self, turns: Sequence[object], *, session: str, tags: dict | None = None,
                               source: str | None = None) -> list[str]:
         """Store a conversation's turns in one transaction (all or none), one fact each (store/conversation.py).
 
@@ -356,7 +357,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._parts.writer.forget(check_id(fact_id), self._scope)
 
     def forget_where(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
-                     since: Any = None, until: Any = None) -> int:
+                     since: TimeArg | None = None, until: TimeArg | None = None) -> int:
         """Remove every fact of this scope that matches, in one transaction (tombstones stay in the history).
 
         Thread-safe.
@@ -429,7 +430,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return row.to_fact()
 
     def list(self, *, limit: int = 100, offset: int = 0, tags: dict | None = None, where: dict | None = None,
-             source: str | None = None, since: Any = None, until: Any = None) -> list[Fact]:
+             source: str | None = None, since: TimeArg | None = None, until: TimeArg | None = None) -> list[Fact]:
         """Facts of this scope in the order they were remembered, optionally filtered. Thread-safe.
 
         Args:
@@ -455,7 +456,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return readable(rows, FactRow.to_fact, "list")
 
     def count(self, *, tags: dict | None = None, where: dict | None = None, source: str | None = None,
-              since: Any = None, until: Any = None) -> int:
+              since: TimeArg | None = None, until: TimeArg | None = None) -> int:
         """How many live facts of this scope match (all of them with no filter; `len(store)` is count()).
 
         Thread-safe. Args as in list(). Raises: InvalidInput: a bad filter.
@@ -487,10 +488,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return changes
 
     def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
-               source: str | None = None, since: Any = None, until: Any = None, recency: Any = None,
+               source: str | None = None, since: TimeArg | None = None, until: TimeArg | None = None, recency: DurationArg | None = None,
                mode: str = "hybrid", min_score: float | None = None, fusion: str = "score",
                min_relevance: float | None = None, explain: bool = False, context: int = 0,
-               time_words: bool = False, now: Any = None) -> list[Recall]:
+               time_words: bool = False, now: TimeArg | None = None) -> list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
             store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})

@@ -13,7 +13,6 @@ import os
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from . import maintenance
@@ -21,7 +20,7 @@ from .generations import REEMBED_BATCH
 from .parts import StoreParts, connect
 from .records import CheckReport, DuplicatePair, RepairReport, StoreStats
 from .selection import select
-from .timing import check_retention
+from .timing import DurationArg, check_retention
 from .validate import MAX_LIST_LIMIT, check_flag, check_int, check_path
 
 
@@ -229,7 +228,7 @@ class MaintenanceMethods:
         self._check_writable("sweep")
         return self._parts.writer.sweep(self._scope, datetime.now(timezone.utc))
 
-    def compact(self, *, keep_history: Any = maintenance.KEEP_HISTORY, vacuum: bool = True) -> StoreStats:
+    def compact(self, *, keep_history: DurationArg = maintenance.KEEP_HISTORY, vacuum: bool = True) -> StoreStats:
         """Keep the disk bounded: sweep expired facts, delete the history of facts forgotten more than
         `keep_history` ago, merge the full-text index, VACUUM the file and rebuild the vector index without its
         deleted elements.

@@ -18,7 +18,7 @@ file itself.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Mapping
 
 from ..errors import InvalidInput
 from .validate import SCOPE_LEVELS, plain_string
@@ -28,7 +28,7 @@ MAX_PART_CHARS = 128
 _PART_RE = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
 
 
-def check_part(value: Any, level: str) -> str:
+def check_part(value: object, level: str) -> str:
     """One level's value: 1..128 characters, no "/", no control characters, no surrounding spaces.
 
     Raises:
@@ -57,7 +57,7 @@ def scope_parts(key: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in key.split("/"))
 
 
-def narrow(key: str, method: str, **parts: Any) -> str:
+def narrow(key: str, method: str, **parts: object) -> str:
     """The key of `key` narrowed by `parts` (levels set to None are left out).
 
     Raises:
@@ -88,7 +88,7 @@ def visible(fact_scope: str, key: str) -> bool:
     return not key or fact_scope == key or fact_scope.startswith(key + "/")
 
 
-def check_record_scope(value: Any, key: str, what: str) -> str:
+def check_record_scope(value: object, key: str, what: str) -> str:
     """The scope of an imported record ({level: value} or None, meaning the importing handle's own), which must lie
     in the importing handle's scope `key`.
 

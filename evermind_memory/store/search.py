@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .._blas import single_blas
 from .._lazy import lazy_import
@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # (fusion.py is imported by the first hybrid recall: a lexica
 EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched exactly (R9)
 
 Hit = tuple[FactRow, float]
-_UNSET = object()
 
 
 class Query(NamedTuple):
@@ -91,10 +90,11 @@ class Search:
         self._db = db
         self._dim = dim
         self._base = embedder  # the model the store was opened with: its fitted fusion rule is hybrid's
-        self._params: Any = _UNSET
+        self._params: FusionParams | None = None
+        self._params_read = False  # params_for runs once; None is a valid answer
 
-    def query(self, scope: str, text: Any, k: Any, *, tags: Any, where: Any, source: Any, since: Any, until: Any,
-              recency: Any, mode: Any, min_score: Any, fusion: Any, min_relevance: Any, explain: Any) -> Query:
+    def query(self, scope: str, text: object, k: object, *, tags: object, where: object, source: object, since: object, until: object,
+              recency: object, mode: object, min_score: object, fusion: object, min_relevance: object, explain: object) -> Query:
         """MemoryStore.recall()'s arguments checked, the filters made one Selection in `scope`.
 
         Raises:
@@ -176,13 +176,14 @@ class Search:
     def fusion_params(self) -> FusionParams | None:
         """The fitted hybrid rule of the store's embedder (store/fusion.py params_for), looked up once; an adapted
         model keeps its base model's rule. None: the embedder has none (hybrid then fuses by weight)."""
-        if self._params is _UNSET:
+        if not self._params_read:
             from .fusion import params_for
 
             self._params = params_for(self._base)
+            self._params_read = True
         return self._params
 
-    def relevance_floor(self, min_relevance: Any, mode: str) -> float | None:
+    def relevance_floor(self, min_relevance: object, mode: str) -> float | None:
         """recall's checked min_relevance: None, or a number in [0, 1] for hybrid mode with a fitted rule.
 
         Raises:

@@ -11,7 +11,6 @@ condition are not part of the filter: the backend adds them to every query itsel
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
 
 from .backend.base import Selection
 from .filters import Compare, Exists, Field, Filter, all_of, parse_where, tags_filter, time_window
@@ -23,8 +22,8 @@ def source_filter(source: str | None) -> Filter:
     return all_of() if source is None else Compare(Field("source"), "$eq", source)
 
 
-def select(method: str, scope: str, *, tags: Any = None, where: Any = None, source: Any = None, since: Any = None,
-           until: Any = None, now: datetime | None = None) -> Selection:
+def select(method: str, scope: str, *, tags: object = None, where: object = None, source: object = None, since: object = None,
+           until: object = None, now: datetime | None = None) -> Selection:
     """The Selection of one call's arguments (checked here), in `scope`, alive at `now` (default: now).
 
     Raises:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InvalidInput
 from .timing import parse_time
 
 if TYPE_CHECKING:
+    from .memory_store import MemoryStore
     from .records import Recall
 
 MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
@@ -112,7 +113,7 @@ def parse_span(query: str, now: datetime) -> Span | None:
     return Span(datetime(year, 1, 1, tzinfo=timezone.utc), datetime(year + 1, 1, 1, tzinfo=timezone.utc), m.group(0))
 
 
-def recall_in_span(store: Any, query: str, k: int, time_words: bool, now: Any, args: dict) -> list["Recall"]:
+def recall_in_span(store: MemoryStore, query: str, k: int, time_words: bool, now: object, args: dict) -> list["Recall"]:
     """recall(..., time_words=True): the best hits created in the span the query's time words name, then (fewer
     than k) the best of the others; a plain recall when the query names no span."""
     if not time_words:

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Sequence, Union
 
 from .._lazy import lazy_import
 from ..errors import InvalidInput
 
 np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
+TimeArg = Union[datetime, str]  # an aware datetime or ISO 8601 text with an offset (parse_time)
+DurationArg = Union[float, timedelta]  # seconds or a timedelta (ttl, recency's half-life)
+
 MAX_TTL = timedelta(days=36_525)  # 100 years: any longer is "forever" (no ttl), and now + ttl must fit a datetime
 _EXAMPLE = "e.g. '2025-05-01T09:30:00+00:00', '2025-05-01T09:30:00Z' or datetime(2025, 5, 1, tzinfo=timezone.utc)"
 
 
-def parse_time(value: Any, what: str) -> datetime:
+def parse_time(value: object, what: str) -> datetime:
     """An aware datetime or an ISO 8601 string with an offset -> an aware datetime in UTC.
 
     Args:
@@ -64,7 +67,7 @@ def time_text(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _seconds(value: Any, what: str, *, zero: bool = False) -> float:
+def _seconds(value: object, what: str, *, zero: bool = False) -> float:
     """Seconds (int or float, not bool) or a timedelta -> finite float seconds > 0 (>= 0 with zero=True)."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
@@ -79,7 +82,7 @@ def _seconds(value: Any, what: str, *, zero: bool = False) -> float:
     return seconds
 
 
-def check_retention(value: Any, what: str) -> timedelta:
+def check_retention(value: object, what: str) -> timedelta:
     """A retention period: seconds >= 0 (int or float) or a timedelta >= 0, at most MAX_TTL.
 
     Raises:
@@ -91,7 +94,7 @@ def check_retention(value: Any, what: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def check_ttl(ttl: Any) -> timedelta | None:
+def check_ttl(ttl: object) -> timedelta | None:
     """remember's `ttl`: None (keep until forgotten), seconds > 0 or a timedelta > 0, at most MAX_TTL.
 
     Raises:
@@ -106,7 +109,7 @@ def check_ttl(ttl: Any) -> timedelta | None:
     return ttl if isinstance(ttl, timedelta) else timedelta(seconds=seconds)
 
 
-def expiry(*, ttl: Any = None, expires_at: Any = None, now: datetime) -> datetime | None:
+def expiry(*, ttl: object = None, expires_at: object = None, now: datetime) -> datetime | None:
     """When a fact remembered at `now` expires: from `ttl` or `expires_at` (at most one), or None (never).
 
     Args:
@@ -120,8 +123,9 @@ def expiry(*, ttl: Any = None, expires_at: Any = None, now: datetime) -> datetim
     """
     if ttl is not None and expires_at is not None:
         raise InvalidInput("remember() expected ttl or expires_at, got both; pass only one.")
-    if ttl is not None:
-        return (now + check_ttl(ttl)).astimezone(timezone.utc)
+    delta = check_ttl(ttl)
+    if delta is not None:
+        return (now + delta).astimezone(timezone.utc)
     if expires_at is None:
         return None
     at = parse_time(expires_at, "expires_at")
@@ -138,7 +142,7 @@ def is_expired(expires_at: datetime | None, now: datetime) -> bool:
     return expires_at is not None and expires_at <= now
 
 
-def check_window(since: Any = None, until: Any = None) -> tuple[datetime | None, datetime | None]:
+def check_window(since: object = None, until: object = None) -> tuple[datetime | None, datetime | None]:
     """recall's `since` / `until` (inclusive bounds, each optional) -> UTC datetimes.
 
     Raises:
@@ -151,7 +155,7 @@ def check_window(since: Any = None, until: Any = None) -> tuple[datetime | None,
     return lo, hi
 
 
-def check_half_life(half_life: Any) -> float | None:
+def check_half_life(half_life: object) -> float | None:
     """recall's opt-in `recency` half-life: None (off, the default), seconds > 0 or a timedelta -> seconds.
 
     Raises:
@@ -160,7 +164,7 @@ def check_half_life(half_life: Any) -> float | None:
     return None if half_life is None else _seconds(half_life, "recency")
 
 
-def recency_weight(age_s: Any, half_life_s: float) -> np.ndarray:
+def recency_weight(age_s: np.ndarray | float, half_life_s: float) -> np.ndarray:
     """0.5 ** (age / half_life) per age in seconds; ages below 0 (a clock step back) count as 0 (weight 1).
 
     Args:

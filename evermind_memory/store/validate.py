@@ -10,7 +10,7 @@ import math
 import os
 import re
 from datetime import datetime
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping, Union
 
 from ..errors import InvalidInput
 
@@ -29,6 +29,7 @@ SCOPE_LEVELS = ("namespace", "user", "agent", "run")
 _SCOPE_EXAMPLE = {"namespace": "acme", "user": "ada", "agent": "planner", "run": "r1"}
 MODES = ("hybrid", "vector", "lexical")
 FUSIONS = ("score", "rrf")
+TagValue = Union[str, int, float, bool]  # what a typed tag holds (check_tag_value)
 
 
 def plain_string(value: str, what: str) -> None:
@@ -45,7 +46,7 @@ def plain_string(value: str, what: str) -> None:
         ) from None
 
 
-def check_text(text: Any, what: str = "text") -> str:
+def check_text(text: object, what: str = "text") -> str:
     """A fact's text or a query: a non-blank str of at most MAX_TEXT_CHARS characters.
 
     Raises:
@@ -74,7 +75,7 @@ def scope_name_refused(key: str, what: str) -> InvalidInput:
     )
 
 
-def _tag_items(tags: Any, what: str, expected: str, scope_names: bool = False) -> Iterator[tuple[str, Any]]:
+def _tag_items(tags: object, what: str, expected: str, scope_names: bool = False) -> Iterator[tuple[str, object]]:
     """(key, value) of a tags mapping whose size and keys are checked; values are the caller's to check. A key
     naming a scope level is refused unless scope_names (tags an earlier version stored, rewritten as they are)."""
     if not isinstance(tags, Mapping):
@@ -91,7 +92,7 @@ def _tag_items(tags: Any, what: str, expected: str, scope_names: bool = False) -
         yield key, value
 
 
-def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
+def check_tags(tags: object, what: str = "tags") -> dict[str, str]:
     """Tags: None or a mapping of short keys ([A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}) to str values.
 
     Returns:
@@ -112,7 +113,7 @@ def check_tags(tags: Any, what: str = "tags") -> dict[str, str]:
     return out
 
 
-def check_typed_tags(tags: Any, what: str = "tags", *, scope_names: bool = False) -> dict[str, str | int | float | bool]:
+def check_typed_tags(tags: object, what: str = "tags", *, scope_names: bool = False) -> dict[str, str | int | float | bool]:
     """Typed tags: None or a mapping of short keys to str, int, float or bool values.
 
     Args:
@@ -130,13 +131,13 @@ def check_typed_tags(tags: Any, what: str = "tags", *, scope_names: bool = False
             for key, value in _tag_items(tags, what, "str -> str, int, float or bool", scope_names)}
 
 
-def check_tag_patch(tags: Any, what: str = "tags") -> dict[str, str | int | float | bool | None]:
+def check_tag_patch(tags: object, what: str = "tags") -> dict[str, str | int | float | bool | None]:
     """Tags to merge into a fact's tags (update's default): as check_typed_tags, and a None value removes that tag.
 
     Raises:
         InvalidInput: as check_typed_tags.
     """
-    out = {}
+    out: dict[str, TagValue | None] = {}
     for key, value in _tag_items(tags, what, "str -> str, int, float, bool, or None to remove the tag", True):
         if value is None:  # (a tag named like a scope level that an earlier version stored may be removed)
             out[key] = None
@@ -147,13 +148,13 @@ def check_tag_patch(tags: Any, what: str = "tags") -> dict[str, str | int | floa
     return out
 
 
-def merge_tags(old: Mapping[str, Any], patch: Mapping[str, Any], method: str = "update") -> dict:
+def merge_tags(old: Mapping[str, TagValue], patch: Mapping[str, TagValue | None], method: str = "update") -> dict[str, TagValue]:
     """`old` with `patch` merged in (a None value removes its key), checked against MAX_TAGS.
 
     Raises:
         InvalidInput: the merged tags would exceed MAX_TAGS.
     """
-    merged = dict(old)
+    merged: dict[str, TagValue] = dict(old)
     for key, value in patch.items():
         if value is None:
             merged.pop(key, None)
@@ -165,7 +166,7 @@ def merge_tags(old: Mapping[str, Any], patch: Mapping[str, Any], method: str = "
     return merged
 
 
-def value_type(value: Any) -> str:
+def value_type(value: object) -> str:
     """The type a tag or filter value compares as: "bool", "number", "str" or "time" ("" for anything else)."""
     if isinstance(value, bool):
         return "bool"
@@ -178,7 +179,7 @@ def value_type(value: Any) -> str:
     return ""
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A value as an error message shows it: its repr (cut short) and its type."""
     text = repr(value)
     if len(text) > 60:
@@ -186,7 +187,7 @@ def show_value(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-def check_tag_value(value: Any, what: str) -> str | int | float | bool:
+def check_tag_value(value: object, what: str) -> str | int | float | bool:
     """One typed tag value: a str (<= MAX_TAG_VALUE_CHARS, no NUL), an int within +-MAX_SAFE_INT, a finite
     float, or a bool. Ints are capped so that every number compares exactly as a double in any database.
 
@@ -194,14 +195,14 @@ def check_tag_value(value: Any, what: str) -> str | int | float | bool:
         InvalidInput: another type, a NaN or infinite float, an int too large to compare exactly, a bad string.
     """
     kind = value_type(value)
-    if kind == "str":
+    if isinstance(value, str):
         if len(value) > MAX_TAG_VALUE_CHARS:
             raise InvalidInput(f"{what} expects a string of at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
         plain_string(value, what)
         return value
-    if kind == "bool":
+    if isinstance(value, bool):
         return value
-    if kind == "number":
+    if isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidInput(f"{what} expects a finite number, got {value!r}; NaN and infinities cannot be compared.")
         if isinstance(value, int) and abs(value) > MAX_SAFE_INT:
@@ -214,7 +215,7 @@ def check_tag_value(value: Any, what: str) -> str | int | float | bool:
     raise InvalidInput(f"{what} expects a str, int, float or bool, got {show_value(value)}.{hint}")
 
 
-def check_source(source: Any) -> str | None:
+def check_source(source: object) -> str | None:
     """source: None or a short label (1..256 characters, not only whitespace) saying where a fact came from.
 
     Raises:
@@ -233,7 +234,7 @@ def check_source(source: Any) -> str | None:
     return source
 
 
-def check_id(fact_id: Any) -> str:
+def check_id(fact_id: object) -> str:
     """A fact id: a str of 1..128 characters, not only whitespace (ids are opaque; a well-formed unknown id is
     FactNotFound).
 
@@ -250,7 +251,7 @@ def check_id(fact_id: Any) -> str:
     return fact_id
 
 
-def check_int(value: Any, name: str, low: int, high: int, method: str) -> int:
+def check_int(value: object, name: str, low: int, high: int, method: str) -> int:
     """An int (not a bool) in [low, high].
 
     Raises:
@@ -265,12 +266,12 @@ def check_int(value: Any, name: str, low: int, high: int, method: str) -> int:
     return value
 
 
-def check_k(k: Any) -> int:
+def check_k(k: object) -> int:
     """recall's k: an int in [1, K_MAX]."""
     return check_int(k, "k", 1, K_MAX, "recall")
 
 
-def check_min_score(min_score: Any) -> float | None:
+def check_min_score(min_score: object) -> float | None:
     """None or a finite real number.
 
     Raises:
@@ -285,7 +286,7 @@ def check_min_score(min_score: Any) -> float | None:
     return float(min_score)
 
 
-def check_relevance(value: Any) -> float | None:
+def check_relevance(value: object) -> float | None:
     """None or a number in [0, 1] (recall's min_relevance).
 
     Raises:
@@ -296,7 +297,7 @@ def check_relevance(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def check_flag(value: Any, name: str, method: str) -> bool:
+def check_flag(value: object, name: str, method: str) -> bool:
     """A bool argument (not 0/1, not a string).
 
     Raises:
@@ -307,7 +308,7 @@ def check_flag(value: Any, name: str, method: str) -> bool:
     return value
 
 
-def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -> str:
+def check_choice(value: object, name: str, choices: tuple[str, ...], method: str) -> str:
     """One of a few strings.
 
     Raises:
@@ -318,7 +319,7 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...], method: str) -
     return value
 
 
-def check_path(value: Any, name: str, method: str) -> str:
+def check_path(value: object, name: str, method: str) -> str:
     """A file path argument: a str or os.PathLike naming a non-empty text path, without NUL.
 
     Returns:
@@ -343,8 +344,8 @@ def check_path(value: Any, name: str, method: str) -> str:
     return text
 
 
-def check_open_args(path: Any, durability: Any, on_mismatch: Any, lock_timeout: Any, busy_timeout: Any,
-                    read_only: Any, background_embedding: Any) -> str:
+def check_open_args(path: object, durability: object, on_mismatch: object, lock_timeout: object, busy_timeout: object,
+                    read_only: object, background_embedding: object) -> str:
     """MemoryStore()'s plain arguments; returns the path as text (index_config and namespace are checked there).
 
     Raises:

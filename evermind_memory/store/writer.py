@@ -16,7 +16,7 @@ queued without a vector names this store as its owner; after a commit the store 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .._crash import crash_point
 from .._lazy import lazy_import
@@ -43,8 +43,8 @@ SWEEP_BATCH = 1000  # expired facts deleted per transaction
 AT_SKEW = timedelta(minutes=1)  # how far in the future remember(at=...) may lie (clocks of other machines)
 
 
-def new_fact(method: str, scope: str, text: Any, tags: Any, source: Any, ttl: Any, expires_at: Any,
-             pinned: Any, at: Any = None) -> NewFact:
+def new_fact(method: str, scope: str, text: object, tags: object, source: object, ttl: object, expires_at: object,
+             pinned: object, at: object = None) -> NewFact:
     """remember()'s arguments checked into a NewFact in `scope`, remembered now (created at `at` when given: when
     it was said, for a conversation or a note written down later; a ttl then counts from now).
 
@@ -56,14 +56,15 @@ def new_fact(method: str, scope: str, text: Any, tags: Any, source: Any, ttl: An
     source = check_source(source)
     now = datetime.now(timezone.utc)
     expires = expiry(ttl=ttl, expires_at=expires_at, now=now)
-    if check_flag(pinned, "pinned", method) and expires is not None:
+    pin = check_flag(pinned, "pinned", method)
+    if pin and expires is not None:
         raise InvalidInput(f"{method}() got pinned=True with an expiry; a pinned fact never expires: drop one.")
     stamp = time_text(now if at is None else said_at(at, now, method))
     return NewFact(new_id(), text, tags, source, stamp, stamp, None if expires is None else time_text(expires),
-                   pinned, scope)
+                   pin, scope)
 
 
-def said_at(at: Any, now: datetime, method: str) -> datetime:
+def said_at(at: object, now: datetime, method: str) -> datetime:
     """remember(at=...) checked: an aware time not later than now (plus AT_SKEW).
 
     Raises:
