@@ -1,6 +1,6 @@
-"""mypy holds the modules pyproject.toml's [tool.mypy] lists (a store's parts, closing, the backend's rows and
-Protocols, the records) to their annotations. Skipped where mypy is not installed (it is in the `test` extra),
-except under CI."""
+"""mypy holds store/, embedder/ and adaptation/ to their annotations, less what pyproject.toml's [tool.mypy]
+`exclude` names (files being edited on another branch, and a shrinking list still to fix). Skipped where mypy is
+not installed (it is in the `test` extra), except under CI."""
 
 from __future__ import annotations
 

@@ -7,12 +7,15 @@ boundary, so a misbehaving embedder gives an `EmbedderOutputInvalid`, never a st
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, TypeGuard, runtime_checkable
 
 from .._lazy import is_numpy, lazy_import
 from ..errors import EmbedderOutputInvalid, InvalidInput
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 MAX_DIMENSIONS = 65_536
 DEFAULT_HYBRID_WEIGHT = 2.0  # hybrid recall's vector-side weight for a model with no calibrated one of its own

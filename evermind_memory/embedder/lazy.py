@@ -9,12 +9,15 @@ opening a store or running a command that needs no vectors never loads the model
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .._lazy import lazy_import
 from ..errors import CheckpointError
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 
 class LazyEmbedder:

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .._blas import single_blas
 from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .base import DEFAULT_HYBRID_WEIGHT
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 FINGERPRINT_FORMAT = "evermind-embedder 1"
 POOLING = "mean-l2"

@@ -16,7 +16,10 @@ from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .base import DEFAULT_HYBRID_WEIGHT
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:  # the backbone's module is imported when an embedder is built, not with this package
     from ..lm.sequence import SequenceBackbone

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from .adapter_history import AdapterLog
 
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 # Adaptation state in the database (the truth): the active adapter, the base model it sits on, a publish in
 # progress, and how far the serving adapter has seen the memories.

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Sequence, TypeVar
 
 from .._lazy import lazy_import
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 # Fitted on the dev split by benchmarks/dedup_quality.py (it prints the fit next to these): min_cosine is the 99th
 # percentile of the cosine between unrelated facts, min_overlap the widest margin at dev precision 1.0.

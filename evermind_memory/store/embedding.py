@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     from ..embedder.base import Embedder
 
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 EMBED_CHUNK = 256
 PENDING_MAX = 1024  # remember() embeds in the caller once this many facts wait for a vector (back-pressure)

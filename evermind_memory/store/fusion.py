@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from ..embedder.base import Embedder
 
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 RRF_K = 60
 # BM25 below this is no evidence: FTS5 clamps the idf of a word held by half the facts or more to 1e-6, so a row

@@ -49,7 +49,10 @@ from .vectors import Generation, VectorCache, build_index
 if TYPE_CHECKING:
     from .index import VectorIndex
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 REEMBED_BATCH = 256
 GENERATION_LEASE = "generation"  # held while building a new generation: a re-embed, an adaptation round, a rollback

@@ -25,7 +25,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
@@ -37,7 +37,10 @@ from .index_files import (
 from .lock import RWLock
 
 hnswlib = lazy_import("hnswlib", globals(), "hnswlib")
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 INDEX_FORMAT = "evermind-hnsw 2"  # 2: one node per distinct vector, with a groups file
 SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats

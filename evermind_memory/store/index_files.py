@@ -6,6 +6,7 @@ Split from index.py, which builds, searches and saves the index; everything here
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 import bisect
 import hashlib
@@ -17,7 +18,10 @@ from pathlib import Path
 
 from .._lazy import lazy_import
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib 0.8 saveIndex header, 96 bytes
 MAX_MANIFEST_BYTES = 64 * 1024

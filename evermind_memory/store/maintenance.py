@@ -37,7 +37,10 @@ from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags
 from .vectors import Generation, VectorCache
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:
     from .parts import StoreParts

@@ -34,7 +34,10 @@ from .validate import (
 )
 from .vectors import Generation
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:  # (fusion.py is imported by the first hybrid recall: a lexical one never needs it)
     from ..embedder.base import Embedder

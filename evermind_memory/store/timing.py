@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
-from typing import Sequence, Union
+from typing import TYPE_CHECKING, Sequence, Union
 
 from .._lazy import lazy_import
 from ..errors import InvalidInput
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 TimeArg = Union[datetime, str]  # an aware datetime or ISO 8601 text with an offset (parse_time)
 DurationArg = Union[float, timedelta]  # seconds or a timedelta (ttl, recency's half-life)

@@ -32,7 +32,10 @@ from .timing import expiry, parse_time, time_text
 from .validate import check_flag, check_source, check_text, check_typed_tags, merge_tags
 from .vectors import VectorCache
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 if TYPE_CHECKING:  # (dedup.py is imported by the first remember(dedup=True))
     from .dedup import Decision
