@@ -69,7 +69,9 @@ class AdapterState:
     _db: Backend
     _cache: VectorCache
     base_embedder: Embedder
-    adapters_dir: Path
+    if TYPE_CHECKING:  # Generations' (generations.py): `<db>.adapters/`
+        @property
+        def adapters_dir(self) -> Path: ...
 
     # ---- the adaptation state in meta ----------------------------------------------------------------------
     def _meta_json(self, key: str) -> dict | None:
@@ -163,7 +165,7 @@ class AdapterState:
             pairs = r.feedback_pairs(self._cache.current.fingerprint)
         return [(query, row[label], 1.0) for query, label in pairs if label in row]
 
-    def load_adapter(self, entry: dict, base: Embedder) -> LoRAWeights:
+    def load_adapter(self, entry: dict, base: Adaptable) -> LoRAWeights:
         """The LoRAWeights of an adapter entry (file name and sha256 checked), for base.model.
 
         Raises:

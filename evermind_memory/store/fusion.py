@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 from .._lazy import lazy_import
 from ..errors import CheckpointError
@@ -45,6 +45,9 @@ IDF_FLOOR = 1e-6        # FTS5 clamps idf <= 0 to this
 VECTOR_CHARS = 600      # about the characters the shipped embedder reads (128 tokens); longer facts are cut
 PARAMS_FORMAT = "evermind-fusion 1"
 PARAMS_MAX_BYTES = 1 << 20
+
+
+Key = TypeVar("Key", bound=Hashable)  # a candidate's id (a fact's rowid in the store)
 
 
 def fuse_scores(lexical: Mapping[Hashable, float], vector: Mapping[Hashable, float],
@@ -115,8 +118,8 @@ class CandidatePool:
     names: np.ndarray | None = None
 
     @classmethod
-    def build(cls, lexical: Sequence[tuple[Hashable, float]], vector: Sequence[tuple[Hashable, float]],
-              cosine: Mapping[Hashable, float], chars: Mapping[Hashable, int], df: Sequence[int],
+    def build(cls, lexical: Sequence[tuple[Key, float]], vector: Sequence[tuple[Key, float]],
+              cosine: Mapping[Key, float], chars: Mapping[Key, int], df: Sequence[int],
               n_facts: int) -> "CandidatePool":
         """A pool from the two ranked lists.
 

@@ -498,8 +498,8 @@ class Generations(AdapterState):
             t0 = time.perf_counter()
             with db.snapshot() as r:
                 top = r.max_seq()
-                rows = r.generation_rows(fp, dim)
-            index = build_index(dim, cache.config, *self._complete(embedder, fp, rows))
+                stored = r.generation_rows(fp, dim)
+            index = build_index(dim, cache.config, *self._complete(embedder, fp, stored))
             crash_point("adapt.index_built")
             top, replayed = self._replay(index, embedder, fp, top)
             report.replayed += replayed

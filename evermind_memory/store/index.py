@@ -25,7 +25,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
@@ -100,12 +100,12 @@ class IndexConfig:
                 raise InvalidInput(f"IndexConfig.{name} expected an int from {low} to {high:,}, got {value!r:.40}"
                                    f"{_INT_WHY.get(name, '')}.")
             object.__setattr__(self, name, int(value))
-        for name, (low, high) in _REAL_BOUNDS.items():
+        for name, (lo, hi) in _REAL_BOUNDS.items():
             value = getattr(self, name)
             number = isinstance(value, (int, float)) or is_numpy(value, "integer", "floating")
             if isinstance(value, bool) or not number \
-                    or not math.isfinite(value) or not low <= value <= high or (name == "rebuild_deleted_ratio" and value <= 0):
-                raise InvalidInput(f"IndexConfig.{name} expected a number from {low} to {high}"
+                    or not math.isfinite(value) or not lo <= value <= hi or (name == "rebuild_deleted_ratio" and value <= 0):
+                raise InvalidInput(f"IndexConfig.{name} expected a number from {lo} to {hi}"
                                    f"{' (above 0)' if name == 'rebuild_deleted_ratio' else ''}, got {value!r:.40}.")
             object.__setattr__(self, name, float(value))
         if self.ef_construction < self.M:
@@ -200,7 +200,7 @@ def near_duplicates(vectors: np.ndarray) -> np.ndarray:
     first = np.arange(n)  # (R,)
     if n < 2:
         return first
-    direction = np.random.default_rng(0).standard_normal(vectors.shape[1]).astype(np.float32)  # (D,)
+    direction = np.random.default_rng(0).standard_normal((vectors.shape[1],)).astype(np.float32)  # (D,)
     direction /= np.linalg.norm(direction)
     proj = vectors @ direction  # (R,)
     order = np.argsort(proj, kind="stable")  # (R,)
@@ -445,7 +445,7 @@ class VectorIndex:
                 return np.zeros(len(vectors), np.int64), np.zeros(len(vectors), bool)
         return nodes, np.abs(found - vectors).max(axis=1) <= NEAR_TOL
 
-    def mark_deleted(self, labels: object) -> int:
+    def mark_deleted(self, labels: Iterable[int]) -> int:
         """Hide labels from search (a node when its last label goes); labels not live in this index are ignored.
 
         Args:

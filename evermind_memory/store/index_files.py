@@ -229,6 +229,7 @@ def _reject_constant(name: str) -> None:
 def manifest_names(path: Path) -> set[str]:
     """The file a manifest names, as a set (empty when the manifest is unreadable)."""
     try:
-        return {read_manifest(path).get("file")}
+        name = read_manifest(path).get("file")
+        return {name} if isinstance(name, str) else set()
     except IndexRejected:
         return set()

@@ -63,7 +63,7 @@ def check(db: Backend, cache: VectorCache, worker: VectorWorker, access: Access,
     """
     problems: list[str] = []
     facts = stale = waiting = top = damaged = 0
-    live: set[int] = set()
+    live: set[int] | frozenset[int] = set()
     gen = cache.current
 
     def attempt(what: str, step: Callable[[], T]) -> T | None:
@@ -202,7 +202,12 @@ def read_export(path: str | os.PathLike, scope: str = "") -> list[NewFact]:
         err.errno = exc.errno
         raise err from None
     seen: set[str] = set()
-    return [r for r in records if not (r.id in seen or seen.add(r.id))]
+    first = []
+    for r in records:
+        if r.id not in seen:
+            seen.add(r.id)
+            first.append(r)
+    return first
 
 
 def _import_line(raw: bytes, number: int, scope: str) -> list[NewFact]:
@@ -346,7 +351,7 @@ class Sweeper:
         while not stop.wait(interval):
             me = self_ref()
             sweep = None if me is None else me._sweep()
-            if sweep is None:
+            if me is None or sweep is None:
                 return
             try:
                 sweep()

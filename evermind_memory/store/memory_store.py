@@ -16,6 +16,7 @@ The write paths are in writer.py, the read arguments become one Selection in sel
 
 from __future__ import annotations
 
+import builtins  # below `def list`, a bare `list` in an annotation names the method
 import copy
 import os
 from typing import TYPE_CHECKING, Sequence
@@ -470,7 +471,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         """The live (not expired) facts of this scope: count() with no filter."""
         return self.count()
 
-    def history(self, fact_id: str) -> list[Change]:
+    def history(self, fact_id: str) -> builtins.list[Change]:
         """Every change of a fact (remember, update, reembed, forget), oldest first. Thread-safe.
 
         A background-embedded fact's first vector is part of its "remember", not a change of its own. The
@@ -491,7 +492,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                source: str | None = None, since: TimeArg | None = None, until: TimeArg | None = None, recency: DurationArg | None = None,
                mode: str = "hybrid", min_score: float | None = None, fusion: str = "score",
                min_relevance: float | None = None, explain: bool = False, context: int = 0,
-               time_words: bool = False, now: TimeArg | None = None) -> list[Recall]:
+               time_words: bool = False, now: TimeArg | None = None) -> builtins.list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
             store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})

@@ -22,6 +22,13 @@ class AdaptationMethods:
 
     _parts: StoreParts  # what the store is made of: its generations, access, the adaptation started last
 
+    if TYPE_CHECKING:  # MemoryStore's, the one class that mixes this in (memory_store.py)
+        def _check_usable(self) -> None: ...
+
+        def _check_writable(self, method: str) -> None: ...
+
+        def _check_owner(self, method: str) -> None: ...
+
     def start_adaptation(self, policy: AdaptationPolicy | None = None, hooks: AdaptationHooks | dict | None = None) -> Adaptation:
         """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
 

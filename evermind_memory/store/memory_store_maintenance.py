@@ -13,6 +13,7 @@ import os
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
 from . import maintenance
@@ -23,6 +24,8 @@ from .selection import select
 from .timing import DurationArg, check_retention
 from .validate import MAX_LIST_LIMIT, check_flag, check_int, check_path
 
+if TYPE_CHECKING:
+    from ..embedder.base import Embedder
 
 
 class MaintenanceMethods:
@@ -30,6 +33,22 @@ class MaintenanceMethods:
 
     _scope: str  # the handle's scope key
     _parts: StoreParts  # what the store is made of (shared with its views)
+
+    if TYPE_CHECKING:  # MemoryStore's, the one class that mixes this in (memory_store.py)
+        def _check_usable(self) -> None: ...
+
+        def _check_writable(self, method: str) -> None: ...
+
+        def _check_owner(self, method: str) -> None: ...
+
+        @property
+        def embedder(self) -> Embedder: ...
+
+        def flush(self) -> None: ...
+
+        def close(self) -> None: ...
+
+        def __len__(self) -> int: ...
 
     def rebuild_index(self) -> int:
         """Rebuild the HNSW index from the vectors in SQLite and (for a writer) save it.

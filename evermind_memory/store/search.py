@@ -130,6 +130,7 @@ class Search:
         None for lexical mode)."""
         if mode == "lexical":
             return self.lexical(query, k, sel), {}
+        assert qv is not None, "vector and hybrid recall embed the query"
         if mode == "vector":
             return self.rows_for(self.vector(gen, qv, k, sel)), {}
         return self.hybrid(gen, query, qv, k, sel, fusion, weight, explain)
@@ -182,7 +183,7 @@ class Search:
         if not self._params_read:
             from .fusion import params_for
 
-            self._params = params_for(self._base)
+            self._params = None if self._base is None else params_for(self._base)
             self._params_read = True
         return self._params
 

@@ -81,13 +81,13 @@ def parse_span(query: str, now: datetime) -> Span | None:
         slack = timedelta(days=max(1, unit // 2) if unit > 1 else 1)
         return Span(center - slack, center + slack + timedelta(days=1 if unit == 1 else 0), m.group(0))
     if kind in ("last_unit", "this_unit"):
-        unit = m.group(2)
-        if unit == "week":
+        unit_name = m.group(2)
+        if unit_name == "week":
             start = today - timedelta(days=today.weekday())  # Monday
             if kind == "last_unit":
                 return Span(start - timedelta(days=7), start, m.group(0))
             return Span(start, start + timedelta(days=7), m.group(0))
-        if unit == "month":
+        if unit_name == "month":
             start = _month_start(today.year, today.month)
             if kind == "last_unit":
                 prev = start - timedelta(days=1)

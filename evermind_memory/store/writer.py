@@ -16,7 +16,7 @@ queued without a vector names this store as its owner; after a commit the store 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, TypeGuard
 
 from .._crash import crash_point
 from .._lazy import lazy_import
@@ -80,7 +80,7 @@ def said_at(at: object, now: datetime, method: str) -> datetime:
     return when
 
 
-def reachable(row: FactRow | None, scope: str, now: str) -> bool:
+def reachable(row: FactRow | None, scope: str, now: str) -> TypeGuard[FactRow]:
     """Whether a handle scoped to `scope` may see or change `row` at `now` (ISO UTC)."""
     return row is not None and visible(row.scope, scope) and (row.expires_at is None or row.expires_at > now)
 
@@ -243,7 +243,7 @@ class Writer:
         made = None if text is None else embed_serving(self._cache, [text])
         with self._db.write_mutex:
             gen, vector = self._cache.model, None
-            if made is not None:
+            if made is not None and text is not None:
                 gen, vectors = embed_serving(self._cache, [text], made)  # again if the model changed meanwhile
                 vector = vectors[0]  # (D,)
             with self._db.transaction() as tx:
