@@ -274,13 +274,14 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
     rare = policy.views in ("words-memory", "rare-span-memory", "sentence-or-span")
     idf = word_weights(word_lists) if rare else [np.ones(len(w)) for w in word_lists]
     rng = np.random.default_rng(policy.seed)
-    adapters = {t: LoRAAdapter(*np.shape(model.params[t]), rank=min(policy.rank, *np.shape(model.params[t])),
-                               alpha=float(policy.alpha), seed=[policy.seed, i]) for i, t in enumerate(targets)}
+    shapes = {t: tuple(int(d) for d in np.shape(model.params[t])) for t in targets}  # 2-D: (rows, cols)
+    adapters = {t: LoRAAdapter(shapes[t][0], shapes[t][1], rank=min(policy.rank, *shapes[t]), alpha=float(policy.alpha),
+                               seed=[policy.seed, i]) for i, t in enumerate(targets)}
     if init is not None and tuple(init.tensors) == tuple(targets) and all(
             adapters[t].rank == init.rank and float(init.alpha) == adapters[t].alpha for t in targets):
-        for t, (a, b) in init.tensors.items():
-            adapters[t].A[...] = a
-            adapters[t].B[...] = b
+        for t, (a_init, b_init) in init.tensors.items():
+            adapters[t].A[...] = a_init
+            adapters[t].B[...] = b_init
     params = {}
     for t, ad in adapters.items():
         params[f"{t}.A"], params[f"{t}.B"] = ad.A, ad.B
@@ -314,7 +315,7 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         grads_w = {t: np.zeros_like(base_w[t]) for t in targets}  # (rows, cols) each
         con_loss = lm_loss = 0.0
         if policy.contrastive_weight > 0:
-            if to_store:  # the short views against the fixed vectors of every memory
+            if to_store and current is not None:  # the short views against the fixed vectors of every memory
                 tokens, lengths = pad_batch(views)  # (B, T), (B,)
                 pooled, cache = work.pooled_forward(tokens, lengths)  # (B, C)
                 con_loss, dpooled = retrieval_loss_and_grad(pooled, current, pick, float(policy.temperature))
@@ -327,7 +328,7 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
             g = work.pooled_backward(dpooled, cache, grads_for=targets)
             for t in targets:
                 grads_w[t] += np.float32(policy.contrastive_weight) * g[t]
-        if to_store and logged and policy.query_weight > 0:  # real queries to the memory they found
+        if to_store and current is not None and logged and policy.query_weight > 0:  # real queries to the memory they found
             sub = rng.choice(len(logged), size=min(policy.query_batch, len(logged)), replace=False)  # (Q,)
             tokens, lengths = pad_batch([logged[i][0] for i in sub])  # (Q, T), (Q,)
             pooled, cache = work.pooled_forward(tokens, lengths)  # (Q, C)
@@ -338,7 +339,7 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
             g = work.pooled_backward(dpooled, cache, grads_for=targets)
             for t in targets:
                 grads_w[t] += np.float32(policy.query_weight) * g[t]
-        if anchored:  # whole memories keep their current vectors
+        if anchored and current is not None:  # whole memories keep their current vectors
             sub = rng.choice(n, size=min(policy.anchor_batch, n), replace=False)  # (A,)
             tokens, lengths = pad_batch([token_lists[i] for i in sub])  # (A, T), (A,)
             pooled, cache = work.pooled_forward(tokens, lengths)  # (A, C)

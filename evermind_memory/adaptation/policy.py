@@ -169,11 +169,11 @@ class AdaptationPolicy:
                  "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0), "sentence_share": (0.0, 1.0),
                  "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
                  "gate_tolerance": (0.0, 1.0), "gate_margin": (0.0, 100.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
-        for name, (lo, hi) in reals.items():
+        for name, (low, high) in reals.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(value) or not lo <= value <= hi:
-                raise InvalidInput(f"AdaptationPolicy expected {name} a finite number in [{lo}, {hi}], got {value!r}.")
+                    or not math.isfinite(value) or not low <= value <= high:
+                raise InvalidInput(f"AdaptationPolicy expected {name} a finite number in [{low}, {high}], got {value!r}.")
         if not isinstance(self.require_gain, bool):
             raise InvalidInput(f"AdaptationPolicy expected require_gain a bool, got {self.require_gain!r}.")
         if self.targets is not None:

@@ -161,27 +161,28 @@ def run_round(gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, ro
             candidate = gens.adapted_embedder(weights, base)
         except InvalidInput as exc:  # e.g. the merged weights overflow to Inf
             candidate = None
-            report.gate = GateResult(False, f"the candidate model is invalid ({exc})", False, 0, 0, policy.probe_k)
+            gate = GateResult(False, f"the candidate model is invalid ({exc})", False, 0, 0, policy.probe_k)
+            report.gate = gate
         if candidate is not None:
             distract = np.setdiff1d(np.arange(len(texts)), probe_idx)  # (N - P,)
             want = max(0, policy.gate_corpus - len(probe_idx))
             if len(distract) > want:
                 distract = np.sort(np.random.default_rng([policy.seed, 13]).choice(distract, want, replace=False))
             corpus_idx = np.concatenate([probe_idx, distract]).astype(np.int64)  # (N,)
-            report.gate = gate_candidate(
+            gate = gate_candidate(
                 gens.embedder, candidate, [texts[i] for i in probe_idx], [texts[i] for i in distract], policy,
                 current_doc_vectors=stored[corpus_idx], corpus_labels=labels[corpus_idx],
             )
+            report.gate = gate
             report.fingerprint_after = candidate.fingerprint
         report.gate_seconds = time.perf_counter() - t_gate
         if hooks.on_adapted:
             hooks.on_adapted(report)
-        if not report.gate.passed:
-            report.status, report.reason = "refused", report.gate.reason
+        if not gate.passed:
+            report.status, report.reason = "refused", gate.reason
             report.total_seconds = time.perf_counter() - t0
             return report
         entry = save_candidate(gens, weights, report)
-        gate = report.gate
         seed = None if gate.candidate_vectors is None else (gate.candidate_labels, gate.candidate_vectors)
         gens.publish(candidate, entry, report, seed=seed, before_swap=hooks.before_swap, should_stop=stop,
                      batch=policy.reembed_batch)

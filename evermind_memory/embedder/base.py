@@ -77,13 +77,13 @@ def check_embedder(embedder: object) -> tuple[int, str]:
             f"expected an embedder with embed, embed_many, dimensions and fingerprint; "
             f"{type(embedder).__name__} lacks {', '.join(missing)}."
         )
-    if not callable(embedder.embed) or not callable(embedder.embed_many):
+    if not callable(getattr(embedder, "embed")) or not callable(getattr(embedder, "embed_many")):
         raise InvalidInput(f"expected embedder.embed and embedder.embed_many to be callable ({type(embedder).__name__}).")
-    dim = embedder.dimensions
+    dim = getattr(embedder, "dimensions")
     if isinstance(dim, bool) or not (isinstance(dim, int) or is_numpy(dim, "integer")) \
             or not 1 <= int(dim) <= MAX_DIMENSIONS:
         raise InvalidInput(f"expected embedder.dimensions to be an int in [1, {MAX_DIMENSIONS}], got {dim!r}.")
-    fp = embedder.fingerprint
+    fp = getattr(embedder, "fingerprint")
     if not isinstance(fp, str) or not fp or len(fp) > MAX_FINGERPRINT_CHARS or "\x00" in fp:
         raise InvalidInput(
             f"expected embedder.fingerprint to be a non-empty string of at most {MAX_FINGERPRINT_CHARS} "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from .._blas import single_blas
 from .._lazy import lazy_import
@@ -23,6 +23,8 @@ from .base import DEFAULT_HYBRID_WEIGHT
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..lm.config import LMConfig
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -30,6 +32,29 @@ FINGERPRINT_FORMAT = "evermind-embedder 1"
 POOLING = "mean-l2"
 DEFAULT_BATCH = 64
 MAX_CHUNKS_LIMIT = 64
+
+
+class LanguageModel(Protocol):
+    """What LMEmbedder reads of its model: an EvermindLM, a SequenceBackbone, a LoRA wrapper or the GPU model."""
+
+    @property
+    def config(self) -> LMConfig: ...
+
+    @property
+    def params(self) -> Mapping[str, np.ndarray]: ...
+
+    def embed_batch(self, token_lists: Sequence[Sequence[int]], /) -> np.ndarray: ...
+
+
+class Tokenizer(Protocol):
+    """What LMEmbedder reads of its tokenizer (a BPETokenizer)."""
+
+    @property
+    def bos_id(self) -> int: ...
+
+    def encode(self, text: str, /) -> Sequence[int]: ...
+
+    def digest(self) -> str: ...
 
 
 _ARCH_FIELDS = ("vocab_size", "d_model", "n_layers", "conv_kernel", "hidden_dim", "n_experts", "top_k")
@@ -74,8 +99,8 @@ class LMEmbedder:
 
     def __init__(
         self,
-        model: object,
-        tokenizer: object,
+        model: LanguageModel,
+        tokenizer: Tokenizer,
         *,
         max_tokens: int = 128,
         max_chunks: int = 1,

@@ -90,7 +90,7 @@ class SequenceEmbedder:
         for name, tensor in self.model.params.items():  # sequence_param_shapes order
             arr = np.ascontiguousarray(tensor, dtype="<f4")
             crc = zlib.crc32(f"\n{name}:{arr.shape}:".encode(), crc)
-            crc = zlib.crc32(memoryview(arr.reshape(-1).view(np.uint8)), crc)
+            crc = zlib.crc32(arr.reshape(-1).view(np.uint8).data, crc)  # .data: the bytes, no copy
         tail = f"\ntokenizer:{self.tokenizer.digest()}\npooling:{POOLING}\nmax_tokens:{self.max_tokens}"
         return zlib.crc32(tail.encode(), crc)
 

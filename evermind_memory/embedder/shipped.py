@@ -17,7 +17,7 @@ from ..errors import CheckpointError, EvermindError
 MODELS_PACKAGE = "evermind_memory.models"  # where the shipped files are installed (data only)
 _CARD = "model.json"
 _CARD_MAX_BYTES = 1 << 20
-_REQUIRED = {"model_file": str, "tokenizer_file": str, "fingerprint": str, "config": dict, "max_tokens": int,
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"model_file": str, "tokenizer_file": str, "fingerprint": str, "config": dict, "max_tokens": int,
              "hybrid_weight": (int, float)}
 
 
