@@ -223,3 +223,21 @@ def test_personal_protocol_runs_and_pools_through_a_real_store(tmp_path: Path, e
                 assert len({ps.facts[i].user for i in pool.ids}) <= 1
             assert pool.cover is not None and pool.names is not None
         assert users
+
+
+def test_rerank_speed_times_each_shape_on_question_memory_pairs(tmp_path: Path) -> None:
+    """benchmarks/rerank_speed.py with two tiny shapes: each question's batch holds its own fact first and N pairs,
+    every shape and N gets a p50 <= p99, and --json writes what it printed."""
+    import personal_data
+    import rerank_speed as rs
+
+    tok = BPETokenizer.load(REPO / "evermind_memory" / "models" / "tokenizer.json")
+    batches = rs.pair_batches(tok, 4, 3)
+    asked = [q for q in personal_data.personal_set().questions if q.fact is not None]
+    assert len(batches) == 3 and all(len(b) == 4 and all(0 < len(t) <= rs.MAX_PAIR_TOKENS for t in b) for b in batches)
+    assert any(tok.encode(q.text + rs.SEP)[:5] == batches[0][0][:5] for q in asked)
+    out = rs.main(["--n", "2,4", "--queries", "3", "--shapes", "16,1,16;32,2,16", "--json", str(tmp_path / "r.json")])
+    assert set(out["rows"]) == {"C=16 L=1 H=16", "C=32 L=2 H=16"}
+    for row in out["rows"].values():
+        assert set(row) == {"2", "4"} and all(0 < r["p50_ms"] <= r["p99_ms"] for r in row.values())
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == out["rows"]
