@@ -8,28 +8,12 @@ import numpy as np
 import pytest
 
 from evermind_memory import EvermindError, MemoryStore
-from store_helpers import SCHEMA_5, recall_at_k, stored_rows
+from store_helpers import SCHEMA_5, execute, recall_at_k, stored_rows
 
 TEXTS = [f"fact {i}: {name} keeps {thing} in the {room}" for i, (name, thing, room) in enumerate(
     (n, t, r) for n in ("Ada", "Bob", "Carol", "Dmitri") for t in ("tea", "maps", "keys", "books", "plants")
     for r in ("kitchen", "hall", "attic"))]
 QUERIES = ["where does Ada keep tea?", "Carol books", "what is in the attic?", "Dmitri's plants"]
-
-
-def _execute(db, statements: list[tuple[str, tuple]]) -> None:
-    """Run writes straight on a store's database (`?` placeholders), without opening a MemoryStore."""
-    if str(db).startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(str(db)) as conn:
-            for sql, params in statements:
-                conn.execute(sql.replace("?", "%s"), params)
-        return
-    import sqlite3
-
-    with sqlite3.connect(db) as conn:
-        for sql, params in statements:
-            conn.execute(sql, params)
 
 
 def _as_schema_4(db, dim: int) -> None:
@@ -39,7 +23,7 @@ def _as_schema_4(db, dim: int) -> None:
     for rid, blob in rows:
         v = np.frombuffer(bytes(blob), np.float16).astype(np.float32)
         updates.append(("UPDATE facts SET vector = ? WHERE rid = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), rid)))
-    _execute(db, SCHEMA_5 + updates + [("UPDATE meta SET value = '4' WHERE key = 'schema_version'", ())])
+    execute(db, SCHEMA_5 + updates + [("UPDATE meta SET value = '4' WHERE key = 'schema_version'", ())])
 
 
 def test_a_row_holds_two_bytes_a_component(target, embedder):
@@ -80,7 +64,7 @@ def test_a_float32_row_written_after_the_migration_is_still_read(db_path, embedd
     with MemoryStore(db_path, embedder) as store:
         ids = store.remember_many(TEXTS[:10])
     v = embedder.embed(TEXTS[2]).astype(np.float32)
-    _execute(db_path, [("UPDATE facts SET vector = ? WHERE id = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), ids[2]))])
+    execute(db_path, [("UPDATE facts SET vector = ? WHERE id = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), ids[2]))])
     with MemoryStore(db_path, embedder) as store:
         assert store.check().ok  # a row of the previous format is not damaged
         store.rebuild_index()
