@@ -14,6 +14,13 @@ document frequencies that FTS5's `fts5vocab` table gives without touching the ro
    `limit` rows hold them all, those are the answer; otherwise the OR query runs. (A row missing one word can
    then, rarely, be left out although OR would rank it in; the store_speed benchmark reports how often.)
 
+Ranking without FTS5's per-row bm25(). FTS5 scores every row a MATCH selects, one at a time, before its LIMIT
+(about 1.5 us a match: 10-30 ms for a common word at 100k facts). On SQLite a whole-store recall whose words are one
+term each is ranked by bm25_top instead: the same formula, vectorised over the terms' postings, which the session
+reads from FTS5's instance vocabulary once per change and keeps (TermPostings). Same scores, same order, and the
+exact OR ranking, so cut 2 is not needed there; a word FTS5 splits into a phrase (`buffer_size`), a narrowing
+selection (below) and PostgreSQL keep the paths above.
+
 The vocabulary table holds porter-stemmed terms, so words are stemmed by a private in-memory FTS5 table with
 the tokenizer of facts_fts (FTS_TOKENIZE, which must stay equal to the one in backend/sqlite.py's schema).
 
@@ -31,7 +38,14 @@ import math
 import re
 import sqlite3
 import threading
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+from .._lazy import lazy_import
+
+np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+
+if TYPE_CHECKING:
+    import numpy
 
 FTS_TOKENIZE = "porter unicode61"  # facts_fts's tokenizer (backend/sqlite.py); stems must come out the same
 MAX_TERMS = 64
@@ -196,6 +210,96 @@ def bm25_scores(tf: dict[int, list[int]], lengths: dict[int, int], df: list[int]
         if score > 0:
             out[rid] = score
     return out
+
+
+class TermPostings(NamedTuple):
+    """One FTS5 term's postings over the whole table, in rowid order: what an unscoped lexical recall ranks."""
+
+    rids: numpy.ndarray  # (P,) int64, ascending
+    tf: numpy.ndarray  # (P,) float64: how often the term occurs in each fact
+    lengths: numpy.ndarray  # (P,) float64: each fact's token count (facts_fts_docsize)
+
+
+def postings_from_instances(docs: Sequence[int], sizes: Sequence[bytes]) -> TermPostings:
+    """A term's postings from its fts5vocab 'instance' rows (one per occurrence, in doc order) and each row's
+    docsize blob."""
+    doc = np.fromiter(docs, dtype=np.int64, count=len(docs))  # (I,)
+    if not len(doc):
+        empty = np.zeros(0, dtype=np.float64)  # (0,)
+        return TermPostings(np.zeros(0, dtype=np.int64), empty, empty)
+    first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])  # (P,) the first instance of each fact
+    tf = np.diff(np.r_[first, len(doc)]).astype(np.float64)  # (P,)
+    lengths = varint_array([sizes[i] for i in first.tolist()]).astype(np.float64)  # (P,)
+    return TermPostings(doc[first], tf, lengths)
+
+
+def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int, limit: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """The `limit` best facts under FTS5's bm25() of an OR of single-term phrases, one TermPostings per phrase, over
+    a table of `n` rows holding `total_tokens` tokens: (rids (L,), scores (L,)), best first, ties by rid.
+
+    The same arithmetic as FTS5's fts5Bm25Function (fts5_aux.c), operation for operation (each fact's terms summed in
+    query order from 0.0, idf from the term's document count, a non-positive idf counted as 1e-6), so the scores
+    and their order are those of `ORDER BY rank` (negated: higher is better). Vectorised over all the postings: the cost grows with
+    the matches, at numpy's pace, and the postings themselves are read once per change (SQLiteSession caches them).
+    """
+    avg = total_tokens / n if n else 1.0
+    parts = [p for p in postings if len(p.rids)]
+    if not parts or limit <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    rids = np.concatenate([p.rids for p in parts])  # (M,) in query order: each fact's terms add up in that order
+    contrib = np.concatenate([idf(len(p.rids), n) * ((p.tf * (BM25_K1 + 1.0))
+                                                     / (p.tf + BM25_K1 * (1 - BM25_B + BM25_B * p.lengths / avg)))
+                              for p in parts])  # (M,)
+    facts, slot = np.unique(rids, return_inverse=True)  # (F,), (M,)
+    scores = np.zeros(len(facts), dtype=np.float64)  # (F,)
+    np.add.at(scores, slot, contrib)  # unbuffered: in array order, so each fact sums its terms in query order
+    if len(facts) > limit:  # the best `limit` (with every fact tied with the last of them), then sorted exactly
+        cut = np.partition(-scores, limit - 1)[limit - 1]
+        keep = np.flatnonzero(-scores <= cut)  # (F',)
+        facts, scores = facts[keep], scores[keep]
+    order = np.lexsort((facts, -scores))[:limit]  # (L,)
+    return facts[order], scores[order]
+
+
+def table_totals(averages: bytes) -> tuple[int, int]:
+    """(rows, tokens) of a one-column FTS5 table, from its averages record (facts_fts_data, id 1)."""
+    rows, used = _varint_at(averages, 0)
+    tokens, _ = _varint_at(averages, used)
+    return rows, tokens
+
+
+def _varint_at(blob: bytes, start: int) -> tuple[int, int]:
+    """The SQLite varint at `start`: (value, the offset after it)."""
+    value = 0
+    for i in range(start, min(len(blob), start + 9)):
+        byte = blob[i]
+        if i == start + 8:
+            return (value << 8) | byte, i + 1
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, i + 1
+    return value, len(blob)
+
+
+def varint_array(blobs: Sequence[bytes]) -> numpy.ndarray:
+    """The first varint of each blob (docsize records: one column's token count), as (N,) int64, vectorised over the
+    blobs (one step per byte of the longest varint, not per blob)."""
+    if not blobs:
+        return np.zeros(0, dtype=np.int64)
+    sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))  # (N,)
+    data = np.frombuffer(b"".join(blobs), dtype=np.uint8).astype(np.int64)  # (sum of sizes,)
+    start = np.r_[0, np.cumsum(sizes)[:-1]]  # (N,)
+    value = np.zeros(len(blobs), dtype=np.int64)  # (N,)
+    going = sizes > 0  # (N,) still reading: the previous byte had its high bit set
+    for i in range(9):
+        if not going.any():
+            break
+        byte = data[np.minimum(start + i, len(data) - 1)]  # (N,)
+        going &= i < sizes
+        step = (value << 8) | byte if i == 8 else (value << 7) | (byte & 0x7F)
+        value = np.where(going, step, value)
+        going &= byte >= 0x80
+    return value
 
 
 def varint(blob: bytes) -> int:

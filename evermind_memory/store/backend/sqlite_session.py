@@ -8,7 +8,8 @@ on `facts f`; other indexed equalities next to it carry a unary plus (`+f.finger
 `hint`) so that SQLite drives from the selection's own index (with no ANALYZE statistics it would otherwise
 start from the fingerprint index and probe every fact: 94 ms against 0.09 ms at 50k facts,
 benchmarks/filter_speed.py). Full-text matching is planned by store/lexical.py (which FTS5 terms to match, from
-the vocabulary's document frequencies) and run here.
+the vocabulary's document frequencies) and run here; a whole-store recall is ranked from the query terms' postings,
+which a session keeps until the next change (_term_postings), rather than by FTS5 scoring every match.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import sqlite3
 from typing import Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
-from ..lexical import bm25_scores, choose, document_frequencies, plan, stem_terms, varint, word_postings
+from ..lexical import (
+    TermPostings, bm25_scores, bm25_top, choose, document_frequencies, plan, postings_from_instances, stem_terms,
+    table_totals, varint, word_postings,
+)
 from . import vector_blobs
 from .base import FactRow, Integrity, NewFact, Selection
 from .codec import tags_json
@@ -30,6 +34,7 @@ np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
+TERM_CACHE_MAX = 2_000_000  # postings a session keeps for unscoped lexical recall (about 48 MB); then it starts afresh
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -60,6 +65,9 @@ class SQLiteSession(Session):
         self.conn = conn
         self._sizes: dict[tuple, tuple[int, int, int]] = {}  # selection key -> (change seq, facts, tokens)
         self._last_postings: tuple[tuple, tuple] | None = None  # (words, selection key, seq) -> _postings' answer
+        self._terms: dict[str, TermPostings] = {}  # term -> its postings over the whole table, as of _terms_seq
+        self._terms_seq = -1
+        self._terms_size = 0  # postings held in _terms
 
     # ---- running statements (Session's primitives) ---------------------------------------------------------
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
@@ -101,12 +109,63 @@ class SQLiteSession(Session):
             return []
         if sel.narrows:  # BM25 with the statistics of the selected facts (store/lexical.py)
             return self._lexical_selected(words, limit, sel)
-        chosen = plan(self.conn, words, self.count())
+        stems = stem_terms(words)
+        if all(len(st) == 1 for st in stems):  # every word one term: ranked here from the cached postings
+            return self._lexical_ranked(words, [st[0] for st in stems], limit, sel)
+        chosen = plan(self.conn, words, self.count())  # a word FTS5 splits into a phrase: FTS5 ranks it
         if chosen.all_words is not None:  # many postings: the rows holding every word, when there are enough
             hits = self._match(chosen.all_words, limit, sel)
             if len(hits) >= limit:
                 return hits
         return [] if chosen.any_word is None else self._match(chosen.any_word, limit, sel)
+
+    def _lexical_ranked(self, words: list[str], terms: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
+        """FTS5's bm25() ranking of the OR of `terms` (one per word), computed by lexical.bm25_top from the terms'
+        postings: the same words kept (lexical.choose), the same scores and order as `ORDER BY rank, rid`, without
+        FTS5 scoring every match one row at a time. Expired facts not swept yet are dropped after the ranking, as
+        in _match."""
+        n, tokens = self._table_totals()
+        postings = self._term_postings(terms)
+        kept, _ = choose(words, [len(p.rids) for p in postings], n)
+        if not kept:
+            return []
+        chosen = set(kept)
+        rids, scores = bm25_top([p for w, p in zip(words, postings) if w in chosen], n, tokens,
+                                limit + self._count_expired(sel.now))
+        rows = self._selected_rows(rids.tolist(), sel)
+        return [(rows[rid], score) for rid, score in zip(rids.tolist(), scores.tolist()) if rid in rows][:limit]
+
+    def _table_totals(self) -> tuple[int, int]:
+        """(rows, tokens) of facts_fts, from FTS5's own averages record."""
+        row = self.conn.execute("SELECT block FROM facts_fts_data WHERE id = 1").fetchone()
+        return table_totals(row[0]) if row is not None and row[0] else (0, 0)
+
+    def _term_postings(self, terms: list[str]) -> list[TermPostings]:
+        """Each term's postings over the whole table, read from FTS5's instance vocabulary once per change."""
+        seq = self.max_seq()
+        if seq != self._terms_seq or self._terms_size > TERM_CACHE_MAX:
+            self._terms, self._terms_seq, self._terms_size = {}, seq, 0
+        missing = [t for t in dict.fromkeys(terms) if t not in self._terms]
+        if missing:
+            self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, instance)")
+        for term in missing:
+            rows = self.conn.execute(f"SELECT i.doc, d.sz FROM {_INSTANCES} i JOIN facts_fts_docsize d ON d.id = i.doc "
+                                     "WHERE i.term = ?", (term,)).fetchall()
+            docs, sizes = zip(*rows) if rows else ((), ())
+            self._terms[term] = postings_from_instances(docs, sizes)
+            self._terms_size += len(self._terms[term].rids)
+        return [self._terms[t] for t in terms]
+
+    def _selected_rows(self, rids: list[int], sel: Selection) -> dict[int, FactRow]:
+        """rid -> FactRow for those of `rids` that `sel` selects."""
+        where, params = selection_sql(sel)
+        out: dict[int, FactRow] = {}
+        for chunk in _chunks(rids):
+            for row in self.conn.execute(f"SELECT {_F_COLS} FROM facts f WHERE f.rid IN ({','.join('?' * len(chunk))}) "
+                                         f"AND {where}", [*chunk, *params]):
+                fact = FactRow._make(row)
+                out[fact.rid] = fact
+        return out
 
     def document_frequencies(self, words: list[str], sel: Selection | None = None) -> list[int]:
         if sel is not None and sel.narrows:

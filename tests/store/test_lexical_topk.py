@@ -1,0 +1,92 @@
+"""Lexical top-k against the exhaustive BM25 ranking (issue 34 item 1): on a store of common and rare words, with
+repeated words and facts of many lengths, every lexical recall (whole store, in a scope, under a filter; small and
+large k) returns k facts whose scores are FTS5's bm25() formula computed here over every fact, and no fact left out
+scores more than the last one returned. Both engines; the texts use words that no stemmer changes and no stopwords,
+so counting them here is counting what the full-text index holds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+K1, B = 1.2, 0.75  # FTS5's bm25() constants
+COMMON = ["tea", "river", "lamp", "jazz"]  # each in about a third of the facts
+RARE = ["zebra", "kiwi", "mango"]  # each in two or three facts
+FILLER = [f"x{i}" for i in range(40)]
+
+
+def corpus(n: int, seed: int) -> list[str]:
+    """`n` facts of 3 to 14 words: common words (sometimes twice), a few rare ones, filler."""
+    rng = np.random.default_rng(seed)
+    texts = []
+    for i in range(n):
+        words = [str(w) for w in rng.choice(FILLER, size=int(rng.integers(2, 12)), replace=False)]
+        words += [w for w in COMMON if rng.random() < 0.33]
+        words += ["tea"] if rng.random() < 0.1 else []  # tf 2 for some
+        words += [RARE[i % 3]] if i % 40 == 7 else []
+        rng.shuffle(words)
+        texts.append(" ".join(words))
+    return texts
+
+
+def exhaustive(texts: list[str], query: list[str]) -> dict[str, float]:
+    """FTS5's bm25() of the OR of `query` over `texts` (its statistics), higher is better; facts with no query
+    word left out."""
+    tokens = [t.split() for t in texts]
+    n, avg = len(texts), sum(map(len, tokens)) / len(texts)
+    out = {}
+    for text, toks in zip(texts, tokens):
+        score = 0.0
+        for word in query:
+            df = sum(word in t for t in tokens)
+            ratio = (n - df + 0.5) / (df + 0.5)
+            weight = math.log(ratio) if ratio > 1 else 1e-6
+            tf = toks.count(word)
+            score += weight * (tf * (K1 + 1)) / (tf + K1 * (1 - B + B * len(toks) / avg))
+        if score > 0:
+            out[text] = score
+    return out
+
+
+def assert_exact_top_k(hits, ref: dict[str, float], k: int) -> None:
+    got = [(h.text, h.score) for h in hits]
+    assert len(got) == min(k, len(ref))
+    for text, score in got:  # each hit scored as BM25 over everything selected scores it
+        assert score == pytest.approx(ref[text], rel=1e-9)
+    assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+    if got:  # nothing left out beats the last hit (ties may go either way)
+        returned = {t for t, _ in got}
+        assert max((s for t, s in ref.items() if t not in returned), default=0.0) <= got[-1][1] * (1 + 1e-9)
+
+
+QUERIES = [["tea"], ["river", "lamp"], ["zebra", "tea"], ["kiwi", "jazz", "river"], ["tea", "river", "lamp", "jazz"]]
+
+
+@pytest.mark.parametrize("k", [1, 5, 60])
+def test_lexical_top_k_is_the_exhaustive_bm25_ranking(store, k):
+    a, b = corpus(120, seed=1), corpus(80, seed=2)
+    store.scope(user="a").remember_many(a, tags={"half": "a"})
+    store.remember_many(b, tags={"half": "b"})
+    for query in QUERIES:
+        text = " ".join(query)
+        assert_exact_top_k(store.recall(text, k=k, mode="lexical"), exhaustive(a + b, query), k)
+        assert_exact_top_k(store.scope(user="a").recall(text, k=k, mode="lexical"), exhaustive(a, query), k)
+        assert_exact_top_k(store.recall(text, k=k, mode="lexical", tags={"half": "b"}), exhaustive(b, query), k)
+
+
+def test_the_ranking_follows_every_change(store):
+    texts = corpus(60, seed=3)
+    ids = store.remember_many(texts)
+    assert_exact_top_k(store.recall("tea", k=5, mode="lexical"), exhaustive(texts, ["tea"]), 5)
+    new = store.remember("tea okapi")  # a short fact: the best "tea" now, and the only "okapi"
+    texts.append("tea okapi")
+    assert_exact_top_k(store.recall("tea", k=5, mode="lexical"), exhaustive(texts, ["tea"]), 5)
+    assert [h.id for h in store.recall("okapi", k=5, mode="lexical")] == [new]
+    store.forget(new)
+    texts.pop()
+    assert store.recall("okapi", k=5, mode="lexical") == []
+    store.update(ids[0], "okapi tea tea")
+    texts[0] = "okapi tea tea"
+    assert_exact_top_k(store.recall("tea okapi", k=5, mode="lexical"), exhaustive(texts, ["tea", "okapi"]), 5)
