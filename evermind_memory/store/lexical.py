@@ -229,7 +229,7 @@ def postings_from_instances(docs: Sequence[int], sizes: Sequence[bytes]) -> Term
         return TermPostings(np.zeros(0, dtype=np.int64), empty, empty)
     first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])  # (P,) the first instance of each fact
     tf = np.diff(np.r_[first, len(doc)]).astype(np.float64)  # (P,)
-    lengths = varint_array([sizes[i] for i in first.tolist()]).astype(np.float64)  # (P,)
+    lengths = varint_array(sizes)[first].astype(np.float64)  # (P,)
     return TermPostings(doc[first], tf, lengths)
 
 
@@ -250,9 +250,18 @@ def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int, limit:
     contrib = np.concatenate([idf(len(p.rids), n) * ((p.tf * (BM25_K1 + 1.0))
                                                      / (p.tf + BM25_K1 * (1 - BM25_B + BM25_B * p.lengths / avg)))
                               for p in parts])  # (M,)
-    facts, slot = np.unique(rids, return_inverse=True)  # (F,), (M,)
-    scores = np.zeros(len(facts), dtype=np.float64)  # (F,)
-    np.add.at(scores, slot, contrib)  # unbuffered: in array order, so each fact sums its terms in query order
+    if len(parts) == 1:  # one term: its postings are the facts (ascending, distinct)
+        facts, scores = rids, contrib
+    else:  # each fact's terms summed in array order, that is in query order (both add one by one, from 0.0)
+        lo, hi = int(rids.min()), int(rids.max())
+        if hi - lo < 4 * len(rids) + 4096:  # dense over the rid range: no sort
+            total = np.bincount(rids - lo, weights=contrib)  # (R,)
+            facts = np.flatnonzero(np.bincount(rids - lo, minlength=len(total))) + lo  # (F,) ascending
+            scores = total[facts - lo]  # (F,)
+        else:  # sparse rids (many facts forgotten): sorted
+            facts, slot = np.unique(rids, return_inverse=True)  # (F,), (M,)
+            scores = np.zeros(len(facts), dtype=np.float64)  # (F,)
+            np.add.at(scores, slot, contrib)  # unbuffered, in array order
     if len(facts) > limit:  # the best `limit` (with every fact tied with the last of them), then sorted exactly
         cut = np.partition(-scores, limit - 1)[limit - 1]
         keep = np.flatnonzero(-scores <= cut)  # (F',)

@@ -65,6 +65,7 @@ class SQLiteSession(Session):
         self.conn = conn
         self._sizes: dict[tuple, tuple[int, int, int]] = {}  # selection key -> (change seq, facts, tokens)
         self._last_postings: tuple[tuple, tuple] | None = None  # (words, selection key, seq) -> _postings' answer
+        self._last_selected: tuple[tuple, list[TermPostings]] | None = None  # the same for _selected_postings
         self._terms: dict[str, TermPostings] = {}  # term -> its postings over the whole table, as of _terms_seq
         self._terms_seq = -1
         self._terms_size = 0  # postings held in _terms
@@ -107,11 +108,11 @@ class SQLiteSession(Session):
     def lexical(self, words: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         if not words:
             return []
-        if sel.narrows:  # BM25 with the statistics of the selected facts (store/lexical.py)
-            return self._lexical_selected(words, limit, sel)
         stems = stem_terms(words)
         if all(len(st) == 1 for st in stems):  # every word one term: ranked here from the cached postings
             return self._lexical_ranked(words, [st[0] for st in stems], limit, sel)
+        if sel.narrows:  # BM25 with the statistics of the selected facts (store/lexical.py)
+            return self._lexical_selected(words, limit, sel)
         chosen = plan(self.conn, words, self.count())  # a word FTS5 splits into a phrase: FTS5 ranks it
         if chosen.all_words is not None:  # many postings: the rows holding every word, when there are enough
             hits = self._match(chosen.all_words, limit, sel)
@@ -122,18 +123,44 @@ class SQLiteSession(Session):
     def _lexical_ranked(self, words: list[str], terms: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
         """FTS5's bm25() ranking of the OR of `terms` (one per word), computed by lexical.bm25_top from the terms'
         postings: the same words kept (lexical.choose), the same scores and order as `ORDER BY rank, rid`, without
-        FTS5 scoring every match one row at a time. Expired facts not swept yet are dropped after the ranking, as
-        in _match."""
-        n, tokens = self._table_totals()
-        postings = self._term_postings(terms)
+        FTS5 scoring every match one row at a time. Whole store: expired facts not swept yet are dropped after the
+        ranking, as in _match. A narrowing selection: the postings of the facts it selects, ranked with its own
+        statistics (selection_size), as _lexical_selected scores them."""
+        if sel.narrows:
+            n, tokens = self.selection_size(sel)
+            postings, slack = self._selected_postings(terms, sel), 0
+        else:
+            (n, tokens), postings = self._table_totals(), self._term_postings(terms)
+            slack = self._count_expired(sel.now)
         kept, _ = choose(words, [len(p.rids) for p in postings], n)
         if not kept:
             return []
         chosen = set(kept)
-        rids, scores = bm25_top([p for w, p in zip(words, postings) if w in chosen], n, tokens,
-                                limit + self._count_expired(sel.now))
+        rids, scores = bm25_top([p for w, p in zip(words, postings) if w in chosen], n, tokens, limit + slack)
         rows = self._selected_rows(rids.tolist(), sel)
         return [(rows[rid], score) for rid, score in zip(rids.tolist(), scores.tolist()) if rid in rows][:limit]
+
+    def _selected_postings(self, terms: list[str], sel: Selection) -> list[TermPostings]:
+        """Each term's postings among the facts a narrowing `sel` selects (the whole-store postings, masked by the
+        selected rids: those of the selection, or of the matching facts, whichever are fewer)."""
+        key = (tuple(terms), (sel.scope, sel.below, repr(sel.where)), self.max_seq())
+        if self._last_selected is not None and self._last_selected[0] == key:  # hybrid asks twice: lexical, then df
+            return self._last_selected[1]
+        whole = self._term_postings(terms)
+        matching = np.unique(np.concatenate([p.rids for p in whole]))  # (U,)
+        where, params = selection_sql(sel)
+        if self.selection_size(sel)[0] <= len(matching):
+            chunks = [self.conn.execute(f"SELECT f.rid FROM facts f WHERE {where}", params).fetchall()]
+        else:
+            chunks = [self.conn.execute(f"SELECT f.rid FROM facts f WHERE f.rid IN ({','.join('?' * len(chunk))}) "
+                                        f"AND {where}", [*chunk, *params]).fetchall() for chunk in _chunks(matching.tolist())]
+        keep = np.concatenate([np.array(c, dtype=np.int64).reshape(-1) for c in chunks])  # (S,) the selected rids
+        found = []
+        for p in whole:  # one per query term
+            mask = np.isin(p.rids, keep)  # (P,)
+            found.append(TermPostings(p.rids[mask], p.tf[mask], p.lengths[mask]))
+        self._last_selected = (key, found)
+        return found
 
     def _table_totals(self) -> tuple[int, int]:
         """(rows, tokens) of facts_fts, from FTS5's own averages record."""
@@ -169,6 +196,9 @@ class SQLiteSession(Session):
 
     def document_frequencies(self, words: list[str], sel: Selection | None = None) -> list[int]:
         if sel is not None and sel.narrows:
+            stems = stem_terms(words)
+            if all(len(st) == 1 for st in stems):
+                return [len(p.rids) for p in self._selected_postings([st[0] for st in stems], sel)]
             return self._postings(words, sel)[0]
         return document_frequencies(self.conn, words)
 
