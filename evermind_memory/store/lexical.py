@@ -128,6 +128,17 @@ class _Stemmer:
             return [self._cache[w] for w in words]
 
 
+    def counts(self, texts: Sequence[str]) -> list[tuple[str, int, int]]:
+        """(term, index of the text, occurrences) for every term FTS5's tokenizer indexes for each text, by term."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:  # rolled back, as in terms()
+                self._conn.executemany("INSERT INTO words (rowid, w) VALUES (?, ?)", enumerate(texts))
+                return self._conn.execute("SELECT term, doc, COUNT(*) FROM word_terms GROUP BY term, doc").fetchall()
+            finally:
+                self._conn.execute("ROLLBACK")
+
+
 _STEMMER = _Stemmer()
 
 
@@ -140,13 +151,17 @@ def document_frequencies(conn: sqlite3.Connection, words: list[str]) -> list[int
     """For each word, how many facts hold it (for a word FTS5 splits into several terms, the rarest term's count:
     an upper bound of the phrase's). Reads facts_fts's vocabulary, not the rows."""
     stems = _STEMMER.terms(words)
-    terms = sorted({t for s in stems for t in s})
-    df: dict[str, int] = {}
-    if terms:
-        conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_VOCAB} USING fts5vocab(main, facts_fts, row)")
-        marks = ", ".join("?" * len(terms))
-        df = dict(conn.execute(f"SELECT term, doc FROM {_VOCAB} WHERE term IN ({marks})", terms).fetchall())
+    df = term_counts(conn, sorted({t for s in stems for t in s}))
     return [min((df.get(t, 0) for t in s), default=0) for s in stems]
+
+
+def term_counts(conn: sqlite3.Connection, terms: list[str]) -> dict[str, int]:
+    """term -> how many facts hold it (terms no fact holds left out), from facts_fts's vocabulary."""
+    if not terms:
+        return {}
+    conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_VOCAB} USING fts5vocab(main, facts_fts, row)")
+    marks = ", ".join("?" * len(terms))
+    return dict(conn.execute(f"SELECT term, doc FROM {_VOCAB} WHERE term IN ({marks})", terms).fetchall())
 
 
 def plan(conn: sqlite3.Connection, words: list[str], n_facts: int) -> LexicalPlan:
@@ -231,6 +246,36 @@ def postings_from_instances(docs: Sequence[int], sizes: Sequence[bytes]) -> Term
     tf = np.diff(np.r_[first, len(doc)]).astype(np.float64)  # (P,)
     lengths = varint_array(sizes)[first].astype(np.float64)  # (P,)
     return TermPostings(doc[first], tf, lengths)
+
+
+def text_postings(texts: Sequence[str]) -> tuple[dict[str, tuple[numpy.ndarray, numpy.ndarray]], numpy.ndarray]:
+    """What facts_fts indexes for `texts` (new or changed facts): (term -> (indices of the texts holding it (H,),
+    occurrences (H,)), token count of each text (N,)), by FTS5's own tokenizer."""
+    rows = _STEMMER.counts(texts)
+    lengths = np.zeros(len(texts), dtype=np.float64)  # (N,)
+    if not rows:
+        return {}, lengths
+    terms, docs, counts = zip(*rows)
+    doc = np.array(docs, dtype=np.int64)  # (I,)
+    tf = np.array(counts, dtype=np.float64)  # (I,)
+    np.add.at(lengths, doc, tf)
+    bounds = np.flatnonzero(np.r_[True, np.array(terms[1:], dtype=object) != np.array(terms[:-1], dtype=object)])
+    ends = np.r_[bounds[1:], len(terms)]
+    return {terms[a]: (doc[a:b], tf[a:b]) for a, b in zip(bounds.tolist(), ends.tolist())}, lengths
+
+
+def patch_postings(p: TermPostings, changed: numpy.ndarray, rids: numpy.ndarray, tf: numpy.ndarray,
+                   lengths: numpy.ndarray) -> TermPostings:
+    """`p` with the facts `changed` (ascending) left out, then the postings (rids, tf, lengths) of those that now hold
+    the term put in: a cached term brought up to date after remember or update without reading it again."""
+    if len(changed) and len(p.rids) and changed[0] <= p.rids[-1]:  # (new facts come after every cached one)
+        keep = ~np.isin(p.rids, changed)  # (P,)
+        p = TermPostings(p.rids[keep], p.tf[keep], p.lengths[keep])
+    if not len(rids):
+        return p
+    all_rids = np.concatenate([p.rids, rids])  # (P + A,)
+    order = np.argsort(all_rids, kind="stable")  # (P + A,)
+    return TermPostings(all_rids[order], np.concatenate([p.tf, tf])[order], np.concatenate([p.lengths, lengths])[order])
 
 
 def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int, limit: int) -> tuple[numpy.ndarray, numpy.ndarray]:

@@ -90,3 +90,18 @@ def test_the_ranking_follows_every_change(store):
     store.update(ids[0], "okapi tea tea")
     texts[0] = "okapi tea tea"
     assert_exact_top_k(store.recall("tea okapi", k=5, mode="lexical"), exhaustive(texts, ["tea", "okapi"]), 5)
+
+
+def test_a_change_that_keeps_a_words_count_still_changes_its_scores(store):
+    """An update that leaves the number of facts holding "tea" as it was (but not its frequency or the fact's
+    length), and a forget and a remember of "tea" facts between two recalls."""
+    texts = corpus(40, seed=4) + ["tea lamp x1 x2 x3", "tea river x4"]
+    ids = store.remember_many(texts)
+    assert_exact_top_k(store.recall("tea", k=10, mode="lexical"), exhaustive(texts, ["tea"]), 10)
+    store.update(ids[-2], "tea tea")
+    texts[-2] = "tea tea"
+    assert_exact_top_k(store.recall("tea lamp", k=10, mode="lexical"), exhaustive(texts, ["tea", "lamp"]), 10)
+    store.forget(ids[-1])
+    store.remember("tea jazz x5")
+    texts[-1] = "tea jazz x5"
+    assert_exact_top_k(store.recall("tea", k=50, mode="lexical"), exhaustive(texts, ["tea"]), 50)

@@ -19,8 +19,8 @@ from typing import Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
 from ..lexical import (
-    TermPostings, bm25_scores, bm25_top, choose, document_frequencies, plan, postings_from_instances, stem_terms,
-    table_totals, varint, word_postings,
+    TermPostings, bm25_scores, bm25_top, choose, document_frequencies, patch_postings, plan, postings_from_instances,
+    stem_terms, table_totals, term_counts, text_postings, varint, word_postings,
 )
 from . import vector_blobs
 from .base import FactRow, Integrity, NewFact, Selection
@@ -34,7 +34,8 @@ np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
-TERM_CACHE_MAX = 2_000_000  # postings a session keeps for unscoped lexical recall (about 48 MB); then it starts afresh
+TERM_CACHE_MAX = 2_000_000  # postings a session keeps for lexical recall (about 48 MB); then it starts afresh
+CATCH_UP_MAX = 5_000  # changes the cached postings are brought up to date over; after more, they are read afresh
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, expires_at, "
     "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -140,6 +141,31 @@ class SQLiteSession(Session):
         rows = self._selected_rows(rids.tolist(), sel)
         return [(rows[rid], score) for rid, score in zip(rids.tolist(), scores.tolist()) if rid in rows][:limit]
 
+    def _catch_up(self, seq: int) -> None:
+        """Bring the kept postings from change _terms_seq to `seq`: the facts remembered or updated since are
+        tokenised as FTS5 does (lexical.text_postings) and patched in. Forgotten facts are found by the count check
+        in _term_postings. A gap in the feed (pruned history), going back, or a long way: read afresh."""
+        old, self._terms_seq = self._terms_seq, seq
+        if not self._terms:
+            return
+        rows = [] if seq < old or seq - old > CATCH_UP_MAX else self.conn.execute(
+            "SELECT c.op, f.rid, f.text FROM changes c LEFT JOIN facts f ON f.id = c.fact_id "
+            "WHERE c.seq > ? AND c.seq <= ?", (old, seq)).fetchall()
+        if len(rows) != seq - old:
+            self._terms, self._terms_size = {}, 0
+            return
+        changed = {rid: text for op, rid, text in rows if rid is not None and op != "reembed"}  # now, as FTS5 has it
+        if not changed:
+            return
+        rids = np.array(sorted(changed), dtype=np.int64)  # (C,)
+        by_term, lengths = text_postings([changed[rid] for rid in rids.tolist()])  # {term: ((H,), (H,))}, (C,)
+        none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+        for term, p in self._terms.items():  # (the kept terms: a few hundred at most)
+            idx, tf = by_term.get(term, none)
+            patched = patch_postings(p, rids, rids[idx], tf, lengths[idx])
+            self._terms_size += len(patched.rids) - len(p.rids)
+            self._terms[term] = patched
+
     def _selected_postings(self, terms: list[str], sel: Selection) -> list[TermPostings]:
         """Each term's postings among the facts a narrowing `sel` selects (the whole-store postings, masked by the
         selected rids: those of the selection, or of the matching facts, whichever are fewer)."""
@@ -168,11 +194,23 @@ class SQLiteSession(Session):
         return table_totals(row[0]) if row is not None and row[0] else (0, 0)
 
     def _term_postings(self, terms: list[str]) -> list[TermPostings]:
-        """Each term's postings over the whole table, read from FTS5's instance vocabulary once per change."""
+        """Each term's postings over the whole table: read from FTS5's instance vocabulary at first use, then kept
+        up to date from the change feed (_catch_up). A kept term whose count FTS5's vocabulary disagrees with (a
+        fact that held it was forgotten, or the index was rebuilt) is read again, so what is ranked is what FTS5
+        holds."""
         seq = self.max_seq()
-        if seq != self._terms_seq or self._terms_size > TERM_CACHE_MAX:
-            self._terms, self._terms_seq, self._terms_size = {}, seq, 0
-        missing = [t for t in dict.fromkeys(terms) if t not in self._terms]
+        if seq != self._terms_seq:
+            self._catch_up(seq)
+        if self._terms_size > TERM_CACHE_MAX:
+            self._terms, self._terms_size = {}, 0
+        wanted = list(dict.fromkeys(terms))
+        held = [t for t in wanted if t in self._terms]
+        if held:
+            df = term_counts(self.conn, held)
+            for term in held:
+                if len(self._terms[term].rids) != df.get(term, 0):
+                    self._terms_size -= len(self._terms.pop(term).rids)
+        missing = [t for t in wanted if t not in self._terms]
         if missing:
             self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, instance)")
         for term in missing:
