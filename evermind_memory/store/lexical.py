@@ -18,8 +18,9 @@ Ranking without FTS5's per-row bm25(). FTS5 scores every row a MATCH selects, on
 (about 1.5 us a match: 10-30 ms for a common word at 100k facts). On SQLite a whole-store recall whose words are one
 term each is ranked by bm25_top instead: the same formula, vectorised over the terms' postings, which the session
 reads from FTS5's instance vocabulary once per change and keeps (TermPostings). Same scores, same order, and the
-exact OR ranking, so cut 2 is not needed there; a word FTS5 splits into a phrase (`buffer_size`), a narrowing
-selection (below) and PostgreSQL keep the paths above.
+exact OR ranking, so cut 2 is not needed there. A narrowing selection (below) ranks the same postings masked by
+it. A word FTS5 splits into a phrase (`buffer_size`), a process without numpy (a CLI lexical recall, which reads
+rows only) and PostgreSQL keep the paths above.
 
 The vocabulary table holds porter-stemmed terms, so words are stemmed by a private in-memory FTS5 table with
 the tokenizer of facts_fts (FTS_TOKENIZE, which must stay equal to the one in backend/sqlite.py's schema).

@@ -15,6 +15,7 @@ which a session keeps until the next change (_term_postings), rather than by FTS
 from __future__ import annotations
 
 import sqlite3
+import sys
 from typing import Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
@@ -110,7 +111,10 @@ class SQLiteSession(Session):
         if not words:
             return []
         stems = stem_terms(words)
-        if all(len(st) == 1 for st in stems):  # every word one term: ranked here from the cached postings
+        # Every word one term: ranked here from the kept postings, in a process that has numpy already. One that
+        # has not (a CLI lexical recall: one query, rows only, no numpy import: tests/test_imports.py) keeps
+        # FTS5's ranking; for a single query, reading the postings would cost about what FTS5's ranking does.
+        if "numpy" in sys.modules and all(len(st) == 1 for st in stems):
             return self._lexical_ranked(words, [st[0] for st in stems], limit, sel)
         if sel.narrows:  # BM25 with the statistics of the selected facts (store/lexical.py)
             return self._lexical_selected(words, limit, sel)
@@ -175,12 +179,15 @@ class SQLiteSession(Session):
         whole = self._term_postings(terms)
         matching = np.unique(np.concatenate([p.rids for p in whole]))  # (U,)
         where, params = selection_sql(sel)
-        if self.selection_size(sel)[0] <= len(matching):
+        if not len(matching):
+            chunks: list[list] = []
+        elif self.selection_size(sel)[0] <= len(matching):
             chunks = [self.conn.execute(f"SELECT f.rid FROM facts f WHERE {where}", params).fetchall()]
         else:
             chunks = [self.conn.execute(f"SELECT f.rid FROM facts f WHERE f.rid IN ({','.join('?' * len(chunk))}) "
                                         f"AND {where}", [*chunk, *params]).fetchall() for chunk in _chunks(matching.tolist())]
-        keep = np.concatenate([np.array(c, dtype=np.int64).reshape(-1) for c in chunks])  # (S,) the selected rids
+        keep = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.array(c, dtype=np.int64).reshape(-1)
+                                                               for c in chunks])  # (S,) the selected rids
         found = []
         for p in whole:  # one per query term
             mask = np.isin(p.rids, keep)  # (P,)
@@ -235,7 +242,7 @@ class SQLiteSession(Session):
     def document_frequencies(self, words: list[str], sel: Selection | None = None) -> list[int]:
         if sel is not None and sel.narrows:
             stems = stem_terms(words)
-            if all(len(st) == 1 for st in stems):
+            if "numpy" in sys.modules and all(len(st) == 1 for st in stems):  # as lexical() ranks it
                 return [len(p.rids) for p in self._selected_postings([st[0] for st in stems], sel)]
             return self._postings(words, sel)[0]
         return document_frequencies(self.conn, words)
