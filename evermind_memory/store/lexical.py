@@ -232,8 +232,8 @@ class TermPostings(NamedTuple):
     """One FTS5 term's postings over the whole table, in rowid order: what an unscoped lexical recall ranks."""
 
     rids: numpy.ndarray  # (P,) int64, ascending
-    tf: numpy.ndarray  # (P,) float64: how often the term occurs in each fact
-    lengths: numpy.ndarray  # (P,) float64: each fact's token count (facts_fts_docsize)
+    tf: numpy.ndarray  # (P,) int32: how often the term occurs in each fact
+    lengths: numpy.ndarray  # (P,) int32: each fact's token count (facts_fts_docsize)
 
 
 def postings_from_instances(docs: Sequence[int], sizes: Sequence[bytes]) -> TermPostings:
@@ -241,11 +241,11 @@ def postings_from_instances(docs: Sequence[int], sizes: Sequence[bytes]) -> Term
     docsize blob."""
     doc = np.fromiter(docs, dtype=np.int64, count=len(docs))  # (I,)
     if not len(doc):
-        empty = np.zeros(0, dtype=np.float64)  # (0,)
+        empty = np.zeros(0, dtype=np.int32)  # (0,)
         return TermPostings(np.zeros(0, dtype=np.int64), empty, empty)
     first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])  # (P,) the first instance of each fact
-    tf = np.diff(np.r_[first, len(doc)]).astype(np.float64)  # (P,)
-    lengths = varint_array(sizes)[first].astype(np.float64)  # (P,)
+    tf = np.diff(np.r_[first, len(doc)]).astype(np.int32)  # (P,)
+    lengths = varint_array(sizes)[first].astype(np.int32)  # (P,)
     return TermPostings(doc[first], tf, lengths)
 
 
@@ -253,12 +253,12 @@ def text_postings(texts: Sequence[str]) -> tuple[dict[str, tuple[numpy.ndarray, 
     """What facts_fts indexes for `texts` (new or changed facts): (term -> (indices of the texts holding it (H,),
     occurrences (H,)), token count of each text (N,)), by FTS5's own tokenizer."""
     rows = _STEMMER.counts(texts)
-    lengths = np.zeros(len(texts), dtype=np.float64)  # (N,)
+    lengths = np.zeros(len(texts), dtype=np.int32)  # (N,)
     if not rows:
         return {}, lengths
     terms, docs, counts = zip(*rows)
     doc = np.array(docs, dtype=np.int64)  # (I,)
-    tf = np.array(counts, dtype=np.float64)  # (I,)
+    tf = np.array(counts, dtype=np.int32)  # (I,)
     np.add.at(lengths, doc, tf)
     bounds = np.flatnonzero(np.r_[True, np.array(terms[1:], dtype=object) != np.array(terms[:-1], dtype=object)])
     ends = np.r_[bounds[1:], len(terms)]
@@ -293,9 +293,11 @@ def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int, limit:
     if not parts or limit <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
     rids = np.concatenate([p.rids for p in parts])  # (M,) in query order: each fact's terms add up in that order
-    contrib = np.concatenate([idf(len(p.rids), n) * ((p.tf * (BM25_K1 + 1.0))
-                                                     / (p.tf + BM25_K1 * (1 - BM25_B + BM25_B * p.lengths / avg)))
-                              for p in parts])  # (M,)
+    terms = []
+    for p in parts:  # float64, as FTS5 computes: float32 scores would reorder facts FTS5 ranks a few ulps apart
+        tf, length = p.tf.astype(np.float64), p.lengths.astype(np.float64)  # (P,), (P,)
+        terms.append(idf(len(p.rids), n) * ((tf * (BM25_K1 + 1.0)) / (tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avg))))
+    contrib = np.concatenate(terms)  # (M,)
     if len(parts) == 1:  # one term: its postings are the facts (ascending, distinct)
         facts, scores = rids, contrib
     else:  # each fact's terms summed in array order, that is in query order (both add one by one, from 0.0)

@@ -35,7 +35,7 @@ np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
-TERM_CACHE_MAX = 2_000_000  # postings a session keeps for lexical recall (about 48 MB); then it starts afresh
+TERM_CACHE_MAX = 2_000_000  # postings a session keeps for lexical recall (16 bytes each: 32 MB); then it starts afresh
 CATCH_UP_MAX = 5_000  # changes the cached postings are brought up to date over; after more, they are read afresh
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, expires_at, "
@@ -163,7 +163,7 @@ class SQLiteSession(Session):
             return
         rids = np.array(sorted(changed), dtype=np.int64)  # (C,)
         by_term, lengths = text_postings([changed[rid] for rid in rids.tolist()])  # {term: ((H,), (H,))}, (C,)
-        none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+        none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
         for term, p in self._terms.items():  # (the kept terms: a few hundred at most)
             idx, tf = by_term.get(term, none)
             patched = patch_postings(p, rids, rids[idx], tf, lengths[idx])
