@@ -105,15 +105,8 @@ def test_no_module_reaches_into_memory_store_privates():
 NAMEDTUPLE_API = {"_make", "_replace", "_fields", "_asdict", "_field_defaults"}
 STDLIB = {"os._exit"}
 
-# What can't move yet, each with its reason. An entry that no longer matches fails the test: take it out.
-BACKEND = "store/backend/* is being edited on another branch (sessions, codecs); it moves after that merges"
-ALLOWED = {
-    ("store/backend/postgres.py", "session._begin"): BACKEND,
-    ("store/backend/postgres_repair.py", "s._one"): BACKEND,
-    ("store/backend/postgres_repair.py", "s._log"): BACKEND,
-    ("store/backend/postgres_repair.py", "s._all"): BACKEND,
-    ("store/backend/sqlite_repair.py", "from .sqlite_session import _INSERT_CHANGE"): BACKEND,
-}
+# What can't move yet, each with its reason (none now). An entry that no longer matches fails the test: take it out.
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def own_names(tree: ast.AST) -> set[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TypeGuard
 
 from .base import row_problem
 
@@ -38,7 +38,7 @@ class RepairCounts:
             self.reasons.append(reason)
 
 
-def ok_text(value: Any) -> bool:
+def ok_text(value: object) -> TypeGuard[str]:
     """Text a fact field may hold: a str, not blank, encodable as UTF-8 (no lone surrogates)."""
     if not isinstance(value, str) or not value.strip():
         return False
@@ -49,7 +49,7 @@ def ok_text(value: Any) -> bool:
     return True
 
 
-def ok_tags(value: Any) -> bool:
+def ok_tags(value: object) -> TypeGuard[str]:
     """A tags column as the store writes it: a JSON object of labels (str -> str, int, float or bool)."""
     if not ok_text(value):
         return False

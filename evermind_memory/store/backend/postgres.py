@@ -38,7 +38,8 @@ import contextlib
 import logging
 import threading
 import uuid
-from typing import Any, Callable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..._crash import crash_point
@@ -47,6 +48,12 @@ from . import vector_blobs
 from .base import utc_now
 from .codec import RepairCounts
 from .postgres_session import FTS_CONFIG, GEN_TABLE, PostgresSession
+
+if TYPE_CHECKING:  # (psycopg is imported when a postgresql:// store opens: _import_psycopg)
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+    from .postgres_adapters import DatabaseAdapters
 
 SCHEMA_VERSION = 6  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases;
 # 5: vectors stored as float16, migrated from 4 by the first writer to open the store; 6: fingerprints stored once
@@ -98,7 +105,15 @@ def _secrets(url: str) -> list[str]:
     return [s for s in out if s]
 
 
-def _import_psycopg() -> Any:
+def _row(conn: Connection, sql: str, params: Sequence[object] = ()) -> tuple:
+    """The row of a statement that always returns one (a function's value, an aggregate, a one-row table)."""
+    row = conn.execute(sql, params).fetchone()
+    if row is None:
+        raise StorageError(f"PostgreSQL returned no row for {sql!r:.80}.")
+    return row
+
+
+def _import_psycopg() -> ModuleType:
     try:
         import psycopg
         import psycopg_pool  # noqa: F401
@@ -139,13 +154,13 @@ class PostgresBackend:
         self.busy_ms = int(busy_timeout * 1000)
         self.write_mutex = threading.RLock()
         self._closed = False
-        self._pool = None
+        self._pool: ConnectionPool | None = None
         self._key2 = 0
         self._follower: _Follower | None = None
         self._lock = threading.Lock()
         try:
             with self._connect() as conn:  # one plain connection first: a bad login fails here, at once
-                self._key2 = int(conn.execute("SELECT hashtext(current_schema())").fetchone()[0])
+                self._key2 = int(_row(conn, "SELECT hashtext(current_schema())")[0])
                 if read_only:
                     self._check_readable(conn)
                 else:
@@ -189,12 +204,12 @@ class PostgresBackend:
         return EvermindError(f"{self.path}: PostgreSQL failed while {doing} ({type(exc).__name__}: {detail}).")
 
     # ---- connections ---------------------------------------------------------------------------------------
-    def _connect(self) -> Any:
+    def _connect(self) -> Connection:
         conn = self._psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         self._configure(conn)
         return conn
 
-    def _configure(self, conn: Any) -> None:
+    def _configure(self, conn: Connection) -> None:
         """Every connection: UTC times, our lock timeout, read-only when the store is."""
         conn.execute("SET TIME ZONE 'UTC'")
         conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(self.busy_ms, 1)}ms",))
@@ -208,16 +223,23 @@ class PostgresBackend:
         return self._closed
 
     @contextlib.contextmanager
-    def _session(self, doing: str) -> Iterator[PostgresSession]:
-        if self._closed:
+    def _connection(self, doing: str) -> Iterator[Connection]:
+        """A pooled connection; a driver error while it is held becomes ours (_error)."""
+        pool = self._pool
+        if self._closed or pool is None:
             raise EvermindError("this MemoryStore is closed.")
         try:
-            with self._pool.connection() as conn:
-                yield PostgresSession(conn)
+            with pool.connection() as conn:
+                yield conn
         except self._psycopg.Error as exc:
             if isinstance(exc, self._psycopg.OperationalError):
-                self._pool.check()  # a restarted server: drop the other dead connections too
+                pool.check()  # a restarted server: drop the other dead connections too
             raise self._error(exc, doing) from None
+
+    @contextlib.contextmanager
+    def _session(self, doing: str) -> Iterator[PostgresSession]:
+        with self._connection(doing) as conn:
+            yield PostgresSession(conn)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[PostgresSession]:
@@ -251,17 +273,18 @@ class PostgresBackend:
         """
         if self.read_only:
             raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
-        with self._session("writing") as session:
-            conn = session._conn
+        with self._connection("writing") as conn:
             try:
                 if self.busy_ms == 0:  # no waiting: try the lock at once
                     with conn.pipeline():
                         conn.execute("BEGIN")
                         got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
-                    if not got.fetchone()[0]:
+                    row = got.fetchone()
+                    if row is None or not row[0]:
                         raise self._psycopg.errors.LockNotAvailable("the write lock is held")
+                    session = PostgresSession(conn)
                 else:  # BEGIN and the lock go out with the body's first statement (PostgresSession._start)
-                    session._begin = ("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
+                    session = PostgresSession(conn, ("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2)))
                 yield session
                 if session.started:  # (a body that sent nothing began no transaction)
                     with conn.pipeline():
@@ -284,7 +307,7 @@ class PostgresBackend:
         how many change notifications this node's follower received."""
         with self.reading() as session:
             schema = session.meta("schema_version")
-            version = session.conn.execute("SHOW server_version").fetchone()[0]
+            version = _row(session.conn, "SHOW server_version")[0]
             vector = session.conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
         follower = self._follower
         return {"schema_version": int(schema or SCHEMA_VERSION), "backend": "postgresql", "server_version": version,
@@ -294,11 +317,10 @@ class PostgresBackend:
     def fts_integrity(self) -> str | None:
         """The full-text statistics against the facts: None when they agree, else what differs."""
         with self.snapshot() as s:
-            docs, tokens = s.conn.execute("SELECT docs, tokens FROM fts_stats").fetchone()
-            facts, ntok = s.conn.execute("SELECT COUNT(*), COALESCE(SUM(ntok), 0) FROM facts").fetchone()
-            stale = s.conn.execute(
-                f"SELECT COUNT(*) FROM facts WHERE tsv != to_tsvector('{FTS_CONFIG}', evermind_fts_text(text))"
-            ).fetchone()[0]
+            docs, tokens = _row(s.conn, "SELECT docs, tokens FROM fts_stats")
+            facts, ntok = _row(s.conn, "SELECT COUNT(*), COALESCE(SUM(ntok), 0) FROM facts")
+            stale = _row(s.conn, f"SELECT COUNT(*) FROM facts WHERE tsv != to_tsvector('{FTS_CONFIG}', "
+                         "evermind_fts_text(text))")[0]
         if (docs, tokens) != (facts, ntok) or stale:
             return (f"fts_stats holds {docs} documents / {tokens} tokens for {facts} facts / {ntok} tokens; {stale} "
                     "tsvectors disagree with their text. repair() rebuilds them.")
@@ -351,7 +373,7 @@ class PostgresBackend:
                 self._follower = _Follower(self, callback)
                 self._follower.start()
 
-    def adapters(self) -> Any:
+    def adapters(self) -> DatabaseAdapters:
         """The store's adapters, in its `adapters` table (postgres_adapters.DatabaseAdapters)."""
         from .postgres_adapters import DatabaseAdapters
 
@@ -370,17 +392,18 @@ class PostgresBackend:
                 self._pool.close(timeout=5.0)
 
     # ---- schema --------------------------------------------------------------------------------------------
-    def _check_readable(self, conn: Any) -> None:
-        if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+    def _check_readable(self, conn: Connection) -> None:
+        if _row(conn, "SELECT to_regclass('meta')")[0] is None:
             raise InvalidInput(f"{self.path} holds no evermind store; open it once without read_only=True to create it.")
         self._check_version(conn)
 
-    def _check_version(self, conn: Any) -> None:
-        raw = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    def _check_version(self, conn: Connection) -> None:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        raw = None if row is None else row[0]
         try:
-            version = int(raw[0]) if raw else 0
+            version = 0 if row is None else int(row[0])
         except ValueError:
-            raise StoreCorrupt(f"{self.path}: the schema version recorded in meta is {raw[0]!r:.40}, not a number.",
+            raise StoreCorrupt(f"{self.path}: the schema version recorded in meta is {raw!r:.40}, not a number.",
                                path=self.path, part="schema") from None
         if version > SCHEMA_VERSION:
             raise EvermindError(f"{self.path} has schema version {version}; this evermind_memory knows up to "
@@ -388,13 +411,13 @@ class PostgresBackend:
         if version < SCHEMA_VERSION:
             raise EvermindError(f"{self.path} has schema version {version}, expected {SCHEMA_VERSION}.")
 
-    def _ensure_schema(self, conn: Any) -> None:
+    def _ensure_schema(self, conn: Connection) -> None:
         from .postgres_schema import SCHEMA, TABLES
 
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))  # two nodes creating it at once
-            if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
-                present = [t for t in TABLES if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0] is not None]
+            if _row(conn, "SELECT to_regclass('meta')")[0] is None:
+                present = [t for t in TABLES if _row(conn, "SELECT to_regclass(%s)", (t,))[0] is not None]
                 if present:
                     raise EvermindError(f"{self.path} already has tables named {', '.join(present[:4])} but no evermind "
                                         "store; use another database, or a schema of its own "
@@ -413,7 +436,7 @@ class PostgresBackend:
             self._check_version(conn)
 
     @staticmethod
-    def _compact_vectors(conn: Any) -> None:
+    def _compact_vectors(conn: Connection) -> None:
         """Schema 4 -> 5 (inside _ensure_schema's transaction): every float32 vector rewritten as float16
         (backend/vector_blobs.py), the facts' and those of a generation being built, a batch at a time."""
         for table, key in (("facts", "rid"), (GEN_TABLE, "label")):  # (names from this list, never from data)
@@ -430,7 +453,7 @@ class PostgresBackend:
         conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
 
     @staticmethod
-    def _reference_fingerprints(conn: Any) -> None:
+    def _reference_fingerprints(conn: Connection) -> None:
         """Schema 5 -> 6 (inside _ensure_schema's transaction, which also records the version: a crash leaves
         schema 5 whole): each fingerprint string stored once, in `fingerprints`, facts referencing it by id."""
         from .postgres_schema import FINGERPRINT_INDEX_SQL, FINGERPRINTS_SQL
@@ -455,7 +478,7 @@ class _Follower:
         self._callback = callback
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="evermind-follow", daemon=True)
-        self._conn = None
+        self._conn: Connection | None = None
         self._wake = f"evermind_stop_{uuid.uuid4().hex}"  # this follower's own channel: stop() wakes it at once
         self.notified = 0  # notifications received (for tests and info)
 

@@ -66,8 +66,8 @@ def repair(s: PostgresSession, dim: int) -> RepairCounts:
     for row, blob in _rows(s):
         counts.scanned += 1
         if not ok_tags(row.tags_json):
-            logged = s._one("SELECT tags FROM changes WHERE fact_id = %s AND tags IS NOT NULL ORDER BY seq DESC LIMIT 1",
-                            (row.id,))
+            logged = s.conn.execute("SELECT tags FROM changes WHERE fact_id = %s AND tags IS NOT NULL ORDER BY seq "
+                                    "DESC LIMIT 1", (row.id,)).fetchone()
             tags = logged[0] if logged is not None and ok_tags(logged[0]) else "{}"
             s.conn.execute("UPDATE facts SET tags = %s WHERE rid = %s", (tags, row.rid))
             _quarantine(s, row, "tags are not a JSON object of labels", f"tags set to {tags}")
@@ -77,12 +77,12 @@ def repair(s: PostgresSession, dim: int) -> RepairCounts:
             seq += 1
             s.conn.execute("UPDATE facts SET vector = NULL, label = NULL, fingerprint_id = NULL, owner = NULL, seq = %s "
                            "WHERE rid = %s", (seq, row.rid))
-            s._log([(seq, row.id, "reembed", when(now), None, None, None, 0, row.label, row.scope, None)])
+            s.log_changes([(seq, row.id, "reembed", when(now), None, None, None, 0, row.label, row.scope, None)])
             _quarantine(s, row, "its vector is damaged", "vector cleared: it is embedded again")
             counts.vectors_cleared += 1
             counts.note(f"fact {row.id}: damaged vector cleared")
     s.conn.execute("DELETE FROM fact_tags")
-    for fid, tags in s._all("SELECT id, tags FROM facts"):
+    for fid, tags in s.conn.execute("SELECT id, tags FROM facts").fetchall():
         rows = tag_rows(fid, json.loads(tags))
         if rows:
             s.conn.cursor().executemany(_INSERT_TAG, rows)

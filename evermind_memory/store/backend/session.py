@@ -294,7 +294,7 @@ class Session:
     def waiting_owners(self) -> dict[str | None, int]:
         return dict(self._all("SELECT owner, COUNT(*) FROM facts WHERE vector IS NULL GROUP BY owner"))
 
-    def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
+    def adopt_waiting(self, old_owner: str | None, new_owner: str | None) -> list[WaitingRow]:
         rows = self._all(f"UPDATE facts SET owner = ? WHERE vector IS NULL AND owner {self.dialect.same} ? "
                          "RETURNING rid, id, text", (new_owner, old_owner))
         return sorted(WaitingRow._make(r) for r in rows)
@@ -325,8 +325,9 @@ class Session:
         return self._scalar("SELECT COUNT(*) FROM feedback")
 
     # ---- writes (inside a transaction) ---------------------------------------------------------------------
-    def _log(self, rows: Sequence[tuple]) -> None:
-        """Append change rows (INSERT_CHANGE's columns)."""
+    def log_changes(self, rows: Sequence[tuple]) -> None:
+        """Append change rows (INSERT_CHANGE's columns) to the change feed, inside a write transaction (a repair
+        records what it cleared this way)."""
         if rows:
             self._many(INSERT_CHANGE, rows)
             self.changed = True
@@ -364,7 +365,7 @@ class Session:
         if tags:
             self._many(INSERT_TAG_SQL, [tag_row(row.id, k, v) for k, v in tags.items()])
         removed = row.label if vector is not None else None
-        self._log([(seq, row.id, "update", d.text_time(now), text, tj, source, int(vector is not None), removed,
+        self.log_changes([(seq, row.id, "update", d.text_time(now), text, tj, source, int(vector is not None), removed,
                     row.scope, None)])
         return seq, removed
 
@@ -378,7 +379,7 @@ class Session:
         for cond, params in self.dialect.in_list("rid", [row.rid for row in rows]):
             self._run(f"DELETE FROM facts WHERE {cond}", params)
         seq, at = self.max_seq(), self.dialect.text_time(now)
-        self._log([(seq + i, row.id, "forget", at, None, None, None, 0, row.label, row.scope, replaced_by)
+        self.log_changes([(seq + i, row.id, "forget", at, None, None, None, 0, row.label, row.scope, replaced_by)
                    for i, row in enumerate(rows, start=1)])
         return [row.label for row in rows if row.label is not None]
 

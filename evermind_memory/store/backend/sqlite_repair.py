@@ -17,14 +17,14 @@ import json
 import os
 import sqlite3
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Iterator
 
 from ..scope import LEVELS
 from . import vector_blobs
 from .base import new_id, utc_now
 from .codec import RepairCounts, ok_tags, ok_text
 from .filter_sql import REBUILD_TAGS_SQL
-from .sqlite_session import _INSERT_CHANGE
+from .session import INSERT_CHANGE
 
 QUARANTINE_SQL = (
     "CREATE TABLE IF NOT EXISTS quarantine (qid INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, "
@@ -36,7 +36,7 @@ FACT_RAW = ("SELECT rid, id, typeof(text), CAST(text AS BLOB), tags, source, cre
 MISSES_BEFORE_STOP = 4096  # salvage: consecutive missing rowids after which a table is taken as ended
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, bytes):
         return {"hex": value.hex()}
     if isinstance(value, str):
@@ -47,7 +47,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def quarantine(conn: sqlite3.Connection, table: str, fact_id: Any, reason: str, action: str, row: dict) -> None:
+def quarantine(conn: sqlite3.Connection, table: str, fact_id: object, reason: str, action: str, row: dict) -> None:
     """Record a row's original values and what was done with it."""
     conn.execute(QUARANTINE_SQL)
     conn.execute("INSERT INTO quarantine (at, tbl, fact_id, reason, action, data) VALUES (?, ?, ?, ?, ?, ?)",
@@ -55,7 +55,7 @@ def quarantine(conn: sqlite3.Connection, table: str, fact_id: Any, reason: str, 
                   action, json.dumps({k: _jsonable(v) for k, v in row.items()}, ensure_ascii=True)))
 
 
-def _ok_label(value: Any) -> bool:
+def _ok_label(value: object) -> bool:
     """A source a read returns: any text. (The write path also refuses one of only whitespace, but an older version
     wrote such labels and reads return them: they are not damage.)"""
     if not isinstance(value, str):
@@ -67,14 +67,14 @@ def _ok_label(value: Any) -> bool:
     return True
 
 
-def _ok_time(value: Any) -> bool:
+def _ok_time(value: object) -> bool:
     try:
         return isinstance(value, str) and datetime.fromisoformat(value).tzinfo is not None
     except ValueError:
         return False
 
 
-def _ok_scope(value: Any) -> bool:
+def _ok_scope(value: object) -> bool:
     """A scope key store/scope.py could have written ("" or level=value parts joined by "/")."""
     if not isinstance(value, str):
         return False
@@ -84,9 +84,9 @@ def _ok_scope(value: Any) -> bool:
     return all(sep and level in LEVELS and ok_text(v) for level, sep, v in parts)
 
 
-def _log_row(conn: sqlite3.Connection, seq: int, fid: str, op: str, now: str, label: Any, scope: str) -> None:
+def _log_row(conn: sqlite3.Connection, seq: int, fid: str, op: str, now: str, label: object, scope: str) -> None:
     """One change the repair makes (a reembed or a forget), in the fact's scope so its scope's history shows it."""
-    conn.execute(_INSERT_CHANGE, (seq, fid, op, now, None, None, None, 0, label, scope, None))
+    conn.execute(INSERT_CHANGE, (seq, fid, op, now, None, None, None, 0, label, scope, None))
 
 
 def _scope_of(conn: sqlite3.Connection, rid: int) -> str:
@@ -94,7 +94,7 @@ def _scope_of(conn: sqlite3.Connection, rid: int) -> str:
     return row[0] if row is not None and _ok_scope(row[0]) else ""
 
 
-def _log_text(conn: sqlite3.Connection, fact_id: Any) -> dict:
+def _log_text(conn: sqlite3.Connection, fact_id: object) -> dict:
     """From a fact's change log: its latest text, tags, source and time, and its first time (what was readable)."""
     out: dict = {}
     if not ok_text(fact_id):
@@ -189,7 +189,7 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
             continue
         rid, fid = row["rid"], row["id"]
         log = _log_text(conn, fid)
-        sets: dict[str, Any] = {}
+        sets: dict[str, object] = {}
         reasons = []
         if "text" in faults:
             if "text" in log:
@@ -230,8 +230,8 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
             reasons.append("vector damaged: cleared, to be embedded again")
             counts.vectors_cleared += 1
             if row["label"] is not None:
-                _log_row(conn, _next_seq(conn), fid if ok_text(fid) else sets.get("id", ""), "reembed", now,
-                         row["label"], sets.get("scope", row["scope"] if _ok_scope(row["scope"]) else ""))
+                _log_row(conn, _next_seq(conn), fid if ok_text(fid) else str(sets.get("id", "")), "reembed", now,
+                         row["label"], str(sets.get("scope", row["scope"] if _ok_scope(row["scope"]) else "")))
         quarantine(conn, "facts", sets.get("id", fid), "; ".join(reasons), "repaired", row)
         conn.execute(f"UPDATE facts SET {', '.join(f'{k} = ?' for k in sets)} WHERE rid = ?", [*sets.values(), rid])
         if "text" in sets or "id" in sets:  # (the FTS rows are rebuilt as a whole afterwards)
@@ -240,7 +240,7 @@ def fix_rows(conn: sqlite3.Connection, dim: int, counts: RepairCounts) -> None:
         counts.note(f"row {rid}: " + "; ".join(reasons))
 
 
-def _remove(conn: sqlite3.Connection, rid: int, fid: Any, label: Any, now: str) -> None:
+def _remove(conn: sqlite3.Connection, rid: int, fid: object, label: object, now: str) -> None:
     scope = _scope_of(conn, rid)
     conn.execute("DELETE FROM facts WHERE rid = ?", (rid,))
     if ok_text(fid):
@@ -318,7 +318,7 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
             "scope, link" if _has_column(src, "changes", "scope") else "'', NULL")  # a store older than schema 4
         for row in _rows(src, "changes", cols, "seq", counts):
             try:
-                dst.execute(_INSERT_CHANGE, row)
+                dst.execute(INSERT_CHANGE, row)
             except sqlite3.Error:
                 counts.note(f"change {row[0]} unreadable: left out")
     seen_ids: set[str] = set()
@@ -333,13 +333,14 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
              scope) in _rows(src, "facts", cols, "rid", counts):
             if by_id is not None:
                 fp = by_id.get(fp)
-            row = dict(rid=rid, id=fid, text_type=ttype, text=text, tags=tags, source=source, created_at=created,
-                       updated_at=updated, vector=vec, fingerprint=fp, label=label, seq=seq)
+            original = dict(rid=rid, id=fid, text_type=ttype, text=text, tags=tags, source=source, created_at=created,
+                            updated_at=updated, vector=vec, fingerprint=fp, label=label, seq=seq)
             kept = (expires if _ok_time(expires) else None, 1 if pinned == 1 and not _ok_time(expires) else 0,
                     scope if _ok_scope(scope) else "")
             if isinstance(fid, str) and fid in seen_ids:
-                row["id"] = fid = new_id()
-                quarantine(dst, "facts", fid, "a second row with the id of another fact: given a new id", "repaired", row)
+                original["id"] = fid = new_id()
+                quarantine(dst, "facts", fid, "a second row with the id of another fact: given a new id", "repaired",
+                           original)
             try:
                 dst.execute(
                     "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, "
@@ -384,7 +385,7 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                     pass
 
 
-def _fingerprint_id(conn: sqlite3.Connection, fingerprint: Any) -> int | None:
+def _fingerprint_id(conn: sqlite3.Connection, fingerprint: object) -> int | None:
     """The id a salvaged fact references `fingerprint` by in the new store (None for no fingerprint, or one that
     is not text: its vector is then cleared by the repair)."""
     if not isinstance(fingerprint, str) or not ok_text(fingerprint):
@@ -468,7 +469,7 @@ def drop_lost_tables(path: str) -> int:
         conn.close()
 
 
-def _sane_page(head: bytes) -> bool:
+def _sane_page(head: bytes | bytearray) -> bool:
     page = int.from_bytes(head[16:18], "big")
     page = 65536 if page == 1 else page
     return page >= 512 and not page & (page - 1)
