@@ -270,8 +270,7 @@ class VectorWorker:
                     if tx.meta("fingerprint") not in (None, gen.fingerprint):
                         # another process swapped models and this one has not followed yet: leave the
                         # facts waiting, for any writer that serves the new model
-                        # None: no holder; backend/base.py's Writes says str (fixed there once the backend branch merges)
-                        tx.adopt_waiting(self.holder.token, None)  # type: ignore[arg-type]
+                        tx.adopt_waiting(self.holder.token, None)  # (None: no owner)
                         current, keep, pairs = [], [], []
                     else:
                         still = tx.still_waiting(rids)  # not forgotten or updated since

@@ -21,7 +21,7 @@ import threading
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 from .._crash import crash_point
 from .._lazy import lazy_import
@@ -34,10 +34,11 @@ from .leases import Leases
 from .lock import RWLock
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..embedder.base import Embedder
-
-
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 SAVE_AFTER_REPLAY = 1000  # a loaded snapshot that needed this many changes replayed is saved again
 # A node this far behind adopts a newer snapshot another process saved, or else rebuilds its index from the
@@ -114,7 +115,9 @@ class VectorCache:
         self.config = config
         self.store_id: str | None = None  # set at open, from the database: the manifest must name the same store
         self.status = "new"
-        self._gen = Generation(embedder, fingerprint, None, 0)  # the index: on first use (ensure_loaded)
+        # The index comes on first use (ensure_loaded): until then `model` hands out this generation, whose index
+        # is None, for its embedder and fingerprint only; `current` never returns it.
+        self._gen = Generation(embedder, fingerprint, cast(VectorIndex, None), 0)
         self._loaded = False  # set, under the write mutex, once a loaded (or built) index serves
         self._saved_watermark = -1
         self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively

@@ -44,6 +44,7 @@ from ..scope import scope_parts
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..adapter_history import AdapterLog
     from .codec import RepairCounts  # (codec.py imports this module)
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
@@ -425,8 +426,9 @@ class Writes(Reads, Protocol):
         """Add facts. Each gets the next seq, which is also its label when `vectors` (N, D) are given; with
         None they wait for one, owned by `owner` (the store that will embed them). Returns (seqs, first new rid)."""
 
-    def adopt_waiting(self, old_owner: str | None, new_owner: str) -> list[WaitingRow]:
-        """Make `new_owner` the owner of every fact waiting for a vector under `old_owner`; returns them."""
+    def adopt_waiting(self, old_owner: str | None, new_owner: str | None) -> list[WaitingRow]:
+        """Make `new_owner` the owner of every fact waiting for a vector under `old_owner`; returns them. None as
+        either owner: no owner (facts any writer's worker embeds)."""
 
     def set_lease(self, name: str, owner: str, expires: float) -> None:
         """Record `owner`'s claim on lease `name` until `expires` (Unix time)."""
@@ -522,9 +524,9 @@ class Backend(Protocol):
         server's notifications, with a poll as fallback; head -1: unknown). A backend whose processes share one
         machine and file does nothing: each answer reads the head itself."""
 
-    def adapters(self) -> Any:
-        """Where the store's adapters live: None for files beside the database (`<db>.adapters/`), else an object
-        with AdapterHistory's methods (entries, get, add, update, load) keeping them in the database."""
+    def adapters(self) -> AdapterLog | None:
+        """Where the store's adapters live: None for files beside the database (`<db>.adapters/`), else the
+        history (store/adapter_history.AdapterLog: entries, get, add, update, load) keeping them in the database."""
 
     def close(self) -> None:
         """Close every connection (idempotent)."""

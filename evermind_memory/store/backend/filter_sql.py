@@ -27,9 +27,10 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Any, Mapping
+from datetime import datetime
+from typing import Mapping, Union
 
-from ..filters import And, Exists, Filter, MatchAll, Member, Or
+from ..filters import And, Compare, Exists, Filter, FilterValue, MatchAll, Member, Or, TagValue
 from ..validate import check_typed_tags, value_type
 from .base import Selection
 from .dialect import POSTGRES, SQLITE, Dialect
@@ -81,12 +82,12 @@ def migrate_typed_tags(conn: sqlite3.Connection) -> None:
 def tag_row(fact_id: str, key: str, value: str | int | float | bool) -> tuple[str, str, str, str, float | None]:
     """One `fact_tags` row (fact_id, key, value, vtype, num) for a checked tag value (see INSERT_TAG_SQL)."""
     vtype = _VTYPE[type(value)]
-    if vtype == "s":
+    if isinstance(value, str):  # (vtype "s")
         return fact_id, key, value, "s", None
     return fact_id, key, json.dumps(value), vtype, (None if vtype == "b" else float(value))
 
 
-def tag_rows(fact_id: str, tags: Mapping[str, Any]) -> list[tuple[str, str, str, str, float | None]]:
+def tag_rows(fact_id: str, tags: Mapping[str, TagValue]) -> list[tuple[str, str, str, str, float | None]]:
     """The `fact_tags` rows of one fact's tags (checked with filters.check_typed_tags)."""
     return [tag_row(fact_id, k, v) for k, v in check_typed_tags(tags, scope_names=True).items()]
 
@@ -192,6 +193,9 @@ def compile_filter(where: Filter, dialect: Dialect, fact: str = "f") -> tuple[st
     return sql, params
 
 
+Leaf = Union[Compare, Member, Exists]  # a condition on one field
+
+
 def _marks(d: Dialect, n: int) -> str:
     return ", ".join([d.mark] * n)
 
@@ -202,15 +206,19 @@ def _node(node: Filter, d: Dialect, fact: str, params: list) -> str:
     if isinstance(node, (And, Or)):
         glue = " AND " if isinstance(node, And) else " OR "
         return "(" + glue.join(_node(p, d, fact, params) for p in node.parts) + ")"
+    if not isinstance(node, (Compare, Member, Exists)):
+        raise TypeError(f"not a filter node: {type(node).__name__}")
     if node.field.name == "tag":
         return _tag_leaf(node, d, fact, params)
     return _column_leaf(node, d, fact, params)
 
 
-def _column_leaf(node: Filter, d: Dialect, fact: str, params: list) -> str:
+def _column_leaf(node: Leaf, d: Dialect, fact: str, params: list) -> str:
     """A condition on the fact's own column (source, created_at, updated_at)."""
     col = f"{fact}.{node.field.name}"
-    conv = d.time_param if node.field.name != "source" else (lambda v: v)
+
+    def conv(value: FilterValue) -> object:  # a time field's values are UTC datetimes, the source's text
+        return d.time_param(value) if isinstance(value, datetime) else value
     if isinstance(node, Exists):
         return f"{col} IS {'NOT ' if node.present else ''}NULL"
     if isinstance(node, Member):
@@ -224,7 +232,7 @@ def _column_leaf(node: Filter, d: Dialect, fact: str, params: list) -> str:
     return f"{col}{order} {_SQL_OP[node.op]} {d.mark}"
 
 
-def _tag_leaf(node: Filter, d: Dialect, fact: str, params: list) -> str:
+def _tag_leaf(node: Leaf, d: Dialect, fact: str, params: list) -> str:
     """`fact.id [NOT] IN (the facts whose tag row satisfies the condition)`; $ne / $nin / $exists false negate."""
     params.append(node.field.key)
     if isinstance(node, Exists):

@@ -16,21 +16,28 @@ import os
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ...lm.adapter import LoRAWeights
+    from ...lm.model import EvermindLM
+    from .postgres import PostgresBackend
+    from .postgres_session import PostgresSession
 
 MAX_ADAPTER_BYTES = 256 << 20  # lm/adapter.DEFAULT_MAX_BYTES's order: refuse anything larger before touching it
 
 
 class DatabaseAdapters:
-    """AdapterHistory's interface over the `adapters` table of one PostgreSQL store.
+    """AdapterHistory's interface (store/adapter_history.AdapterLog, and `put` and `data` for migrate) over the
+    `adapters` table of one PostgreSQL store.
 
     Args:
         backend: the PostgresBackend (its sessions and write transactions).
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: PostgresBackend) -> None:
         self._db = backend
         self.directory = Path(backend.path)  # shown in messages only (a URL without its password)
 
@@ -58,7 +65,7 @@ class DatabaseAdapters:
 
         return entry_of(self.entries(), adapter_id, "this store")
 
-    def add(self, weights: Any, **info: Any) -> dict:
+    def add(self, weights: LoRAWeights, **info: object) -> dict:
         """Store a new adapter with status "candidate"; returns its entry (id, file, sha256, digest, created_at,
         status and `info`)."""
         from ...lm.adapter import adapter_digest, save_adapter
@@ -74,17 +81,23 @@ class DatabaseAdapters:
             entry = {"id": adapter_id, "file": f"{adapter_id}.lora", "sha256": sha, "digest": adapter_digest(weights),
                      "created_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"), "status": "candidate",
                      **info}
-            self.put(tx, entry, data)
+            self._insert(tx, entry, data)
         return entry
 
+    def put(self, entry: dict, data: bytes) -> None:
+        """Store one adapter's entry and file bytes as they are (migrate copies a store's adapters this way, as
+        AdapterHistory.put writes them beside an SQLite file)."""
+        with self._db.transaction() as tx:
+            self._insert(tx, entry, data)
+
     @staticmethod
-    def put(tx: Any, entry: dict, data: bytes) -> None:
-        """Insert (or replace) one adapter in the write transaction `tx` (migrate copies them this way)."""
+    def _insert(tx: PostgresSession, entry: dict, data: bytes) -> None:
+        """Insert (or replace) one adapter in the write transaction `tx`."""
         tx.conn.execute("INSERT INTO adapters (id, entry, data, sha256) VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO "
                         "UPDATE SET entry = excluded.entry, data = excluded.data, sha256 = excluded.sha256",
                         (entry["id"], json.dumps(entry, sort_keys=True), data, hashlib.sha256(data).hexdigest()))
 
-    def update(self, adapter_id: str, **changes: Any) -> None:
+    def update(self, adapter_id: str, **changes: object) -> None:
         """Change fields of an entry."""
         with self._db.transaction() as tx:
             row = tx.conn.execute("SELECT entry FROM adapters WHERE id = %s", (adapter_id,)).fetchone()
@@ -100,7 +113,7 @@ class DatabaseAdapters:
                                  (adapter_id, MAX_ADAPTER_BYTES)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def load(self, entry: dict, model: Any) -> Any:
+    def load(self, entry: dict, model: EvermindLM) -> LoRAWeights:
         """The LoRAWeights of an entry, checked against its recorded sha256 and the model's shapes.
 
         Raises:

@@ -23,12 +23,22 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+import sqlite3
+from typing import TYPE_CHECKING, Iterable, Iterator, Union
 
 from ...errors import EvermindError, InvalidInput
 from ..timing import time_text
-from .base import Backend, is_server_url
+from .base import Backend
 from .filter_sql import tag_row
+from .postgres_adapters import DatabaseAdapters
+
+if TYPE_CHECKING:
+    from ..adapter_history import AdapterHistory
+    from psycopg import Connection
+
+    from .base import Reads, Writes
+
+    EngineConnection = Union[sqlite3.Connection, Connection]
 
 # (table, columns in canonical order, the columns holding times, key)
 TABLES = (
@@ -72,7 +82,7 @@ def _canon(row: tuple, times: tuple[int, ...]) -> tuple:
 
 
 # ---- reading a snapshot --------------------------------------------------------------------------------------
-def _sqlite_rows(conn: Any, table: str, cols: tuple[str, ...], times: tuple[str, ...], key: str) -> Iterator[tuple]:
+def _sqlite_rows(conn: sqlite3.Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...], key: str) -> Iterator[tuple]:
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if table not in have:
         return
@@ -82,7 +92,7 @@ def _sqlite_rows(conn: Any, table: str, cols: tuple[str, ...], times: tuple[str,
         yield _canon(row, idx)
 
 
-def _postgres_rows(conn: Any, table: str, cols: tuple[str, ...], times: tuple[str, ...], key: str) -> Iterator[tuple]:
+def _postgres_rows(conn: Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...], key: str) -> Iterator[tuple]:
     where = " WHERE key NOT IN ('path', 'schema_version')" if table == "meta" else ""
     idx = tuple(cols.index(c) for c in times)
     with conn.cursor(binary=True) as cur:
@@ -114,8 +124,8 @@ def _tag_rows(fid: str, tags: str) -> list[tuple]:
     return [tag_row(fid, k, v) for k, v in parsed.items()] if isinstance(parsed, dict) else []
 
 
-def _load_postgres(tx: Any, table: str, cols: tuple[str, ...], times: tuple[str, ...], rows: Iterable[tuple]) -> None:
-    conn = tx.conn
+def _load_postgres(tx: Writes, conn: Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...],
+                   rows: Iterable[tuple]) -> None:
     idx = [cols.index(c) for c in times]
     if table == "meta":
         for key, value in rows:
@@ -140,7 +150,7 @@ def _load_postgres(tx: Any, table: str, cols: tuple[str, ...], times: tuple[str,
                      f"GREATEST((SELECT MAX({key}) FROM {table}), 1))")
 
 
-def _load_sqlite(conn: Any, table: str, cols: tuple[str, ...], rows: Iterable[tuple]) -> None:
+def _load_sqlite(conn: sqlite3.Connection, table: str, cols: tuple[str, ...], rows: Iterable[tuple]) -> None:
     if table == "meta":
         conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET "
                          "value = excluded.value", list(rows))
@@ -168,23 +178,37 @@ def _load_sqlite(conn: Any, table: str, cols: tuple[str, ...], rows: Iterable[tu
 
 
 # ---- the copy ------------------------------------------------------------------------------------------------
-def _rows_of(backend: Any, conn: Any, table: str, cols, times, key) -> Iterator[tuple]:
-    reader = _postgres_rows if is_server_url(backend.path) else _sqlite_rows
-    return reader(conn, table, cols, times, key)
+def _conn(session: Reads | Writes) -> EngineConnection:
+    """The connection under an engine's session (both engines' sessions have one)."""
+    from .postgres_session import PostgresSession
+    from .sqlite_session import SQLiteSession
+
+    if not isinstance(session, (SQLiteSession, PostgresSession)):
+        raise TypeError(f"migrate copies between SQLite and PostgreSQL stores, not {type(session).__name__}")
+    return session.conn
 
 
-def _adapters(backend: Any) -> Any:
+def _rows_of(conn: EngineConnection, table: str, cols: tuple[str, ...], times: tuple[str, ...],
+             key: str) -> Iterator[tuple]:
+    if isinstance(conn, sqlite3.Connection):
+        return _sqlite_rows(conn, table, cols, times, key)
+    return _postgres_rows(conn, table, cols, times, key)
+
+
+def _adapters(backend: Backend) -> AdapterHistory | DatabaseAdapters:
     in_db = backend.adapters()
-    if in_db is not None:
-        return in_db
-    from ..adapter_history import AdapterHistory
+    if in_db is None:
+        from ..adapter_history import AdapterHistory
 
-    p = Path(backend.path)
-    return AdapterHistory(p.parent / (p.name + ".adapters"))
+        p = Path(backend.path)
+        return AdapterHistory(p.parent / (p.name + ".adapters"))
+    if not isinstance(in_db, DatabaseAdapters):  # (the one backend that keeps them in its database)
+        raise TypeError(f"migrate cannot copy adapters kept by {type(in_db).__name__}")
+    return in_db
 
 
-def _adapter_bytes(history: Any, entry: dict) -> bytes | None:
-    if hasattr(history, "data"):
+def _adapter_bytes(history: AdapterHistory | DatabaseAdapters, entry: dict) -> bytes | None:
+    if isinstance(history, DatabaseAdapters):
         return history.data(entry["id"])
     try:
         path = history.path(entry)
@@ -208,14 +232,14 @@ def copy_store(src: Backend, dst: Backend) -> MigrationReport:
             raise InvalidInput(f"migrate: {dst.path} already holds a store ({r.count()} facts); copy into an "
                                "empty database, schema or new file.")
     with src.snapshot() as s, dst.transaction() as tx:
-        conn = s.conn
+        conn, into = _conn(s), _conn(tx)
         for table, cols, times, key in TABLES:
-            rows = _rows_of(src, conn, table, cols, times, key)
-            if is_server_url(dst.path):
-                _load_postgres(tx, table, cols, times, rows)
+            rows = _rows_of(conn, table, cols, times, key)
+            if isinstance(into, sqlite3.Connection):
+                _load_sqlite(into, table, cols, rows)
             else:
-                _load_sqlite(tx.conn, table, cols, rows)
-        expected = {table: _checksum(_rows_of(src, conn, table, cols, times, key))
+                _load_postgres(tx, into, table, cols, times, rows)
+        expected = {table: _checksum(_rows_of(conn, table, cols, times, key))
                     for table, cols, times, key in TABLES}
         src_adapters = _adapters(src)
         entries = [(e, _adapter_bytes(src_adapters, e)) for e in src_adapters.entries()]
@@ -223,15 +247,11 @@ def copy_store(src: Backend, dst: Backend) -> MigrationReport:
     for entry, data in entries:
         if data is None:
             continue
-        if hasattr(dst_adapters, "data"):
-            with dst.transaction() as tx:
-                dst_adapters.put(tx, entry, data)
-        else:
-            dst_adapters.put(entry, data)
+        dst_adapters.put(entry, data)
         report.adapters += 1
     with dst.snapshot() as s:
         for table, cols, times, key in TABLES:
-            got = _checksum(_rows_of(dst, s.conn, table, cols, times, key))
+            got = _checksum(_rows_of(_conn(s), table, cols, times, key))
             if got != expected[table]:
                 raise EvermindError(f"migrate: the copy of table {table} differs from the source ({got[0]} rows "
                                     f"against {expected[table][0]}, or their checksum); {dst.path} is incomplete: "

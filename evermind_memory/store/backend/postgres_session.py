@@ -19,7 +19,7 @@ words are matched is planned as for SQLite (store/lexical.choose), from the same
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from .dialect import POSTGRES, when
 from .filter_sql import compile_selection, tag_row
 from .codec import tags_json
 from .session import GEN_TABLE, Session, fact_columns
+
+if TYPE_CHECKING:
+    from psycopg import Connection, Cursor
 
 RANKING = "bm25"  # or "ts_rank_cd" (benchmarks/pg_speed.py --lexical compares them)
 FTS_CONFIG = "evermind"
@@ -89,13 +92,13 @@ class PostgresSession(Session):
     _cols, _f_cols = FACT_COLS, _F_COLS
     _encode = staticmethod(_blob)
 
-    def __init__(self, conn, begin: tuple[str, Sequence] | None = None) -> None:
+    def __init__(self, conn: Connection, begin: tuple[str, Sequence] | None = None) -> None:
         self._conn = conn
         self._begin = begin  # a write transaction's lock statement, sent with BEGIN ahead of its first statement
         self.changed = False  # a write touched the change feed or meta: followers are notified at commit
 
     @property
-    def conn(self):
+    def conn(self) -> Connection:
         """The connection, inside the transaction when this session writes (BEGIN and the lock sent first)."""
         if self._begin is not None:
             self._start()
@@ -106,8 +109,10 @@ class PostgresSession(Session):
         """Whether a statement was sent (a write session that sent none has no transaction to end)."""
         return self._begin is None
 
-    def _start(self, sql: str | None = None, params: Sequence = ()):
+    def _start(self, sql: str | None = None, params: Sequence = ()) -> Cursor | None:
         """BEGIN, the lock and `sql` in one round trip (pipelined); returns the cursor of `sql`."""
+        if self._begin is None:
+            raise RuntimeError("PostgresSession._start: the transaction was begun already")
         lock, lock_params = self._begin
         self._begin = None
         with self._conn.pipeline():
@@ -120,7 +125,8 @@ class PostgresSession(Session):
     def _one(self, sql: str, params: Sequence = ()):
         sql = POSTGRES.statement(sql)
         if self._begin is not None:  # (a remember's or the worker's first statement: one round trip with the lock)
-            return self._start(sql, params).fetchone()
+            cur = self._start(sql, params)
+            return None if cur is None else cur.fetchone()
         return self._conn.execute(sql, params).fetchone()
 
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
@@ -250,12 +256,12 @@ class PostgresSession(Session):
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             for col, value in zip(cols, (fid, text, tj, source, when(created), when(updated),
-                                         _blob(vectors[i]) if has_vec else None, when(expires), int(pinned), scope,
+                                         None if vectors is None else _blob(vectors[i]), when(expires), int(pinned), scope,
                                          replaces)):
                 col.append(value)
             for k, v in tags.items():
-                for col, value in zip(tag_cols, tag_row(fid, k, v)):
-                    col.append(value)
+                for col, part in zip(tag_cols, tag_row(fid, k, v)):
+                    col.append(part)
         fp = self._fingerprint_id(fingerprint) if has_vec and fingerprint is not None else None
         head, first = self._one(_INSERT, [*cols, fp, None if has_vec else owner, int(has_vec), *tag_cols])
         self.changed = True

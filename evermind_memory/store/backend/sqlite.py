@@ -252,7 +252,7 @@ class SQLiteBackend:
         if self.memory:
             with self.write_mutex:
                 try:
-                    yield self._writer_session
+                    yield self._write_session()
                 except sqlite3.Error as exc:
                     raise translate(exc, self.path, "reading") from exc
             return
@@ -266,6 +266,12 @@ class SQLiteBackend:
             yield session
         except (sqlite3.Error, OSError) as exc:
             raise translate(exc, self.path, "reading") from exc
+
+    def _write_session(self) -> SQLiteSession:
+        """The writing connection's session (a store opened read_only has none)."""
+        if self._writer_session is None:
+            raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
+        return self._writer_session
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[SQLiteSession]:
@@ -287,16 +293,15 @@ class SQLiteBackend:
         """
         if self._closed:
             raise EvermindError("this MemoryStore is closed.")
-        if self._writer is None:
-            raise EvermindError(f"{self.path} was opened with read_only=True; open a writer to change it.")
+        session = self._write_session()
         with self.write_mutex:
             if self.identity is not None:
                 self.identity.require_here()
-            conn = self._writer
+            conn = session.conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    yield self._writer_session
+                    yield session
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -312,7 +317,7 @@ class SQLiteBackend:
                 kind = translate(exc, self.path, "writing")
                 err = type(kind)(f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
                                  "Free disk space or check the file's permissions, then retry.")
-                if isinstance(kind, OSError):
+                if isinstance(kind, OSError) and isinstance(err, OSError):
                     err.errno = kind.errno
                 raise err from exc
             except (sqlite3.Error, OSError) as exc:  # a damaged page, table or row met by the write
@@ -402,7 +407,7 @@ class SQLiteBackend:
         counts = RepairCounts()
         with self.write_mutex:
             try:
-                self._writer.execute("REINDEX")
+                self._write_session().conn.execute("REINDEX")
             except sqlite3.DatabaseError as exc:
                 return counts, [f"REINDEX failed: {exc}"]
             with self.transaction() as tx:
@@ -521,22 +526,22 @@ class SQLiteBackend:
         import sqlite_utils  # here only: 0.1 s to import, needed to create a new store and by nothing else
 
         db = sqlite_utils.Database(conn)
-        db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"})
-        db["facts"].create(
+        db.table("meta").create({"key": str, "value": str}, pk="key", not_null={"value"})
+        db.table("facts").create(
             {"rid": int, "id": str, "text": str, "tags": str, "source": str, "created_at": str, "updated_at": str,
              "vector": bytes, "fingerprint_id": int, "label": int, "seq": int, "owner": str},
             pk="rid", not_null={"id", "text", "tags", "created_at", "updated_at", "seq"},
         )
-        db["facts"].create_index(["id"], index_name="facts_id", unique=True)
-        db["facts"].create_index(["label"], index_name="facts_label", unique=True)
+        db.table("facts").create_index(["id"], index_name="facts_id", unique=True)
+        db.table("facts").create_index(["label"], index_name="facts_label", unique=True)
         conn.execute(FINGERPRINTS_SQL)
         conn.execute(FINGERPRINT_INDEX_SQL)
         conn.execute("CREATE INDEX facts_waiting ON facts (owner) WHERE vector IS NULL")
-        db["fact_tags"].create(
+        db.table("fact_tags").create(
             {"fact_id": str, "key": str, "value": str}, pk=("fact_id", "key"),
             not_null={"value"}, foreign_keys=[("fact_id", "facts", "id")],
         )
-        db["fact_tags"].create_index(["key", "value"], index_name="fact_tags_kv")
+        db.table("fact_tags").create_index(["key", "value"], index_name="fact_tags_kv")
         conn.execute(
             "CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, fact_id TEXT NOT NULL, "
             "op TEXT NOT NULL CHECK (op IN ('remember', 'update', 'forget', 'reembed')), at TEXT NOT NULL, "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
 from ..lexical import (
@@ -28,9 +28,12 @@ from .base import FactRow, Integrity, NewFact, Selection
 from .codec import tags_json
 from .dialect import IN_CHUNK, SQLITE
 from .filter_sql import INSERT_TAG_SQL, selection_sql, tag_row
-from .session import GEN_TABLE, INSERT_CHANGE as _INSERT_CHANGE, Session, fact_columns
+from .session import GEN_TABLE, INSERT_CHANGE, Session, fact_columns
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
@@ -342,7 +345,9 @@ class SQLiteSession(Session):
         conn = self.conn
         base = self.max_seq()
         seqs = list(range(base + 1, base + 1 + len(items)))
-        fact_rows, change_rows, tag_rows = [], [], []
+        fact_rows: list[tuple] = []
+        change_rows: list[tuple] = []
+        tag_rows: list[tuple] = []
         tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
         has_vec = vectors is not None
         fp = self._fingerprint_id(fingerprint) if has_vec and fingerprint is not None else None
@@ -351,19 +356,21 @@ class SQLiteSession(Session):
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
-            blob = _blob(vectors[i]) if has_vec else None
+            blob = None if vectors is None else _blob(vectors[i])
             fact_rows.append((fid, text, tj, source, created, updated, blob, fp, seq if has_vec else None, seq,
                               expires, int(pinned), scope, None if has_vec else owner))
             change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None, scope, replaces))
             tag_rows.extend(tag_row(fid, k, v) for k, v in tags.items())
         if len(fact_rows) == 1:  # one fact (remember): plain statements, and the FTS row straight from its rid
-            first = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
-            conn.execute(_INSERT_CHANGE, change_rows[0])
+            rid = conn.execute(_INSERT_FACT, fact_rows[0]).lastrowid
+            assert rid is not None  # (an INSERT's cursor has it)
+            first = rid
+            conn.execute(INSERT_CHANGE, change_rows[0])
             conn.execute("INSERT INTO facts_fts (rowid, text) VALUES (?, ?)", (first, fact_rows[0][1]))
         else:
             first = int(conn.execute("SELECT COALESCE(MAX(rid), 0) FROM facts").fetchone()[0]) + 1
             conn.executemany(_INSERT_FACT, fact_rows)
-            conn.executemany(_INSERT_CHANGE, change_rows)
+            conn.executemany(INSERT_CHANGE, change_rows)
             conn.execute("INSERT INTO facts_fts (rowid, text) SELECT rid, text FROM facts WHERE rid >= ?", (first,))
         if tag_rows:
             conn.executemany(INSERT_TAG_SQL, tag_rows)
@@ -383,7 +390,7 @@ class SQLiteSession(Session):
                               (_blob(vec), fp, seq, seq, rid))
             changes.append((seq, fid, "reembed", now, None, None, None, 1, old_label, scopes.get(rid, ""), None))
             out.append((seq, old_label))
-        self._log(changes)
+        self.log_changes(changes)
         return out
 
     # ---- the generation being built (adaptation, rollback) -------------------------------------------------

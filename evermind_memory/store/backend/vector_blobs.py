@@ -9,11 +9,14 @@ migration, and a float32 row met later (a process of the previous version still 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..._lazy import lazy_import
 
-np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 STORED = "<f2"  # what a row holds
 LEGACY = "<f4"  # what rows held before schema 5
