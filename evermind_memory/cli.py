@@ -119,7 +119,8 @@ def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60} ({exc})")
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60} "
+                                         f"({exc})")
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60}")
     return value
@@ -156,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     parser.set_defaults(db=None, json=False, model=None, tokenizer=None, durability="normal", namespace=None, user=None,
                         agent=None, run=None)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its options)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do (COMMAND -h: its options)")
 
     # Parents share Action objects: the subcommands get a copy other than the main parser's, so its set_defaults
     # above does not leak into them; they share that one copy (none sets defaults; 27 copies cost ~7 ms, issue 19).
@@ -171,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     def filters(p: argparse.ArgumentParser, *, source: bool = True, times: bool = True) -> None:
         tags(p, "only facts carrying this tag (repeatable: all must match)")
         p.add_argument("--where", type=_json_object, default=None, metavar="JSON",
-                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' (docs/filters-and-scopes.md)')
+                       help='a filter over tags, source and times, e.g. \'{"n": {"$gte": 2}}\' '
+                            '(docs/filters-and-scopes.md)')
         if source:
             p.add_argument("--source", help="only facts from this source")
         if times:
@@ -505,7 +508,8 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         emit(facts, [_fact_line(f) for f in facts])
     elif cmd == "history":
         changes = store.history(args.id)
-        emit(changes, [f"{c.seq:>8}  {c.at.isoformat()}  {c.op:<8}  {c.text if c.text is not None else ''}" for c in changes])
+        emit(changes,
+             [f"{c.seq:>8}  {c.at.isoformat()}  {c.op:<8}  {c.text if c.text is not None else ''}" for c in changes])
     elif cmd == "check":
         report = store.check()
         emit(report, [("ok" if report.ok else "PROBLEMS") + f": {report.facts} facts, {report.indexed} indexed"]
@@ -562,7 +566,8 @@ def _adapt(args: argparse.Namespace, store: Any, emit) -> None:
     """`evermind adapt`: one synchronous round, a rollback, or the adapter history."""
     if args.history:
         entries = store.adapter_history()
-        emit(entries, [f"{'*' if e['active'] else ' '} {e['id']}  {e.get('status', '?'):<10} {e.get('created_at', '')}  "
+        emit(entries,
+             [f"{'*' if e['active'] else ' '} {e['id']}  {e.get('status', '?'):<10} {e.get('created_at', '')}  "
                        f"{e.get('fingerprint', '')}" for e in entries] or ["no adapters yet"])
         return
     if args.rollback is not None:

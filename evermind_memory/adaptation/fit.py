@@ -64,7 +64,8 @@ def contrastive_loss_and_grad(pooled: np.ndarray, temperature: float) -> tuple[f
     p_col = np.exp(col)  # (B, B)
     p_col /= p_col.sum(axis=0, keepdims=True)
     diag = np.arange(b)  # (B,)
-    loss = -0.5 * (np.log(np.maximum(p_row[diag, diag], 1e-30)).mean() + np.log(np.maximum(p_col[diag, diag], 1e-30)).mean())
+    loss = -0.5 * (np.log(np.maximum(p_row[diag, diag], 1e-30)).mean()
+                   + np.log(np.maximum(p_col[diag, diag], 1e-30)).mean())
     eye = np.eye(b, dtype=pooled.dtype)  # (B, B)
     ds = ((p_row - eye) + (p_col - eye)) * (0.5 / b)  # (B, B)
     dz1 = (ds @ z2) / temperature  # (B, C)
@@ -289,7 +290,8 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
     base_w = {t: np.asarray(model.params[t], dtype=np.float32) for t in targets}
     work = type(model).from_params(model.config, model.params)  # private copy; the serving model is never touched
     # the pooling block never reaches the next-token loss: with only pool.* targets that term is skipped
-    lm_ok = [i for i, t in enumerate(token_lists) if len(t) >= 2] if any(not t.startswith("pool.") for t in targets) else []
+    lm_ok = ([i for i, t in enumerate(token_lists) if len(t) >= 2]
+             if any(not t.startswith("pool.") for t in targets) else [])
     n = len(token_lists)
     b = min(policy.batch_size, n)
     losses: list = []
@@ -302,8 +304,10 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         spent = time.thread_time() - cpu0
         if spent >= policy.max_cpu_seconds:
             break
-        progress = max(step / max(policy.steps, 1), spent / policy.max_cpu_seconds if policy.max_cpu_seconds > 0 else 1.0)
-        lr = float(policy.lr) * (0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) if policy.lr_schedule == "cosine" else 1.0)
+        progress = max(step / max(policy.steps, 1),
+                       spent / policy.max_cpu_seconds if policy.max_cpu_seconds > 0 else 1.0)
+        lr = float(policy.lr) * (0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) if policy.lr_schedule == "cosine"
+                                 else 1.0)
         for t, ad in adapters.items():
             work.params[t] = base_w[t] + ad.delta()  # (rows, cols)
         pick = rng.choice(n, size=b, replace=False)  # (B,)
@@ -328,7 +332,8 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
             g = work.pooled_backward(dpooled, cache, grads_for=targets)
             for t in targets:
                 grads_w[t] += np.float32(policy.contrastive_weight) * g[t]
-        if to_store and current is not None and logged and policy.query_weight > 0:  # real queries to the memory they found
+        # real queries to the memory they found
+        if to_store and current is not None and logged and policy.query_weight > 0:
             sub = rng.choice(len(logged), size=min(policy.query_batch, len(logged)), replace=False)  # (Q,)
             tokens, lengths = pad_batch([logged[i][0] for i in sub])  # (Q, T), (Q,)
             pooled, cache = work.pooled_forward(tokens, lengths)  # (Q, C)

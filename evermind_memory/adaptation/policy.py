@@ -154,8 +154,8 @@ class AdaptationPolicy:
 
     def __post_init__(self) -> None:
         ints = {"min_new_facts": (0, 10**9), "rank": (1, 4096), "steps": (0, 10**7), "batch_size": (2, 65_536),
-                "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "sentence_max_words": (1, 10_000), "train_tokens": (2, 65_536),
-                "anchor_batch": (1, 65_536), "query_batch": (1, 65_536),
+                "query_min_words": (1, 10_000), "query_max_words": (1, 10_000), "sentence_max_words": (1, 10_000),
+                "train_tokens": (2, 65_536), "anchor_batch": (1, 65_536), "query_batch": (1, 65_536),
                 "lm_batch": (1, 65_536), "min_probe": (1, 10**6), "max_probe": (1, 10**6), "probe_k": (1, 1000),
                 "probe_views": (1, 64), "min_probe_queries": (1, 10**6),
                 "gate_corpus": (2, 10**6), "min_facts": (2, 10**9), "max_memories": (2, 10**9),
@@ -165,33 +165,38 @@ class AdaptationPolicy:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
                 raise InvalidInput(f"AdaptationPolicy expected {name} an int in [{lo}, {hi}], got {value!r}.")
         reals = {"min_interval_s": (0.0, 1e9), "max_cpu_seconds": (0.0, 1e9), "alpha": (1e-9, 1e9),
-                 "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6), "query_weight": (0.0, 1e6),
-                 "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0), "sentence_share": (0.0, 1.0),
-                 "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9), "probe_fraction": (0.0, 0.9),
-                 "gate_tolerance": (0.0, 1.0), "gate_margin": (0.0, 100.0), "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
+                 "lr": (0.0, 10.0), "lm_weight": (0.0, 1e6), "contrastive_weight": (0.0, 1e6),
+                 "query_weight": (0.0, 1e6), "anchor_weight": (0.0, 1e6), "query_idf_power": (0.0, 100.0),
+                 "sentence_share": (0.0, 1.0), "temperature": (1e-4, 100.0), "max_grad_norm": (0.0, 1e9),
+                 "probe_fraction": (0.0, 0.9), "gate_tolerance": (0.0, 1.0), "gate_margin": (0.0, 100.0),
+                 "max_mean_cosine": (0.0, 1.0), "poll_seconds": (0.001, 3600.0)}
         for name, (low, high) in reals.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                     or not math.isfinite(value) or not low <= value <= high:
-                raise InvalidInput(f"AdaptationPolicy expected {name} a finite number in [{low}, {high}], got {value!r}.")
+                raise InvalidInput(f"AdaptationPolicy expected {name} a finite number in [{low}, {high}], got "
+                                   f"{value!r}.")
         if not isinstance(self.require_gain, bool):
             raise InvalidInput(f"AdaptationPolicy expected require_gain a bool, got {self.require_gain!r}.")
         if self.targets is not None:
             if isinstance(self.targets, str) or not all(isinstance(t, str) and t for t in self.targets) \
                     or not self.targets or len(set(self.targets)) != len(self.targets):
-                raise InvalidInput(f"AdaptationPolicy expected targets a tuple of distinct names or None, got {self.targets!r}.")
+                raise InvalidInput("AdaptationPolicy expected targets a tuple of distinct names or None, got "
+                                   f"{self.targets!r}.")
             object.__setattr__(self, "targets", tuple(self.targets))
         if self.views not in VIEWS:
             raise InvalidInput(f"AdaptationPolicy expected views one of {VIEWS}, got {self.views!r}.")
         if self.lr_schedule not in ("cosine", "constant"):
-            raise InvalidInput(f"AdaptationPolicy expected lr_schedule 'cosine' or 'constant', got {self.lr_schedule!r}.")
+            raise InvalidInput("AdaptationPolicy expected lr_schedule 'cosine' or 'constant', got "
+                               f"{self.lr_schedule!r}.")
         if self.negatives not in NEGATIVES:
             raise InvalidInput(f"AdaptationPolicy expected negatives one of {NEGATIVES}, got {self.negatives!r}.")
         if self.query_min_words > self.query_max_words:
             raise InvalidInput(f"AdaptationPolicy expected query_min_words <= query_max_words, got "
                                f"{self.query_min_words} > {self.query_max_words}.")
         if self.min_probe > self.max_probe:
-            raise InvalidInput(f"AdaptationPolicy expected min_probe <= max_probe, got {self.min_probe} > {self.max_probe}.")
+            raise InvalidInput(f"AdaptationPolicy expected min_probe <= max_probe, got {self.min_probe} > "
+                               f"{self.max_probe}.")
 
 
 @dataclass

@@ -78,7 +78,8 @@ def check_embedder(embedder: object) -> tuple[int, str]:
             f"{type(embedder).__name__} lacks {', '.join(missing)}."
         )
     if not callable(getattr(embedder, "embed")) or not callable(getattr(embedder, "embed_many")):
-        raise InvalidInput(f"expected embedder.embed and embedder.embed_many to be callable ({type(embedder).__name__}).")
+        raise InvalidInput("expected embedder.embed and embedder.embed_many to be callable "
+                           f"({type(embedder).__name__}).")
     dim = getattr(embedder, "dimensions")
     if isinstance(dim, bool) or not (isinstance(dim, int) or is_numpy(dim, "integer")) \
             or not 1 <= int(dim) <= MAX_DIMENSIONS:
@@ -131,7 +132,8 @@ def checked_vectors(raw: object, count: int, dim: int, *, what: str = "embed_man
     if (norms <= MIN_NORM).any():
         bad = int(np.flatnonzero(norms <= MIN_NORM)[0])
         raise EmbedderOutputInvalid(
-            f"embedder.{what} returned a zero vector (row {bad}, norm {norms[bad]:.3g} <= {MIN_NORM}); nothing was stored."
+            f"embedder.{what} returned a zero vector (row {bad}, norm {norms[bad]:.3g} <= {MIN_NORM}); nothing was "
+            "stored."
         )
     out = (vecs / norms[:, None]).astype(np.float32)  # (N, D)
     return np.ascontiguousarray(out)

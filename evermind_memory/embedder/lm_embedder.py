@@ -112,7 +112,8 @@ class LMEmbedder:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:
             raise InvalidInput(f"LMEmbedder expected 1 <= max_tokens <= 65536, got max_tokens={max_tokens!r}.")
         if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or not 1 <= max_chunks <= MAX_CHUNKS_LIMIT:
-            raise InvalidInput(f"LMEmbedder expected 1 <= max_chunks <= {MAX_CHUNKS_LIMIT}, got max_chunks={max_chunks!r}.")
+            raise InvalidInput(f"LMEmbedder expected 1 <= max_chunks <= {MAX_CHUNKS_LIMIT}, got "
+                               f"max_chunks={max_chunks!r}.")
         if isinstance(first_chunk_weight, bool) or not isinstance(first_chunk_weight, (int, float)) \
                 or not 0 < first_chunk_weight <= 1e6:
             raise InvalidInput(f"LMEmbedder expected 0 < first_chunk_weight <= 1e6, got {first_chunk_weight!r}.")

@@ -65,7 +65,8 @@ def embedder_for(
     from ..lm.adapter import adapter_digest, merge_adapter
 
     return LMEmbedder(merge_adapter(model, adapter), tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
-                      first_chunk_weight=first_chunk_weight, adapter_digest=adapter_digest(adapter), hybrid_weight=hybrid_weight)
+                      first_chunk_weight=first_chunk_weight, adapter_digest=adapter_digest(adapter),
+                      hybrid_weight=hybrid_weight)
 
 
 def load_embedder(

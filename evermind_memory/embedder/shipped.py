@@ -17,7 +17,8 @@ from ..errors import CheckpointError, EvermindError
 MODELS_PACKAGE = "evermind_memory.models"  # where the shipped files are installed (data only)
 _CARD = "model.json"
 _CARD_MAX_BYTES = 1 << 20
-_REQUIRED: dict[str, type | tuple[type, ...]] = {"model_file": str, "tokenizer_file": str, "fingerprint": str, "config": dict, "max_tokens": int,
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"model_file": str, "tokenizer_file": str, "fingerprint": str,
+                                                 "config": dict, "max_tokens": int,
              "hybrid_weight": (int, float)}
 
 
@@ -54,7 +55,8 @@ def card() -> dict[str, Any]:
         wrong.append("first_chunk_weight")
     if wrong or "d_model" not in data["config"]:
         raise CheckpointError(
-            f"the shipped model card {_CARD} lacks or mistypes {wrong or ['config.d_model']}; reinstall evermind_memory."
+            f"the shipped model card {_CARD} lacks or mistypes {wrong or ['config.d_model']}; reinstall "
+            "evermind_memory."
         )
     return data
 

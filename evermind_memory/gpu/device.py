@@ -46,7 +46,8 @@ def _wgpu() -> Any:
 
         raise GpuUnavailable(
             f"the wgpu package could not be imported ({exc}); install it with "
-            f"`{shlex.quote(sys.executable or 'python3')} -m pip install wgpu`, or set EVERMIND_GPU=0 to use the CPU path"
+            f"`{shlex.quote(sys.executable or 'python3')} -m pip install wgpu`, or set EVERMIND_GPU=0 to use the "
+            "CPU path"
         ) from exc
     return wgpu
 

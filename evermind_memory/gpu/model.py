@@ -335,8 +335,8 @@ class GpuLM:
             plan.matmul(x_rows, emb, logits, m, v, c, trans_b=True, zero=self._zero)
             plan.dispatch("cross_entropy", "main",
                           {0: plan.uniform([("u", m), ("u", v), ("u", 0), ("u", 0)]), 1: buffer_view(logits, 0, m * v),
-                           2: buffer_view(targets, r0, m), 3: buffer_view(cew, r0, m), 4: buffer_view(dlogits, 0, m * v),
-                           5: buffer_view(loss_rows, r0, m)}, plan.fold(m))
+                           2: buffer_view(targets, r0, m), 3: buffer_view(cew, r0, m),
+                           4: buffer_view(dlogits, 0, m * v), 5: buffer_view(loss_rows, r0, m)}, plan.fold(m))
             plan.matmul(buffer_view(dlogits, 0, m * v), emb, buffer_view(dx_a, r0 * c, m * c), m, c, v, zero=self._zero)
             plan.matmul(buffer_view(dlogits, 0, m * v), x_rows, d_emb, v, c, m, trans_a=True, accumulate=True,
                         zero=self._zero)

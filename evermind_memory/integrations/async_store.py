@@ -54,7 +54,8 @@ class AsyncMemoryStore:
         if isinstance(path, MemoryStore):
             if embedder is not None or options:
                 raise InvalidInput("AsyncMemoryStore(store) wraps a store that is already open; pass its embedder and "
-                                   f"options to MemoryStore() instead (got {', '.join(['embedder'] * (embedder is not None) + sorted(options))}).")
+                                   "options to MemoryStore() instead (got "
+                                   f"{', '.join(['embedder'] * (embedder is not None) + sorted(options))}).")
             store = path
         else:
             store = MemoryStore(path, embedder, **options)
@@ -156,7 +157,8 @@ def _async_twin(name: str) -> Any:
         return await self._call(name, *args, **kwargs)
 
     twin.__qualname__ = f"AsyncMemoryStore.{name}"
-    twin.__doc__ = f"Async twin of MemoryStore.{name}, run in a worker thread (see AsyncMemoryStore).\n\n{method.__doc__ or ''}"
+    twin.__doc__ = (f"Async twin of MemoryStore.{name}, run in a worker thread (see "
+                    f"AsyncMemoryStore).\n\n{method.__doc__ or ''}")
     return twin
 
 

@@ -112,7 +112,8 @@ class LangChainEmbedder:
 
     def __init__(self, embeddings: Embeddings, fingerprint: str | None = None) -> None:
         if not isinstance(embeddings, Embeddings):
-            raise InvalidInput(f"LangChainEmbedder() expected a langchain_core Embeddings, got {type(embeddings).__name__}.")
+            raise InvalidInput("LangChainEmbedder() expected a langchain_core Embeddings, got "
+                               f"{type(embeddings).__name__}.")
         self.embeddings = embeddings
         self.dimensions = len(embeddings.embed_query(PROBE_TEXT))
         self.fingerprint = fingerprint if fingerprint is not None else _fingerprint_of(embeddings, self.dimensions)
@@ -199,8 +200,8 @@ class EvermindVectorStore(VectorStore):
         self.close()
 
     # ---- writes ----------------------------------------------------------------------------------------------
-    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, *, ids: list[str | None] | None = None,
-                  **kwargs: Any) -> list[str]:
+    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, *,
+                  ids: list[str | None] | None = None, **kwargs: Any) -> list[str]:
         """Store texts as facts; a text with an id replaces the fact with that id (upsert), one without gets a new id.
 
         Every text and metadata is checked before the first is stored; each text is then its own transaction.
@@ -390,8 +391,8 @@ def _where(filter: Any, where: Any) -> dict | None:
     """Our where-filter of a LangChain filter (metadata keys) and a where (ours, as is), ANDed."""
     if filter is not None:
         if callable(filter):
-            raise InvalidInput("filter expected a dict such as {'user': 'ada'}; a Python function cannot run inside the "
-                               "database's search (it would cut results short of k).")
+            raise InvalidInput("filter expected a dict such as {'user': 'ada'}; a Python function cannot run "
+                               "inside the database's search (it would cut results short of k).")
         if not isinstance(filter, Mapping):
             raise InvalidInput(f"filter expected a dict such as {{'user': 'ada'}}, got {type(filter).__name__}.")
         filter = _metadata_keys(filter)
@@ -440,7 +441,8 @@ def _clip_cosine(score: float) -> float:
 
 def _texts(values: Any, method: str) -> list:
     if isinstance(values, (str, bytes)):
-        raise InvalidInput(f"{method}() expected a list of str, got a single {type(values).__name__}; wrap it in a list.")
+        raise InvalidInput(f"{method}() expected a list of str, got a single {type(values).__name__}; wrap it in a "
+                           "list.")
     values = list(values)
     for i, value in enumerate(values):
         if not isinstance(value, str):

@@ -262,7 +262,8 @@ class EvermindStore(BaseStore):
             if cond.match_type == "prefix":
                 where.update({f"lg.ns.{i}": label for i, label in enumerate(cond.path) if label != "*"})
             elif cond.match_type != "suffix":
-                raise InvalidInput(f"list_namespaces() expected match_type 'prefix' or 'suffix', got {cond.match_type!r}.")
+                raise InvalidInput("list_namespaces() expected match_type 'prefix' or 'suffix', got "
+                                   f"{cond.match_type!r}.")
         if op.max_depth is not None and (isinstance(op.max_depth, bool) or not isinstance(op.max_depth, int)
                                          or op.max_depth < 1):
             raise InvalidInput(f"list_namespaces() expected max_depth to be an int >= 1 or None, got {op.max_depth!r}.")
@@ -323,8 +324,8 @@ def value_text(value: Mapping) -> str:
         text = json.dumps(dict(value), ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidInput(f"put() expected a value of valid Unicode text, found a lone surrogate {exc.object[exc.start]!r} "
-                           "in it. Decode your bytes with errors='replace' first.") from None
+        raise InvalidInput("put() expected a value of valid Unicode text, found a lone surrogate "
+                           f"{exc.object[exc.start]!r} in it. Decode your bytes with errors='replace' first.") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"put() expected a JSON value (str keys; str, number, bool, None, list, dict values): {exc}.") from None
     return text
@@ -530,7 +531,8 @@ def _check_ttl_config(config: Any) -> TTLConfig | None:
     if config.get("default_ttl") is not None:
         _check_ttl(config["default_ttl"])
     if not isinstance(config.get("refresh_on_read", True), bool):
-        raise InvalidInput(f"EvermindStore() expected ttl['refresh_on_read'] to be a bool, got {config['refresh_on_read']!r}.")
+        raise InvalidInput("EvermindStore() expected ttl['refresh_on_read'] to be a bool, got "
+                           f"{config['refresh_on_read']!r}.")
     return TTLConfig(**config)
 
 
@@ -546,12 +548,12 @@ def index_embedder(index: Any, fingerprint: str | None = None) -> Any:
             raise InvalidInput("EvermindStore() got a fingerprint without an index; it names the index's embed model.")
         return None
     if not isinstance(index, Mapping) or set(index) - set(INDEX_KEYS) or "embed" not in index:
-        raise InvalidInput(f"EvermindStore() expected index to be an IndexConfig dict with embed (and dims, fields), got "
-                           f"{index!r:.80}.")
+        raise InvalidInput("EvermindStore() expected index to be an IndexConfig dict with embed (and dims, "
+                           f"fields), got {index!r:.80}.")
     fields = index.get("fields")
     if fields is not None and list(fields) != ["$"]:
-        raise InvalidInput(f"EvermindStore() embeds each whole value (fields=['$']), got fields={fields!r:.60}: a fact has "
-                           "one vector. Leave fields out, and keep the text to search in the value.")
+        raise InvalidInput(f"EvermindStore() embeds each whole value (fields=['$']), got fields={fields!r:.60}: a "
+                           "fact has one vector. Leave fields out, and keep the text to search in the value.")
     from langgraph.store.base.embed import ensure_embeddings
 
     from .langchain import EvermindEmbeddings, LangChainEmbedder

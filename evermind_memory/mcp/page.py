@@ -96,7 +96,8 @@ def decode_cursor(cursor: str, scope: str) -> tuple[int, str | None]:
     except (ValueError, TypeError):
         raise InvalidInput(f"the {what}") from None
     offset, after = (data.get("o"), data.get("a")) if isinstance(data, dict) else (None, None)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or not (after is None or isinstance(after, str)):
+    if (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0
+            or not (after is None or isinstance(after, str))):
         raise InvalidInput(f"the {what}")
     if data.get("s") != scope:
         raise InvalidInput("the cursor was returned for other arguments (tags or id); pass the same ones, or start "

@@ -60,23 +60,32 @@ def _int(low: int, high: int, description: str) -> Any:
     return Annotated[int, Field(ge=low, le=high, description=description), BeforeValidator(_not_bool)]
 
 
-Text = Annotated[str, Field(min_length=1, max_length=100_000, description="the fact, self-contained (1 to 100,000 characters)")]
+Text = Annotated[str,
+                 Field(min_length=1, max_length=100_000,
+                       description="the fact, self-contained (1 to 100,000 characters)")]
 Query = Annotated[str, Field(min_length=1, max_length=100_000, description="what to look for, in your own words")]
-FactId = Annotated[str, Field(min_length=1, max_length=128, description="a memory id, as returned by remember or recall")]
+FactId = Annotated[str,
+                   Field(min_length=1, max_length=128, description="a memory id, as returned by remember or recall")]
 TagValue = str | int | float | bool
-Tags = Annotated[dict[str, TagValue] | None, Field(description="labels, str/number/bool values, e.g. {\"user\": \"ada\", \"priority\": 2}")]
-TagFilter = Annotated[dict[str, TagValue] | None, Field(description="only memories carrying all of these tags (exact match)")]
+Tags = Annotated[dict[str, TagValue] | None,
+                 Field(description="labels, str/number/bool values, e.g. {\"user\": \"ada\", \"priority\": 2}")]
+TagFilter = Annotated[dict[str, TagValue] | None,
+                      Field(description="only memories carrying all of these tags (exact match)")]
 Where = Annotated[dict[str, Any] | None, Field(description=(
     "only memories matching this filter over tags, source, created_at, updated_at (Chroma-style): "
     "{\"priority\": {\"$gte\": 2}}, {\"$or\": [{\"user\": \"ada\"}, {\"source\": \"mail\"}]}, "
     "{\"created_at\": {\"$gte\": \"2025-05-01T00:00:00Z\"}}; operators $eq $ne $gt $gte $lt $lte $in $nin "
     "$exists $and $or"))]
-Source = Annotated[str | None, Field(max_length=MAX_SOURCE_LABEL, description="who or what said it (provenance); default: this MCP client's name")]
-MaxChars = _int(MIN_CHARS, MAX_CHARS, "upper bound on the length of this result's JSON text; long texts are cut and flagged truncated")
+Source = Annotated[str | None,
+                   Field(max_length=MAX_SOURCE_LABEL,
+                         description="who or what said it (provenance); default: this MCP client's name")]
+MaxChars = _int(MIN_CHARS, MAX_CHARS,
+                "upper bound on the length of this result's JSON text; long texts are cut and flagged truncated")
 K = _int(1, MAX_K, f"at most this many memories (1 to {MAX_K})")
 Limit = _int(1, MAX_PAGE, f"at most this many per page (1 to {MAX_PAGE})")
 TextOffset = _int(0, 100_000, "start each text here (to read on in a truncated text)")
-Cursor = Annotated[str | None, Field(max_length=512, description="next_cursor from the previous page; omit for the first page")]
+Cursor = Annotated[str | None,
+                   Field(max_length=512, description="next_cursor from the previous page; omit for the first page")]
 
 
 class Memory(BaseModel):
@@ -189,9 +198,9 @@ def _memory(fact: Any, *, score: float | None = None, relevance: float | None = 
             text_offset: int | None = None) -> dict:
     text = fact.text if text_offset is None else fact.text[text_offset:]
     item = {"id": fact.id, "source": fact.source, "created_at": _iso(fact.created_at),
-            "updated_at": _iso(fact.updated_at), "expires_at": None if fact.expires_at is None else _iso(fact.expires_at),
-            "tags": dict(fact.tags), "text": text,
-            "text_chars": len(fact.text), "truncated": False}
+            "updated_at": _iso(fact.updated_at),
+            "expires_at": None if fact.expires_at is None else _iso(fact.expires_at), "tags": dict(fact.tags),
+            "text": text, "text_chars": len(fact.text), "truncated": False}
     if score is not None:
         item = {"score": round(float(score), 6), **item}
     if relevance is not None:
@@ -339,7 +348,8 @@ def _filters(tags: dict[str, Any] | None, where: dict[str, Any] | None = None) -
     return {"tags": tags or None, "where": where or None}
 
 
-def _annotations(title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = False) -> ToolAnnotations:
+def _annotations(title: str, *, read_only: bool, destructive: bool = False,
+                 idempotent: bool = False) -> ToolAnnotations:
     return ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
                            idempotent_hint=idempotent, open_world_hint=False)
 
@@ -363,9 +373,15 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
 
     # -- writes ------------------------------------------------------------------------------------------
     def remember(text: Text, tags: Tags = None, source: Source = None,
-                 ttl_seconds: Annotated[Annotated[float, Field(gt=0, allow_inf_nan=False)] | None, Field(description="forget it after this many seconds (omit: keep it)")] = None,
-                 dedup: Annotated[bool, Field(description="if this fact is stored already (same tags and source), return that id instead of storing it again")] = False,
-                 at: Annotated[str | None, Field(max_length=64, description="when it was said (ISO 8601 with a timezone, not in the future); omit: now")] = None,
+                 ttl_seconds: Annotated[Annotated[float, Field(gt=0, allow_inf_nan=False)] | None,
+                                        Field(description="forget it after this many seconds (omit: keep it)")] = None,
+                 dedup: Annotated[bool,
+                                  Field(description="if this fact is stored already (same tags and source), return "
+                                                    "that id instead of storing it again")] = False,
+                 at: Annotated[str | None,
+                               Field(max_length=64,
+                                     description="when it was said (ISO 8601 with a timezone, not in the future); "
+                                                 "omit: now")] = None,
                  ctx: Context | None = None) -> Annotated[CallToolResult, RememberResult]:
         """MemoryStore.remember (thread-safe; returns once the fact is committed, the vector follows)."""
         label = source if source is not None else _client_label(ctx)
@@ -376,7 +392,10 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
 
     def remember_conversation(
             turns: Annotated[list[Turn], Field(min_length=1, max_length=1000, description="the turns, in order")],
-            session: Annotated[str, Field(min_length=1, max_length=128, description="the conversation's id; turns remembered later under the same id continue it")],
+            session: Annotated[str,
+                               Field(min_length=1, max_length=128,
+                                     description="the conversation's id; turns remembered later under the same id "
+                                                 "continue it")],
             tags: Tags = None, source: Source = None,
             ctx: Context | None = None) -> Annotated[CallToolResult, ConversationResult]:
         """MemoryStore.remember_conversation (thread-safe; one transaction, embedded before the commit)."""
@@ -385,9 +404,17 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                                           tags=tags, source=label)
         return _result({"ids": ids, "session": session, "source": label})
 
-    def update_memory(id: FactId, text: Annotated[str | None, Field(min_length=1, max_length=100_000, description="new text; omit to keep it")] = None,
-                      tags: Annotated[dict[str, TagValue | None] | None, Field(description="tags to set, merged into the memory's tags (a null value removes that tag); omit to keep them")] = None,
-                      replace_tags: Annotated[bool, Field(description="true: the given tags replace all the old ones ({} removes every tag) instead of being merged in")] = False,
+    def update_memory(id: FactId,
+                      text: Annotated[str | None,
+                                      Field(min_length=1, max_length=100_000,
+                                            description="new text; omit to keep it")] = None,
+                      tags: Annotated[dict[str, TagValue | None] | None,
+                                      Field(description="tags to set, merged into the memory's tags (a null value "
+                                                        "removes that tag); omit to keep them")] = None,
+                      replace_tags: Annotated[bool,
+                                              Field(description="true: the given tags replace all the old ones "
+                                                                "({} removes every tag) instead of being merged "
+                                                                "in")] = False,
                       ) -> Annotated[CallToolResult, UpdateResult]:
         """MemoryStore.update (thread-safe; a new text is embedded before the commit); tags merge unless replace_tags."""
         if text is None and tags is None:
@@ -398,7 +425,8 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         fact = store.update(id, text, tags=tags, replace_tags=replace_tags)
         return _result({"memory": _memory(fact)})
 
-    def forget(ids: Annotated[list[FactId], Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],
+    def forget(ids: Annotated[list[FactId],
+                              Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],
                ) -> Annotated[CallToolResult, ForgetResult]:
         """MemoryStore.get, then .forget, per id (thread-safe; each forget is its own transaction).
 
@@ -431,11 +459,22 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                k: K = 5,
                tags: TagFilter = None,
                where: Where = None,
-               mode: Annotated[Literal["hybrid", "vector", "lexical"], Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: words only")] = "hybrid",
-               min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None, Field(description="drop matches scoring below this")] = None,
-               min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None, Field(description="hybrid only: drop matches whose relevance is below this (0.1 keeps about 87% of right answers on documents, 65% on short personal facts)")] = None,
-               context: Annotated[int, Field(ge=0, le=20, description="for a conversation turn, also return this many turns before and after it in its session")] = 0,
-               time_words: Annotated[bool, Field(description="read the query's time words ('yesterday', 'last week', 'in May') and return memories from then first")] = False,
+               mode: Annotated[Literal["hybrid", "vector", "lexical"],
+                               Field(description="hybrid: words and meaning (best); vector: meaning only; lexical: "
+                                                 "words only")] = "hybrid",
+               min_score: Annotated[Annotated[float, Field(allow_inf_nan=False)] | None,
+                                    Field(description="drop matches scoring below this")] = None,
+               min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None,
+                                        Field(description="hybrid only: drop matches whose relevance is below this "
+                                                          "(0.1 keeps about 87% of right answers on documents, 65% on "
+                                                          "short personal facts)")] = None,
+               context: Annotated[int,
+                                  Field(ge=0, le=20,
+                                        description="for a conversation turn, also return this many turns before and "
+                                                    "after it in its session")] = 0,
+               time_words: Annotated[bool,
+                                     Field(description="read the query's time words ('yesterday', 'last week', 'in "
+                                                       "May') and return memories from then first")] = False,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
@@ -452,7 +491,8 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
         kept = fit([_memory(h, score=h.score, relevance=h.relevance) for h in hits], _room(max_chars, envelope))
         return _result({**envelope, "memories": kept, "omitted": len(hits) - len(kept)})
 
-    def get_memory(ids: Annotated[list[FactId], Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],
+    def get_memory(ids: Annotated[list[FactId],
+                                  Field(min_length=1, max_length=MAX_IDS, description=f"1 to {MAX_IDS} memory ids")],
                    max_chars: MaxChars = 20_000,
                    text_offset: TextOffset = 0,
                    ) -> Annotated[CallToolResult, GetResult]:

@@ -148,7 +148,8 @@ def http_config(value: str, *, token_file: Path | None = None, allow_hosts: list
     for origin in allow_origins or []:
         parts = urlsplit(origin.strip().lower())
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-            raise InvalidInput(f"--allow-origin expected scheme://host[:port], e.g. https://app.example, got {origin!r}.")
+            raise InvalidInput("--allow-origin expected scheme://host[:port], e.g. https://app.example, got "
+                               f"{origin!r}.")
         origins.add(f"{parts.scheme}://{parts.netloc}")
     if isinstance(requests_per_minute, bool) or not 1 <= requests_per_minute <= 1_000_000:
         raise InvalidInput(f"--max-requests-per-minute expected 1..1000000, got {requests_per_minute!r}.")

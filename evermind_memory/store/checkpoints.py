@@ -9,7 +9,8 @@ from .access import Access
 from .backend.base import Backend
 from .leases import Leases
 
-CHECKPOINT_EVERY = 200  # changes (any process's) between two checkpoints: about 7 MB of WAL (benchmarks/wal_checkpoint.py)
+# changes (any process's) between two checkpoints: about 7 MB of WAL (benchmarks/wal_checkpoint.py)
+CHECKPOINT_EVERY = 200
 CHECKPOINT_LEASE = "checkpoint"
 CHECKPOINT_COOLDOWN_S = 1.0  # the lease is kept this long after a checkpoint: a burst of writers checkpoints once
 

@@ -139,7 +139,8 @@ def _stem(word: str) -> str:
     if not word.isalpha() or len(word) <= 3:
         return word
     for suffix, repl in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"), ("s", "")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith(("ss", "us", "is"))):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s"
+                                                                           and word.endswith(("ss", "us", "is"))):
             word = word[: len(word) - len(suffix)] + repl
             break
     if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "lsz":

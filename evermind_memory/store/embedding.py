@@ -52,7 +52,8 @@ WAKE_S = 2.0  # an idle vector thread wakes this often to adopt facts a dead pro
 
 def checked(vectors: object, count: int, dim: int, *, what: str = "embed_many") -> np.ndarray:
     """The embedder's output as a checked (count, dim) float32 matrix of unit rows (embedder.checked_vectors)."""
-    from ..embedder.base import checked_vectors  # (imported when first used: `import evermind_memory.store` stays light)
+    # (imported when first used: `import evermind_memory.store` stays light)
+    from ..embedder.base import checked_vectors
 
     return checked_vectors(vectors, count, dim, what=what)
 

@@ -323,14 +323,15 @@ def _parse_doc(doc: Mapping, path: str, depth: int, budget: _Budget) -> Filter:
     for key, value in doc.items():
         here = _index(path, key)
         if not isinstance(key, str):
-            raise InvalidInput(f"{here}: filter keys are strings (a tag key, source, created_at, updated_at, $and, $or), "
-                               f"got {show_value(key)}.")
+            raise InvalidInput(f"{here}: filter keys are strings (a tag key, source, created_at, updated_at, $and, "
+                               f"$or), got {show_value(key)}.")
         if key in LOGICAL:
             parts.append(_parse_logical(key, value, here, depth, budget))
         elif key.startswith("$"):
             if key in FIELD_OPS:
                 raise InvalidInput(f'{here}: {key} applies to a field; write {{"field": {{"{key}": ...}}}}.')
-            raise InvalidInput(f"{here}: unknown operator {key!r}; at this level use $and or $or (fields take {_OPS_TEXT}).")
+            raise InvalidInput(f"{here}: unknown operator {key!r}; at this level use $and or $or (fields take "
+                               f"{_OPS_TEXT}).")
         else:
             parts.extend(_parse_field(_field(key, here), value, here, budget))
     return all_of(*parts)
@@ -346,7 +347,8 @@ def _parse_logical(op: str, value: object, path: str, depth: int, budget: _Budge
     for i, item in enumerate(value):
         here = _index(path, i)
         if not isinstance(item, Mapping) or not item:
-            raise InvalidInput(f'{here}: {op} expects each item to be a non-empty filter dict such as {{"topic": "travel"}}, '
+            raise InvalidInput(f'{here}: {op} expects each item to be a non-empty filter dict such as {{"topic": '
+                               f'"travel"}}, '
                                f"got {show_value(item)}.")
         parts.append(_parse_doc(item, here, depth + 1, budget))
     if len(parts) == 1:
@@ -383,7 +385,8 @@ def _parse_field(field: Field, value: object, path: str, budget: _Budget) -> lis
             out.append(_parse_op(field, op, arg, path, budget))
         return out
     if isinstance(value, (list, tuple, set, frozenset)):
-        raise InvalidInput(f'{path}: expects one value, got a {type(value).__name__}; for any of several write {{"$in": [...]}}.')
+        raise InvalidInput(f'{path}: expects one value, got a {type(value).__name__}; for any of several write '
+                           f'{{"$in": [...]}}.')
     return [_parse_op(field, "$eq", value, path, budget)]
 
 
@@ -398,7 +401,8 @@ def _parse_op(field: Field, op: str, arg: object, path: str, budget: _Budget) ->
         if not isinstance(arg, (list, tuple)) or not arg:
             raise InvalidInput(f"{path}: {op} expects a non-empty list of values, got {show_value(arg)}.")
         if len(arg) > MAX_IN:
-            raise InvalidInput(f"{path}: {op} expects at most {MAX_IN} values, got {len(arg)}; split the filter with $or.")
+            raise InvalidInput(f"{path}: {op} expects at most {MAX_IN} values, got {len(arg)}; split the filter "
+                               "with $or.")
         budget.value(path, len(arg))
         values = tuple(_scalar(field, op, v, f"{path}: {op}[{i}]") for i, v in enumerate(arg))
         kinds = {value_type(v) for v in values}

@@ -388,7 +388,8 @@ class Generations(AdapterState):
             with db.reading() as r:
                 total = r.count() if force else r.count_stale(gen.fingerprint, include_waiting)
             done, after = 0, 0
-            with tqdm(total=total, desc="re-embedding", unit="fact", disable=not sys.stderr.isatty(), leave=False) as bar:
+            with tqdm(total=total, desc="re-embedding", unit="fact", disable=not sys.stderr.isatty(),
+                      leave=False) as bar:
                 while True:
                     with db.reading() as r:
                         rows = r.stale(None if force else gen.fingerprint, batch_size, after_rid=after,
@@ -439,7 +440,8 @@ class Generations(AdapterState):
                      resume=True)
 
     def publish(self, embedder: Embedder, entry: dict | None, report: PublishReport, *,
-                seed: tuple[np.ndarray, np.ndarray] | None = None, before_swap: Callable[[PublishReport], object] | None = None,
+                seed: tuple[np.ndarray, np.ndarray] | None = None,
+                before_swap: Callable[[PublishReport], object] | None = None,
                 should_stop: Callable[[], bool] | None = None, batch: int = REEMBED_BATCH,
                 resume: bool = False) -> None:
         """Re-embed every memory into a new generation, index it, catch up, and swap it in (R12).
@@ -526,7 +528,8 @@ class Generations(AdapterState):
                                                 *self._complete(embedder, fp, tx.generation_rows(fp, dim), tx))
                         missing = tx.generation_count_missing(fp)
                         if missing:
-                            raise EvermindError(f"{missing} memories have no vector in the new generation; nothing was swapped.")
+                            raise EvermindError(f"{missing} memories have no vector in the new generation; nothing was "
+                                                "swapped.")
                         tx.generation_adopt(fp)
                         tx.set_meta("fingerprint", fp)
                         if meta_entry is None:

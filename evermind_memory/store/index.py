@@ -104,7 +104,8 @@ class IndexConfig:
             value = getattr(self, name)
             number = isinstance(value, (int, float)) or is_numpy(value, "integer", "floating")
             if isinstance(value, bool) or not number \
-                    or not math.isfinite(value) or not lo <= value <= hi or (name == "rebuild_deleted_ratio" and value <= 0):
+                    or not math.isfinite(value) or not lo <= value <= hi or (name == "rebuild_deleted_ratio"
+                                                                             and value <= 0):
                 raise InvalidInput(f"IndexConfig.{name} expected a number from {lo} to {hi}"
                                    f"{' (above 0)' if name == 'rebuild_deleted_ratio' else ''}, got {value!r:.40}.")
             object.__setattr__(self, name, float(value))
@@ -137,7 +138,8 @@ def check_index_memory(config: IndexConfig, dim: int) -> None:
         raise InvalidInput(
             f"IndexConfig(initial_capacity={config.initial_capacity}, M={config.M}) would allocate "
             f"{config.initial_capacity * per / 2**30:.1f} GiB for {dim}-dimensional vectors before the first fact; "
-            f"expected at most {MAX_INITIAL_BYTES / 2**30:.0f} GiB. Lower initial_capacity (the index doubles on demand).")
+            f"expected at most {MAX_INITIAL_BYTES / 2**30:.0f} GiB. Lower initial_capacity (the index doubles on "
+            "demand).")
 
 
 def search_ef(config: IndexConfig, elements: int) -> int:
@@ -297,7 +299,8 @@ class VectorIndex:
         self._lock = RWLock()
         self._hnsw = hnswlib.Index(space=SPACE, dim=self.dim)
         self._hnsw.init_index(
-            max_elements=max(1, capacity or config.initial_capacity), ef_construction=config.ef_construction, M=config.M,
+            max_elements=max(1, capacity or config.initial_capacity), ef_construction=config.ef_construction,
+                              M=config.M,
             random_seed=config.seed,
         )
         self._ef = search_ef(config, 0)
@@ -503,7 +506,8 @@ class VectorIndex:
             if self._matrix is not None:
                 return self._expand(*self._matrix.search(q[0], k_eff, node_allow), k_eff, allow)
             try:
-                nodes, dist = self._hnsw.knn_query(q, k=min(k_eff, len(self._members)), num_threads=1, filter=node_allow)
+                nodes, dist = self._hnsw.knn_query(q, k=min(k_eff, len(self._members)), num_threads=1,
+                                                   filter=node_allow)
                 return self._expand(nodes[0], 1.0 - dist[0], k_eff, allow)
             except RuntimeError:
                 pass
@@ -597,7 +601,8 @@ class VectorIndex:
                 final.unlink(missing_ok=True)
                 groups_file.unlink(missing_ok=True)
             raise
-        olds = [*directory.glob(f"{stem}.*.hnsw*"), *directory.glob(f"{stem}.*.groups*"), *directory.glob(f"{stem}.json.*.tmp")]
+        olds = [*directory.glob(f"{stem}.*.hnsw*"), *directory.glob(f"{stem}.*.groups*"),
+                *directory.glob(f"{stem}.json.*.tmp")]
         for old in olds:
             if old.name not in (name, groups_file.name):
                 try:
@@ -622,7 +627,8 @@ class VectorIndex:
             IndexRejected: anything disagrees; the message says what.
         """
         manifest = read_manifest(directory / f"{stem}.json")
-        want = {"format": INDEX_FORMAT, "space": SPACE, "M": config.M, "ef_construction": config.ef_construction, **expect}
+        want = {"format": INDEX_FORMAT, "space": SPACE, "M": config.M, "ef_construction": config.ef_construction,
+                **expect}
         for key, value in want.items():
             if manifest.get(key) != value:
                 raise IndexRejected(f"manifest {key} is {manifest.get(key)!r:.80}, expected {value!r:.80}")

@@ -70,7 +70,8 @@ def parse_hnsw_file(data: bytes, dim: int, M: int) -> HnswFileInfo:
     """
     if len(data) < HEADER.size:
         raise IndexRejected(f"index file is {len(data)} bytes, shorter than hnswlib's {HEADER.size}-byte header")
-    (off0, max_el, cur, size_per, label_off, off_data, maxlevel, enter, max_m, max_m0, m, mult, efc) = HEADER.unpack_from(data, 0)
+    (off0, max_el, cur, size_per, label_off, off_data, maxlevel, enter, max_m, max_m0, m, mult,
+     efc) = HEADER.unpack_from(data, 0)
     links0 = 2 * M * 4 + 4
     expected = {
         "offsetLevel0": (off0, 0), "M": (m, M), "maxM": (max_m, M), "maxM0": (max_m0, 2 * M),
@@ -170,7 +171,8 @@ def _upper_levels(data: bytes, start: int, cur: int, M: int, maxlevel: int) -> n
     ids = words[block_start[:, None] + 1 + np.arange(M)[None, :]]  # (L, M)
     bad = (link_count > M) | ((np.arange(M)[None, :] < link_count[:, None]) & (ids >= cur)).any(axis=1)  # (L,)
     if bad.any():
-        raise IndexRejected(f"index upper-level links of element {owners[int(block_owner[np.argmax(bad)])]} are out of range")
+        raise IndexRejected(f"index upper-level links of element {owners[int(block_owner[np.argmax(bad)])]} are out of "
+                            "range")
     return levels
 
 

@@ -296,7 +296,9 @@ def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int, limit:
     terms = []
     for p in parts:  # float64, as FTS5 computes: float32 scores would reorder facts FTS5 ranks a few ulps apart
         tf, length = p.tf.astype(np.float64), p.lengths.astype(np.float64)  # (P,), (P,)
-        terms.append(idf(len(p.rids), n) * ((tf * (BM25_K1 + 1.0)) / (tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avg))))
+        terms.append(idf(len(p.rids), n) * ((tf * (BM25_K1 + 1.0)) / (tf
+                                                                      + BM25_K1 * (1 - BM25_B
+                                                                                   + BM25_B * length / avg))))
     contrib = np.concatenate(terms)  # (M,)
     if len(parts) == 1:  # one term: its postings are the facts (ascending, distinct)
         facts, scores = rids, contrib

@@ -221,8 +221,8 @@ def _import_line(raw: bytes, number: int, scope: str) -> list[NewFact]:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"import_() line {number} is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
-                           "an export is written as UTF-8 JSON lines.") from None
+        raise InvalidInput(f"import_() line {number} is not UTF-8 text (byte {exc.start}: "
+                           f"{raw[exc.start:exc.start + 1]!r}); an export is written as UTF-8 JSON lines.") from None
     if len(line) > MAX_IMPORT_LINE:
         raise InvalidInput(f"import_() line {number} is longer than {MAX_IMPORT_LINE} characters.")
     if not line.strip():
@@ -246,7 +246,8 @@ def _import_line(raw: bytes, number: int, scope: str) -> list[NewFact]:
         expires = None if expires is None else time_text(parse_time(expires, "expires_at"))
         pinned = rec.get("pinned", False)
         if not isinstance(pinned, bool) or (pinned and expires is not None):
-            raise InvalidInput(f"expected pinned to be true or false (and false when expires_at is set), got {pinned!r:.20}.")
+            raise InvalidInput("expected pinned to be true or false (and false when expires_at is set), got "
+                               f"{pinned!r:.20}.")
         where = check_record_scope(rec.get("scope"), scope, "the record")
     except InvalidInput as exc:
         raise InvalidInput(f"import_() line {number}: {exc}") from None
@@ -422,7 +423,8 @@ def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | No
     files = db.file_bytes()
     index_bytes = 0
     if index_path is not None:
-        files_of_index = [*index_path.parent.glob(f"{index_path.name}.*.hnsw"), index_path.parent / f"{index_path.name}.json"]
+        files_of_index = [*index_path.parent.glob(f"{index_path.name}.*.hnsw"),
+                          index_path.parent / f"{index_path.name}.json"]
         index_bytes = sum(p.stat().st_size for p in files_of_index if p.is_file())
     return StoreStats(facts=facts, expired=sizes["expired"], pinned=sizes["pinned"], changes=sizes["changes"],
                       forgotten=sizes["forgotten"], db_bytes=files["db"] or sizes["page_bytes"], wal_bytes=files["wal"],

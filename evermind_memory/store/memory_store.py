@@ -111,7 +111,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         path = check_open_args(path, durability, on_mismatch, lock_timeout, busy_timeout, read_only,
                                background_embedding)
         if index_config is not None and not isinstance(index_config, IndexConfig):
-            raise InvalidInput(f"MemoryStore() expected index_config to be an IndexConfig, got {type(index_config).__name__}.")
+            raise InvalidInput("MemoryStore() expected index_config to be an IndexConfig, got "
+                               f"{type(index_config).__name__}.")
         scope = "" if namespace is None else narrow("", "MemoryStore", namespace=namespace)
         access, fs_type = locate(path, read_only, background_embedding)
         from ..embedder.base import check_embedder  # (here, not at import: `import evermind_memory.store` stays light)
@@ -153,8 +154,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
 
     # ---- writes --------------------------------------------------------------------------------------------
     def remember(self, text: str, *, tags: dict | None = None, source: str | None = None, id: str | None = None,
-                 ttl: DurationArg | None = None, expires_at: TimeArg | None = None, pinned: bool = False, dedup: bool = False,
-                 at: TimeArg | None = None) -> str:
+                 ttl: DurationArg | None = None, expires_at: TimeArg | None = None, pinned: bool = False,
+                 dedup: bool = False, at: TimeArg | None = None) -> str:
         """Store a fact; returns only after it is committed (durable as `durability` says).
 
         By default (background_embedding=True) the vector follows from a background thread: lexical recall
@@ -195,7 +196,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         item = new_fact("remember", self._scope, text, tags, source, ttl, expires_at, pinned, at)
         if check_flag(dedup, "dedup", "remember"):
             if id is not None:
-                raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not both.")
+                raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not "
+                                   "both.")
             fid = self._parts.writer.insert_unique(item)[0]
         elif id is not None:
             fid = self._parts.writer.upsert(item._replace(id=check_id(id)), self._scope)
@@ -227,7 +229,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._parts.sync()
 
     def remember_many(self, texts: Sequence[str], *, tags: dict | None = None, source: str | None = None,
-                      ttl: DurationArg | None = None, expires_at: TimeArg | None = None, pinned: bool = False, at: TimeArg | None = None) -> list[str]:
+                      ttl: DurationArg | None = None, expires_at: TimeArg | None = None, pinned: bool = False,
+                      at: TimeArg | None = None) -> list[str]:
         """Store many facts in one transaction (all or none), embedded before the commit.
 
         Thread-safe.
@@ -489,9 +492,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         return changes
 
     def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
-               source: str | None = None, since: TimeArg | None = None, until: TimeArg | None = None, recency: DurationArg | None = None,
-               mode: str = "hybrid", min_score: float | None = None, fusion: str = "score",
-               min_relevance: float | None = None, explain: bool = False, context: int = 0,
+               source: str | None = None, since: TimeArg | None = None, until: TimeArg | None = None,
+               recency: DurationArg | None = None, mode: str = "hybrid", min_score: float | None = None,
+               fusion: str = "score", min_relevance: float | None = None, explain: bool = False, context: int = 0,
                time_words: bool = False, now: TimeArg | None = None) -> builtins.list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
@@ -527,7 +530,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 recall serves results, without that fact's vector).
         """
         self._check_usable()
-        q = self._parts.search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since, until=until,
+        q = self._parts.search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since,
+                                     until=until,
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                min_relevance=min_relevance, explain=explain)
         if check_flag(time_words, "time_words", "recall") or now is not None or context:

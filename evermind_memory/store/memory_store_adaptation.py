@@ -29,7 +29,8 @@ class AdaptationMethods:
 
         def _check_owner(self, method: str) -> None: ...
 
-    def start_adaptation(self, policy: AdaptationPolicy | None = None, hooks: AdaptationHooks | dict | None = None) -> Adaptation:
+    def start_adaptation(self, policy: AdaptationPolicy | None = None,
+                         hooks: AdaptationHooks | dict | None = None) -> Adaptation:
         """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
 
         A round runs when the policy says so (enough new memories, long enough since the last round): it fits

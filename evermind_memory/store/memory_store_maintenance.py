@@ -115,7 +115,8 @@ class MaintenanceMethods:
             building = self._parts.gens.build_progress()
         except Exception:  # noqa: BLE001
             building = None
-        report = maintenance.check(self._parts.db, self._parts.vectors, self._parts.worker, self._parts.access, building)
+        report = maintenance.check(self._parts.db, self._parts.vectors, self._parts.worker, self._parts.access,
+                                   building)
         if early:
             report = replace(report, ok=False, problems=tuple(early) + report.problems)
         return report

@@ -35,7 +35,8 @@ def check_part(value: object, level: str) -> str:
         InvalidInput: anything else.
     """
     if not isinstance(value, str):
-        raise InvalidInput(f"scope {level} expects a str such as 'ada' or 'user-42', got {type(value).__name__} {value!r:.40}.")
+        raise InvalidInput(f"scope {level} expects a str such as 'ada' or 'user-42', got {type(value).__name__} "
+                           f"{value!r:.40}.")
     if not _PART_RE.fullmatch(value) or value != value.strip():
         raise InvalidInput(
             f"scope {level} expects 1 to {MAX_PART_CHARS} characters without '/', control characters or "

@@ -96,8 +96,9 @@ class Search:
         self._params: FusionParams | None = None
         self._params_read = False  # params_for runs once; None is a valid answer
 
-    def query(self, scope: str, text: object, k: object, *, tags: object, where: object, source: object, since: object, until: object,
-              recency: object, mode: object, min_score: object, fusion: object, min_relevance: object, explain: object) -> Query:
+    def query(self, scope: str, text: object, k: object, *, tags: object, where: object, source: object, since: object,
+              until: object, recency: object, mode: object, min_score: object, fusion: object, min_relevance: object,
+              explain: object) -> Query:
         """MemoryStore.recall()'s arguments checked, the filters made one Selection in `scope`.
 
         Raises:
@@ -165,7 +166,8 @@ class Search:
         with self._db.reading() as r:  # the index could not fill k (a failed search, or it lags): exactly
             return self._exact(r, gen, qv, k, sel)
 
-    def _exact(self, r: VectorReads, gen: Generation, qv: np.ndarray, k: int, sel: Selection) -> list[tuple[int, float]]:
+    def _exact(self, r: VectorReads, gen: Generation, qv: np.ndarray, k: int,
+               sel: Selection) -> list[tuple[int, float]]:
         labels, vecs = r.vectors(gen.fingerprint, self._dim, sel=sel)
         return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
 
@@ -223,7 +225,8 @@ class Search:
             if missing:  # lexical candidates the vector pool missed: their cosine, exactly
                 labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
                 by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
-                cosine = {row.rid: by_label[row.label] for row, _ in lex if row.rid not in in_vec and row.label in by_label}
+                cosine = {row.rid: by_label[row.label] for row, _ in lex
+                          if row.rid not in in_vec and row.label in by_label}
             df = r.document_frequencies(words, sel) if words and stats else []
             n_facts = (r.selection_size(sel)[0] if sel.narrows else r.count()) if stats else 0
         pool = CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
@@ -281,8 +284,9 @@ def explained(rule: str, pool: CandidatePool, fused: Fused, i: int) -> Explain:
     """The Explain of candidate `i` of a fused pool."""
     lex_rank, vec_rank = int(pool.lex_rank[i]), int(pool.vec_rank[i])
     return Explain(rule, float(fused.lexical[i]), float(fused.vector[i]), float(fused.score[i]),
-                   float(pool.bm25[i]) if lex_rank >= 0 else None, None if np.isnan(pool.cos[i]) else float(pool.cos[i]),
-                   lex_rank + 1 if lex_rank >= 0 else None, vec_rank + 1 if vec_rank >= 0 else None)
+                   float(pool.bm25[i]) if lex_rank >= 0 else None,
+                   None if np.isnan(pool.cos[i]) else float(pool.cos[i]), lex_rank + 1 if lex_rank >= 0 else None,
+                   vec_rank + 1 if vec_rank >= 0 else None)
 
 
 def _query(index: VectorIndex, qv: np.ndarray, want: int, allow: Callable[[int], bool] | None) -> list[tuple[int, float]] | None:

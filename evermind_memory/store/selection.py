@@ -22,8 +22,8 @@ def source_filter(source: str | None) -> Filter:
     return all_of() if source is None else Compare(Field("source"), "$eq", source)
 
 
-def select(method: str, scope: str, *, tags: object = None, where: object = None, source: object = None, since: object = None,
-           until: object = None, now: datetime | None = None) -> Selection:
+def select(method: str, scope: str, *, tags: object = None, where: object = None, source: object = None,
+           since: object = None, until: object = None, now: datetime | None = None) -> Selection:
     """The Selection of one call's arguments (checked here), in `scope`, alive at `now` (default: now).
 
     Raises:

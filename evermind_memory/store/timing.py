@@ -77,7 +77,8 @@ def _seconds(value: object, what: str, *, zero: bool = False) -> float:
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        raise InvalidInput(f"{what} expects seconds (int or float) or a timedelta, got {type(value).__name__} {value!r:.40}.")
+        raise InvalidInput(f"{what} expects seconds (int or float) or a timedelta, got {type(value).__name__} "
+                           f"{value!r:.40}.")
     if not math.isfinite(seconds):
         raise InvalidInput(f"{what} expects a finite duration, got {value!r}.")
     if seconds < 0 or (seconds == 0 and not zero):
@@ -107,8 +108,8 @@ def check_ttl(ttl: object) -> timedelta | None:
         return None
     seconds = _seconds(ttl, "ttl")
     if seconds > MAX_TTL.total_seconds():
-        raise InvalidInput(f"ttl expects at most {MAX_TTL.days:,} days ({MAX_TTL.total_seconds():.0f} s), got {ttl!r:.40}; "
-                           "pass ttl=None to keep the fact until it is forgotten.")
+        raise InvalidInput(f"ttl expects at most {MAX_TTL.days:,} days ({MAX_TTL.total_seconds():.0f} s), got "
+                           f"{ttl!r:.40}; pass ttl=None to keep the fact until it is forgotten.")
     return ttl if isinstance(ttl, timedelta) else timedelta(seconds=seconds)
 
 

@@ -85,7 +85,8 @@ def _tag_items(tags: object, what: str, expected: str, scope_names: bool = False
     for key, value in tags.items():
         if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key):
             raise InvalidInput(
-                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'topic', 'topic.sub'), got {key!r:.80}."
+                f"{what} keys must match [A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}} (e.g. 'topic', 'topic.sub'), got "
+                f"{key!r:.80}."
             )
         if key in SCOPE_LEVELS and not scope_names:
             raise scope_name_refused(key, what)
@@ -148,7 +149,8 @@ def check_tag_patch(tags: object, what: str = "tags") -> dict[str, str | int | f
     return out
 
 
-def merge_tags(old: Mapping[str, TagValue], patch: Mapping[str, TagValue | None], method: str = "update") -> dict[str, TagValue]:
+def merge_tags(old: Mapping[str, TagValue], patch: Mapping[str, TagValue | None],
+               method: str = "update") -> dict[str, TagValue]:
     """`old` with `patch` merged in (a None value removes its key), checked against MAX_TAGS.
 
     Raises:
@@ -161,8 +163,8 @@ def merge_tags(old: Mapping[str, TagValue], patch: Mapping[str, TagValue | None]
         else:
             merged[key] = value
     if len(merged) > MAX_TAGS:
-        raise InvalidInput(f"{method}() would leave the fact with {len(merged)} tags, more than {MAX_TAGS}; remove some "
-                           "(a None value removes a tag) or pass replace_tags=True.")
+        raise InvalidInput(f"{method}() would leave the fact with {len(merged)} tags, more than {MAX_TAGS}; remove "
+                           "some (a None value removes a tag) or pass replace_tags=True.")
     return merged
 
 
@@ -292,7 +294,8 @@ def check_relevance(value: object) -> float | None:
     Raises:
         InvalidInput: anything else (a bool, NaN, outside [0, 1]).
     """
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0.0 <= value <= 1.0):
         raise InvalidInput(f"recall() expected min_relevance to be a number in [0, 1] or None, got {value!r:.40}.")
     return None if value is None else float(value)
 
@@ -315,7 +318,8 @@ def check_choice(value: object, name: str, choices: tuple[str, ...], method: str
         InvalidInput: anything else.
     """
     if not isinstance(value, str) or value not in choices:
-        raise InvalidInput(f"{method}() expected {name} to be one of {', '.join(map(repr, choices))}, got {value!r:.40}.")
+        raise InvalidInput(f"{method}() expected {name} to be one of {', '.join(map(repr, choices))}, got "
+                           f"{value!r:.40}.")
     return value
 
 

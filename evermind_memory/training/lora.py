@@ -126,7 +126,8 @@ class LoRAAdapter:
             InvalidInput: W is not (rows, cols).
         """
         if np.shape(W) != (self.rows, self.cols):
-            raise InvalidInput(f"LoRAAdapter.apply expected a weight of shape {(self.rows, self.cols)}, got {np.shape(W)}.")
+            raise InvalidInput(f"LoRAAdapter.apply expected a weight of shape {(self.rows, self.cols)}, got "
+                               f"{np.shape(W)}.")
         return W + self.delta()  # (rows, cols)
 
     def project_grad(self, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +137,8 @@ class LoRAAdapter:
             InvalidInput: G is not (rows, cols).
         """
         if np.shape(G) != (self.rows, self.cols):
-            raise InvalidInput(f"LoRAAdapter.project_grad expected G of shape {(self.rows, self.cols)}, got {np.shape(G)}.")
+            raise InvalidInput(f"LoRAAdapter.project_grad expected G of shape {(self.rows, self.cols)}, got "
+                               f"{np.shape(G)}.")
         return lora_grads(G, self.A, self.B, self.scale)
 
 

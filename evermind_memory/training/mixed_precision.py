@@ -152,7 +152,8 @@ class DynamicLossScaler:
             InvalidInput: the format is not the one this class writes.
         """
         if state.get("format") != _SCALER_FORMAT:
-            raise InvalidInput(f"DynamicLossScaler expected state format {_SCALER_FORMAT!r}, got {state.get('format')!r}.")
+            raise InvalidInput(f"DynamicLossScaler expected state format {_SCALER_FORMAT!r}, got "
+                               f"{state.get('format')!r}.")
         self.scale = float(state["scale"])
         self.growth_factor = float(state["growth_factor"])
         self.backoff_factor = float(state["backoff_factor"])

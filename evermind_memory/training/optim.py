@@ -55,7 +55,8 @@ def adamw_update_(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndar
     """
     for label, arr in (("param", param), ("grad", grad), ("m", m), ("v", v)):
         if arr.dtype != np.float32:
-            raise InvalidInput(f"adamw_update_ expected float32 {label}, got {arr.dtype}. Cast with .astype(np.float32).")
+            raise InvalidInput(f"adamw_update_ expected float32 {label}, got {arr.dtype}. Cast with "
+                               ".astype(np.float32).")
         if arr.shape != param.shape:
             raise InvalidInput(f"adamw_update_ expected {label} of shape {param.shape}, got {arr.shape}.")
     f32 = np.float32

@@ -127,7 +127,8 @@ class _Data:
             if arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= vocab_size)):
                 raise InvalidInput(
                     f"{what}[{i}] expected token ids in [0, {vocab_size}) in a flat list; "
-                    f"got shape {arr.shape}, range [{arr.min() if arr.size else '-'}, {arr.max() if arr.size else '-'}]."
+                    f"got shape {arr.shape}, range [{arr.min() if arr.size else '-'}, "
+                    f"{arr.max() if arr.size else '-'}]."
                 )
             # Windows overlap by one token so every next-token target of the sequence is trained once.
             for start in range(0, max(arr.size - 1, 0), max_len - 1):

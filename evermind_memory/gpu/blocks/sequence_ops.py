@@ -105,13 +105,15 @@ def record_column_slice(batch: Batch, x: GpuBuffer, out: GpuBuffer, rows: int, s
     the first rows * width floats (a prefix copy) is right only when rows == 1.
     """
     params = batch.uniform([("u", rows), ("u", stride), ("u", start), ("u", width)])
-    batch.dispatch("column_slice", "main", {0: params, 1: x, 2: out}, fold_groups(batch.device, -(-rows * width // 256)))
+    batch.dispatch("column_slice", "main", {0: params, 1: x, 2: out},
+                   fold_groups(batch.device, -(-rows * width // 256)))
 
 
 def record_silu(batch: Batch, x: GpuBuffer, y: GpuBuffer, n: int) -> None:
     """Record y = silu(x) over n elements (activation.wgsl)."""
     params = batch.uniform([("u", n), ("u", 0), ("u", 0), ("u", 0)])
-    batch.dispatch("activation", "forward", {0: params, 1: x, 3: y}, fold_groups(batch.device, -(-n // 256)), {"ACT": 1})
+    batch.dispatch("activation", "forward", {0: params, 1: x, 3: y}, fold_groups(batch.device, -(-n // 256)),
+                   {"ACT": 1})
 
 
 def record_linear(batch: Batch, x: GpuBuffer, w: GpuBuffer, bias: GpuBuffer | None, y: GpuBuffer, m: int,

@@ -96,8 +96,8 @@ def tag_rows(fact_id: str, tags: Mapping[str, TagValue]) -> list[tuple[str, str,
 # written otherwise than Python's JSON, "1.0e+16" for "1e+16"; filters compare numbers by `num`, never by it.)
 REBUILD_TAGS_SQL = (
     "INSERT INTO fact_tags (fact_id, key, value, vtype, num) SELECT f.id, j.key, "
-    "CASE j.type WHEN 'text' THEN j.value WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE CAST(j.value AS TEXT) END, "
-    "CASE j.type WHEN 'text' THEN 's' WHEN 'integer' THEN 'i' WHEN 'real' THEN 'f' ELSE 'b' END, "
+    "CASE j.type WHEN 'text' THEN j.value WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE CAST(j.value AS TEXT) "
+    "END, CASE j.type WHEN 'text' THEN 's' WHEN 'integer' THEN 'i' WHEN 'real' THEN 'f' ELSE 'b' END, "
     "CASE WHEN j.type IN ('integer', 'real') THEN j.value END "
     "FROM facts f, json_each(f.tags) j WHERE j.type IN ('text', 'integer', 'real', 'true', 'false')"
 )

@@ -415,12 +415,13 @@ class PostgresBackend:
         from .postgres_schema import SCHEMA, TABLES
 
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))  # two nodes creating it at once
+            # two nodes creating it at once
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_KEY, self._key2))
             if _row(conn, "SELECT to_regclass('meta')")[0] is None:
                 present = [t for t in TABLES if _row(conn, "SELECT to_regclass(%s)", (t,))[0] is not None]
                 if present:
-                    raise EvermindError(f"{self.path} already has tables named {', '.join(present[:4])} but no evermind "
-                                        "store; use another database, or a schema of its own "
+                    raise EvermindError(f"{self.path} already has tables named {', '.join(present[:4])} but no "
+                                        "evermind store; use another database, or a schema of its own "
                                         "(?options=-csearch_path%3Dname).")
                 for statement in SCHEMA:
                     conn.execute(statement)

@@ -104,7 +104,8 @@ class DatabaseAdapters:
             if row is None:
                 return
             entry = {**json.loads(row[0]), **changes}
-            tx.conn.execute("UPDATE adapters SET entry = %s WHERE id = %s", (json.dumps(entry, sort_keys=True), adapter_id))
+            tx.conn.execute("UPDATE adapters SET entry = %s WHERE id = %s",
+                            (json.dumps(entry, sort_keys=True), adapter_id))
 
     def data(self, adapter_id: str) -> bytes | None:
         """The adapter file's bytes, or None."""

@@ -46,7 +46,8 @@ TABLES = (
     ("fingerprints", ("id", "fingerprint"), (), "id"),  # (before facts, which reference them by id)
     ("facts", ("rid", "id", "text", "tags", "source", "created_at", "updated_at", "vector", "fingerprint_id", "label",
                "seq", "owner", "expires_at", "pinned", "scope"), ("created_at", "updated_at", "expires_at"), "rid"),
-    ("changes", ("seq", "fact_id", "op", "at", "text", "tags", "source", "vector_added", "label_removed", "scope", "link"),
+    ("changes",
+     ("seq", "fact_id", "op", "at", "text", "tags", "source", "vector_added", "label_removed", "scope", "link"),
      ("at",), "seq"),
     ("feedback", ("id", "at", "query", "fact_id", "useful"), ("at",), "id"),
     ("adapt_vectors", ("label", "fingerprint", "vector"), (), "label"),
@@ -82,7 +83,8 @@ def _canon(row: tuple, times: tuple[int, ...]) -> tuple:
 
 
 # ---- reading a snapshot --------------------------------------------------------------------------------------
-def _sqlite_rows(conn: sqlite3.Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...], key: str) -> Iterator[tuple]:
+def _sqlite_rows(conn: sqlite3.Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...],
+                 key: str) -> Iterator[tuple]:
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if table not in have:
         return
@@ -92,7 +94,8 @@ def _sqlite_rows(conn: sqlite3.Connection, table: str, cols: tuple[str, ...], ti
         yield _canon(row, idx)
 
 
-def _postgres_rows(conn: Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...], key: str) -> Iterator[tuple]:
+def _postgres_rows(conn: Connection, table: str, cols: tuple[str, ...], times: tuple[str, ...],
+                   key: str) -> Iterator[tuple]:
     where = " WHERE key NOT IN ('path', 'schema_version')" if table == "meta" else ""
     idx = tuple(cols.index(c) for c in times)
     with conn.cursor(binary=True) as cur:

@@ -53,7 +53,8 @@ def count_damaged(s: PostgresSession, dim: int) -> tuple[int, int, str | None]:
 
 
 def _quarantine(s: PostgresSession, row: FactRow, reason: str, action: str) -> None:
-    s.conn.execute("INSERT INTO quarantine (at, tbl, fact_id, reason, action, data) VALUES (%s, 'facts', %s, %s, %s, %s)",
+    s.conn.execute("INSERT INTO quarantine (at, tbl, fact_id, reason, action, data) VALUES (%s, 'facts', %s, %s, "
+                   "%s, %s)",
                    (when(utc_now()), row.id, reason, action, json.dumps(row._asdict(), ensure_ascii=True)))
 
 
@@ -75,8 +76,8 @@ def repair(s: PostgresSession, dim: int) -> RepairCounts:
             counts.note(f"fact {row.id}: tags restored")
         if blob is not None and not vector_blobs.intact(blob, dim):
             seq += 1
-            s.conn.execute("UPDATE facts SET vector = NULL, label = NULL, fingerprint_id = NULL, owner = NULL, seq = %s "
-                           "WHERE rid = %s", (seq, row.rid))
+            s.conn.execute("UPDATE facts SET vector = NULL, label = NULL, fingerprint_id = NULL, owner = NULL, seq "
+                           "= %s WHERE rid = %s", (seq, row.rid))
             s.log_changes([(seq, row.id, "reembed", when(now), None, None, None, 0, row.label, row.scope, None)])
             _quarantine(s, row, "its vector is damaged", "vector cleared: it is embedded again")
             counts.vectors_cleared += 1

@@ -50,8 +50,8 @@ _INSERT = (
     "AS n(id, text, tags, source, created_at, updated_at, vector, expires_at, pinned, scope, link, o)), "
     "f AS (INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, "
     "expires_at, pinned, scope, owner) SELECT n.id, n.text, n.tags, n.source, n.created_at, n.updated_at, n.vector, "
-    "%s::bigint, CASE WHEN n.vector IS NULL THEN NULL ELSE s.head + n.o END, s.head + n.o, n.expires_at, n.pinned, n.scope, "
-    "%s FROM n, s ORDER BY n.o RETURNING rid), "
+    "%s::bigint, CASE WHEN n.vector IS NULL THEN NULL ELSE s.head + n.o END, s.head + n.o, n.expires_at, n.pinned, "
+    "n.scope, %s FROM n, s ORDER BY n.o RETURNING rid), "
     "c AS (INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
     "SELECT s.head + n.o, n.id, 'remember', n.updated_at, n.text, n.tags, n.source, %s, NULL, n.scope, n.link "
     "FROM n, s), "
@@ -144,8 +144,8 @@ class PostgresSession(Session):
         self.conn.cursor().executemany(POSTGRES.statement(sql), rows)
 
     def _storage_bytes(self) -> tuple[int, int]:
-        tables = ["facts", "fingerprints", "fact_tags", "changes", "feedback", "leases", "meta", GEN_TABLE, "fts_terms", "fts_stats",
-                  "adapters"]
+        tables = ["facts", "fingerprints", "fact_tags", "changes", "feedback", "leases", "meta", GEN_TABLE, "fts_terms",
+                  "fts_stats", "adapters"]
         return self._scalar("SELECT COALESCE(SUM(pg_total_relation_size(to_regclass(t))), 0) FROM unnest(?::text[]) t",
                             (tables,)), 0
 
@@ -235,8 +235,8 @@ class PostgresSession(Session):
         return Integrity(
             messages=messages,
             foreign_key_violations=0,  # enforced by the server on every write
-            bad_vectors=self._scalar("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND octet_length(vector) NOT IN "
-                                     "(%s, %s)", vector_blobs.blob_lengths(dim)),
+            bad_vectors=self._scalar("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND octet_length(vector) "
+                                     "NOT IN (%s, %s)", vector_blobs.blob_lengths(dim)),
             fts_rows=self._scalar("SELECT COUNT(*) FROM facts WHERE tsv IS NOT NULL"),
             tags_out_of_sync=self._scalar(
                 "SELECT COUNT(*) FROM facts f WHERE (SELECT COUNT(*) FROM fact_tags t WHERE t.fact_id = f.id) != "
@@ -256,8 +256,8 @@ class PostgresSession(Session):
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
             for col, value in zip(cols, (fid, text, tj, source, when(created), when(updated),
-                                         None if vectors is None else _blob(vectors[i]), when(expires), int(pinned), scope,
-                                         replaces)):
+                                         None if vectors is None else _blob(vectors[i]), when(expires), int(pinned),
+                                         scope, replaces)):
                 col.append(value)
             for k, v in tags.items():
                 for col, part in zip(tag_cols, tag_row(fid, k, v)):
@@ -274,7 +274,8 @@ class PostgresSession(Session):
         rids = [int(r) for r, _, _ in rows]
         ids = [fid for _, fid, _ in rows]
         old = [None if label is None else int(label) for _, _, label in rows]
-        head = self._scalar(_SET_VECTORS, (rids, ids, old, [_blob(v) for v in vectors], self._fingerprint_id(fingerprint),
+        head = self._scalar(_SET_VECTORS,
+                            (rids, ids, old, [_blob(v) for v in vectors], self._fingerprint_id(fingerprint),
                                             when(now)))
         self.changed = True
         return [(head + i, label) for i, label in enumerate(old, start=1)]

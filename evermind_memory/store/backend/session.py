@@ -29,7 +29,8 @@ else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
 GEN_TABLE = "adapt_vectors"  # the vectors of the generation being built, keyed by label (one text version)
-TIME_COLUMNS = ("created_at", "updated_at", "expires_at")  # the facts' times (text in SQLite, timestamptz in PostgreSQL)
+# the facts' times (text in SQLite, timestamptz in PostgreSQL)
+TIME_COLUMNS = ("created_at", "updated_at", "expires_at")
 INSERT_CHANGE = (
     "INSERT INTO changes (seq, fact_id, op, at, text, tags, source, vector_added, label_removed, scope, link) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -135,7 +136,8 @@ class Session:
 
     def changes_after(self, seq: int, upto: int) -> list[ChangeRow]:
         return [ChangeRow(s, bool(added), removed) for s, added, removed in self._all(
-            "SELECT seq, vector_added, label_removed FROM changes WHERE seq > ? AND seq <= ? ORDER BY seq", (seq, upto))]
+            "SELECT seq, vector_added, label_removed FROM changes WHERE seq > ? AND seq <= ? ORDER BY seq",
+            (seq, upto))]
 
     def remembered_since(self, seq: int) -> int:
         return self._scalar("SELECT COUNT(*) FROM changes WHERE seq > ? AND op = 'remember'", (seq,))
@@ -184,7 +186,8 @@ class Session:
         where, params = self._selection(sel)
         if fingerprint is None:
             return self._scalar(f"SELECT COUNT(*) FROM facts f WHERE {where}", params)
-        return self._scalar(f"SELECT COUNT(*) FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} AND {where}",
+        return self._scalar(f"SELECT COUNT(*) FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = "
+                            f"{FINGERPRINT_ID} AND {where}",
                             [fingerprint, *params])
 
     def expired_rows(self, now: datetime, scope: str, limit: int) -> list[FactRow]:
@@ -230,12 +233,13 @@ class Session:
                 rows += self._all(f"SELECT label, vector FROM facts WHERE fingerprint_id = {FINGERPRINT_ID} AND {cond}",
                                   [fingerprint, *params], binary=True)
         elif sel is None:  # every vector (the index holds expired facts too, until they are swept)
-            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint_id = {FINGERPRINT_ID} ORDER BY f.label",
+            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint_id = {FINGERPRINT_ID} ORDER "
+                             "BY f.label",
                              (fingerprint,), binary=True)
         else:
             where, params = self._selection(sel)
-            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} "
-                             f"AND {where} ORDER BY f.label", [fingerprint, *params], binary=True)
+            rows = self._all(f"SELECT f.label, f.vector FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = "
+                             f"{FINGERPRINT_ID} AND {where} ORDER BY f.label", [fingerprint, *params], binary=True)
         ok, matrix = vector_blobs.read([r[1] for r in rows], dim)  # (N,), (N, D)
         out = np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
         if not ok.all():  # a vector of the wrong length, or damaged (NaN, Inf, zero), is left out
@@ -243,8 +247,8 @@ class Session:
         return out, matrix
 
     def memory_texts(self, fingerprint: str, dim: int) -> tuple[np.ndarray, list[str]]:
-        rows = self._all(f"SELECT label, text, vector FROM facts WHERE fingerprint_id = {FINGERPRINT_ID} AND label IS NOT NULL "
-                         "AND vector IS NOT NULL ORDER BY label", (fingerprint,), binary=True)
+        rows = self._all(f"SELECT label, text, vector FROM facts WHERE fingerprint_id = {FINGERPRINT_ID} AND label IS "
+                         "NOT NULL AND vector IS NOT NULL ORDER BY label", (fingerprint,), binary=True)
         ok = vector_blobs.read([r[2] for r in rows], dim)[0].tolist()  # (the vectors `vectors(labels=...)` gives)
         kept = [r for r, fine in zip(rows, ok) if fine]
         return np.array([r[0] for r in kept], dtype=np.int64), [r[1] for r in kept]  # (N,), N texts
@@ -253,17 +257,20 @@ class Session:
     def labels(self, fingerprint: str | None) -> set[int]:
         if fingerprint is None:
             return {r[0] for r in self._all("SELECT label FROM facts WHERE label IS NOT NULL")}
-        return {r[0] for r in self._all(f"SELECT label FROM facts WHERE fingerprint_id = {FINGERPRINT_ID}", (fingerprint,))}
+        return {r[0]
+                for r in self._all(f"SELECT label FROM facts WHERE fingerprint_id = {FINGERPRINT_ID}", (fingerprint,))}
 
     def selected_labels(self, sel: Selection, fingerprint: str) -> np.ndarray:
         where, params = self._selection(sel)
-        rows = self._all(f"SELECT f.label FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} AND {where}",
+        rows = self._all(f"SELECT f.label FROM facts f WHERE {self.dialect.hint}f.fingerprint_id = {FINGERPRINT_ID} "
+                         f"AND {where}",
                          [fingerprint, *params])
         return np.array([r[0] for r in rows], dtype=np.int64)  # (N,)
 
     def expired_labels(self, fingerprint: str, now: datetime) -> set[int]:
         return {r[0] for r in self._all(f"SELECT label FROM facts WHERE expires_at <= ? AND {self.dialect.hint}"
-                                        f"fingerprint_id = {FINGERPRINT_ID}", (self.dialect.time_param(now), fingerprint))}
+                                        f"fingerprint_id = {FINGERPRINT_ID}",
+                                        (self.dialect.time_param(now), fingerprint))}
 
     def _stale_sql(self, include_waiting: bool) -> str:
         """The WHERE condition (one `?`: the current fingerprint) for stale vectors, with or without missing ones."""
@@ -289,7 +296,8 @@ class Session:
                             f"{self.dialect.distinct} {FINGERPRINT_ID}", (fingerprint,))
 
     def waiting(self) -> list[WaitingRow]:
-        return [WaitingRow._make(r) for r in self._all("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
+        return [WaitingRow._make(r)
+                for r in self._all("SELECT rid, id, text FROM facts WHERE vector IS NULL ORDER BY rid")]
 
     def waiting_owners(self) -> dict[str | None, int]:
         return dict(self._all("SELECT owner, COUNT(*) FROM facts WHERE vector IS NULL GROUP BY owner"))
@@ -350,8 +358,8 @@ class Session:
         text_set = "text = ?, " if text != row.text else ""  # (an unchanged text keeps its full-text entry)
         params = [text] if text_set else []
         if vector is not None:
-            self._run(f"UPDATE facts SET {text_set}tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint_id = ?, "
-                      "label = ?, seq = ?, expires_at = ?, pinned = ? WHERE rid = ?",
+            self._run(f"UPDATE facts SET {text_set}tags = ?, source = ?, updated_at = ?, vector = ?, fingerprint_id "
+                      "= ?, label = ?, seq = ?, expires_at = ?, pinned = ? WHERE rid = ?",
                       [*params, tj, source, d.text_time(now), self._encode(vector),
                        None if fingerprint is None else self._fingerprint_id(fingerprint), seq, seq,
                        d.text_time(expires_at), int(pinned), row.rid])
@@ -389,7 +397,8 @@ class Session:
         # and the labels it hands out keep growing.
         doomed = (
             "SELECT c.seq FROM changes c JOIN (SELECT fact_id, MAX(seq) AS last FROM changes "
-            "WHERE op = 'forget' AND at < ? AND seq < ? GROUP BY fact_id) g ON c.fact_id = g.fact_id AND c.seq <= g.last"
+            "WHERE op = 'forget' AND at < ? AND seq < ? GROUP BY fact_id) g ON c.fact_id = g.fact_id AND c.seq <= "
+            "g.last"
         )
         params = (self.dialect.text_time(before), upto)
         top = self._one(f"SELECT MAX(seq) FROM ({doomed}) d", params)[0]

@@ -114,7 +114,8 @@ def _reference_fingerprints(conn: sqlite3.Connection) -> None:
 
 COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners, 3: migrate_typed_tags,
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners,
+                                                               3: migrate_typed_tags,
                                                               4: _compact_vectors, 5: _reference_fingerprints}
 
 
@@ -221,10 +222,12 @@ class SQLiteBackend:
         if self.memory:
             conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         elif write:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=self.busy_ms / 1000)
         else:
             uri = Path(self.path).as_uri() + "?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_ms / 1000)
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
+                                   timeout=self.busy_ms / 1000)
         try:
             conn.text_factory = _decode_text
             conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
@@ -311,8 +314,8 @@ class SQLiteBackend:
                 if "locked" in str(exc) or "busy" in str(exc):
                     raise StoreLocked(
                         f"{self.path}: another process held the write lock for longer than busy_timeout "
-                        f"({self.busy_ms / 1000:g} s); nothing from this call was stored. Retry, or open the store with "
-                        "a larger busy_timeout."
+                        f"({self.busy_ms / 1000:g} s); nothing from this call was stored. Retry, or open the store "
+                        "with a larger busy_timeout."
                     ) from exc
                 kind = translate(exc, self.path, "writing")
                 err = type(kind)(f"{self.path}: SQLite refused the write ({exc}); nothing from this call was stored. "
@@ -476,7 +479,8 @@ class SQLiteBackend:
             names = {r[0] for r in session.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "meta" not in names:
                 if names - {"sqlite_sequence"}:
-                    raise EvermindError(f"{self.path} is an SQLite file but not an evermind store (tables: {sorted(names)[:5]}).")
+                    raise EvermindError(f"{self.path} is an SQLite file but not an evermind store (tables: "
+                                        f"{sorted(names)[:5]}).")
                 self._create_schema(session.conn)
             version = _schema_version(session, self.path)
             if version > SCHEMA_VERSION:

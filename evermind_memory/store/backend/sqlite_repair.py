@@ -31,8 +31,8 @@ QUARANTINE_SQL = (
     "tbl TEXT NOT NULL, fact_id TEXT, reason TEXT NOT NULL, action TEXT NOT NULL, data TEXT NOT NULL)"
 )
 FACT_RAW = ("SELECT rid, id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, "
-            "(SELECT p.fingerprint FROM fingerprints p WHERE p.id = facts.fingerprint_id), label, seq, expires_at, scope "
-            "FROM facts")
+            "(SELECT p.fingerprint FROM fingerprints p WHERE p.id = facts.fingerprint_id), label, seq, expires_at, "
+            "scope FROM facts")
 MISSES_BEFORE_STOP = 4096  # salvage: consecutive missing rowids after which a table is taken as ended
 
 
@@ -155,7 +155,8 @@ def row_faults(row: dict, dim: int) -> list[str]:
     if not _ok_scope(row["scope"]):
         faults.append("scope")
     vec, label = row["vector"], row["label"]
-    if vec is not None and (not vector_blobs.intact(vec, dim) or label is None or not isinstance(row["fingerprint"], str)):
+    if vec is not None and (not vector_blobs.intact(vec, dim) or label is None
+                            or not isinstance(row["fingerprint"], str)):
         faults.append("vector")
     elif vec is None and label is not None:
         faults.append("label")
@@ -246,8 +247,8 @@ def _remove(conn: sqlite3.Connection, rid: int, fid: object, label: object, now:
     if ok_text(fid):
         conn.execute("DELETE FROM fact_tags WHERE fact_id = ?", (fid,))
         conn.execute("DELETE FROM feedback WHERE fact_id = ?", (fid,))
-    _log_row(conn, _next_seq(conn), fid if ok_text(fid) else "", "forget", now, label if isinstance(label, int) else None,
-             scope)
+    _log_row(conn, _next_seq(conn), fid if ok_text(fid) else "", "forget", now,
+             label if isinstance(label, int) else None, scope)
 
 
 def rebuild_derived(conn: sqlite3.Connection) -> None:
@@ -311,7 +312,8 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
     """Copy every readable row of a damaged store into a new one (inside the caller's transaction on `dst`)."""
     for key, value in _rows(src, "meta", "value", "key", counts) if _has(src, "meta") else ():
         if key not in ("schema_version", "path") and isinstance(value, str) and ok_text(key):
-            dst.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            dst.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
+                        "excluded.value",
                         (key, value))
     if _has(src, "changes"):
         cols = "fact_id, op, at, text, tags, source, vector_added, label_removed, " + (
@@ -327,7 +329,8 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
         # those facts' vectors without a fingerprint, cleared by the repair that follows, and the facts kept).
         by_id = dict(_rows(src, "fingerprints", "fingerprint", "id", counts)) if _has(src, "fingerprints") else None
         fp_col = "fingerprint" if by_id is None else "fingerprint_id"
-        cols = f"id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, {fp_col}, label, seq, " + (
+        cols = (f"id, typeof(text), CAST(text AS BLOB), tags, source, created_at, updated_at, vector, {fp_col}, label, "
+                "seq, ") + (
             "expires_at, pinned, scope" if _has_column(src, "facts", "scope") else "NULL, 0, ''")
         for (rid, fid, ttype, text, tags, source, created, updated, vec, fp, label, seq, expires, pinned,
              scope) in _rows(src, "facts", cols, "rid", counts):
@@ -343,13 +346,13 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, counts: RepairCoun
                            original)
             try:
                 dst.execute(
-                    "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, "
-                    "seq, owner, expires_at, pinned, scope) VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, NULL, "
-                    "?, ?, ?)",
+                    "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, vector, fingerprint_id, "
+                    "label, seq, owner, expires_at, pinned, scope) VALUES (?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, "
+                    "?, NULL, ?, ?, ?)",
                     (rid, fid if isinstance(fid, str) else new_id(), text if isinstance(text, bytes) else b"",
                      tags if isinstance(tags, str) else "{}", source, created if isinstance(created, str) else "",
-                     updated if isinstance(updated, str) else "", vec, _fingerprint_id(dst, fp), label if isinstance(label, int) else None,
-                     seq if isinstance(seq, int) else 0, *kept))
+                     updated if isinstance(updated, str) else "", vec, _fingerprint_id(dst, fp),
+                     label if isinstance(label, int) else None, seq if isinstance(seq, int) else 0, *kept))
             except sqlite3.IntegrityError:  # a label another row holds: keep the fact, embed it again
                 dst.execute(
                     "INSERT INTO facts (rid, id, text, tags, source, created_at, updated_at, seq, expires_at, pinned, "
@@ -410,7 +413,8 @@ def _last_op(conn: sqlite3.Connection, fid: str) -> str | None:
 
 def _has(conn: sqlite3.Connection, table: str) -> bool:
     try:
-        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (table,)).fetchone() is not None
     except sqlite3.DatabaseError:
         return True  # the schema page itself is damaged: try the table anyway
 

@@ -41,8 +41,8 @@ _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, do
 TERM_CACHE_MAX = 2_000_000  # postings a session keeps for lexical recall (16 bytes each: 32 MB); then it starts afresh
 CATCH_UP_MAX = 5_000  # changes the cached postings are brought up to date over; after more, they are read afresh
 _INSERT_FACT = (
-    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, expires_at, "
-    "pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, "
+    "expires_at, pinned, scope, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 def _blob(vector: np.ndarray) -> bytes:
     return vector_blobs.encode(vector)
@@ -188,7 +188,8 @@ class SQLiteSession(Session):
             chunks = [self.conn.execute(f"SELECT f.rid FROM facts f WHERE {where}", params).fetchall()]
         else:
             chunks = [self.conn.execute(f"SELECT f.rid FROM facts f WHERE f.rid IN ({','.join('?' * len(chunk))}) "
-                                        f"AND {where}", [*chunk, *params]).fetchall() for chunk in _chunks(matching.tolist())]
+                                        f"AND {where}", [*chunk, *params]).fetchall()
+                      for chunk in _chunks(matching.tolist())]
         keep = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.array(c, dtype=np.int64).reshape(-1)
                                                                for c in chunks])  # (S,) the selected rids
         found = []
@@ -222,7 +223,8 @@ class SQLiteSession(Session):
                     self._terms_size -= len(self._terms.pop(term).rids)
         missing = [t for t in wanted if t not in self._terms]
         if missing:
-            self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, instance)")
+            self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, "
+                              "instance)")
         for term in missing:
             rows = self.conn.execute(f"SELECT i.doc, d.sz FROM {_INSTANCES} i JOIN facts_fts_docsize d ON d.id = i.doc "
                                      "WHERE i.term = ?", (term,)).fetchall()
@@ -260,7 +262,8 @@ class SQLiteSession(Session):
         terms = sorted({t for st in stems for t in st})
         term_tf: dict[int, dict[str, int]] = {}
         if terms:
-            self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, instance)")
+            self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, "
+                              "instance)")
             where, params = selection_sql(sel)
             sql = (f"SELECT i.doc, i.term, COUNT(*) FROM {_INSTANCES} i JOIN facts f ON f.rid = i.doc "
                    f"WHERE i.term IN ({','.join('?' * len(terms))}) AND {where} GROUP BY i.doc, i.term")
@@ -386,7 +389,8 @@ class SQLiteSession(Session):
         out, changes = [], []
         for (rid, fid, old_label), vec in zip(rows, vectors):
             seq += 1
-            self.conn.execute("UPDATE facts SET vector = ?, fingerprint_id = ?, label = ?, seq = ?, owner = NULL WHERE rid = ?",
+            self.conn.execute("UPDATE facts SET vector = ?, fingerprint_id = ?, label = ?, seq = ?, owner = NULL WHERE "
+                              "rid = ?",
                               (_blob(vec), fp, seq, seq, rid))
             changes.append((seq, fid, "reembed", now, None, None, None, 1, old_label, scopes.get(rid, ""), None))
             out.append((seq, old_label))

@@ -21,7 +21,8 @@ else:
 STORED = "<f2"  # what a row holds
 LEGACY = "<f4"  # what rows held before schema 5
 FORMAT = "float16"  # named in an index manifest: a snapshot of float32 rows is not this store's
-UNIT_TOLERANCE = 0.02  # a stored vector's squared norm is 1 within float16 rounding (~1e-3); one damaged value moves it more
+# a stored vector's squared norm is 1 within float16 rounding (~1e-3); one damaged value moves it more
+UNIT_TOLERANCE = 0.02
 
 
 def blob_lengths(dim: int) -> tuple[int, int]:
