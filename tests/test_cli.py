@@ -70,7 +70,8 @@ def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Pat
     db = tmp_path / "cli.db"
     fid = run(embedder, db, "remember", "Ada prefers green tea")[1].strip()
     with sqlite3.connect(db) as conn:
-        vector, fingerprint = conn.execute("SELECT f.vector, p.fingerprint FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id "
+        vector, fingerprint = conn.execute("SELECT f.vector, p.fingerprint FROM facts f LEFT JOIN fingerprints p ON "
+                                           "p.id = f.fingerprint_id "
                                                  "WHERE f.id = ?", (fid,)).fetchone()
         top = conn.execute("SELECT MAX(seq) FROM changes").fetchone()[0]
     assert vector is not None and fingerprint == embedder.fingerprint
@@ -151,7 +152,8 @@ def test_real_entry_point_with_model_files(embedder, tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "evermind_memory.cli", "--db", str(tmp_path / "s.db"),
             "--model", str(tmp_path / "m.evl"), "--tokenizer", str(tmp_path / "t.json")]
-    p = subprocess.run([*base, "remember", "-"], input="from stdin\n", capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run([*base, "remember", "-"], input="from stdin\n", capture_output=True, text=True, env=env,
+                       timeout=120)
     assert p.returncode == 0, p.stderr
     p = subprocess.run([*base, "--json", "recall", "stdin"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and json.loads(p.stdout)[0]["text"] == "from stdin"
@@ -270,7 +272,8 @@ def test_python_m_evermind_memory_runs_the_cli():
 
 def test_filters_scopes_ids_expiry_and_duplicates(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
-    ada = run(embedder, db, "remember", "Ada prefers green tea", "--user", "ada", "--tags", '{"n": 3, "ok": true}')[1].strip()
+    ada = run(embedder, db, "remember", "Ada prefers green tea", "--user", "ada", "--tags",
+              '{"n": 3, "ok": true}')[1].strip()
     run(embedder, db, "--user", "bob", "remember", "Bob drinks coffee", "--tag", "n=3")
     assert run(embedder, db, "remember", "own id", "--id", "note-1", "--ttl", "3600")[1].strip() == "note-1"
     assert run(embedder, db, "remember", "own id, replaced", "--id", "note-1", "--pinned")[1].strip() == "note-1"

@@ -163,7 +163,8 @@ def test_cli_md_documents_each_option_of_a_command_and_no_other(name: str) -> No
     real = {s for a in sub._actions for s in a.option_strings} - COMMON
     documented = set(OPTION.findall(section))
     assert real <= documented, f"`evermind {name}` options missing from docs/cli.md: {sorted(real - documented)}"
-    assert documented <= real | COMMON, f"docs/cli.md documents options `evermind {name}` lacks: {sorted(documented - real - COMMON)}"
+    assert documented <= real | COMMON, (f"docs/cli.md documents options `evermind {name}` lacks: "
+                                         f"{sorted(documented - real - COMMON)}")
     positionals = {(a.metavar or a.dest).upper() for a in sub._actions if not a.option_strings}
     assert set(re.findall(r"[A-Z][A-Z_]+", heading)) == positionals, f"heading of `evermind {name}`: {heading!r}"
 

@@ -195,7 +195,8 @@ def test_calibrate_and_loso_table_end_to_end(tmp_path: Path, embedder: LMEmbedde
     assert table["targets"]["worst_no_harm_margin"] == pytest.approx(0.0)
 
 
-def test_personal_protocol_runs_and_pools_through_a_real_store(tmp_path: Path, embedder: LMEmbedder, monkeypatch) -> None:
+def test_personal_protocol_runs_and_pools_through_a_real_store(tmp_path: Path, embedder: LMEmbedder,
+                                                               monkeypatch) -> None:
     """benchmarks/personal_recall.py on three people with the tiny model: every ask is answered in every mode,
     scoped asks stay in their person's scope, and the pools it gives calibrate_fusion hold the right fact when
     lexical recall finds it."""

@@ -112,7 +112,8 @@ def test_sentence_views_are_whole_sentences_or_rare_spans() -> None:
     text = "Opens a file for reading. It takes two arguments: a path and a mode. Returns a handle or fails."
     words = text.split()
     idf = word_weights([words])[0]
-    sentences = ["Opens a file for reading.", "It takes two arguments:", "a path and a mode.", "Returns a handle or fails."]
+    sentences = ["Opens a file for reading.", "It takes two arguments:", "a path and a mode.",
+                 "Returns a handle or fails."]
     rng = np.random.default_rng(1)
     mixed = AdaptationPolicy(views="sentence-or-span", sentence_share=0.5, query_max_words=2)
     views = [query_view(words, idf, rng, mixed) for _ in range(300)]

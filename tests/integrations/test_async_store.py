@@ -69,7 +69,8 @@ async def _calls(a: AsyncMemoryStore, s: MemoryStore, tmp: Path) -> dict[str, ob
     out["get"] = (await a.get(fid)) == s.get(fid)
     out["list"] = [f.id for f in await a.list(where={"person": "ada"})] == [fid]
     out["count"] = (await a.count(), s.count())
-    out["recall"] = [h.id for h in await a.recall("what does Ada drink?", k=2)] == [h.id for h in s.recall("what does Ada drink?", k=2)]
+    out["recall"] = ([h.id for h in await a.recall("what does Ada drink?", k=2)]
+                     == [h.id for h in s.recall("what does Ada drink?", k=2)])
     out["update"] = (await a.update(fid, tags={"person": "ada", "n": 3})).tags["n"]
     out["history"] = [c.op for c in await a.history(fid)]
     out["feedback"] = await a.feedback("what does Ada drink?", fid)

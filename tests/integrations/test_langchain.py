@@ -19,7 +19,8 @@ from evermind_memory.integrations.langchain import (  # noqa: E402
 )
 
 DOCS = [
-    Document(page_content="Ada prefers green tea in the morning", metadata={"person": "ada", "n": 1, "source": "chat.txt"}),
+    Document(page_content="Ada prefers green tea in the morning",
+             metadata={"person": "ada", "n": 1, "source": "chat.txt"}),
     Document(page_content="Bob drinks strong black coffee", metadata={"person": "bob", "n": 2, "done": True}),
     Document(page_content="Ada's flight to Zurich is on Tuesday", metadata={"person": "ada", "n": 3, "score": 0.5}),
     Document(page_content="The quarterly report is due Friday", metadata={"person": "carol", "n": 4}),
@@ -69,7 +70,8 @@ def test_a_metadata_key_named_like_a_time_field_is_the_metadata_key(tmp_path: Pa
 def test_non_scalar_metadata_is_refused_or_kept_as_json() -> None:
     meta = {"pages": [1, 2], "author": {"name": "Ada"}, "title": None, "kind": "note"}
     with EvermindVectorStore(":memory:") as v:
-        with pytest.raises(InvalidInput, match=r"metadatas\[1\]\['pages'\] is \[1, 2\] \(list\).*non_scalar_metadata='json'"):
+        with pytest.raises(InvalidInput,
+                           match=r"metadatas\[1\]\['pages'\] is \[1, 2\] \(list\).*non_scalar_metadata='json'"):
             v.add_texts(["first text", "second text"], metadatas=[{"kind": "ok"}, meta])
         assert v.store.count() == 0  # checked before anything was stored
         with pytest.raises(InvalidInput, match="source.*Store it as a str"):
@@ -116,7 +118,8 @@ def test_retrievers_pass_their_search_kwargs(vs: EvermindVectorStore) -> None:
 
 def test_mmr_prefers_a_different_second_document() -> None:
     with EvermindVectorStore(":memory:") as v:
-        v.add_texts(["Ada prefers green tea", "Ada prefers green tea.", "Ada's flight is on Tuesday"], ids=["a", "b", "c"])
+        v.add_texts(["Ada prefers green tea", "Ada prefers green tea.", "Ada's flight is on Tuesday"],
+                    ids=["a", "b", "c"])
         plain = [d.id for d in v.similarity_search("Ada prefers green tea", k=2)]
         mmr = [d.id for d in v.max_marginal_relevance_search("Ada prefers green tea", k=2, fetch_k=3, lambda_mult=0.3)]
         assert sorted(plain) == ["a", "b"] and mmr[0] == "a" and mmr[1] == "c"

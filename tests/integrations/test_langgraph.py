@@ -164,7 +164,8 @@ values = st.dictionaries(st.sampled_from(["a", "b", "c"]),
                         max_size=3)
 conditions = st.one_of(
     st.integers(-3, 3), st.sampled_from(["x", "3"]), st.booleans(), st.lists(st.integers(0, 2), max_size=2),
-    st.dictionaries(st.sampled_from(["$eq", "$ne", "$gt", "$gte", "$lt", "$lte"]), st.integers(-3, 3), min_size=1, max_size=2),
+    st.dictionaries(st.sampled_from(["$eq", "$ne", "$gt", "$gte", "$lt", "$lte"]), st.integers(-3, 3), min_size=1,
+                    max_size=2),
     st.dictionaries(st.sampled_from(["$eq", "$ne"]), st.sampled_from(["x", True, 1]), min_size=1, max_size=1),
     st.dictionaries(st.sampled_from(["p", "q"]), st.integers(0, 2), min_size=1, max_size=2),
 )
@@ -209,7 +210,8 @@ def test_semantic_search_under_a_selective_filter_is_not_cut_short() -> None:
     with EvermindStore(":memory:") as s:
         for i in range(60):
             s.put(("bulk",), f"k{i}", {"text": f"green tea note number {i}", "rare": i in (7, 41)})
-        assert sorted(r.key for r in s.search(("bulk",), query="green tea", filter={"rare": True}, limit=5)) == ["k41", "k7"]
+        assert sorted(r.key
+                      for r in s.search(("bulk",), query="green tea", filter={"rare": True}, limit=5)) == ["k41", "k7"]
 
 
 @pytest.mark.slow

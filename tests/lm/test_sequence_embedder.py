@@ -124,7 +124,8 @@ def test_store_round_trip_and_reembed_on_a_changed_weight(tokenizer, tmp_path: P
     with MemoryStore(db, changed, background_embedding=False) as store:
         assert store.fingerprint == changed.fingerprint != emb.fingerprint
         assert all(f.fingerprint == changed.fingerprint for f in store.list())
-        assert [c.op for c in store.history(ids[0])] == ["remember"]  # a new model is a generation swap, not a change of the fact
+        # a new model is a generation swap, not a change of the fact
+        assert [c.op for c in store.history(ids[0])] == ["remember"]
         hit = store.recall(facts[1], k=1, mode="vector")[0]
         assert hit.id == ids[1] and hit.score == pytest.approx(1.0, abs=1e-5)
         assert store.check().ok

@@ -34,7 +34,8 @@ async def test_tools_carry_annotations_and_schemas(store):
     assert hints == {
         "recall": (True, False, True), "get_memory": (True, False, True), "list_memories": (True, False, True),
         "memory_history": (True, False, True), "remember": (False, False, False),
-        "remember_conversation": (False, False, False), "update_memory": (False, True, True), "forget": (False, True, True), "mark_useful": (False, False, True),
+        "remember_conversation": (False, False, False), "update_memory": (False, True, True),
+                     "forget": (False, True, True), "mark_useful": (False, False, True),
     }
     for t in tools.values():
         assert t.output_schema["type"] == "object" and t.description and t.annotations.title
@@ -60,7 +61,8 @@ async def test_remember_then_recall_with_provenance(store):
                                                      "min_relevance": top["relevance"] + 1e-3}))
         assert ada["id"] not in [m["id"] for m in above["memories"]]
         assert all(m["relevance"] >= top["relevance"] + 1e-3 for m in above["memories"])
-        only_bob = payload(await c.call_tool("recall", {"query": "drink", "tags": {"person": "ada"}, "mode": "lexical"}))
+        only_bob = payload(await c.call_tool("recall",
+                                             {"query": "drink", "tags": {"person": "ada"}, "mode": "lexical"}))
         assert [m["id"] for m in only_bob["memories"]] == []  # tags filter exactly: "drink" alone is Bob's word
         lexical = payload(await c.call_tool("recall", {"query": "coffee", "mode": "lexical", "min_score": 0.0}))
         assert [m["id"] for m in lexical["memories"]] == [bob["id"]]
@@ -84,7 +86,8 @@ async def test_output_stays_within_max_chars_and_long_texts_read_on(store):
         # a text longer than one answer is read in pieces with text_offset
         pieces, offset = [], 0
         while offset < len(words):
-            got = payload(await c.call_tool("get_memory", {"ids": [long_id], "max_chars": 10_000, "text_offset": offset}))
+            got = payload(await c.call_tool("get_memory",
+                                            {"ids": [long_id], "max_chars": 10_000, "text_offset": offset}))
             memory = got["memories"][0]
             assert memory["text_offset"] == offset and memory["text_chars"] == len(words) and memory["text"]
             pieces.append(memory["text"])
@@ -153,7 +156,8 @@ async def test_mark_useful_records_feedback_for_adaptation(store):
 
 
 BAD_CALLS = [  # every refusal is the store's own error, or one InvalidInput sentence per argument
-    ("remember", {"text": ""}, "InvalidInput: remember() argument text: expected at least 1 character, got \"\" (string)."),
+    ("remember", {"text": ""},
+     "InvalidInput: remember() argument text: expected at least 1 character, got \"\" (string)."),
     ("remember", {"text": "a\x00b"}, "InvalidInput: text must not contain NUL"),
     ("remember", {"text": "x", "tags": {"bad key!": "v"}}, "InvalidInput: tags keys must match"),
     ("remember", {"text": "x", "tags": {"k": [1]}},
@@ -181,7 +185,8 @@ BAD_CALLS = [  # every refusal is the store's own error, or one InvalidInput sen
     ("update_memory", {"id": "0" * 32, "text": "new"}, "FactNotFound: update() found no fact"),
     ("forget", {"ids": []}, "argument ids: expected at least 1 item"),
     ("forget", {"ids": "abc"}, "argument ids: expected a list, got \"abc\" (string)."),
-    ("forget", {"ids": ["FID", "bad\x00id"]}, "InvalidInput: fact id must not contain NUL"),  # checked before any forget
+    # checked before any forget
+    ("forget", {"ids": ["FID", "bad\x00id"]}, "InvalidInput: fact id must not contain NUL"),
     ("list_memories", {"cursor": "not-a-cursor"}, "InvalidInput: the cursor is not one this server returned"),
     ("list_memories", {"limit": 101}, "argument limit: expected a number <= 100"),
     ("memory_history", {"id": "0" * 32}, "FactNotFound: history() found no fact"),
@@ -254,9 +259,11 @@ async def test_a_fact_that_could_not_be_embedded_is_a_warning_not_a_failed_recal
 
 async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
     async with client(store) as c:
-        ada = payload(await c.call_tool("remember", {"text": "Ada prefers green tea", "tags": {"person": "ada", "n": 3}}))
+        ada = payload(await c.call_tool("remember",
+                                        {"text": "Ada prefers green tea", "tags": {"person": "ada", "n": 3}}))
         payload(await c.call_tool("remember", {"text": "Bob prefers green tea too", "tags": {"person": "bob", "n": 1}}))
-        again = payload(await c.call_tool("remember", {"text": "ada prefers green tea.", "tags": {"person": "ada", "n": 3},
+        again = payload(await c.call_tool("remember",
+                                          {"text": "ada prefers green tea.", "tags": {"person": "ada", "n": 3},
                                                        "dedup": True}))
         assert again["id"] == ada["id"] and again["duplicate"] is True and ada["duplicate"] is False
         out = payload(await c.call_tool("recall", {"query": "green tea", "where": {"n": {"$gte": 2}}}))
@@ -287,6 +294,7 @@ async def test_a_conversation_remembered_and_recalled_with_its_context(store):
         hits = payload(await c.call_tool("recall", {"query": "climbing in the Peak District", "k": 1,
                                                     "mode": "lexical", "context": 1}))["memories"]
         assert hits[0]["id"] == out["ids"][1]
-        assert [t["id"] for t in hits[0]["context"]] == out["ids"] and [t["turn"] for t in hits[0]["context"]] == [0, 1, 2]
+        assert [t["id"] for t in hits[0]["context"]] == out["ids"] and [t["turn"]
+                                                                        for t in hits[0]["context"]] == [0, 1, 2]
         plain = payload(await c.call_tool("recall", {"query": "climbing", "k": 1, "mode": "lexical"}))["memories"]
         assert "context" not in plain[0]

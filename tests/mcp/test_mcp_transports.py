@@ -35,7 +35,8 @@ async def test_stdio_end_to_end(tmp_path: Path):
                                    env=ENV)
     async with Client(params, raise_exceptions=True) as c:
         assert c.server_info.name == "evermind"
-        fid = payload(await c.call_tool("remember", {"text": "The stdio server stores this", "tags": {"via": "stdio"}}))["id"]
+        fid = payload(await c.call_tool("remember",
+                                        {"text": "The stdio server stores this", "tags": {"via": "stdio"}}))["id"]
         hit = payload(await c.call_tool("recall", {"query": "what does the stdio server store?", "k": 1}))
         assert hit["memories"][0]["id"] == fid
         assert "FactNotFound" in error_text(await c.call_tool("memory_history", {"id": "0" * 32}))
@@ -87,11 +88,14 @@ async def test_http_with_and_without_the_token_and_a_wrong_origin(tmp_path: Path
             assert rebound.status_code == 421
             huge = await http.post(url, content=b"x" * (2 << 20), headers=good)
             assert huge.status_code == 413
-            assert (await http.post(url, json=init, headers={**good, "origin": f"http://localhost:{port}"})).status_code == 200
-        transport = streamable_http_client(url, http_client=create_mcp_http_client(headers={"authorization": f"Bearer {token}"}))
+            assert (await http.post(url, json=init,
+                                    headers={**good, "origin": f"http://localhost:{port}"})).status_code == 200
+        transport = streamable_http_client(url,
+                                           http_client=create_mcp_http_client(headers={"authorization": f"Bearer {token}"}))
         async with Client(transport, raise_exceptions=True) as c:
             fid = payload(await c.call_tool("remember", {"text": "HTTP clients share this memory"}))["id"]
-            assert payload(await c.call_tool("recall", {"query": "shared memory over HTTP", "k": 1}))["memories"][0]["id"] == fid
+            assert payload(await c.call_tool("recall",
+                                             {"query": "shared memory over HTTP", "k": 1}))["memories"][0]["id"] == fid
     finally:
         assert stop(proc) == 0  # SIGTERM: a clean shutdown that closes the store
 

@@ -114,7 +114,8 @@ SMALL_STORE = [
     "The team meeting moved to Thursday at 10.",
     "Dana lives in Oslo.",
 ]
-SAFE_MIN_RELEVANCE = 0.1  # docs/recall-quality.md "Relevance": keeps 87% of right top hits (documents), drops ~half of no-match ones
+# docs/recall-quality.md "Relevance": keeps 87% of right top hits (documents), drops ~half of no-match ones
+SAFE_MIN_RELEVANCE = 0.1
 
 
 def test_relevance_puts_a_no_match_query_far_below_real_matches(tmp_path):

@@ -195,7 +195,8 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str]] = {
     "manifest_missing": (_unlink("manifest"), "rebuilt"),
     "index_missing": (_unlink("index"), "rebuilt"),
     "manifest_empty": (_write_manifest_bytes(b""), "rebuilt"),
-    "manifest_truncated": (lambda d: (d / f"{STEM}.json").write_bytes((d / f"{STEM}.json").read_bytes()[:40]), "rebuilt"),
+    "manifest_truncated": (lambda d: (d / f"{STEM}.json").write_bytes((d / f"{STEM}.json").read_bytes()[:40]),
+                           "rebuilt"),
     "manifest_not_object": (_write_manifest_bytes(b"[1, 2, 3]"), "rebuilt"),
     "manifest_huge": (_write_manifest_bytes(b"{" + b" " * 100_000 + b"}"), "rebuilt"),
     "manifest_nan": (_nan_in_manifest, "rebuilt"),
@@ -235,7 +236,9 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str]] = {
     "groups_truncated": (_raw_groups(lambda rows: rows[:-1]), "rebuilt"),
     "groups_nodes_swapped": (_raw_groups(_swap_nodes), "verify"),
     "groups_unordered": (_raw_groups(lambda rows: rows[::-1]), "rebuilt"),
-    "groups_foreign_node": (_raw_groups(lambda rows: np.column_stack([rows[:, 0], np.where(rows[:, 1] == rows[0, 1], 10**6, rows[:, 1])])), "rebuilt"),
+    "groups_foreign_node": (_raw_groups(lambda rows: np.column_stack([rows[:, 0],
+                                                                      np.where(rows[:, 1] == rows[0, 1], 10**6,
+                                                                               rows[:, 1])])), "rebuilt"),
 }
 
 
@@ -274,7 +277,8 @@ def run(model_path: str, tok_path: str, workdir: str, names: list[str]) -> None:
             with MemoryStore(db, emb) as store:
                 status = store.info()["index_status"]
                 report = store.check()
-                result.update(status=status, checked_status=store.info()["index_status"], ok=report.ok, problems=list(report.problems), facts=report.facts,
+                result.update(status=status, checked_status=store.info()["index_status"], ok=report.ok,
+                              problems=list(report.problems), facts=report.facts,
                               recall=recall_at_k(store, db, queries), expected=expected)
             with MemoryStore(db, emb) as store:
                 result["reopen_status"] = store.info()["index_status"]

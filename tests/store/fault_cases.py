@@ -151,7 +151,8 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str, int]] = {
     "meta_schema_version_future": (_sql("UPDATE meta SET value = '99' WHERE key = 'schema_version'"), "closed", -1),
     "index_facts_id_dropped": (_sql("DROP INDEX facts_id"), "closed", FACTS),
     # single rows
-    "row_created_at_month_13": (_sql("UPDATE facts SET created_at = '2024-13-01T00:00:00+00:00' WHERE rid = 3"), "closed", FACTS),
+    "row_created_at_month_13": (_sql("UPDATE facts SET created_at = '2024-13-01T00:00:00+00:00' WHERE rid = 3"),
+                                "closed", FACTS),
     "row_updated_at_garbage": (_sql("UPDATE facts SET updated_at = 'yesterday' WHERE rid = 4"), "closed", FACTS),
     "row_tags_malformed_json": (_sql("UPDATE facts SET tags = '{bad' WHERE rid = 5"), "closed", FACTS),
     "row_tags_not_object": (_sql("UPDATE facts SET tags = '[1, 2]' WHERE rid = 6"), "closed", FACTS),
@@ -165,7 +166,8 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str, int]] = {
     "row_vector_not_unit": (_vector(13, lambda b: bytes(b[:-4]) + b"\x00\x00\x80\x4b"), "closed", FACTS),
     "row_vector_text": (_sql("UPDATE facts SET vector = 'abc' WHERE rid = 14"), "closed", FACTS),
     "row_label_without_vector": (_sql("UPDATE facts SET vector = NULL WHERE rid = 15"), "closed", FACTS),
-    "row_tag_rows_out_of_sync": (_sql("DELETE FROM fact_tags WHERE rowid IN (SELECT rowid FROM fact_tags LIMIT 3)"), "closed", FACTS),
+    "row_tag_rows_out_of_sync": (_sql("DELETE FROM fact_tags WHERE rowid IN (SELECT rowid FROM fact_tags LIMIT 3)"),
+                                 "closed", FACTS),
     "row_change_feed_behind_labels": (_sql("DELETE FROM changes WHERE seq > 50"), "closed", FACTS),
     # sidecars
     "sidecar_lock_is_directory": (_lock_is_directory, "closed", -1),
@@ -174,9 +176,11 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str, int]] = {
     "sidecar_empty_wal_beside_store": (_sidecar("-wal", b""), "closed", FACTS),
     "sidecar_adapter_history_beside_empty_db": (lambda db: (_truncate(0)(db), db.with_name(db.name + ".json").unlink(),
                                                              [p.unlink() for p in db.parent.glob(db.name + ".*.hnsw*")],
-                                                             [p.unlink() for p in db.parent.glob(db.name + ".*.groups")],
+                                                             [p.unlink()
+                                                              for p in db.parent.glob(db.name + ".*.groups")],
                                                              db.with_name(db.name + ".adapters").mkdir(),
-                                                             (db.with_name(db.name + ".adapters") / "index.json").write_text("{}")),
+                                                             (db.with_name(db.name + ".adapters")
+                                                              / "index.json").write_text("{}")),
                                                 "closed", 0),
     # the WAL left by a killed writer
     "wal_intact_after_kill": (lambda db: None, "killed", FACTS),

@@ -109,7 +109,9 @@ def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
     """
     import numpy as np
 
-    rows = stored_rows(db, "SELECT f.id, f.vector FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id WHERE p.fingerprint = ?", (store.fingerprint,))
+    rows = stored_rows(db,
+                       "SELECT f.id, f.vector FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id WHERE "
+                       "p.fingerprint = ?", (store.fingerprint,))
     rows = [(fid, bytes(blob)) for fid, blob in rows]
     if not rows:
         return 1.0

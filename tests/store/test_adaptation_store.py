@@ -26,13 +26,16 @@ WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats"
 FACTS = [f"{w} keeps notes on {t} number {i}" for i, (w, t) in enumerate((w, t) for w in WHO for t in WHAT)]
 QUERIES = ["Ada green tea", "river foxes", "SQLite pages number", "Eve black cats", "news at eight"]
 # Mechanics tests want the candidate through the gate whatever the tiny untrained model learns.
-FAST = AdaptationPolicy(steps=6, batch_size=8, lr=5e-3, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=6,
-                        gate_corpus=16, reembed_batch=8, min_facts=8)
+FAST = AdaptationPolicy(steps=6, batch_size=8, lr=5e-3, gate_tolerance=1.0, require_gain=False, min_probe=4,
+                        max_probe=6, gate_corpus=16, reembed_batch=8, min_facts=8)
 
 
 def fingerprints(db) -> set[str]:
     """The fingerprints of the stored vectors (an SQLite file or a PostgreSQL URL)."""
-    return {r[0] for r in stored_rows(db, "SELECT DISTINCT p.fingerprint FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id")}
+    return {r[0]
+            for r in stored_rows(db,
+                                 "SELECT DISTINCT p.fingerprint FROM facts f LEFT JOIN fingerprints p ON p.id = "
+                                 "f.fingerprint_id")}
 
 
 def vector_ids(store: MemoryStore, queries=QUERIES, k: int = 5) -> list[list[str]]:
@@ -90,7 +93,8 @@ def test_gate_refuses_a_broken_candidate(filled: MemoryStore, db_path: Path, emb
     seen = []
     rank, dim = 2, embedder.dimensions
     vocab = embedder.model.config.vocab_size
-    huge = LoRAWeights(rank, 2.0, {"emb": (np.full((rank, dim), 1e19, np.float32), np.full((vocab, rank), 1e19, np.float32))})
+    huge = LoRAWeights(rank, 2.0,
+                       {"emb": (np.full((rank, dim), 1e19, np.float32), np.full((vocab, rank), 1e19, np.float32))})
     before, ids = filled.fingerprint, vector_ids(filled)
     report = filled.adapt_now(FAST, {"on_adapted": seen.append, "before_swap": lambda r: pytest.fail("swap reached")},
                               adapter=huge)
@@ -347,7 +351,8 @@ def test_cli_adapt_history_and_rollback(filled: MemoryStore, db_path: Path, embe
     base_fp = filled.fingerprint
     filled.close()
     out = io.StringIO()
-    assert main(["adapt", "--db", str(db_path), "--json", "--steps", "3", "--seed", "2"], embedder=embedder, out=out) == 0
+    assert main(["adapt", "--db", str(db_path), "--json", "--steps", "3", "--seed", "2"], embedder=embedder,
+                out=out) == 0
     report = json.loads(out.getvalue())
     assert report["steps"] == 3 and report["status"] in ("swapped", "refused") and report["gate"]["probes"] >= 1
     out = io.StringIO()

@@ -22,7 +22,8 @@ def _as_schema_4(db, dim: int) -> None:
     updates = []
     for rid, blob in rows:
         v = np.frombuffer(bytes(blob), np.float16).astype(np.float32)
-        updates.append(("UPDATE facts SET vector = ? WHERE rid = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), rid)))
+        updates.append(("UPDATE facts SET vector = ? WHERE rid = ?",
+                        ((v / np.linalg.norm(v)).astype("<f4").tobytes(), rid)))
     execute(db, SCHEMA_5 + updates + [("UPDATE meta SET value = '4' WHERE key = 'schema_version'", ())])
 
 
@@ -64,7 +65,8 @@ def test_a_float32_row_written_after_the_migration_is_still_read(db_path, embedd
     with MemoryStore(db_path, embedder) as store:
         ids = store.remember_many(TEXTS[:10])
     v = embedder.embed(TEXTS[2]).astype(np.float32)
-    execute(db_path, [("UPDATE facts SET vector = ? WHERE id = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), ids[2]))])
+    execute(db_path,
+            [("UPDATE facts SET vector = ? WHERE id = ?", ((v / np.linalg.norm(v)).astype("<f4").tobytes(), ids[2]))])
     with MemoryStore(db_path, embedder) as store:
         assert store.check().ok  # a row of the previous format is not damaged
         store.rebuild_index()

@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 def results(tmp_path_factory, model_files) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("corrupt")
     proc = subprocess.run(
-        [PYTHON, str(HERE / "corruption_cases.py"), str(model_files[0]), str(model_files[1]), str(work), ",".join(VARIANTS)],
+        [PYTHON, str(HERE / "corruption_cases.py"), str(model_files[0]), str(model_files[1]), str(work),
+         ",".join(VARIANTS)],
         env=child_env(), capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"

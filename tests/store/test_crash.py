@@ -190,7 +190,8 @@ def test_kill_during_reembed_resumes(model_files, other_model_files, embedder, o
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     with sqlite3.connect(db) as conn:  # the serving generation is whole; two batches of the new one are built
-        by_fp = dict(conn.execute("SELECT p.fingerprint, COUNT(*) FROM facts f LEFT JOIN fingerprints p ON p.id = f.fingerprint_id "
+        by_fp = dict(conn.execute("SELECT p.fingerprint, COUNT(*) FROM facts f LEFT JOIN fingerprints p ON p.id = "
+                                  "f.fingerprint_id "
                                          "GROUP BY p.fingerprint").fetchall())
         built = conn.execute("SELECT fingerprint, COUNT(*) FROM adapt_vectors GROUP BY fingerprint").fetchall()
     assert by_fp == {embedder.fingerprint: 600}

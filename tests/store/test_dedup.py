@@ -42,7 +42,8 @@ def test_duplicates(shipped, old, new):
 
 
 @pytest.mark.parametrize("old, new, why", [
-    ("Ada's flight is Tuesday", "Ada's flight is Wednesday", "differs in a date or time: 'wednesday' in the new fact, 'tuesday' in the stored one"),
+    ("Ada's flight is Tuesday", "Ada's flight is Wednesday",
+     "differs in a date or time: 'wednesday' in the new fact, 'tuesday' in the stored one"),
     ("Bob runs 5 km every morning", "Bob runs 10 km every morning", "differs in a number: '10' in the new fact, '5'"),
     ("Bob runs 5 km every morning", "Bob runs 5 miles every morning", "differs in a unit"),
     ("Judy is vegetarian", "Judy is not vegetarian", "differs in negation"),

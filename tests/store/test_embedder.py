@@ -55,7 +55,8 @@ def test_fingerprint_is_stable_for_the_same_function(embedder: LMEmbedder):
     assert _clone(embedder).fingerprint == embedder.fingerprint
 
 
-@pytest.mark.parametrize("name", ["emb", "layers.0.conv", "layers.1.router", "layers.1.expert3.b2", "layers.0.shared.w1"])
+@pytest.mark.parametrize("name",
+                         ["emb", "layers.0.conv", "layers.1.router", "layers.1.expert3.b2", "layers.0.shared.w1"])
 def test_fingerprint_changes_with_any_weight(embedder: LMEmbedder, name: str):
     params = {k: v.copy() for k, v in embedder.model.params.items()}
     params[name].flat[0] += np.float32(1e-3)
@@ -75,7 +76,8 @@ def test_truncation_to_max_tokens(embedder: LMEmbedder):
     short = _clone(embedder, max_tokens=4)
     base = "the cat sat on the mat"
     assert np.array_equal(short.embed(base + " and then much more text"), short.embed(base + " and other words"))
-    assert not np.array_equal(embedder.embed(base + " and then much more text"), embedder.embed(base + " and other words"))
+    assert not np.array_equal(embedder.embed(base + " and then much more text"),
+                              embedder.embed(base + " and other words"))
 
 
 def test_bad_arguments(embedder: LMEmbedder):

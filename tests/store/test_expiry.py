@@ -137,7 +137,8 @@ def test_compact_prunes_old_history_and_the_file_shrinks(tmp_path, embedder):
         after = store.compact(keep_history=0)
         # left: the live fact's remember (and its first vector), and the newest change, the head of the change
         # feed, which is never pruned: the last forgotten fact's remember and forget
-        assert after.forgotten == 1 and after.changes == 4 and [c.op for c in store.history(ids[-1])] == ["remember", "forget"]
+        assert (after.forgotten == 1 and after.changes == 4
+                and [c.op for c in store.history(ids[-1])] == ["remember", "forget"])
         with pytest.raises(FactNotFound):
             store.history(ids[0])
         assert [c.op for c in store.history(keep)] == ["remember"]

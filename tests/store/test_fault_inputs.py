@@ -182,7 +182,8 @@ GOOD = {"id": "f1", "text": "imported fact", "tags": {}, "source": None, "create
     b"[" * 100_000 + b"\n",
     b'{"text": "a", "tags": ' + b'{"a":' * 5000 + b"1" + b"}" * 5001 + b"\n",
     json.dumps({**GOOD, "text": "nul\u0000inside"}).encode() + b"\n",
-    json.dumps({**GOOD, "tags": {"k": [5]}}).encode() + b"\n",  # (a number is a tag value since schema 4; a list is not)
+    # (a number is a tag value since schema 4; a list is not)
+    json.dumps({**GOOD, "tags": {"k": [5]}}).encode() + b"\n",
     b"x" * (5 << 20) + b"\n",
 ])
 def test_a_bad_import_is_invalid_input_and_imports_nothing(store, tmp_path, content):

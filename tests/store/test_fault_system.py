@@ -49,7 +49,8 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(model_files, tmp_path):
     mnt.mkdir()
     script = tmp_path / "child.py"
     script.write_text(DISK_FULL)
-    cmd = f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {PYTHON} {script} {model_files[0]} {model_files[1]} {mnt}/full.db"
+    cmd = (f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {PYTHON} {script} {model_files[0]} {model_files[1]} "
+           f"{mnt}/full.db")
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -18,8 +18,8 @@ from store_helpers import as_schema_5
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
 WHAT = ["green tea", "river foxes", "Paris trains", "SQLite pages", "black cats", "lazy dogs", "news at eight"]
 FACTS = [f"{w} keeps notes on {t} number {i}" for i, (w, t) in enumerate((w, t) for w in WHO for t in WHAT)]
-FAST = AdaptationPolicy(steps=4, batch_size=8, lr=5e-3, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=6,
-                        gate_corpus=16, reembed_batch=8, min_facts=8, query_batch=4)
+FAST = AdaptationPolicy(steps=4, batch_size=8, lr=5e-3, gate_tolerance=1.0, require_gain=False, min_probe=4,
+                        max_probe=6, gate_corpus=16, reembed_batch=8, min_facts=8, query_batch=4)
 
 
 def judged(db: Path) -> list[tuple[str, str, int]]:

@@ -127,9 +127,10 @@ def test_typed_tags_check():
     assert check_typed_tags({"a": 1, "b": 2.5, "c": True, "d": "x"}) == {"a": 1, "b": 2.5, "c": True, "d": "x"}
     assert check_typed_tags(None) == {}
     for bad, msg in [({"a": float("nan")}, "finite number"), ({"a": 2**53}, r"within \+-\(2\*\*53 - 1\)"),
-                     ({"a": None}, "expects a str, int, float or bool, got None"), ({"a": [1]}, "got \\[1\\] \\(list\\)"),
-                     ({"a": T0}, "Store times in tags as ISO 8601 strings"), ({"bad key": 1}, "keys must match"),
-                     ({"a": "x" * 513}, "at most 512 characters"), ("a=1", "expected a dict")]:
+                     ({"a": None}, "expects a str, int, float or bool, got None"),
+                     ({"a": [1]}, "got \\[1\\] \\(list\\)"), ({"a": T0}, "Store times in tags as ISO 8601 strings"),
+                     ({"bad key": 1}, "keys must match"), ({"a": "x" * 513}, "at most 512 characters"),
+                     ("a=1", "expected a dict")]:
         with pytest.raises(InvalidInput, match=msg):
             check_typed_tags(bad)
 
@@ -139,8 +140,10 @@ MALFORMED = [
     ([{"a": 1}], r'^where expects a dict such as \{"topic": "travel"\}'),
     ("person=ada", r"^where expects a dict"),
     ({1: "x"}, r"^where\[1\]: filter keys are strings"),
-    ({"$or": [{"a": 1}, {"age": {"$gt": "x", "$lt": True}}]}, r'^where\["\$or"\]\[1\]\["age"\]: \$lt expects a number or a string, got True \(bool\); bools have no order'),
-    ({"$or": [{"a": 1}, {"age": {"$gt": None}}]}, r'^where\["\$or"\]\[1\]\["age"\]: \$gt expects a number or a string, got None'),
+    ({"$or": [{"a": 1}, {"age": {"$gt": "x", "$lt": True}}]},
+     r'^where\["\$or"\]\[1\]\["age"\]: \$lt expects a number or a string, got True \(bool\); bools have no order'),
+    ({"$or": [{"a": 1}, {"age": {"$gt": None}}]},
+     r'^where\["\$or"\]\[1\]\["age"\]: \$gt expects a number or a string, got None'),
     ({"$or": []}, r'^where\["\$or"\]: \$or expects a non-empty list of filters, got \[\]'),
     ({"$and": {"a": 1}}, r'^where\["\$and"\]: \$and expects a non-empty list'),
     ({"$or": [{"a": 1}, {}]}, r'^where\["\$or"\]\[1\]: \$or expects each item to be a non-empty filter dict'),
@@ -171,10 +174,12 @@ MALFORMED = [
     ({"a": {"$exists": 1}}, r'^where\["a"\]: \$exists expects true or false, got 1 \(int\)'),
     ({"source": 3}, r'^where\["source"\]: \$eq on source expects a string, got 3 \(int\)'),
     ({"source": ""}, r"on source expects 1 to 256 characters, got 0"),
-    ({"created_at": "2025-05-01"}, r'^where\["created_at"\]: \$eq expects a time with a timezone, got \'2025-05-01\' \(naive'),
+    ({"created_at": "2025-05-01"},
+     r'^where\["created_at"\]: \$eq expects a time with a timezone, got \'2025-05-01\' \(naive'),
     ({"created_at": {"$gt": datetime(2025, 5, 1)}}, r"\$gt expects a time with a timezone"),
     ({"updated_at": {"$lt": "yesterday"}}, r'^where\["updated_at"\]: \$lt expects an ISO 8601 time with a timezone'),
-    ({"created_at": {"$in": ["2025-05-01T00:00:00Z", 5]}}, r"\$in\[1\] expects a datetime with a timezone or an ISO 8601 string"),
+    ({"created_at": {"$in": ["2025-05-01T00:00:00Z", 5]}},
+     r"\$in\[1\] expects a datetime with a timezone or an ISO 8601 string"),
     ({"created_at": "0001-01-01T00:00:00+01:00"}, r"outside the range of UTC datetimes"),
 ]
 
@@ -314,8 +319,10 @@ def test_sqlite_and_evaluator_agree_on_hand_cases(schema_sql):
              fact({"source": "x"}, created=T0 + timedelta(days=1)), fact()]
     conn = scratch_db(schema_sql, facts)
     cases = {
-        json.dumps({"n": 3}): {"f0"}, json.dumps({"n": {"$lt": 3}}): {"f3"}, json.dumps({"n": {"$ne": 3}}): {"f1", "f2", "f3", "f4", "f5"},
-        json.dumps({"n": {"$gt": "2"}}): {"f1"}, json.dumps({"source": {"$ne": "chat"}}): {"f0", "f1", "f2", "f4", "f5"},
+        json.dumps({"n": 3}): {"f0"}, json.dumps({"n": {"$lt": 3}}): {"f3"},
+             json.dumps({"n": {"$ne": 3}}): {"f1", "f2", "f3", "f4", "f5"},
+        json.dumps({"n": {"$gt": "2"}}): {"f1"},
+             json.dumps({"source": {"$ne": "chat"}}): {"f0", "f1", "f2", "f4", "f5"},
         json.dumps({"tags[source]": "x"}): {"f4"}, json.dumps({"created_at": {"$gt": "2025-05-01T12:00:00Z"}}): {"f4"},
         json.dumps({"$or": [{"n": True}, {"source": "chat"}]}): {"f2", "f3"},
     }
@@ -326,10 +333,12 @@ def test_sqlite_and_evaluator_agree_on_hand_cases(schema_sql):
 
 def test_the_indexes_serve_tag_and_time_filters(schema_sql):
     conn = scratch_db(schema_sql, [])
-    for where, index in [({"n": {"$gt": 2}}, "fact_tags_num"), ({"n": 3}, "fact_tags_num"), ({"u": "ada"}, "fact_tags_kv"),
-                         ({"u": {"$in": ["a", "b"]}}, "fact_tags_kv"), ({"created_at": {"$gte": T0}}, "facts_created")]:
+    for where, index in [({"n": {"$gt": 2}}, "fact_tags_num"), ({"n": 3}, "fact_tags_num"),
+                         ({"u": "ada"}, "fact_tags_kv"), ({"u": {"$in": ["a", "b"]}}, "fact_tags_kv"),
+                         ({"created_at": {"$gte": T0}}, "facts_created")]:
         sql, params = to_sqlite(parse_where(where))
-        plan = " | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT f.id FROM facts f WHERE {sql}", params))
+        plan = " | ".join(r[3]
+                          for r in conn.execute(f"EXPLAIN QUERY PLAN SELECT f.id FROM facts f WHERE {sql}", params))
         assert f"USING INDEX {index}" in plan or f"USING COVERING INDEX {index}" in plan, (where, plan)
 
 
@@ -386,7 +395,8 @@ def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_pa
         s.remember_many([f"fact {i}" for i in range(6)], tags={"person": "ada"})
         s.remember("three", tags={"n": "3", "person": "bob"}, source="chat")
         s.remember("untagged")
-        before = {json.dumps(t): {f.id for f in s.list(tags=t)} for t in ({"person": "ada"}, {"n": "3"}, {"person": "bob", "n": "3"})}
+        before = {json.dumps(t): {f.id for f in s.list(tags=t)}
+                  for t in ({"person": "ada"}, {"n": "3"}, {"person": "bob", "n": "3"})}
         pre_rows = s.list(limit=100)
     downgrade(path, 3)
     conn = sqlite3.connect(path, isolation_level=None)
@@ -409,7 +419,8 @@ def test_migration_keeps_every_tag_a_string_and_answers_old_filters_alike(tmp_pa
     conn.execute("UPDATE facts SET tags = ? WHERE id = ?", (json.dumps(typed), fid))
     conn.executemany(INSERT_TAG_SQL, tag_rows(fid, typed))
     conn.execute("COMMIT")
-    got = {k: tag_from_row(v, t) for k, v, t in conn.execute("SELECT key, value, vtype FROM fact_tags WHERE fact_id = ?", (fid,))}
+    got = {k: tag_from_row(v, t)
+           for k, v, t in conn.execute("SELECT key, value, vtype FROM fact_tags WHERE fact_id = ?", (fid,))}
     assert got == typed and type(got["n"]) is int and type(got["ok"]) is bool
     assert sql_ids(conn, parse_where({"n": {"$gte": 2.5, "$lt": 3.5}, "ok": False})) == {fid}
     for bad in [(fid, "z", "3", "i", None), (fid, "z", "x", "s", 1.0), (fid, "z", "x", "q", None)]:

@@ -31,8 +31,8 @@ def _full_or(db: Path, query: str, k: int) -> list[tuple[str, float]]:
     """(fact id, -bm25) of FTS5's own OR over every word of the query, best first (ties by rid)."""
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT f.id, r.rank FROM (SELECT rowid, rank FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rank LIMIT ?) r "
-            "JOIN facts f ON f.rid = r.rowid ORDER BY r.rank, f.rid", [phrase_query(query_words(query)), k],
+            "SELECT f.id, r.rank FROM (SELECT rowid, rank FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rank LIMIT "
+            "?) r JOIN facts f ON f.rid = r.rowid ORDER BY r.rank, f.rid", [phrase_query(query_words(query)), k],
         ).fetchall()
     return [(fid, -rank) for fid, rank in rows]
 
@@ -87,7 +87,8 @@ def test_document_frequencies_match_fts5_counts(filled: MemoryStore, db_path: Pa
     with sqlite3.connect(db_path) as conn:
         got = document_frequencies(conn, words)
         for word, df in zip(words, got):
-            count = conn.execute("SELECT count(*) FROM facts_fts WHERE facts_fts MATCH ?", [phrase_query([word])]).fetchone()[0]
+            count = conn.execute("SELECT count(*) FROM facts_fts WHERE facts_fts MATCH ?",
+                                 [phrase_query([word])]).fetchone()[0]
             if word == "foo_bar":  # two terms: the rarer term's count bounds the phrase's
                 assert df >= count == 1
             else:

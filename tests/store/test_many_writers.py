@@ -134,7 +134,8 @@ def many_writers(model_files, embedder, db, writers: int, count: int, tmp: Path)
                     _, seen, late, worst = line.split()
                     assert (int(seen), int(late)) == ((writers - 1) * count, 0), (
                         f"a node saw {seen} of the others' {(writers - 1) * count} facts and missed {late} of them "
-                        f"for more than {lag_bound(writers)} s after their acknowledgement (slowest found after {worst} s)")
+                        f"for more than {lag_bound(writers)} s after their acknowledgement (slowest found after "
+                        f"{worst} s)")
                 elif line.strip() == "done":
                     break
             else:

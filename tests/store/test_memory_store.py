@@ -30,12 +30,14 @@ def test_remember_get_round_trip(store: MemoryStore):
     fid = store.remember("Ada prefers green tea", tags={"person": "ada", "topic": "drinks"}, source="chat")
     fact = store.get(fid)  # committed: readable at once, whether or not its vector has arrived
     assert isinstance(fact, Fact) and fact.id == fid
-    assert (fact.text, fact.tags, fact.source) == ("Ada prefers green tea", {"person": "ada", "topic": "drinks"}, "chat")
+    assert (fact.text, fact.tags, fact.source) == ("Ada prefers green tea", {"person": "ada", "topic": "drinks"},
+                                                   "chat")
     assert fact.created_at == fact.updated_at and fact.created_at.tzinfo is not None
     store.flush()  # default background embedding: the vector (and its fingerprint) after flush()
     after = store.get(fid)
     assert after.fingerprint == store.fingerprint
-    assert (after.text, after.tags, after.created_at, after.updated_at) == (fact.text, fact.tags, fact.created_at, fact.updated_at)
+    assert (after.text, after.tags, after.created_at, after.updated_at) == (fact.text, fact.tags, fact.created_at,
+                                                                            fact.updated_at)
     with pytest.raises(FrozenInstanceError):
         fact.text = "x"  # type: ignore[misc]
 

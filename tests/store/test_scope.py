@@ -132,7 +132,8 @@ class ScopeMachine(RuleBasedStateMachine):
             assert {f.id for f in view.list(limit=1000)} == mine
             assert view.count() == len(view) == len(mine)
             for f in view.list(limit=1000):
-                assert f.text == self.model[f.id][1] and sees(VIEWS[v][1], "/".join(f"{k}={x}" for k, x in f.scope.items()))
+                assert f.text == self.model[f.id][1] and sees(VIEWS[v][1],
+                                                              "/".join(f"{k}={x}" for k, x in f.scope.items()))
             for fid in every - mine:
                 with pytest.raises(FactNotFound):
                     view.get(fid)
@@ -171,8 +172,9 @@ def test_a_view_cannot_widen_itself_and_levels_are_checked(embedder):
         with pytest.raises(InvalidInput, match="would leave its scope"):
             store.scope(user="ada").scope(user="bob")
         assert store.scope(user="ada").scope(run="r1").scoped_to == {"user": "ada", "run": "r1"}
-        for bad, message in [({"user": "a/b"}, "without '/'"), ({"user": ""}, "1 to 128"), ({"user": 3}, "expects a str"),
-                             ({"user": " ada"}, "surrounding spaces"), ({}, "at least one of")]:
+        for bad, message in [({"user": "a/b"}, "without '/'"), ({"user": ""}, "1 to 128"),
+                             ({"user": 3}, "expects a str"), ({"user": " ada"}, "surrounding spaces"),
+                             ({}, "at least one of")]:
             with pytest.raises(InvalidInput, match=message):
                 store.scope(**bad)
         with pytest.raises(TypeError):
@@ -330,10 +332,13 @@ def test_a_scope_level_is_never_a_tag_and_the_error_says_how_to_scope(tmp_path):
     with MemoryStore(tmp_path / "u.db", EMBEDDER) as store:
         ada = store.scope(user="ada")
         fid = ada.remember("Ada prefers green tea", tags={"person": "ada"})
-        refused = [lambda: store.remember("x", tags={"user": "ada"}), lambda: store.remember_many(["x"], tags={"agent": "a"}),
-                   lambda: store.update(fid, tags={"user": "bob"}), lambda: store.update(fid, tags={"run": "r"}, replace_tags=True),
-                   lambda: store.supersede(fid, "y", tags={"namespace": "n"}), lambda: store.recall("tea", tags={"user": "ada"}),
-                   lambda: store.list(where={"user": "ada"}), lambda: store.count(where={"$or": [{"n": 1}, {"user": "x"}]}),
+        refused = [lambda: store.remember("x", tags={"user": "ada"}),
+                   lambda: store.remember_many(["x"], tags={"agent": "a"}),
+                   lambda: store.update(fid, tags={"user": "bob"}),
+                   lambda: store.update(fid, tags={"run": "r"}, replace_tags=True),
+                   lambda: store.supersede(fid, "y", tags={"namespace": "n"}),
+                   lambda: store.recall("tea", tags={"user": "ada"}), lambda: store.list(where={"user": "ada"}),
+                   lambda: store.count(where={"$or": [{"n": 1}, {"user": "x"}]}),
                    lambda: store.forget_where(tags={"user": "ada"})]
         for call in refused:
             with pytest.raises(InvalidInput, match=r"names a scope level, not a tag: .*store\.scope\("):

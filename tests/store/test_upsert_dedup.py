@@ -12,7 +12,8 @@ from store_helpers import CHILD_PRELUDE, PYTHON, child_env
 
 
 def test_remember_with_an_id_inserts_then_replaces_keeping_history(store):
-    assert store.remember("Ada's flight is on Tuesday", id="ada-flight", tags={"person": "ada"}, ttl=3600) == "ada-flight"
+    assert store.remember("Ada's flight is on Tuesday", id="ada-flight", tags={"person": "ada"},
+                          ttl=3600) == "ada-flight"
     first = store.get("ada-flight")
     assert first.expires_at is not None
     assert store.remember("Ada's flight is on Wednesday", id="ada-flight", source="mail", pinned=True) == "ada-flight"

@@ -102,7 +102,8 @@ def test_bad_tags(store: MemoryStore, tags, message):
     assert len(store) == 0
 
 
-@pytest.mark.parametrize("source, message", [("", "1 to 256"), ("s" * 257, "1 to 256"), (3, "str or None"), ("a\x00", "NUL")])
+@pytest.mark.parametrize("source, message",
+                         [("", "1 to 256"), ("s" * 257, "1 to 256"), (3, "str or None"), ("a\x00", "NUL")])
 def test_bad_source(store: MemoryStore, source, message):
     with pytest.raises(InvalidInput, match=message):
         store.remember("fact", source=source)
