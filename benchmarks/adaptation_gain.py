@@ -144,7 +144,8 @@ def run_one(job: dict) -> dict:
             def measure() -> dict[str, np.ndarray]:
                 out = {"domain": store_ndcg(store, queries, ids)}
                 if general:
-                    out["general"] = exact_ndcg(store.embedder, [g["query"] for g in general], [g["doc"] for g in general])
+                    out["general"] = exact_ndcg(store.embedder, [g["query"] for g in general],
+                                                [g["doc"] for g in general])
                 return out
 
             before = measure()
@@ -155,7 +156,8 @@ def run_one(job: dict) -> dict:
     r = report.to_dict()
     delta = float(after["domain"].mean() - before["domain"].mean())
     g = r["gate"] or {}
-    strict = AdaptationPolicy(**{k: v for k, v in job["overrides"].items() if k not in ("require_gain", "gate_tolerance")})
+    strict = AdaptationPolicy(**{k: v for k, v in job["overrides"].items()
+                                 if k not in ("require_gain", "gate_tolerance")})
     would_pass = r["status"] == "swapped" and g.get("mrr_gain") is not None and (
         g["queries"] >= strict.min_probe_queries and g["mrr_gain"] > 0
         and g["mrr_gain"] > strict.gate_margin * g["mrr_gain_se"]
@@ -182,7 +184,8 @@ def loso(runs: list[dict], configs: list[str], sources: list[str], key: str = "d
         others = [o for o in sources if o != s]
         mean_other = {c: float(np.mean([gain[(o, c)] for o in others])) for c in configs}
         best = max(configs, key=lambda c: (mean_other[c], -configs.index(c)))
-        rows.append({"source": s, "chosen": best, "chosen_on_others": mean_other[best], "left_out_gain": gain[(s, best)]})
+        rows.append({"source": s, "chosen": best, "chosen_on_others": mean_other[best],
+                     "left_out_gain": gain[(s, best)]})
     return rows
 
 
@@ -271,7 +274,8 @@ def seeds_table(results: list[dict]) -> dict:
     for c in configs:
         for s in sources:
             mine = [r for m in merged for r in m["runs"] if r["config"] == c and r["source"] == s]
-            runs.append({"config": c, "source": s, "delta": {"domain": float(np.mean([r["delta"]["domain"] for r in mine]))},
+            runs.append({"config": c, "source": s,
+                         "delta": {"domain": float(np.mean([r["delta"]["domain"] for r in mine]))},
                          "gated_delta": float(np.mean([r["gated_delta"] for r in mine])),
                          "swapped": sum(r["status"] == "swapped" for r in mine)})
     return {"seeds": sorted(by_seed), "configs": configs, "sources": sources, "runs": runs,
@@ -281,11 +285,15 @@ def seeds_table(results: list[dict]) -> dict:
 def print_seeds_table(table: dict) -> None:
     configs, sources, runs = table["configs"], table["sources"], table["runs"]
     gain = {(r["source"], r["config"]): r for r in runs}
-    print(f"mean vector ndcg@10 gain over seeds {table['seeds']} (configs run on every seed; swapped rounds in brackets)")
+    print(f"mean vector ndcg@10 gain over seeds {table['seeds']} (configs run on every seed; swapped rounds in "
+          "brackets)")
     print(f"{'source':<12} " + " ".join(f"{c:>14}" for c in configs))
     for s in sources:
-        print(f"{s:<12} " + " ".join("{:>14}".format(f"{gain[(s, c)]['delta']['domain']:+.4f} ({gain[(s, c)]['swapped']})") for c in configs))
-    print(f"{'mean':<12} " + " ".join(f"{np.mean([gain[(s, c)]['delta']['domain'] for s in sources]):+14.4f}" for c in configs))
+        print(f"{s:<12} "
+              + " ".join("{:>14}".format(f"{gain[(s, c)]['delta']['domain']:+.4f} ({gain[(s, c)]['swapped']})")
+                         for c in configs))
+    print(f"{'mean':<12} "
+          + " ".join(f"{np.mean([gain[(s, c)]['delta']['domain'] for s in sources]):+14.4f}" for c in configs))
     if table["loso"]:
         print_loso(table["loso"], "leave-one-source-out over the seed means: the config with the best mean on the "
                                   "other sources")

@@ -150,7 +150,8 @@ def main() -> None:
           f"{'same':>6}  caught up by")
     for r in rows:
         print(f"{r['written']:>8,} {r['live_facts']:>7,} {r['first_recall_s']:>15.2f} "
-              f"{r['fresh_open_recall_s']:>20.2f} {r['rebuild_index_s']:>16.2f} {r['same_answers']:>3}/{r['queries']:<3} {r['caught_up_by']}")
+              f"{r['fresh_open_recall_s']:>20.2f} {r['rebuild_index_s']:>16.2f} "
+              f"{r['same_answers']:>3}/{r['queries']:<3} {r['caught_up_by']}")
     if args.json:
         import evermind_memory
 

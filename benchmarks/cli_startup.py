@@ -178,7 +178,8 @@ def main() -> None:
             cells = "".join(f" {s['median_s']:>22.3f} {s['cpu_median_s']:>22.3f}"
                             for s in [row, *([row["baseline"]] if "baseline" in row else [])])
             print(f"{name:<34} {loads:<13}{cells}")
-        profiled = [*ev, *{"list": ["list"], "get": ["get", ids[0]], "help": ["--help"]}.get(args.profile, [args.profile])]
+        profiled = [*ev,
+                    *{"list": ["list"], "get": ["get", ids[0]], "help": ["--help"]}.get(args.profile, [args.profile])]
         profile = import_profile(profiled)
     load = os.getloadavg()[0]
     print(f"\n1-minute load average at the end: {load:.1f} on {os.cpu_count()} CPUs (wall times grow with it)")

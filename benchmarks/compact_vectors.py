@@ -77,11 +77,13 @@ def main() -> None:
                      "max_abs_component_error": float(np.abs(d16 - d32).max())})
         print(json.dumps(rows[-1]), file=sys.stderr)
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("ndcg@10_float32", "ndcg@10_float16", "delta")}
-    print(f"{'set':<16} {'queries':>7} {'docs':>6} | {'ndcg@10 f32':>11} {'f16 stored':>10} {'delta':>8} | top-10 changed")
+    print(f"{'set':<16} {'queries':>7} {'docs':>6} | {'ndcg@10 f32':>11} {'f16 stored':>10} {'delta':>8} | top-10 "
+          "changed")
     for r in rows:
-        print(f"{r['set']:<16} {r['queries']:>7} {r['docs']:>6} | {r['ndcg@10_float32']:11.4f} {r['ndcg@10_float16']:10.4f} "
-              f"{r['delta']:+8.4f} | {r['top10_lists_changed']}/{r['queries']}")
-    print(f"{'mean':<16} {'':>7} {'':>6} | {mean['ndcg@10_float32']:11.4f} {mean['ndcg@10_float16']:10.4f} {mean['delta']:+8.4f} |")
+        print(f"{r['set']:<16} {r['queries']:>7} {r['docs']:>6} | {r['ndcg@10_float32']:11.4f} "
+              f"{r['ndcg@10_float16']:10.4f} {r['delta']:+8.4f} | {r['top10_lists_changed']}/{r['queries']}")
+    print(f"{'mean':<16} {'':>7} {'':>6} | {mean['ndcg@10_float32']:11.4f} {mean['ndcg@10_float16']:10.4f} "
+          f"{mean['delta']:+8.4f} |")
     if args.json:
         meta = {"python": platform.python_version(), "model": embedder.fingerprint, "limit": args.limit}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows, "mean": mean}, indent=2))

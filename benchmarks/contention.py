@@ -33,7 +33,8 @@ def _run(facts: int, queries: int, setting: str, workdir: Path, embedder) -> dic
     from evermind_memory._blas import blas_limited, blas_threads
 
     os.environ["EVERMIND_BLAS_THREADS"] = setting
-    texts = [f"fact {i}: the meeting about project {i % 37} moved to room {i % 11} on day {i % 7}" for i in range(facts)]
+    texts = [f"fact {i}: the meeting about project {i % 37} moved to room {i % 11} on day {i % 7}"
+             for i in range(facts)]
     db = workdir / f"bench-{setting}-{time.monotonic_ns()}.db"
     with MemoryStore(db, embedder) as store:
         t0 = time.perf_counter()
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n| busy processes | BLAS | remember_many({args.facts}) s | hybrid p50 ms | hybrid p90 ms |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['busy']} | {r['blas']} | {r['remember_many_s']:.2f} | {r['recall_p50_ms']:.1f} | {r['recall_p90_ms']:.1f} |")
+        print(f"| {r['busy']} | {r['blas']} | {r['remember_many_s']:.2f} | {r['recall_p50_ms']:.1f} | "
+              f"{r['recall_p90_ms']:.1f} |")
     if args.json:
         args.json.write_text(json.dumps({"cpu_count": os.cpu_count(), "facts": args.facts, "rows": rows}, indent=2))
     return 0

@@ -88,7 +88,8 @@ def fit(rows: list[dict], vecs: dict[str, np.ndarray]) -> dict:
 def features(row: dict, vecs: dict[str, np.ndarray]) -> dict:
     """What the rule sees of a pair before its thresholds: the blockers' verdict, same words, cosine, overlap."""
     d = dedup.is_duplicate(row["b"], vecs[row["b"]], row["a"], vecs[row["a"]], min_cosine=-2.0, min_overlap=0.0)
-    return {"hard": d.dup, "same": d.reason.startswith("duplicate (the same words)"), "cosine": d.cosine, "overlap": d.overlap}
+    return {"hard": d.dup, "same": d.reason.startswith("duplicate (the same words)"), "cosine": d.cosine,
+            "overlap": d.overlap}
 
 
 def through_store(rows: list[dict], embedder) -> dict:
@@ -116,7 +117,8 @@ def through_store(rows: list[dict], embedder) -> dict:
                 shared[id(r)] = "a"
             else:  # another pair's fact: right when it repeats b (the labelled set reuses texts across pairs)
                 other = a_ids[got]
-                shared[id(r)] = "other, right" if repeats(other, r["b"]) or (r["dup"] and repeats(other, r["a"])) else "other, wrong"
+                shared[id(r)] = ("other, right" if repeats(other, r["b"]) or (r["dup"] and repeats(other, r["a"]))
+                                 else "other, wrong")
     counts = {k: sum(v == k for v in shared.values()) for k in ("other, right", "other, wrong")}
     print(f"store, shared: {counts['other, right'] + counts['other, wrong']} of {len(rows)} b's returned another "
           f"pair's fact: {counts['other, right']} a repeat of b (the same text, or a labelled duplicate), "
@@ -168,7 +170,8 @@ def main() -> None:
         "cosine >= 0.90": lambda r: features(r, vecs)["cosine"] >= 0.90,
         "cosine only": lambda r: features(r, vecs)["cosine"] >= cos_only,
         "rule (fitted)": lambda r: dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]],
-                                                      min_cosine=fitted["min_cosine"], min_overlap=fitted["min_overlap"]).dup,
+                                                      min_cosine=fitted["min_cosine"],
+                                                      min_overlap=fitted["min_overlap"]).dup,
         "rule (shipped)": lambda r: dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]]).dup,
         **through_store(rows, embedder),
     }
@@ -195,8 +198,8 @@ def main() -> None:
     for r in test:
         d = dedup.is_duplicate(r["b"], vecs[r["b"]], r["a"], vecs[r["a"]])
         if d.dup != r["dup"]:
-            wrong.append({"a": r["a"], "b": r["b"], "dup": r["dup"], "kind": r["kind"], "split": r["split"], "reason": d.reason,
-                          "cosine": round(d.cosine, 3), "overlap": round(d.overlap, 3)})
+            wrong.append({"a": r["a"], "b": r["b"], "dup": r["dup"], "kind": r["kind"], "split": r["split"],
+                          "reason": d.reason, "cosine": round(d.cosine, 3), "overlap": round(d.overlap, 3)})
             if r["dup"]:
                 missed[r["kind"]] = missed.get(r["kind"], 0) + 1
     results["test_errors"] = wrong
@@ -205,8 +208,8 @@ def main() -> None:
           f"false duplicates: {sum(not w['dup'] for w in wrong)}")
     if args.errors:
         for w in wrong:
-            print(f"  {w['split']:5s} {'MISSED' if w['dup'] else 'FALSE '} {w['kind']:11s} cos {w['cosine']:.2f} ov {w['overlap']:.2f} "
-                  f"{w['reason']}: {w['a']!r} / {w['b']!r}")
+            print(f"  {w['split']:5s} {'MISSED' if w['dup'] else 'FALSE '} {w['kind']:11s} cos {w['cosine']:.2f} ov "
+                  f"{w['overlap']:.2f} {w['reason']}: {w['a']!r} / {w['b']!r}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")

@@ -180,7 +180,8 @@ def main() -> None:
     runners = {name: e.embed_many for name, e in embedders.items()}
     singles = {name: e.embed for name, e in embedders.items()}
     if minilm is not None:
-        runners["MiniLM"] = lambda texts: minilm.encode(texts, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
+        runners["MiniLM"] = lambda texts: minilm.encode(texts, batch_size=32, convert_to_numpy=True,
+                                                        show_progress_bar=False)
         singles["MiniLM"] = lambda text: minilm.encode([text], convert_to_numpy=True, show_progress_bar=False)
 
     rates = best_rates(runners, docs, args.repeats)

@@ -57,7 +57,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def load_source(name: str, dev_dir: Path = DEV_DIR) -> Source:
     rows = read_jsonl(dev_dir / f"{name}.jsonl")
-    docs = list(dict.fromkeys([r["doc"] for r in rows] + [r["doc"] for r in read_jsonl(dev_dir / f"{name}.docs.jsonl")]))
+    docs = list(dict.fromkeys([r["doc"] for r in rows]
+                              + [r["doc"] for r in read_jsonl(dev_dir / f"{name}.docs.jsonl")]))
     col = {d: i for i, d in enumerate(docs)}
     return Source(name, [r["query"] for r in rows], docs, np.array([col[r["doc"]] for r in rows]),
                   [r.get("shape", "?") for r in rows])
@@ -103,8 +104,8 @@ class VectorCache:
                 self.vecs.append(v)
             if (i // batch) % 20 == 19 or i + batch >= len(todo):
                 self.save()
-                print(f"  {self.path.name}: {min(i + batch, len(todo))}/{len(todo)} new texts embedded", file=sys.stderr,
-                      flush=True)
+                print(f"  {self.path.name}: {min(i + batch, len(todo))}/{len(todo)} new texts embedded",
+                      file=sys.stderr, flush=True)
         return np.stack([self.vecs[self.index[self.key(t)]] for t in texts])
 
     def save(self) -> None:
@@ -236,7 +237,8 @@ def main() -> None:
     sources = args.sources.split(",") if args.sources else dev_sources(args.dev_dir)
     variants = [build_variant(s) for s in (args.variant or ["shipped"])]
     minilm = load_minilm(args.teacher, args.threads)
-    cache = VectorCache(CACHE_DIR / "minilm.npz", also=sorted(SHARED_MINILM.glob("*.npz")) if SHARED_MINILM.is_dir() else [])
+    cache = VectorCache(CACHE_DIR / "minilm.npz",
+                        also=sorted(SHARED_MINILM.glob("*.npz")) if SHARED_MINILM.is_dir() else [])
     load_start = os.getloadavg()
     table: dict[str, dict[str, float]] = {}
     per_shape: dict[str, dict[str, list[float]]] = {}  # shape -> model -> per-query ndcg@10, all sources
@@ -256,7 +258,8 @@ def main() -> None:
             row[v.name] = float(per_query.mean())
             for shape, x in zip(src.shapes, per_query):
                 per_shape.setdefault(shape, {}).setdefault(v.name, []).append(float(x))
-            print(f"  {name} {v.name}: {row[v.name]:.4f} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+            print(f"  {name} {v.name}: {row[v.name]:.4f} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr,
+                  flush=True)
         table[name] = row
         print(f"{name:12s} " + "  ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)
 
@@ -268,7 +271,8 @@ def main() -> None:
         for label, docs in (("dev docs", long_docs), ("short docs", short_docs(args.speed_docs))):
             runners = {v.name: v.embed_for_speed for v in variants}
             if minilm is not None:
-                runners["MiniLM"] = lambda t: minilm.encode(t, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
+                runners["MiniLM"] = lambda t: minilm.encode(t, batch_size=32, convert_to_numpy=True,
+                                                            show_progress_bar=False)
             rates[label] = speed(runners, docs, args.repeats)
 
     names = [v.name for v in variants]
@@ -307,7 +311,8 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "ndcg10": table, "mean": mean,
-            "by_shape": {s: {k: float(np.mean(v)) for k, v in by.items()} for s, by in per_shape.items()}, "worst_ratio": worst, "docs_per_s": rates,
+            "by_shape": {s: {k: float(np.mean(v)) for k, v in by.items()} for s, by in per_shape.items()},
+                                         "worst_ratio": worst, "docs_per_s": rates,
             "variants": {v.name: {"fingerprint": v.embedder.fingerprint, **v.spec} for v in variants},
             "load_avg": [load_start, load_end], "sources": sources}, indent=1))
 

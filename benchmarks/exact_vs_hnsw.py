@@ -192,8 +192,8 @@ def main() -> None:
               f"{pl['build_s']:5.2f}s")
     if args.json:
         meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "hnswlib": getattr(hnswlib, "__version__", "?"), "k": K, "queries": args.queries, "rounds": args.rounds, "pool": pool,
-                "group": GROUP, "config": IndexConfig().__dict__}
+                "hnswlib": getattr(hnswlib, "__version__", "?"), "k": K, "queries": args.queries, "rounds": args.rounds,
+                "pool": pool, "group": GROUP, "config": IndexConfig().__dict__}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 

@@ -52,7 +52,8 @@ def tagged_from_sql(tags: dict[str, str]) -> tuple[str, list[str]]:
     """The baseline: the FROM clause the store used for exact str tags before where-filters (driven by fact_tags)."""
     items = sorted(tags.items())
     sql = "fact_tags t0 CROSS JOIN facts f ON f.id = t0.fact_id AND t0.key = ? AND t0.value = ?"
-    sql += "".join(f" JOIN fact_tags t{i} ON t{i}.fact_id = f.id AND t{i}.key = ? AND t{i}.value = ?" for i in range(1, len(items)))
+    sql += "".join(f" JOIN fact_tags t{i} ON t{i}.fact_id = f.id AND t{i}.key = ? AND t{i}.value = ?"
+                   for i in range(1, len(items)))
     return sql, [p for kv in items for p in kv]
 
 
@@ -69,10 +70,11 @@ def build(path: Path, n: int, rng: np.random.Generator) -> list[dict]:
     for i in range(n):
         tags = {"owner": f"u{users[i]}", "team": f"t{teams[i]}", "n": int(nums[i]), "flag": bool(flags[i])}
         created = T0 + timedelta(minutes=int(i))
-        facts.append({"tags": tags, "source": "chat" if i % 3 else "mail", "created_at": created, "updated_at": created})
+        facts.append({"tags": tags, "source": "chat" if i % 3 else "mail", "created_at": created,
+                      "updated_at": created})
         conn.execute(
-            "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, scope) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, "
+            "scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (f"f{i}", f"fact {i}", json.dumps(tags), facts[-1]["source"], time_text(created), time_text(created),
              vecs[i].tobytes(), FP_ID, i, i, f"user=s{i % 100}"),
         )
@@ -112,7 +114,8 @@ def main() -> None:
             ("owner in 2 ($or)", {"$or": [{"owner": "u7"}, {"owner": "u8"}]}, None),
             ("n < 10 (1%)", {"n": {"$lt": 10}}, None),
             ("team AND n < 100", {"team": "t3", "n": {"$lt": 100}}, None),
-            ("created_at last 1%", {"created_at": {"$gte": time_text(T0 + timedelta(minutes=int(args.facts * 0.99)))}}, None),
+            ("created_at last 1%", {"created_at": {"$gte": time_text(T0 + timedelta(minutes=int(args.facts * 0.99)))}},
+             None),
             ("source = mail (33%)", {"source": "mail"}, None),
         ]
         results = []
@@ -123,17 +126,20 @@ def main() -> None:
             f = parse_where(where)
             sql, params = to_sqlite(f)
             compiled = lambda: conn.execute(  # noqa: E731
-                f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint_id = {FINGERPRINT_ID} AND {sql}", [FP, *params]).fetchall()
+                f"SELECT f.label, f.vector FROM facts f WHERE f.fingerprint_id = {FINGERPRINT_ID} AND {sql}",
+                                            [FP, *params]).fetchall()
             t_new, rows = timed(compiled, args.repeat)
             plus = lambda: conn.execute(  # noqa: E731
-                f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint_id = {FINGERPRINT_ID} AND {sql}", [FP, *params]).fetchall()
+                f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint_id = {FINGERPRINT_ID} AND {sql}",
+                                        [FP, *params]).fetchall()
             t_plus, plus_rows = timed(plus, args.repeat)
             assert plus_rows == rows, (name, plus_rows, rows)
             times_store = []
             for scope in ("", "user=s7"):
                 ssql, sparams = selection_sql(Selection(f, scope, now))
                 store_q = lambda: conn.execute(  # noqa: E731
-                    f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint_id = {FINGERPRINT_ID} AND {ssql}", [FP, *sparams]).fetchall()
+                    f"SELECT f.label, f.vector FROM facts f WHERE +f.fingerprint_id = {FINGERPRINT_ID} AND {ssql}",
+                                               [FP, *sparams]).fetchall()
                 t_s, s_rows = timed(store_q, args.repeat)
                 assert scope or s_rows == rows, (name, s_rows, rows)
                 times_store.append(t_s)
@@ -141,7 +147,8 @@ def main() -> None:
             if legacy is not None:
                 src, lp = tagged_from_sql(legacy)
                 old = lambda: conn.execute(  # noqa: E731
-                    f"SELECT f.label, f.vector FROM {src} WHERE f.fingerprint_id = {FINGERPRINT_ID}", [*lp, FP]).fetchall()
+                    f"SELECT f.label, f.vector FROM {src} WHERE f.fingerprint_id = {FINGERPRINT_ID}",
+                                           [*lp, FP]).fetchall()
                 t_old, old_rows = timed(old, args.repeat)
                 assert old_rows == rows, (name, old_rows, rows)
             t_py, py_rows = timed(lambda: [x for x in facts if f.matches(x)], max(1, args.repeat // 2))

@@ -61,7 +61,8 @@ def _window_vectors(inner, docs: list[str], path: Path) -> tuple[np.ndarray, np.
     return vecs, np.array(owner, dtype=np.int64)
 
 
-def ndcg_rescored(d: dict, params, cosine: Callable[[int, np.ndarray, np.ndarray], np.ndarray], w_scale: float) -> float:
+def ndcg_rescored(d: dict, params, cosine: Callable[[int, np.ndarray, np.ndarray], np.ndarray],
+                  w_scale: float) -> float:
     """Mean ndcg@10 of the pools of one source when each candidate's cosine is cosine(query i, ids, fused score)."""
     rankings = []
     for i, pool in enumerate(d["pools"]):

@@ -79,8 +79,10 @@ RELATIVE_NAMES = ("Tamsin", "Joaquin", "Ruth", "Anton", "Yasmin", "Felix", "Ilse
 RELATIVE_JOBS = ("a firefighter", "a nurse", "a baker", "a lawyer", "a plumber", "a radio presenter")
 PARTNER_NAMES = ("Eduardo", "Miriam", "Sunil", "Colette", "Bram", "Lucia", "Kenji", "Harriet")
 CHILD_NAMES = ("Elsie", "Rohan", "Maya", "Theo", "Ines", "Kai", "Nora", "Luca")
-DISLIKES = (("horror films", "what films does {N} avoid?"), ("crowded beaches", "where does {N} not like to go on holiday?"),
-            ("coriander", "which herb does {N} hate?"), ("loud restaurants", "what kind of place does {N} dislike eating in?"))
+DISLIKES = (("horror films", "what films does {N} avoid?"),
+            ("crowded beaches", "where does {N} not like to go on holiday?"),
+            ("coriander", "which herb does {N} hate?"),
+            ("loud restaurants", "what kind of place does {N} dislike eating in?"))
 SEATS = ("the aisle seat", "the window seat")
 
 # A category: fact templates (third person, then first person) and question templates (third person, then first
@@ -106,7 +108,8 @@ CATEGORIES: dict[str, dict] = {
         "questions1": ("what do I like to drink?", "what's my usual order at the coffee shop?"),
     },
     "allergy": {
-        "facts": ("{N} breaks out in a rash after eating {allergen}.", "{N} can't have anything that contains {allergen}."),
+        "facts": ("{N} breaks out in a rash after eating {allergen}.",
+                  "{N} can't have anything that contains {allergen}."),
         "facts1": ("I break out in a rash after eating {allergen}.", "I can't have anything that contains {allergen}."),
         "questions": ("does {N} have any food allergies?", "what should we avoid cooking for {N}?"),
         "questions1": ("what am I allergic to?", "which foods should I stay away from?"),
@@ -118,8 +121,10 @@ CATEGORIES: dict[str, dict] = {
         "questions1": ("what is my job?", "what do I do for a living?"),
     },
     "pet": {
-        "facts": ("{N} adopted a {pet} called {petname} last winter.", "{N} takes {petname} the {pet} to the vet on Fridays."),
-        "facts1": ("I adopted a {pet} called {petname} last winter.", "I take {petname}, my {pet}, to the vet on Fridays."),
+        "facts": ("{N} adopted a {pet} called {petname} last winter.",
+                  "{N} takes {petname} the {pet} to the vet on Fridays."),
+        "facts1": ("I adopted a {pet} called {petname} last winter.",
+                   "I take {petname}, my {pet}, to the vet on Fridays."),
         "questions": ("does {N} have any animals at home?", "what is the name of {N}'s {kind}?"),
         "questions1": ("what animal do I have?", "what is my {kind} called?"),
     },
@@ -178,7 +183,8 @@ CATEGORIES: dict[str, dict] = {
         "questions1": ("who is my favourite writer?", "what kind of books do I enjoy?"),
     },
     "family": {
-        "facts": ("{N}'s {relative} {relname} is {reljob} in {home}.", "{N} visits {relname}, {N}'s {relative}, every Easter."),
+        "facts": ("{N}'s {relative} {relname} is {reljob} in {home}.",
+                  "{N} visits {relname}, {N}'s {relative}, every Easter."),
         "facts1": ("My {relative} {relname} is {reljob} in {home}.", "I visit my {relative} {relname} every Easter."),
         "questions": ("does {N} have any siblings or cousins?", "who in {N}'s family should we invite?"),
         "questions1": ("who is in my family?", "what does my {relative} do?"),
@@ -190,8 +196,10 @@ CATEGORIES: dict[str, dict] = {
         "questions1": ("who is my spouse?", "how long have I been married?"),
     },
     "children": {
-        "facts": ("{N} has two kids, {child1} and {child2}.", "{N}'s daughters {child1} and {child2} start school in September."),
-        "facts1": ("I have two kids, {child1} and {child2}.", "My daughters {child1} and {child2} start school in September."),
+        "facts": ("{N} has two kids, {child1} and {child2}.",
+                  "{N}'s daughters {child1} and {child2} start school in September."),
+        "facts1": ("I have two kids, {child1} and {child2}.",
+                   "My daughters {child1} and {child2} start school in September."),
         "questions": ("does {N} have children?", "what are the names of {N}'s kids?"),
         "questions1": ("what are my children called?", "how many kids do I have?"),
     },
@@ -347,8 +355,9 @@ def hand_written(path: Path = HAND_FILE) -> PersonalSet:
                 by_text[key] = len(out.facts)
                 out.facts.append(Fact(row["fact"], user, "hand", user.capitalize()))
         if "question" in row:
-            out.questions.append(Question(row["question"], user, by_text[(user, row["fact"])] if "fact" in row else None,
-                                          "hand", bool(row.get("first_person")), "hand"))
+            out.questions.append(Question(row["question"], user,
+                                          by_text[(user, row["fact"])] if "fact" in row else None, "hand",
+                                          bool(row.get("first_person")), "hand"))
     return out
 
 

@@ -113,7 +113,8 @@ def summarise(res: dict) -> dict:
     groups = {}
     for part in ("generated", "hand"):
         for scope in ("scoped", "all"):
-            groups[f"{part}/{scope}"] = [a for a in asks_ if a["answerable"] and a["part"] == part and a["scope"] == scope]
+            groups[f"{part}/{scope}"] = [a for a in asks_
+                                         if a["answerable"] and a["part"] == part and a["scope"] == scope]
     for part in ("generated", "hand"):  # the questions asked both ways, scoped: to compare with "/all" one to one
         groups[f"{part}/scoped, 3rd p."] = [a for a in asks_ if a["answerable"] and a["part"] == part
                                             and a["scope"] == "scoped" and not a.get("first_person")]
@@ -152,9 +153,11 @@ def format_table(label: str, summary: dict) -> str:
     rel = summary.get("relevance")
     if rel:
         lines.append("  relevance of the hybrid top hit (threshold: share of right top hits kept / of unanswerable "
-                     "questions dropped): " + ", ".join(f"{t}: {v['keeps_right_top']:.2f} / {v['drops_unanswerable']:.2f}"
+                     "questions dropped): "
+                     + ", ".join(f"{t}: {v['keeps_right_top']:.2f} / {v['drops_unanswerable']:.2f}"
                                                          for t, v in rel.items() if t != "median")
-                     + f"; medians right {rel['median']['right_top']:.3f}, unanswerable {rel['median']['unanswerable_top']:.3f}")
+                     + f"; medians right {rel['median']['right_top']:.3f}, unanswerable "
+                       f"{rel['median']['unanswerable_top']:.3f}")
     return "\n".join(lines)
 
 

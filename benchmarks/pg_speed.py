@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{busy[0]:>9.2f} / {busy[1]:<9.2f}")
     if catchups:
         print(f"catch-up after {args.changes:,} facts written by another node (store of {args.seed_facts:,} before)")
-        print(f"{'backend':>11} {'change rows':>12} {'write s':>8} {'follower lag s':>15} {'open node 1st recall s':>23} "
-              f"{'away node open+recall s':>24}")
+        print(f"{'backend':>11} {'change rows':>12} {'write s':>8} {'follower lag s':>15} "
+              f"{'open node 1st recall s':>23} {'away node open+recall s':>24}")
         for c in catchups:
             lag = f"{c['follower_lag_s']:.3f}" if "follower_lag_s" in c else "-"
             print(f"{c['backend']:>11} {c['change_rows']:>12,} {c['write_s']:>8.1f} {lag:>15} "

@@ -116,10 +116,12 @@ def eval_set_from_rows(name: str, rows: Sequence[dict], limit: int = 0, seed: in
     for i, row in enumerate(rows):
         if not isinstance(row.get("query"), str) or not isinstance(row.get("doc"), str) \
                 or not row["query"].strip() or not row["doc"].strip():
-            raise InvalidInput(f"eval set {name}: row {i} expected non-blank 'query' and 'doc' strings, got {row!r:.120}.")
+            raise InvalidInput(f"eval set {name}: row {i} expected non-blank 'query' and 'doc' strings, got "
+                               f"{row!r:.120}.")
     rows = list(rows)
     if limit and limit < len(rows):
-        keep = sorted(range(len(rows)), key=lambda i: _hash_rank(seed, rows[i]["query"] + "\x00" + rows[i]["doc"]))[:limit]
+        keep = sorted(range(len(rows)),
+                      key=lambda i: _hash_rank(seed, rows[i]["query"] + "\x00" + rows[i]["doc"]))[:limit]
         rows = [rows[i] for i in sorted(keep)]
     if not rows:
         raise InvalidInput(f"eval set {name} is empty.")
@@ -612,7 +614,8 @@ def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, source
     out["mean"] = {n: float(np.mean([r["systems"][n] for r in manual.values()])) for n in names}
     if personal_rows:  # the personal-memory protocol's sources, reported apart from the manual mean (a system
         # missing on some of them, MiniLM on the small stores, is averaged over those that have it)
-        out["personal_mean"] = {n: float(np.mean([r["systems"][n] for r in personal_rows.values() if n in r["systems"]]))
+        out["personal_mean"] = {n: float(np.mean([r["systems"][n] for r in personal_rows.values()
+                                                  if n in r["systems"]]))
                                 for n in names if any(n in r["systems"] for r in personal_rows.values())}
     m = out["mean"]
     targets = {"worst_no_harm_margin": min(r["no_harm_margin"] for r in out["sources"].values()),
@@ -635,7 +638,8 @@ def format_loso_table(res: dict) -> str:
     short = {"hybrid (ours)": "hybrid", "lexical (ours)": "lexical", "vector (ours)": "vector",
              "hybrid w=3.09 (before)": "w=3.09", "FTS5 BM25": "FTS5", "MiniLM": "MiniLM",
              "FTS5+MiniLM rrf": "FTS5+ML"}
-    head = f"  {'source':<12}{'queries':>8}" + "".join(f"{short[n]:>9}" for n in names) + f"{'no-harm':>9}{'rel AUC':>9}"
+    head = f"  {'source':<12}{'queries':>8}" + "".join(f"{short[n]:>9}"
+                                                       for n in names) + f"{'no-harm':>9}{'rel AUC':>9}"
     lines = ["ndcg@10, each source left out of every fit (rule chosen and fitted on the others)", head]
     for src, r in res["sources"].items():
         lines.append(f"  {src:<12}{r['queries']:>8}" + "".join(f"{r['systems'][n]:>9.4f}" if n in r["systems"]
@@ -644,7 +648,8 @@ def format_loso_table(res: dict) -> str:
     lines.append(f"  {'mean':<12}{'':>8}" + "".join(f"{res['mean'][n]:>9.4f}" for n in names)
                  + ("   (manual sources)" if "personal_mean" in res else ""))
     if "personal_mean" in res:
-        lines.append(f"  {'personal':<12}{'':>8}" + "".join(f"{res['personal_mean'][n]:>9.4f}" if n in res["personal_mean"]
+        lines.append(f"  {'personal':<12}{'':>8}"
+                     + "".join(f"{res['personal_mean'][n]:>9.4f}" if n in res["personal_mean"]
                                                              else f"{'-':>9}" for n in names)
                      + "   (personal-memory sources)")
     lines.append("targets: " + ", ".join(f"{k} {v:+.4f}" if isinstance(v, float) else f"{k} {v}"
@@ -681,7 +686,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         embedder = load_embedder(args.model, args.tokenizer)
         minilm = None if args.no_minilm else load_minilm(args.teacher, args.threads)
         t0 = time.perf_counter()
-        sources = [s.strip() for s in args.sources.split(",") if s.strip()] if args.sources != ",".join(SOURCES) else None
+        sources = [s.strip() for s in args.sources.split(",")
+                   if s.strip()] if args.sources != ",".join(SOURCES) else None
         out = run_loso(embedder, Path(args.dev), Path(args.corpus) if args.corpus else None, sources=sources,
                        minilm=minilm, log=log, personal=not args.no_personal)
         out["config"] = {"fingerprint": embedder.fingerprint, "model": args.model or "default_embedder()",
@@ -713,7 +719,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                            f"(hybrid weight {res['hybrid_weight']:g})", res))
         print()
     print(format_table(f"mean over {len(out['sources'])} sources", out["mean"]))
-    print("targets: " + ", ".join(f"{k} {v:+.4f}" if "minus" in k else f"{k} {v:.3f}" for k, v in out["targets"].items()))
+    print("targets: "
+          + ", ".join(f"{k} {v:+.4f}" if "minus" in k else f"{k} {v:.3f}" for k, v in out["targets"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     return out

@@ -162,7 +162,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--dir", type=Path, default=None, help="keep the stores here")
     parser.add_argument("--reuse", action="store_true", help="open a store already in --dir instead of building it")
-    parser.add_argument("--procs", default="2,4", help="also run this many recalling processes at once (sum of peak RSS)")
+    parser.add_argument("--procs", default="2,4",
+                        help="also run this many recalling processes at once (sum of peak RSS)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -205,9 +206,10 @@ def main() -> None:
         rate = f"{r['remember_many_per_s']:,.0f}/s" if "remember_many_per_s" in r else "-"
         embed = f"{r['embed_per_s']:,.0f}/s" if "embed_per_s" in r else "-"
         print(f"{r['facts']:>9,} | {rate:>13} | {embed:>7} | "
-              f"{r['lexical_p50_ms']:6.1f} / {r['lexical_p99_ms']:5.1f} | {r['vector_p50_ms']:5.1f} / {r['vector_p99_ms']:5.1f} | "
-              f"{r['hybrid_p50_ms']:5.1f} / {r['hybrid_p99_ms']:5.1f} | {r['open_s']:5.2f}s | {r['first_vector_s']:9.2f}s | "
-              f"{r['peak_rss_mb']:5.0f} MB | {r['file_bytes'] / 1e6:5.1f} MB | {r['bytes_per_fact']:6.0f}"
+              f"{r['lexical_p50_ms']:6.1f} / {r['lexical_p99_ms']:5.1f} | {r['vector_p50_ms']:5.1f} / "
+              f"{r['vector_p99_ms']:5.1f} | {r['hybrid_p50_ms']:5.1f} / {r['hybrid_p99_ms']:5.1f} | "
+              f"{r['open_s']:5.2f}s | {r['first_vector_s']:9.2f}s | {r['peak_rss_mb']:5.0f} MB | "
+              f"{r['file_bytes'] / 1e6:5.1f} MB | {r['bytes_per_fact']:6.0f}"
               + "".join(f" | {r[f'rss_{p}_procs_mb']:5.0f} MB" for p in args.procs))
     if args.json:
         meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),

@@ -283,7 +283,8 @@ def print_writers(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"many writer processes: each remembers {args.per_writer} facts one at a time into a store of "
           f"{args.seed_facts:,} (total items/s until every writer's flush); vector recall in another process, "
           "ms p50/p99, with no writer / during the writes")
-    print(f"{'writers':>8} {'vectors':>12} {'remember items/s':>18} {'recall idle':>18} {'recall during':>18} {'recalls':>8}")
+    print(f"{'writers':>8} {'vectors':>12} {'remember items/s':>18} {'recall idle':>18} {'recall during':>18} "
+          f"{'recalls':>8}")
     for r in rows:
         idle, busy = r["recall_idle_ms"], r["recall_during_writes_ms"]
         print(f"{r['writers']:>8} {'precomputed' if r['precomputed'] else 'model':>12} {r['items_per_s']:>18,.0f} "
@@ -321,7 +322,8 @@ def print_table(results: list[dict]) -> None:
         cells = []
         for r in results:
             v = r[key]
-            cells.append(f"{v[0]:>9.3f} / {v[1]:<8.3f}" if isinstance(v, tuple) else f"{v:>20.3f}" if isinstance(v, float) else f"{v!s:>20}")
+            cells.append(f"{v[0]:>9.3f} / {v[1]:<8.3f}" if isinstance(v, tuple) else f"{v:>20.3f}"
+                         if isinstance(v, float) else f"{v!s:>20}")
         print(f"{label:<32}" + "".join(f"{c:>20}" for c in cells) + f"  {unit}")
 
 
@@ -372,7 +374,8 @@ def main() -> None:
         writers = bench_writers(embedder, args, Path(tmp)) if args.writers else []
     meta = {
         "config": config.to_dict(), "tokenizer_vocab": len(tok), "fingerprint": embedder.fingerprint,
-        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "hnswlib": getattr(hnswlib, "__version__", "?"),
+        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+            "hnswlib": getattr(hnswlib, "__version__", "?"),
         "numpy": np.__version__, "cpu_count": os.cpu_count(), "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "durability": "normal", "machine": platform.machine(), "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),

@@ -122,7 +122,8 @@ def torch_model(cfg: LMConfig, params: dict[str, np.ndarray]):
         def __init__(self) -> None:
             super().__init__()
             self.p = torch.nn.ParameterDict(
-                {name.replace(".", "_"): torch.nn.Parameter(torch.from_numpy(value.copy())) for name, value in params.items()}
+                {name.replace(".", "_"): torch.nn.Parameter(torch.from_numpy(value.copy()))
+                 for name, value in params.items()}
             )
 
         def w(self, name: str):

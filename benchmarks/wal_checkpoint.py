@@ -91,7 +91,8 @@ def main() -> None:
                     ("SQLite default, again", default_again)):
         held = r.get("writer_lock_held_ms")
         held_text = "-" if held is None else f"{held[0]:.2f} / {held[1]:.2f} / {held[2]:.2f}"
-        print(f"{name:<44}{r['commits_per_s']:>12,.0f}{r['wal_max_bytes'] / 2**20:>12.2f}{r['checkpoints']:>13}  {held_text}")
+        print(f"{name:<44}{r['commits_per_s']:>12,.0f}{r['wal_max_bytes'] / 2**20:>12.2f}{r['checkpoints']:>13}  "
+              f"{held_text}")
     if args.json:
         args.json.write_text(json.dumps({"sqlite": sqlite3.sqlite_version, "commits": args.commits,
                                          "every": args.every, "load_avg": load, "default": default, "store": ours,

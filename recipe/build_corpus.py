@@ -762,7 +762,8 @@ class DocSet:
     headings: bool = True            # read h2/h3 heading <-> body pairs
     passage_min: int = PASSAGE_MIN
     include: tuple = ()              # if given, a path (relative to base) must match one of these regexes
-    pair_prefix: str = ""            # pair sources are "<pair_prefix>-heading" / "-api" (default: the name's first word)
+    # pair sources are "<pair_prefix>-heading" / "-api" (default: the name's first word)
+    pair_prefix: str = ""
 
 
 _SPHINX_EXCLUDE = (r"(^|/)genindex", r"(^|/)search\.html$", r"(^|/)_[a-z]+/", r"^_",

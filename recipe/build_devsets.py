@@ -520,7 +520,8 @@ def build_source(source: str, units: list[Unit], lemma: Lemmatiser, *, queries: 
     distractors.sort(key=lambda r: r["key"])
     stats = {"units": len(units), "queries": len(picked), "distractors": len(distractors),
              "shapes": dict(Counter(r["shape"] for r in picked)),
-             "doc_chars_median": sorted(len(r["doc"]) for r in picked + distractors)[(len(picked) + len(distractors)) // 2]
+             "doc_chars_median": sorted(len(r["doc"])
+                                        for r in picked + distractors)[(len(picked) + len(distractors)) // 2]
              if picked or distractors else 0}
     return picked, distractors, stats
 

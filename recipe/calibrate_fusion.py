@@ -54,8 +54,8 @@ TOP = 10                 # metrics and the relevance model read the top 10
 WEIGHT_GRID = tuple(float(f"{w:.4g}") for w in np.geomspace(0.05, 8.0, 41))
 POOLS = (30, 50, 100)
 L2 = 1e-3                # softmax / logistic ridge, per query
-RELEVANCE_FEATURES = ("score", "margin", "cos", "lex_abs", "cos_z", "lex_rr", "vec_rr", "rr_both", "vec_gap1", "lex_gap1",
-                      "notes", "notes_cos", "cover")
+RELEVANCE_FEATURES = ("score", "margin", "cos", "lex_abs", "cos_z", "lex_rr", "vec_rr", "rr_both", "vec_gap1",
+                      "lex_gap1", "notes", "notes_cos", "cover")
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
@@ -326,8 +326,8 @@ def select_rule(fits: dict[str, RuleFits], sources: Sequence[str], floors: dict[
     for name, f in fits.items():
         got = {s: f.score(s, [t for t in sources if t != s]) for s in sources}
         margin = min(got[s] - floors[s] for s in sources)
-        summary[name] = {"mean": float(balanced(list(got)) @ np.array(list(got.values()))), "worst_margin": float(margin),
-                         "qualifies": bool(margin >= -NO_HARM)}
+        summary[name] = {"mean": float(balanced(list(got)) @ np.array(list(got.values()))),
+                         "worst_margin": float(margin), "qualifies": bool(margin >= -NO_HARM)}
     pool = [n for n in fits if summary[n]["qualifies"]] or list(fits)
     best = max(summary[n]["mean"] for n in pool)
     near = [n for n in pool if summary[n]["mean"] >= best - TIE]  # as good: the smaller pool is cheaper to recall
@@ -356,7 +356,8 @@ def without(pool: CandidatePool, doc: int) -> CandidatePool:
     vec = np.where((pool.vec_rank > pool.vec_rank[i]) & (pool.vec_rank[i] >= 0), pool.vec_rank - 1, pool.vec_rank)
     return CandidatePool(tuple(np.asarray(pool.ids)[keep].tolist()), pool.bm25[keep], lex[keep], pool.cos[keep],
                          vec[keep], pool.chars[keep], pool.idf, pool.n_facts,
-                         None if pool.cover is None else pool.cover[keep], None if pool.names is None else pool.names[keep])
+                         None if pool.cover is None else pool.cover[keep],
+                         None if pool.names is None else pool.names[keep])
 
 
 class RelevanceStacks:

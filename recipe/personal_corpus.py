@@ -185,8 +185,8 @@ class WordNet:
         return sorted(set(out))
 
 
-TREATMENTS = ("medication", "regular check-ups", "a specialist's care", "physiotherapy", "a strict diet", "daily tablets",
-              "an inhaler", "rest and fluids")
+TREATMENTS = ("medication", "regular check-ups", "a specialist's care", "physiotherapy", "a strict diet",
+              "daily tablets", "an inhaler", "rest and fluids")
 
 
 def broad_values(wn: WordNet) -> dict[str, list]:
@@ -194,16 +194,21 @@ def broad_values(wn: WordNet) -> dict[str, list]:
     (sports, illnesses, writers, languages, things people dislike): every member WordNet lists, so the student
     learns the category from many members instead of a few dozen (benchmarks/results/personal/personal_kinds.txt:
     the kinds the shipped model loses most on are exactly those with the shortest value lists)."""
-    illness = [w for w in wn.lemmas("disease", "impairment of health", 3) + wn.lemmas("illness", "impairment of normal", 3)
+    illness = [w
+               for w in wn.lemmas("disease", "impairment of health", 3)
+               + wn.lemmas("illness", "impairment of normal", 3)
                if len(w) < 28]
     rng = random.Random(0)
     return {
         "sport": [w for w in wn.lemmas("sport", "active diversion", 4) if len(w) < 24],
         "condition": [(w, rng.choice(TREATMENTS)) for w in sorted(set(illness))],
         "author": [w for r, g in (("writer", "writes (books"), ("poet", "a writer of poems"),
-                                  ("novelist", "writes novels"), ("dramatist", "writes plays")) for w in wn.names(r, g, 2)],
+                                  ("novelist", "writes novels"), ("dramatist", "writes plays"))
+                   for w in wn.names(r, g, 2)],
         "language": [w for w in wn.names("natural language", "human written or spoken", 3) if len(w) < 20],
-        "dislike": [w for r, g, d in (("herb", "plant lacking a permanent woody stem", 1), ("vegetable", "edible seeds", 2),
+        "dislike": [w
+                    for r, g, d in (("herb", "plant lacking a permanent woody stem", 1),
+                                    ("vegetable", "edible seeds", 2),
                                       ("insect", "small air-breathing arthropod", 2)) for w in wn.lemmas(r, g, d, 2)],
     }
 
@@ -271,19 +276,21 @@ def vocabulary(wordnet: Path, reserved: set[str], broad: bool = False) -> dict[s
 KINDS = {
     "trip": {
         "facts": ("{P} is flying to {city} on {day}.", "{P} will spend two weeks in {city} this {season}.",
-                  "{P}'s train to {city} departs at {hour} on {day}.", "{P} is off to {city} for a conference in {month}.",
+                  "{P}'s train to {city} departs at {hour} on {day}.",
+                  "{P} is off to {city} for a conference in {month}.",
                   "Next {month} {P} heads to {city} to visit old friends."),
         "own": ("I'm flying to {city} on {day}.", "I'll be in {city} for two weeks this {season}.",
                 "I'm off to {city} for a conference in {month}."),
         "note": ("The user is travelling to {city} in {month}.", "User has a trip to {city} coming up on {day}."),
-        "asks": ("when does {P} leave for {country}?", "is {P} travelling anywhere soon?", "where is {P} going in {month}?",
-                 "which country is {P} visiting?", "what trip does {P} have planned?", "is {P} going abroad?"),
+        "asks": ("when does {P} leave for {country}?", "is {P} travelling anywhere soon?",
+                 "where is {P} going in {month}?", "which country is {P} visiting?", "what trip does {P} have planned?",
+                 "is {P} going abroad?"),
         "asks_own": ("when do I leave for {country}?", "where am I travelling next?", "what are my travel plans?"),
         "keys": ("{P} trip {country}", "{P} travel plans"),
     },
     "residence": {
-        "facts": ("{P} lives in {city}.", "{P} recently relocated to {city}.", "{P} has an apartment in the centre of {city}.",
-                  "{P} bought a house near {city} last {season}."),
+        "facts": ("{P} lives in {city}.", "{P} recently relocated to {city}.",
+                  "{P} has an apartment in the centre of {city}.", "{P} bought a house near {city} last {season}."),
         "own": ("I live in {city}.", "I recently moved to {city}.", "My apartment is in the centre of {city}."),
         "note": ("The user lives in {city}.", "User is based in {city}."),
         "asks": ("where is {P}'s home?", "what city is {P} from?", "where does {P} stay these days?",
@@ -292,9 +299,11 @@ KINDS = {
         "keys": ("{P} address", "{P} home town"),
     },
     "drink": {
-        "facts": ("{P} drinks {drink} every morning.", "{P} always asks for {drink}.", "{P} can't start the day without {drink}.",
-                  "{P}'s favourite drink is {drink}.", "When we meet, {P} usually has {drink}."),
-        "own": ("I drink {drink} every morning.", "I can't start my day without {drink}.", "My favourite drink is {drink}."),
+        "facts": ("{P} drinks {drink} every morning.", "{P} always asks for {drink}.",
+                  "{P} can't start the day without {drink}.", "{P}'s favourite drink is {drink}.",
+                  "When we meet, {P} usually has {drink}."),
+        "own": ("I drink {drink} every morning.", "I can't start my day without {drink}.",
+                "My favourite drink is {drink}."),
         "note": ("The user likes {drink}.", "User's preferred drink: {drink}."),
         "asks": ("what does {P} drink?", "what is {P}'s usual order?", "how does {P} take their coffee?",
                  "what can I bring {P} from the café?", "what beverage does {P} prefer?", "tea or coffee for {P}?"),
@@ -302,8 +311,9 @@ KINDS = {
         "keys": ("{P} drink", "{P} coffee order"),
     },
     "allergy": {
-        "facts": ("{P} is allergic to {allergen}.", "{P} has a severe {allergen} allergy.", "{P} reacts badly to {allergen}.",
-                  "{P} must never be given {allergen}.", "{P} carries an EpiPen because of {allergen}."),
+        "facts": ("{P} is allergic to {allergen}.", "{P} has a severe {allergen} allergy.",
+                  "{P} reacts badly to {allergen}.", "{P} must never be given {allergen}.",
+                  "{P} carries an EpiPen because of {allergen}."),
         "own": ("I'm allergic to {allergen}.", "I have a severe {allergen} allergy.", "I react badly to {allergen}."),
         "note": ("The user is allergic to {allergen}.", "Allergy noted for the user: {allergen}."),
         "asks": ("what is {P} allergic to?", "does {P} have any allergies?", "what foods are unsafe for {P}?",
@@ -316,18 +326,19 @@ KINDS = {
                   "{P} has been a {job} for ten years.", "{P} recently retrained as a {job}."),
         "own": ("I'm a {job}.", "I work as a {job}.", "I started a new job as a {job} in {month}."),
         "note": ("The user works as a {job}.", "User's occupation: {job}."),
-        "asks": ("what is {P}'s job?", "what does {P} do?", "how does {P} earn a living?", "what line of work is {P} in?",
-                 "what is {P}'s occupation?", "where is {P} employed?"),
+        "asks": ("what is {P}'s job?", "what does {P} do?", "how does {P} earn a living?",
+                 "what line of work is {P} in?", "what is {P}'s occupation?", "where is {P} employed?"),
         "asks_own": ("what's my job?", "what do I do for work?", "what is my occupation?"),
         "keys": ("{P} job", "{P} career"),
     },
     "dog": {
-        "facts": ("{P} has a {dog} named {petname}.", "{P}'s dog {petname} is a {dog}.", "{P} walks {petname}, a {dog}, every evening.",
-                  "{P} got a {dog} puppy called {petname}."),
-        "own": ("I have a {dog} named {petname}.", "My dog {petname} is a {dog}.", "I walk {petname}, my {dog}, every evening."),
+        "facts": ("{P} has a {dog} named {petname}.", "{P}'s dog {petname} is a {dog}.",
+                  "{P} walks {petname}, a {dog}, every evening.", "{P} got a {dog} puppy called {petname}."),
+        "own": ("I have a {dog} named {petname}.", "My dog {petname} is a {dog}.",
+                "I walk {petname}, my {dog}, every evening."),
         "note": ("The user owns a {dog} called {petname}.", "User's dog: {petname} ({dog})."),
-        "asks": ("does {P} have a dog?", "what breed is {P}'s dog?", "what is {P}'s pet called?", "does {P} own any pets?",
-                 "what kind of animal does {P} have?"),
+        "asks": ("does {P} have a dog?", "what breed is {P}'s dog?", "what is {P}'s pet called?",
+                 "does {P} own any pets?", "what kind of animal does {P} have?"),
         "asks_own": ("what's my dog's name?", "what breed is my dog?", "do I have pets?"),
         "keys": ("{P} pet", "{P} dog name"),
     },
@@ -342,9 +353,10 @@ KINDS = {
         "keys": ("{P} hobbies", "{P} free time"),
     },
     "health": {
-        "facts": ("{P} has {condition}.", "{P} manages {condition} with {treatment}.", "{P} takes {treatment} for {condition}.",
-                  "{P} was diagnosed with {condition} in {month}."),
-        "own": ("I have {condition}.", "I manage my {condition} with {treatment}.", "I was diagnosed with {condition} in {month}."),
+        "facts": ("{P} has {condition}.", "{P} manages {condition} with {treatment}.",
+                  "{P} takes {treatment} for {condition}.", "{P} was diagnosed with {condition} in {month}."),
+        "own": ("I have {condition}.", "I manage my {condition} with {treatment}.",
+                "I was diagnosed with {condition} in {month}."),
         "note": ("The user has {condition}.", "Health note: the user takes {treatment}."),
         "asks": ("does {P} have any health issues?", "what medication is {P} on?", "is {P} ill?",
                  "what condition does {P} have?", "is {P} taking anything for their health?"),
@@ -362,9 +374,10 @@ KINDS = {
         "keys": ("{P} car", "{P} commute"),
     },
     "instrument": {
-        "facts": ("{P} plays the {instrument}.", "{P} is learning the {instrument}.", "{P} practises {instrument} every night.",
-                  "{P} performs on the {instrument} in a local orchestra."),
-        "own": ("I play the {instrument}.", "I'm learning the {instrument}.", "I practise the {instrument} every night."),
+        "facts": ("{P} plays the {instrument}.", "{P} is learning the {instrument}.",
+                  "{P} practises {instrument} every night.", "{P} performs on the {instrument} in a local orchestra."),
+        "own": ("I play the {instrument}.", "I'm learning the {instrument}.",
+                "I practise the {instrument} every night."),
         "note": ("The user plays the {instrument}.", "User is learning {instrument}."),
         "asks": ("is {P} musical?", "what does {P} play?", "does {P} play an instrument?", "what music does {P} make?"),
         "asks_own": ("what instrument am I learning?", "do I play music?"),
@@ -375,8 +388,8 @@ KINDS = {
                   "{P} celebrates turning thirty on {month} {date}.", "{P} will be sixty on {date} {month}."),
         "own": ("My birthday is on {month} {date}.", "I was born on the {date} of {month}."),
         "note": ("The user's birthday: {month} {date}.", "User was born {date} {month}."),
-        "asks": ("which day is {P}'s birthday?", "when does {P} celebrate their birthday?", "what is {P}'s date of birth?",
-                 "when should we send {P} a card?", "how old is {P} turning and when?"),
+        "asks": ("which day is {P}'s birthday?", "when does {P} celebrate their birthday?",
+                 "what is {P}'s date of birth?", "when should we send {P} a card?", "how old is {P} turning and when?"),
         "asks_own": ("which day is my birthday?", "what's my date of birth?"),
         "keys": ("{P} birthday", "{P} birth date"),
     },
@@ -400,7 +413,8 @@ KINDS = {
         "keys": ("{P} sport", "{P} exercise"),
     },
     "fan": {
-        "facts": ("{P} is a huge {team} fan.", "{P} has a season ticket for {team}.", "{P} never misses a {team} game."),
+        "facts": ("{P} is a huge {team} fan.", "{P} has a season ticket for {team}.",
+                  "{P} never misses a {team} game."),
         "own": ("I'm a huge {team} fan.", "I have a season ticket for {team}."),
         "note": ("The user supports {team}.",),
         "asks": ("who does {P} support?", "which team is {P} a fan of?", "what club does {P} follow?"),
@@ -408,8 +422,8 @@ KINDS = {
         "keys": ("{P} team",),
     },
     "education": {
-        "facts": ("{P} studied {subject}.", "{P} has a master's degree in {subject}.", "{P} is doing a PhD in {subject}.",
-                  "{P} teaches {subject} at the university."),
+        "facts": ("{P} studied {subject}.", "{P} has a master's degree in {subject}.",
+                  "{P} is doing a PhD in {subject}.", "{P} teaches {subject} at the university."),
         "own": ("I studied {subject}.", "I have a master's degree in {subject}.", "I'm doing a PhD in {subject}."),
         "note": ("The user studied {subject}.", "User's degree: {subject}."),
         "asks": ("what did {P} study?", "what is {P}'s background?", "what degree does {P} have?",
@@ -441,9 +455,11 @@ KINDS = {
     "kids": {
         "facts": ("{P} has a son called {rname}.", "{P}'s daughter {rname} just started school.",
                   "{P} is a father of three.", "{P} has a toddler named {rname}."),
-        "own": ("I have a son called {rname}.", "My daughter {rname} just started school.", "I have a toddler named {rname}."),
+        "own": ("I have a son called {rname}.", "My daughter {rname} just started school.",
+                "I have a toddler named {rname}."),
         "note": ("The user has a child named {rname}.",),
-        "asks": ("does {P} have kids?", "what are {P}'s children called?", "is {P} a parent?", "how old is {P}'s child?"),
+        "asks": ("does {P} have kids?", "what are {P}'s children called?", "is {P} a parent?",
+                 "how old is {P}'s child?"),
         "asks_own": ("what is my kid's name?", "how many children do I have?"),
         "keys": ("{P} children",),
     },
@@ -452,8 +468,8 @@ KINDS = {
                   "{P} booked {appt} for {day} morning."),
         "own": ("I have an appointment with {appt} on {day} at {hour}.", "I'm seeing {appt} next {day}."),
         "note": ("Reminder: the user sees {appt} on {day}.",),
-        "asks": ("when is {P}'s {appt_kind} appointment?", "is {P} busy on {day}?", "what is on {P}'s calendar this week?",
-                 "when does {P} have the {appt_kind} visit?"),
+        "asks": ("when is {P}'s {appt_kind} appointment?", "is {P} busy on {day}?",
+                 "what is on {P}'s calendar this week?", "when does {P} have the {appt_kind} visit?"),
         "asks_own": ("when is my {appt_kind} appointment?", "what do I have on {day}?"),
         "keys": ("{P} appointment {day}", "{P} schedule"),
     },
@@ -470,7 +486,8 @@ KINDS = {
     "food": {
         "facts": ("{P}'s favourite meal is {dish}.", "{P} could eat {dish} every day.", "{P} makes a great {dish}.",
                   "{P} always orders {dish} when we eat out.", "{P} is vegetarian.", "{P} doesn't eat red meat."),
-        "own": ("My favourite meal is {dish}.", "I could eat {dish} every day.", "I'm vegetarian.", "I don't eat red meat."),
+        "own": ("My favourite meal is {dish}.", "I could eat {dish} every day.", "I'm vegetarian.",
+                "I don't eat red meat."),
         "note": ("The user's favourite food is {dish}.", "User follows a vegetarian diet."),
         "asks": ("what does {P} like to eat?", "what should I cook for {P}?", "what is {P}'s favourite food?",
                  "does {P} eat meat?", "where should we take {P} for dinner?"),
@@ -643,8 +660,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--people", type=int, default=40000)
     ap.add_argument("--broad-values", action="store_true",
-                    help="with --wordnet: sports, illnesses, writers, languages and dislikes from all of WordNet's members "
-                         "(broad_values), not only the lists here (stage 4 was built without it)")
+                    help="with --wordnet: sports, illnesses, writers, languages and dislikes from all of WordNet's "
+                         "members (broad_values), not only the lists here (stage 4 was built without it)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if (args.wordnet is None) == (args.vocab is None):
@@ -670,7 +687,8 @@ def main() -> None:
                 "vocabulary": {k: len(v) for k, v in vocab.items()}, "dialogue_lines": len(dialogue),
                 "sources": {"wordnet-base": "WordNet 3.0 licence", "faker": "MIT (PyPI faker)",
                             "chatterbot-corpus": "BSD-3-Clause (PyPI chatterbot-corpus)"},
-                "reserved_words_dropped": len(res), "counts": dict(counts), "pairs": len(pairs), "passages": len(passages)}
+                "reserved_words_dropped": len(res), "counts": dict(counts), "pairs": len(pairs),
+                "passages": len(passages)}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(json.dumps(manifest, indent=1))
 

@@ -441,7 +441,8 @@ def main() -> None:
     model.train()
     t_train = time.time()
     def in_budget() -> bool:
-        return time.time() - t_train < args.time_budget and not (args.wall_budget and time.time() - t_start >= args.wall_budget)
+        return time.time() - t_train < args.time_budget and not (args.wall_budget
+                                                                 and time.time() - t_start >= args.wall_budget)
 
     while step < args.steps and in_budget():
         for g in opt.param_groups:
@@ -488,7 +489,8 @@ def main() -> None:
                 args.steps = min(args.steps, fits)
         if step % 100 == 0:
             rec = {"step": step, "loss": loss.item(), "contrastive": l_con.item(), "distill": l_dis.item(),
-                   "simmat": l_sim.item(), "kd": l_kd.item(), "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)}
+                   "simmat": l_sim.item(), "kd": l_kd.item(), "lr": lr_at(step),
+                   "elapsed": round(time.time() - t_start, 1)}
             history.append(rec)
             print(json.dumps(rec), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
