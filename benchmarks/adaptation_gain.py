@@ -91,7 +91,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def source_set(dev: Path, source: str, docs: int, query_share: float, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
+def source_set(dev: Path, source: str, docs: int, query_share: float,
+               seed: int) -> tuple[list[tuple[str, str]], list[str]]:
     """(query, doc) pairs and distractor docs of one source: round(docs * query_share) pairs (seeded sample,
     distinct docs), the rest of `docs` from the source's other documents."""
     rng = np.random.default_rng([seed, SOURCES.index(source) if source in SOURCES else 99])

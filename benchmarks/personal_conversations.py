@@ -123,7 +123,8 @@ def _store(store, sessions) -> dict:
 def run_time(embedder: object, seed: int = 0) -> dict:
     sessions, questions = time_conversations(seed)
     out = {}
-    with tempfile.TemporaryDirectory(prefix="conversations_t_") as tmp, MemoryStore(Path(tmp) / "t.db", embedder) as store:
+    with tempfile.TemporaryDirectory(prefix="conversations_t_") as tmp, \
+            MemoryStore(Path(tmp) / "t.db", embedder) as store:
         ids = _store(store, sessions)
         for mode in ("lexical", "vector", "hybrid"):
             for words in (False, True):
@@ -141,7 +142,8 @@ def run_time(embedder: object, seed: int = 0) -> dict:
 
 def run(embedder: object, contexts: Sequence[int], seed: int = 0) -> dict:
     sessions, questions = conversations(seed)
-    with tempfile.TemporaryDirectory(prefix="conversations_") as tmp, MemoryStore(Path(tmp) / "c.db", embedder) as store:
+    with tempfile.TemporaryDirectory(prefix="conversations_") as tmp, \
+            MemoryStore(Path(tmp) / "c.db", embedder) as store:
         ids = _store(store, sessions)
         res = {"turns": len(ids), "questions": len(questions), "results": {}}
         for scope in ("scoped", "all"):

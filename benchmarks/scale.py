@@ -79,7 +79,8 @@ def facts(n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     out = []
     idx = {key: rng.integers(0, len(values), size=n) for key, values in SLOTS.items()}
-    first, last, tmpl = rng.integers(0, len(FIRST), n), rng.integers(0, len(LAST), n), rng.integers(0, len(TEMPLATES), n)
+    first, last, tmpl = (rng.integers(0, len(FIRST), n), rng.integers(0, len(LAST), n),
+                         rng.integers(0, len(TEMPLATES), n))
     for i in range(n):
         values = {key: SLOTS[key][int(idx[key][i])] for key in SLOTS}
         out.append(TEMPLATES[int(tmpl[i])].format(n=f"{FIRST[int(first[i])]} {LAST[int(last[i])]}", **values))

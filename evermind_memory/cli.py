@@ -134,7 +134,8 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="print results as JSON (errors: one JSON object on stderr)")
     p.add_argument("--model", type=_path, default=argparse.SUPPRESS, metavar="PATH",
-                   help="model file (.evlm, EvermindLM or sequence backbone) to embed with (default: the shipped model)")
+                   help="model file (.evlm, EvermindLM or sequence backbone) to embed with (default: the shipped "
+                        "model)")
     p.add_argument("--tokenizer", type=_path, default=argparse.SUPPRESS, metavar="PATH",
                    help="BPE tokenizer JSON that goes with --model")
     p.add_argument("--durability", choices=("normal", "full"), default=argparse.SUPPRESS,
@@ -214,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=0, metavar="N",
                    help="for a conversation turn, also show the N turns before and after it in its session")
     p.add_argument("--time-words", action="store_true",
-                   help="read the query's time words ('yesterday', 'last week', 'in May') and put facts from then first")
+                   help="read the query's time words ('yesterday', 'last week', 'in May') and put facts from then "
+                        "first")
     p.add_argument("--now", default=None, metavar="TIME", help="with --time-words: count from this time (ISO 8601)")
 
     p = add("get", "show one fact")
@@ -225,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("text", nargs="?", default=None, help="the new text ('-' reads stdin); omit to keep the text")
     tags(p, "set this tag, keeping the others (repeatable; the value is text)")
     p.add_argument("--tags", type=_json_object, default=None, metavar="JSON",
-                   help='tags to set as JSON, values str, number or bool; null removes one: \'{"n": 3, "draft": null}\'')
+                   help='tags to set as JSON, values str, number or bool; null removes one: \'{"n": 3, "draft": '
+                        'null}\'')
     p.add_argument("--untag", action="append", default=[], metavar="KEY", help="remove this tag (repeatable)")
     p.add_argument("--replace-tags", action="store_true",
                    help="the tags given replace all the old ones instead of being merged in (none given: remove all)")

@@ -695,7 +695,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 def format_loso(loso: dict) -> str:
     """The left-out table of the fitting: per source the rule chosen without it, its ndcg and the floor."""
-    lines = [f"  {'left out':<13}{'rule (fitted on the rest)':<22}{'ndcg@10':>9}{'floor':>9}{'margin':>9}{'rel AUC':>9}"]
+    lines = [f"  {'left out':<13}{'rule (fitted on the rest)':<22}{'ndcg@10':>9}{'floor':>9}{'margin':>9}"
+             f"{'rel AUC':>9}"]
     for s, r in loso["sources"].items():
         fl = loso["floors"][s]
         lines.append(f"  {s:<13}{r['rule']:<22}{r['ndcg@10']:>9.4f}{fl:>9.4f}{r['ndcg@10'] - fl:>+9.4f}"

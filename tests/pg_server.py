@@ -91,7 +91,8 @@ class PgServer:
             os.chmod(root, 0o755)
             for p in (root, server.socket_dir, pwfile):
                 os.chown(p, user.pw_uid, user.pw_gid)
-        locale = "C.UTF-8" if Path("/usr/lib/locale/C.utf8").exists() or Path("/usr/lib/locale/C.UTF-8").exists() else "C"
+        locale = ("C.UTF-8" if Path("/usr/lib/locale/C.utf8").exists() or Path("/usr/lib/locale/C.UTF-8").exists()
+                  else "C")
         server._run([str(bin_dir / "initdb"), "-D", str(server.data), "-U", PG_USER, "--pwfile", str(pwfile),
                      "-A", "scram-sha-256", "-E", "UTF8", f"--locale={locale}", "--no-sync"])
         pwfile.unlink()

@@ -83,7 +83,8 @@ def test_remember_reports_a_bad_vector(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(PoisonedEmbedder(embedder), db, "remember", "a poison fact")
     err = capsys.readouterr().err
-    assert code == cli.EXIT_MODEL and out == "" and "evermind: error: flush(): the embedder failed on a remembered fact" in err
+    assert code == cli.EXIT_MODEL and out == "" and ("evermind: error: flush(): the embedder failed on a "
+                                                     "remembered fact") in err
     assert "non-finite" in err
     fid = err.split("first ")[1].split()[0]  # the fact is kept, lexical-only, and check says so
     assert json.loads(run(embedder, db, "recall", "poison", "--mode", "lexical", "--json")[1])[0]["id"] == fid

@@ -60,7 +60,8 @@ def reaches(tree: ast.AST, privates: set[str]) -> list[tuple[int, str]]:
         if isinstance(node, ast.Attribute) and counts(node.value, node.attr):
             found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and counts(node.args[0], node.args[1].value):
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and counts(node.args[0], node.args[1].value):
             found.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})"))
     return sorted(found)
 
@@ -139,7 +140,8 @@ def crossings(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Attribute) and counts(node.value, node.attr):
             found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and counts(node.args[0], node.args[1].value):
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and counts(node.args[0], node.args[1].value):
             found.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})"))
     return sorted(found)
 

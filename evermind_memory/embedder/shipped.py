@@ -40,7 +40,8 @@ def card() -> dict[str, Any]:
         )
     raw = path.read_bytes()
     if len(raw) > _CARD_MAX_BYTES:
-        raise CheckpointError(f"the shipped model card {_CARD} is {len(raw)} bytes; expected at most {_CARD_MAX_BYTES}.")
+        raise CheckpointError(f"the shipped model card {_CARD} is {len(raw)} bytes; expected at most "
+                              f"{_CARD_MAX_BYTES}.")
     try:
         data = json.loads(raw)
     except ValueError as e:

@@ -216,7 +216,8 @@ class EvermindStore(BaseStore):
             self._refresh([fact for fact, _ in found])
         return items
 
-    def _scored(self, query: str, where: dict, want: int, check: Callable[[dict], bool] | None) -> list[tuple[Recall, float]]:
+    def _scored(self, query: str, where: dict, want: int,
+                check: Callable[[dict], bool] | None) -> list[tuple[Recall, float]]:
         """The best `want` facts for query that pass `check`; recalls more while check drops some.
 
         Raises:
@@ -327,7 +328,8 @@ def value_text(value: Mapping) -> str:
         raise InvalidInput("put() expected a value of valid Unicode text, found a lone surrogate "
                            f"{exc.object[exc.start]!r} in it. Decode your bytes with errors='replace' first.") from None
     except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"put() expected a JSON value (str keys; str, number, bool, None, list, dict values): {exc}.") from None
+        raise InvalidInput("put() expected a JSON value (str keys; str, number, bool, None, list, dict values): "
+                           f"{exc}.") from None
     return text
 
 

@@ -137,7 +137,8 @@ class AdapterHistory:
         with self._lock:
             path = self.path(entry)
             if entry.get("file") != f"{entry.get('id')}.lora":
-                raise CheckpointError(f"adapter entry {entry.get('id')!r:.40} names the file {entry.get('file')!r:.40}.")
+                raise CheckpointError(f"adapter entry {entry.get('id')!r:.40} names the file "
+                                      f"{entry.get('file')!r:.40}.")
             self.directory.mkdir(parents=True, exist_ok=True)
             write_atomic(path, data)
             self._write([e for e in self.entries() if e["id"] != entry["id"]] + [dict(entry)])

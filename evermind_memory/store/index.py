@@ -483,7 +483,8 @@ class VectorIndex:
         self._hnsw.set_ef(self._ef)
 
     # ---- reads (shared) ------------------------------------------------------------------------------------
-    def query(self, vector: np.ndarray, k: int, allow: Callable[[int], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def query(self, vector: np.ndarray, k: int,
+              allow: Callable[[int], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product: exact while the graph is small (see `exact`), else approximate.
 
         Args:
@@ -532,7 +533,8 @@ class VectorIndex:
         members = self._members
         return lambda node: any(map(allow, members.get(node, ())))
 
-    def _expand(self, nodes: np.ndarray, scores: np.ndarray, k: int, allow: Callable[[int], bool] | None) -> tuple[np.ndarray, np.ndarray]:
+    def _expand(self, nodes: np.ndarray, scores: np.ndarray, k: int,
+                allow: Callable[[int], bool] | None) -> tuple[np.ndarray, np.ndarray]:
         """(labels (k',), scores (k',)): the allowed labels of `nodes` (best first, with their `scores`), the first
         k of them (a node's labels share its score)."""
         out: list[int] = []
@@ -612,7 +614,8 @@ class VectorIndex:
         return manifest
 
     @classmethod
-    def load(cls, directory: Path, stem: str, *, expect: dict, config: IndexConfig, max_seq: int) -> tuple["VectorIndex", dict]:
+    def load(cls, directory: Path, stem: str, *, expect: dict, config: IndexConfig,
+             max_seq: int) -> tuple["VectorIndex", dict]:
         """Validate the manifest and index file, then load them (R6).
 
         Args:

@@ -202,7 +202,8 @@ def idf(df: int, n: int) -> float:
     return math.log(ratio) if ratio > 1.0 else 1e-6
 
 
-def word_postings(stems: list[tuple[str, ...]], term_tf: dict[int, dict[str, int]]) -> tuple[list[int], dict[int, list[int]]]:
+def word_postings(stems: list[tuple[str, ...]],
+                  term_tf: dict[int, dict[str, int]]) -> tuple[list[int], dict[int, list[int]]]:
     """Per word, its frequency in each fact, from each fact's term frequencies (`term_tf`: rid -> term -> count).
 
     A word that the tokenizer splits into several terms counts as often as its rarest term (the phrase's count, at
@@ -279,7 +280,8 @@ def patch_postings(p: TermPostings, changed: numpy.ndarray, rids: numpy.ndarray,
     return TermPostings(all_rids[order], np.concatenate([p.tf, tf])[order], np.concatenate([p.lengths, lengths])[order])
 
 
-def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int, limit: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int,
+             limit: int) -> tuple[numpy.ndarray, numpy.ndarray]:
     """The `limit` best facts under FTS5's bm25() of an OR of single-term phrases, one TermPostings per phrase, over
     a table of `n` rows holding `total_tokens` tokens: (rids (L,), scores (L,)), best first, ties by rid.
 
@@ -391,7 +393,8 @@ def coverage(words: list[str], idf: Sequence[float], held: Sequence[set[str]]) -
 
 
 QUESTION_WORDS = frozenset("what when where which who whom whose why how do does did is are was were can could should "
-                           "would will shall may might must has have had please tell show find give list remind".split())
+                           "would will shall may might must has have had please tell show find give list "
+                           "remind".split())
 
 
 def query_names(query: str) -> list[str]:

@@ -192,7 +192,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         """
         self._check_writable("remember")
         if at is not None and id is not None:
-            raise InvalidInput("remember() takes at= for a new fact only; an upsert by id= keeps the fact's created_at.")
+            raise InvalidInput("remember() takes at= for a new fact only; an upsert by id= keeps the fact's "
+                               "created_at.")
         item = new_fact("remember", self._scope, text, tags, source, ttl, expires_at, pinned, at)
         if check_flag(dedup, "dedup", "remember"):
             if id is not None:

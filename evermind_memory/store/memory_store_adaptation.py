@@ -122,7 +122,8 @@ class AdaptationMethods:
         self._check_writable(method)
         self._check_owner(method)
         if self._parts.access.memory:
-            raise InvalidInput(f"{method}() needs a store file (adapters are kept beside it); this store is ':memory:'.")
+            raise InvalidInput(f"{method}() needs a store file (adapters are kept beside it); this store is "
+                               "':memory:'.")
 
     @staticmethod
     def _check_policy(policy: object, method: str) -> AdaptationPolicy:

@@ -289,7 +289,8 @@ def explained(rule: str, pool: CandidatePool, fused: Fused, i: int) -> Explain:
                    vec_rank + 1 if vec_rank >= 0 else None)
 
 
-def _query(index: VectorIndex, qv: np.ndarray, want: int, allow: Callable[[int], bool] | None) -> list[tuple[int, float]] | None:
+def _query(index: VectorIndex, qv: np.ndarray, want: int,
+           allow: Callable[[int], bool] | None) -> list[tuple[int, float]] | None:
     """The index's top `want` (among the allowed labels), or None when it cannot return that many."""
     if want <= 0:
         return []

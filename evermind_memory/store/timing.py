@@ -43,7 +43,8 @@ def parse_time(value: object, what: str) -> datetime:
         try:
             dt = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
         except ValueError:
-            raise InvalidInput(f"{what} expects an ISO 8601 time with a timezone ({_EXAMPLE}), got {value!r:.60}.") from None
+            raise InvalidInput(f"{what} expects an ISO 8601 time with a timezone ({_EXAMPLE}), got "
+                               f"{value!r:.60}.") from None
     elif isinstance(value, datetime):
         dt = value
     else:

@@ -114,7 +114,8 @@ def check_tags(tags: object, what: str = "tags") -> dict[str, str]:
     return out
 
 
-def check_typed_tags(tags: object, what: str = "tags", *, scope_names: bool = False) -> dict[str, str | int | float | bool]:
+def check_typed_tags(tags: object, what: str = "tags", *,
+                     scope_names: bool = False) -> dict[str, str | int | float | bool]:
     """Typed tags: None or a mapping of short keys to str, int, float or bool values.
 
     Args:
@@ -199,7 +200,8 @@ def check_tag_value(value: object, what: str) -> str | int | float | bool:
     kind = value_type(value)
     if isinstance(value, str):
         if len(value) > MAX_TAG_VALUE_CHARS:
-            raise InvalidInput(f"{what} expects a string of at most {MAX_TAG_VALUE_CHARS} characters, got {len(value)}.")
+            raise InvalidInput(f"{what} expects a string of at most {MAX_TAG_VALUE_CHARS} characters, got "
+                               f"{len(value)}.")
         plain_string(value, what)
         return value
     if isinstance(value, bool):

@@ -48,7 +48,8 @@ def test_contrastive_gradient_matches_finite_differences(rng: np.random.Generato
             up, down = pooled.copy(), pooled.copy()
             up[i, j] += eps
             down[i, j] -= eps
-            numeric[i, j] = (contrastive_loss_and_grad(up, 0.3)[0] - contrastive_loss_and_grad(down, 0.3)[0]) / (2 * eps)
+            numeric[i, j] = ((contrastive_loss_and_grad(up, 0.3)[0] - contrastive_loss_and_grad(down, 0.3)[0])
+                             / (2 * eps))
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
     # aligned views give a lower loss than shuffled ones
     z = rng.normal(size=(4, 5))

@@ -90,8 +90,8 @@ async def test_http_with_and_without_the_token_and_a_wrong_origin(tmp_path: Path
             assert huge.status_code == 413
             assert (await http.post(url, json=init,
                                     headers={**good, "origin": f"http://localhost:{port}"})).status_code == 200
-        transport = streamable_http_client(url,
-                                           http_client=create_mcp_http_client(headers={"authorization": f"Bearer {token}"}))
+        transport = streamable_http_client(
+            url, http_client=create_mcp_http_client(headers={"authorization": f"Bearer {token}"}))
         async with Client(transport, raise_exceptions=True) as c:
             fid = payload(await c.call_tool("remember", {"text": "HTTP clients share this memory"}))["id"]
             assert payload(await c.call_tool("recall",

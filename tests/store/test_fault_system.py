@@ -56,7 +56,8 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(model_files, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["acked"] > 10 and out["refused"], out
-    assert out["refused"].startswith(("StorageError", "EvermindError")) and "nothing from this call was stored" in out["refused"]
+    assert out["refused"].startswith(("StorageError", "EvermindError")) and ("nothing from this call was "
+                                                                             "stored") in out["refused"]
     assert out["closed"] == "ok" and out["lost"] == 0, out
 
 

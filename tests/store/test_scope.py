@@ -369,6 +369,7 @@ def test_a_user_tag_an_earlier_version_stored_stays_readable_and_writable(tmp_pa
     with MemoryStore(db, EMBEDDER) as store:
         assert store.get(fid).tags == {"n": 3, "user": "cy"} and store.check().ok
         assert [f.id for f in store.list(where={"tags[user]": "cy"})] == [fid]
-        assert store.update(fid, "Cy's new notes", tags={"mood": "happy"}).tags == {"n": 3, "user": "cy", "mood": "happy"}
+        assert (store.update(fid, "Cy's new notes", tags={"mood": "happy"}).tags
+                == {"n": 3, "user": "cy", "mood": "happy"})
         assert store.update(fid, tags={"user": None}).tags == {"n": 3, "mood": "happy"}  # and it can be removed
         assert store.check().ok and store.repair().mode == "nothing to repair"

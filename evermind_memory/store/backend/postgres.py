@@ -394,7 +394,8 @@ class PostgresBackend:
     # ---- schema --------------------------------------------------------------------------------------------
     def _check_readable(self, conn: Connection) -> None:
         if _row(conn, "SELECT to_regclass('meta')")[0] is None:
-            raise InvalidInput(f"{self.path} holds no evermind store; open it once without read_only=True to create it.")
+            raise InvalidInput(f"{self.path} holds no evermind store; open it once without read_only=True to "
+                               "create it.")
         self._check_version(conn)
 
     def _check_version(self, conn: Connection) -> None:

@@ -128,7 +128,8 @@ class SQLiteSession(Session):
                 return hits
         return [] if chosen.any_word is None else self._match(chosen.any_word, limit, sel)
 
-    def _lexical_ranked(self, words: list[str], terms: list[str], limit: int, sel: Selection) -> list[tuple[FactRow, float]]:
+    def _lexical_ranked(self, words: list[str], terms: list[str], limit: int,
+                        sel: Selection) -> list[tuple[FactRow, float]]:
         """FTS5's bm25() ranking of the OR of `terms` (one per word), computed by lexical.bm25_top from the terms'
         postings: the same words kept (lexical.choose), the same scores and order as `ORDER BY rank, rid`, without
         FTS5 scoring every match one row at a time. Whole store: expired facts not swept yet are dropped after the
