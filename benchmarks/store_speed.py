@@ -3,11 +3,10 @@
 For each store size: remember one at a time (items/s, default durability), in the default mode (background
 embedding: the loop plus flush(), i.e. until every vector is stored and indexed; beside it the loop alone) and
 with background_embedding=False (each call embeds before its commit), remember_many
-(items/s), recall latency p50/p99 per mode with the query embedding included, the query embedding alone, opening a saved store,
-rebuild_index(); then plain hnswlib (build, knn_query) and exact numpy (matrix @ q + argpartition) over the
-very vectors the store holds, with and without the embedding step. The model is an untrained EvermindLM of
-the chosen config (speed does not depend on training) with a BPE tokenizer trained on synthetic text.
-Indicative only on a shared machine.
+(items/s), recall latency p50/p99 per mode with the query embedding included, the query embedding alone, opening a saved
+store, rebuild_index(); then plain hnswlib (build, knn_query) and exact numpy (matrix @ q + argpartition) over the very
+vectors the store holds, with and without the embedding step. The model is an untrained EvermindLM of the chosen config
+(speed does not depend on training) with a BPE tokenizer trained on synthetic text. Indicative only on a shared machine.
 
     python benchmarks/store_speed.py [--sizes 10000,100000] [--config small|tiny] [--queries 200]
                                      [--threads 1] [--json results.json]

@@ -3,11 +3,10 @@ beside the same model and training step written in PyTorch (CPU), in one run.
 
 Speed: tokens/s of the best of --steps full optimizer steps (forward, backward, clip, AdamW) on B=16 sequences of T=128
 random tokens, after one warm-up step; beside it the step's process CPU time (all threads) and tokens per
-CPU-second, which other load on a shared machine disturbs much less than wall time. PyTorch starts from the same weights (the step-0 losses are
-printed side by side as a check) and runs with --threads threads, as does numpy's BLAS. Memory: the
-tracemalloc peak of one step of plain, checkpointed and QLoRA-int8 training (numpy reports its buffers
-to tracemalloc), its activation part, and the training state kept between steps. Indicative only on a
-shared machine.
+CPU-second, which other load on a shared machine disturbs much less than wall time. PyTorch starts from the same weights
+(the step-0 losses are printed side by side as a check) and runs with --threads threads, as does numpy's BLAS. Memory:
+the tracemalloc peak of one step of plain, checkpointed and QLoRA-int8 training (numpy reports its buffers to
+tracemalloc), its activation part, and the training state kept between steps. Indicative only on a shared machine.
 
     python benchmarks/train_speed.py [--configs small,medium] [--steps 2] [--threads 2] [--json out.json]
 """

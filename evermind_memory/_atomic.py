@@ -13,7 +13,8 @@ from typing import IO, Iterator
 
 
 def full_fsync(fd: int) -> None:
-    """Flush a file descriptor to stable storage (F_FULLFSYNC where it exists: macOS's fsync stops at the drive cache)."""
+    """Flush a file descriptor to stable storage (F_FULLFSYNC where it exists: macOS's fsync stops at the drive
+    cache)."""
     try:
         import fcntl
 

@@ -562,7 +562,8 @@ def extract_html_page(text: str, path: str = "", *, mallard: bool = False) -> Pa
 
 
 def heading_pairs(page: Page) -> list[tuple[str, str]]:
-    """(title: heading, body text) for each h1-h3 section (other than the title) with enough body text before the next heading."""
+    """(title: heading, body text) for each h1-h3 section (other than the title) with enough body text before the next
+    heading."""
     out = []
     blocks = page.blocks
     for i, (kind, text) in enumerate(blocks):

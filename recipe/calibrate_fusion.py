@@ -312,8 +312,8 @@ class RuleFits:
 
 
 def select_rule(fits: dict[str, RuleFits], sources: Sequence[str], floors: dict[str, float]) -> tuple[str, dict]:
-    """The rule with the best (balanced) mean leave-one-out ndcg@10 over `sources` among those that do no harm on any (within
-    TIE of the best, the one with the smallest candidate pool: recall gathers and scores fewer rows).
+    """The rule with the best (balanced) mean leave-one-out ndcg@10 over `sources` among those that do no harm on any
+    (within TIE of the best, the one with the smallest candidate pool: recall gathers and scores fewer rows).
 
     Args:
         fits: rule name -> RuleFits.

@@ -9,8 +9,8 @@ texts is dropped. --drop-sources: every pair and passage whose source name start
 dropped only to save space (they repeat their pair docs). eval/ travels as it is (the training log's ndcg).
 Prints what was dropped; writes <out> and <out>.json (the counts).
 
---add-corpus DIR --add-prefix broad- (repeatable, in pairs): also pack the pairs and passages of DIR whose source starts with the
-prefix (a corpus built with `build_corpus.py --sources ...,broad`), after the same exclusions and a leak check:
+--add-corpus DIR --add-prefix broad- (repeatable, in pairs): also pack the pairs and passages of DIR whose source starts
+with the prefix (a corpus built with `build_corpus.py --sources ...,broad`), after the same exclusions and a leak check:
 an added text that covers 30% or more of the word 8-grams of any eval doc of --corpus or any doc of --leak-docs
 (the dev sets' *.jsonl / *.docs.jsonl) is dropped. --add-passages N keeps N of the added passages, shared evenly
 across their sources (seeded). --merge-pair-prefix P relabels every pair source "P<name>-<kind>" as "P<kind>"

@@ -48,9 +48,9 @@ class AdaptationPolicy:
             (idf over the training memories: the words a person searching for that memory would type);
             "span-memory": such a run anywhere; "sentence-or-span": with probability sentence_share one
             sentence of the memory (cut to sentence_max_words words: the shape of a one-line description or a
-            question), else a rare-span view (the shape of a name or a title; the default, see lr); "words-memory": that many words drawn by that weight, kept
-            in their order; "two-spans": two random token spans of the memory, a quarter to all of it
-            (symmetric, the first design; "batch" negatives only).
+            question), else a rare-span view (the shape of a name or a title; the default, see lr); "words-memory": that
+            many words drawn by that weight, kept in their order; "two-spans": two random token spans of the memory, a
+            quarter to all of it (symmetric, the first design; "batch" negatives only).
         query_min_words, query_max_words: length range of the short view.
         query_idf_power: sharpness of the rare-word weighting (0: any word).
         sentence_share: share of sentence views ("sentence-or-span").
@@ -89,10 +89,10 @@ class AdaptationPolicy:
             reciprocal rank (per held-out memory, the mean over its views) must be > 0 and > gate_margin standard
             errors of its mean over the memories (1.0: about a one-sided 16% chance that a candidate no better on
             the probe passes). A tie is refused. 1.0 over 2.0: with the gate off, 8 of 9 rounds on unseen
-            manuals (one sample) raised recall on their real queries and none lowered it, while 2 SE refused most of them
-            (the probe is a noisy view of query recall); 1 SE kept most of that gain: of the 27 rounds it let
-            through on five samples, 3 lowered query recall (by 0.004, 0.0004 and 0.013). Measured with the
-            previous model (845a819d); the shipped one passes 23 of 45 rounds on the same five samples.
+            manuals (one sample) raised recall on their real queries and none lowered it, while 2 SE refused most of
+            them (the probe is a noisy view of query recall); 1 SE kept most of that gain: of the 27 rounds it let
+            through on five samples, 3 lowered query recall (by 0.004, 0.0004 and 0.013). Measured with the previous
+            model (845a819d); the shipped one passes 23 of 45 rounds on the same five samples.
         require_gain: False turns the margin test off (a candidate as good as the current one within
             gate_tolerance passes): for tests of the publish mechanics, never for real stores.
         gate_tolerance: the candidate's probe recall@probe_k may be at most this much below the current

@@ -416,7 +416,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                                                                 "({} removes every tag) instead of being merged "
                                                                 "in")] = False,
                       ) -> Annotated[CallToolResult, UpdateResult]:
-        """MemoryStore.update (thread-safe; a new text is embedded before the commit); tags merge unless replace_tags."""
+        """MemoryStore.update (thread-safe; a new text is embedded before the commit); tags merge unless replace_tags."""  # noqa: E501 (the tool's description)
         if text is None and tags is None:
             raise InvalidInput("update_memory expected text or tags (or both); neither was given.")
         if tags == {} and not replace_tags:

@@ -287,8 +287,9 @@ def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int,
 
     The same arithmetic as FTS5's fts5Bm25Function (fts5_aux.c), operation for operation (each fact's terms summed in
     query order from 0.0, idf from the term's document count, a non-positive idf counted as 1e-6), so the scores
-    and their order are those of `ORDER BY rank` (negated: higher is better). Vectorised over all the postings: the cost grows with
-    the matches, at numpy's pace, and the postings themselves are read once per change (SQLiteSession caches them).
+    and their order are those of `ORDER BY rank` (negated: higher is better). Vectorised over all the postings: the cost
+    grows with the matches, at numpy's pace, and the postings themselves are read once per change (SQLiteSession caches
+    them).
     """
     avg = total_tokens / n if n else 1.0
     parts = [p for p in postings if len(p.rids)]

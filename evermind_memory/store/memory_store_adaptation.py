@@ -34,9 +34,10 @@ class AdaptationMethods:
         """Start a background thread that adapts the embedder to this store's memories (LoRA rounds).
 
         A round runs when the policy says so (enough new memories, long enough since the last round): it fits
-        an adapter, gates it on held-out memories, writes it to `<db>.adapters/` (a PostgreSQL store: its adapters table), re-embeds every memory into
-        a new generation while the current one keeps serving, catches up with writes made meanwhile and swaps
-        under the lock. A publish interrupted by a crash or stop() is resumed by the next round.
+        an adapter, gates it on held-out memories, writes it to `<db>.adapters/` (a PostgreSQL store: its adapters
+        table), re-embeds every memory into a new generation while the current one keeps serving, catches up with writes
+        made meanwhile and swaps under the lock. A publish interrupted by a crash or stop() is resumed by the next
+        round.
 
         Args:
             policy: an AdaptationPolicy (None: the defaults).

@@ -1,6 +1,6 @@
 """MemoryStore's maintenance methods: rebuild_index, reembed, check, repair, backup, export, import_, sweep,
-compact, stats and duplicates. They check their arguments here and hand the work to maintenance.py (and the vector cache,
-generations and writer). MemoryStore inherits them; nothing else uses this class.
+compact, stats and duplicates. They check their arguments here and hand the work to maintenance.py (and the vector
+cache, generations and writer). MemoryStore inherits them; nothing else uses this class.
 
 Whole-store work (rebuild_index, reembed, check, repair, compact) needs the handle that opened the store, not a scope
 view; backup copies every fact, so it also needs an unscoped one. export, import_, sweep, stats and duplicates

@@ -1,4 +1,5 @@
-"""recipe/widen.py: a widened checkpoint computes what the trained one computed, and training can move every new part."""
+"""recipe/widen.py: a widened checkpoint computes what the trained one computed, and training can move every new
+part."""
 
 from __future__ import annotations
 

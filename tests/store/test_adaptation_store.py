@@ -289,8 +289,8 @@ def test_adaptation_refused_where_it_cannot_work(db_path: Path, embedder, filled
 # ---- kill -9 at the named points of a publish (child processes) ------------------------------------------
 ADAPT_CHILD = CHILD_PRELUDE + """
 from evermind_memory.adaptation import AdaptationPolicy
-policy = AdaptationPolicy(steps=4, batch_size=8, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=4, gate_corpus=8,
-                          reembed_batch=8, min_facts=8)
+policy = AdaptationPolicy(steps=4, batch_size=8, gate_tolerance=1.0, require_gain=False, min_probe=4, max_probe=4,
+                          gate_corpus=8, reembed_batch=8, min_facts=8)
 with MemoryStore(db, emb) as store:
     print("open", flush=True)
     report = store.adapt_now(policy)

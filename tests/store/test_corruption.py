@@ -1,4 +1,5 @@
-"""docs/reliability.md, tests C: 38 corrupted, forged or mismatched index/manifest variants, reopened in a child process.
+"""docs/reliability.md, tests C: 38 corrupted, forged or mismatched index/manifest variants, reopened in a child
+process.
 
 Every one must be detected and rebuilt (or, for a valid older generation, replayed), never crash the process,
 and leave a store that passes check() with recall@10 >= 0.95 against exact search. Detected at open, except a

@@ -1,6 +1,6 @@
-"""docs/reliability.md, tests A: kill -9 of writer child processes (one, or several writing at once, at random moments, and
-at named crash points) never loses an acknowledged fact and leaves a store that opens, passes check() and
-recalls like exact search.
+"""docs/reliability.md, tests A: kill -9 of writer child processes (one, or several writing at once, at random moments,
+and at named crash points) never loses an acknowledged fact and leaves a store that opens, passes check() and recalls
+like exact search.
 
 The children use the default background embedding: acknowledged means remember() returned (the text is
 committed); a fact whose vector was still waiting when the child died is embedded at the next open."""
@@ -25,7 +25,8 @@ with MemoryStore(db, emb, durability=durability) as store:
     i = 0
     while True:
         if i % 7 == 6:
-            ids = store.remember_many([f"{name} batch fact {i} {j} about tea and cats" for j in range(5)], tags={"b": str(i)})
+            ids = store.remember_many([f"{name} batch fact {i} {j} about tea and cats" for j in range(5)],
+                                      tags={"b": str(i)})
         else:
             ids = [store.remember(f"{name} fact number {i} about river foxes", tags={"n": str(i)})]
         if i % 11 == 10:

@@ -141,7 +141,8 @@ def _read_acks(proc: subprocess.Popen, count: int, acked: list[str], errors: lis
 def test_postgres_server_killed_mid_write_loses_nothing_acknowledged(model_files, embedder):
     """kill -9 of the postmaster and its backends while a node writes: the node's calls wait for the pool's
     new connection or fail with StorageError meanwhile, it writes again once the server is back (no restart of
-    the node), and every fact it acknowledged before or after is there. A server of its own: the session's keeps serving."""
+    the node), and every fact it acknowledged before or after is there. A server of its own: the session's keeps
+    serving."""
     from pg_server import PgServer
 
     server = PgServer.start()

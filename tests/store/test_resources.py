@@ -1,4 +1,5 @@
-"""docs/reliability.md, tests B and R8/R14: a full disk (RLIMIT_FSIZE), automatic rebuild after many deletes, fork safety."""
+"""docs/reliability.md, tests B and R8/R14: a full disk (RLIMIT_FSIZE), automatic rebuild after many deletes, fork
+safety."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 backend.Writes, the queries both engines share through backend/session.py and the rest (full text, inserts) here.
 
 Plain parameterised SQL (psycopg `%s`; R19); lists travel as one array parameter (`= ANY(%s)`). Times are
-`timestamptz` columns, read back as the canonical UTC text every FactRow holds (the Dialect's `time_column`), so the front
-parses one format whatever the backend. Vectors are little-endian float16 `bytea` (backend/vector_blobs.py), as in
+`timestamptz` columns, read back as the canonical UTC text every FactRow holds (the Dialect's `time_column`), so the
+front parses one format whatever the backend. Vectors are little-endian float16 `bytea` (backend/vector_blobs.py), as in
 SQLite, read with binary cursors.
 
 Full-text search. `facts.tsv` is the fact's text through the `evermind` text search configuration (English

@@ -76,8 +76,8 @@ def _add_owners(conn: sqlite3.Connection) -> None:
 def _compact_vectors(conn: sqlite3.Connection) -> None:
     """Schema 5: every float32 vector rewritten as float16 (backend/vector_blobs.py), the facts' and those of a
     generation being built, a batch of rows at a time. The pages freed are reused by later writes (VACUUM returns
-    them to the file system: `evermind compact`, which vacuums unless --no-vacuum). Saved index snapshots name the old format and are
-    rebuilt once, at the next vector use."""
+    them to the file system: `evermind compact`, which vacuums unless --no-vacuum). Saved index snapshots name the old
+    format and are rebuilt once, at the next vector use."""
     tables = [("facts", "rid")]
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (GEN_TABLE,)).fetchone():
         tables.append((GEN_TABLE, "label"))

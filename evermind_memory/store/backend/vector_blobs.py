@@ -3,8 +3,9 @@
 
 A model's unit vector loses at most 2**-11 of each component to float16 (4.9e-4 below 1.0), and is scaled back to
 unit length when read. The vectors a process embeds are rounded by `as_stored` before anything sees them, so its
-own index holds the very values any other process reads from the database. Stores of schema 4 and earlier held float32 (4 bytes a component): `compact_rows` rewrites them at
-migration, and a float32 row met later (a process of the previous version still writing) is read as well.
+own index holds the very values any other process reads from the database. Stores of schema 4 and earlier held float32
+(4 bytes a component): `compact_rows` rewrites them at migration, and a float32 row met later (a process of the previous
+version still writing) is read as well.
 """
 
 from __future__ import annotations
