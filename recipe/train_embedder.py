@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -269,73 +270,11 @@ def main() -> None:
         args.warmup = 100 if args.init else 200
 
     # -- data: one table of unique texts; pairs and eval sets index into it ---------------------------
-    corpus = Path(args.corpus)
-    pairs = read_jsonl(corpus / "pairs.jsonl")
-    passages = read_jsonl(corpus / "passages.jsonl")
-    if args.exclude:
-        held = {t for row in read_jsonl(Path(args.exclude)) for t in (row["query"], row["doc"])}
-        before = len(pairs)
-        pairs = [p for p in pairs if p["query"] not in held and p["doc"] not in held]
-        passages = [p for p in passages if p["text"] not in held]
-        print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
-    for extra in args.extra_corpus:
-        more_pairs, more_passages = read_jsonl(Path(extra) / "pairs.jsonl"), read_jsonl(Path(extra) / "passages.jsonl")
-        if args.extra_passages and len(more_passages) > args.extra_passages:
-            keep = np.random.default_rng(args.seed).choice(len(more_passages), args.extra_passages, replace=False)
-            more_passages = [more_passages[i] for i in sorted(keep)]
-        pairs, passages = pairs + more_pairs, passages + more_passages
-        print(f"added {len(more_pairs)} pairs and {len(more_passages)} passages of {extra}", flush=True)
-    if args.limit:
-        pairs, passages = pairs[: args.limit], passages[: args.limit]
-    if args.augment:
-        from augment_pairs import augment
-
-        extra = augment(pairs, passages, seed=args.seed)
-        pairs = pairs + extra
-        kinds = {k: sum(r["source"] == k for r in extra) for k in sorted({r["source"] for r in extra})}
-        print(f"augmented with {len(extra)} pairs: {kinds}", flush=True)
-    eval_sets_raw = {p.stem: read_jsonl(p) for p in sorted((corpus / "eval").glob("*.jsonl"))}
-    text_id: dict[str, int] = {}
-
-    def tid(t: str) -> int:
-        return text_id.setdefault(t, len(text_id))
-
-    pair_q = np.array([tid(p["query"]) for p in pairs], dtype=np.int64)
-    pair_d = np.array([tid(p["doc"]) for p in pairs], dtype=np.int64)
-    pair_src_names = sorted({p["source"] for p in pairs})
-    pair_src = np.array([pair_src_names.index(p["source"]) for p in pairs])
-    passage_ids = np.array([tid(p["text"]) for p in passages], dtype=np.int64)
-    eval_sets = {}
-    for name, rows in eval_sets_raw.items():
-        docs = sorted({r["doc"] for r in rows})
-        d_ids = np.array([tid(d) for d in docs])
-        col = {d: i for i, d in enumerate(docs)}
-        eval_sets[name] = (np.array([tid(r["query"]) for r in rows]), d_ids, np.array([col[r["doc"]] for r in rows]))
-    texts = list(text_id)
-    print(f"texts {len(texts)}  pairs {len(pairs)}  passages {len(passages)}  eval "
-          f"{ {k: len(v[0]) for k, v in eval_sets.items()} }", flush=True)
-
-    cache_dir = Path(args.cache or args.state)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha1("\x00".join(texts).encode("utf-8")).hexdigest()[:12]  # the caches fit this text table only
-    cache = cache_dir / f"tokens-{args.max_tokens}-{digest}.npz"
-    if cache.exists():
-        z = np.load(cache, allow_pickle=False)
-        tok_mat, tok_len = z["mat"], z["len"]
-        assert len(tok_len) == len(texts)
-    else:
-        t0 = time.time()
-        tok_mat, tok_len = tokenise_all(texts, args.tokenizer, args.max_tokens)
-        np.savez(cache, mat=tok_mat, len=tok_len)
-        print(f"tokenised {len(texts)} texts in {time.time() - t0:.0f}s, mean length {tok_len.mean():.1f}", flush=True)
-    tcache = cache_dir / f"teacher-{digest}.npy"
-    if tcache.exists():
-        teach = np.load(tcache, allow_pickle=False)
-    else:
-        t0 = time.time()
-        teach = teacher_vectors(texts, args.teacher, args.device)
-        np.save(tcache, teach)
-        print(f"teacher vectors for {len(texts)} texts in {time.time() - t0:.0f}s", flush=True)
+    data = prepare_data(args)
+    texts, pair_q, pair_d, pair_src, pair_src_names = (data.texts, data.pair_q, data.pair_d, data.pair_src,
+                                                       data.pair_src_names)
+    passage_ids, eval_sets, tok_mat, tok_len, teach = (data.passage_ids, data.eval_sets, data.tok_mat, data.tok_len,
+                                                       data.teach)
 
     tok_mat_t = torch.tensor(tok_mat, device=dev, dtype=torch.long)
     tok_len_t = torch.tensor(tok_len, device=dev, dtype=torch.long)
@@ -515,6 +454,98 @@ def main() -> None:
             print(f"exporting at step {step} of {args.steps} planned (time budget)", flush=True)
             history.append({"cut_at_step": step, "planned_steps": args.steps})
         export(model, cfg, tok, args, history, out)
+
+
+@dataclass
+class TrainingData:
+    """What a run trains and evaluates on: one table of unique texts, and pairs, passages and eval sets as indexes into
+    it, with each text's tokens and teacher vector (cached per machine under --cache)."""
+
+    texts: list[str]
+    pair_q: np.ndarray  # (P,) text ids of the pairs' queries
+    pair_d: np.ndarray  # (P,) text ids of their docs
+    pair_src: np.ndarray  # (P,) index into pair_src_names
+    pair_src_names: list[str]
+    passage_ids: np.ndarray  # (N,) text ids of the passages
+    eval_sets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # name -> (query ids, doc ids, gold column)
+    tok_mat: np.ndarray  # (T, max_tokens) token ids, 0-padded
+    tok_len: np.ndarray  # (T,) token counts
+    teach: np.ndarray  # (T, 384) the teacher's unit vectors
+
+
+def prepare_data(args) -> TrainingData:
+    """Read the corpus (--corpus, --exclude, --extra-corpus, --limit, --augment), tokenise every text and compute its
+    teacher vector, both cached; shared by every trainer that learns from the teacher (the embedder, a reranker)."""
+    corpus = Path(args.corpus)
+    pairs = read_jsonl(corpus / "pairs.jsonl")
+    passages = read_jsonl(corpus / "passages.jsonl")
+    if args.exclude:
+        held = {t for row in read_jsonl(Path(args.exclude)) for t in (row["query"], row["doc"])}
+        before = len(pairs)
+        pairs = [p for p in pairs if p["query"] not in held and p["doc"] not in held]
+        passages = [p for p in passages if p["text"] not in held]
+        print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
+    for extra in args.extra_corpus:
+        more_pairs, more_passages = read_jsonl(Path(extra) / "pairs.jsonl"), read_jsonl(Path(extra) / "passages.jsonl")
+        if args.extra_passages and len(more_passages) > args.extra_passages:
+            keep = np.random.default_rng(args.seed).choice(len(more_passages), args.extra_passages, replace=False)
+            more_passages = [more_passages[i] for i in sorted(keep)]
+        pairs, passages = pairs + more_pairs, passages + more_passages
+        print(f"added {len(more_pairs)} pairs and {len(more_passages)} passages of {extra}", flush=True)
+    if args.limit:
+        pairs, passages = pairs[: args.limit], passages[: args.limit]
+    if args.augment:
+        from augment_pairs import augment
+
+        extra = augment(pairs, passages, seed=args.seed)
+        pairs = pairs + extra
+        kinds = {k: sum(r["source"] == k for r in extra) for k in sorted({r["source"] for r in extra})}
+        print(f"augmented with {len(extra)} pairs: {kinds}", flush=True)
+    eval_sets_raw = {p.stem: read_jsonl(p) for p in sorted((corpus / "eval").glob("*.jsonl"))}
+    text_id: dict[str, int] = {}
+
+    def tid(t: str) -> int:
+        return text_id.setdefault(t, len(text_id))
+
+    pair_q = np.array([tid(p["query"]) for p in pairs], dtype=np.int64)
+    pair_d = np.array([tid(p["doc"]) for p in pairs], dtype=np.int64)
+    pair_src_names = sorted({p["source"] for p in pairs})
+    pair_src = np.array([pair_src_names.index(p["source"]) for p in pairs])
+    passage_ids = np.array([tid(p["text"]) for p in passages], dtype=np.int64)
+    eval_sets = {}
+    for name, rows in eval_sets_raw.items():
+        docs = sorted({r["doc"] for r in rows})
+        d_ids = np.array([tid(d) for d in docs])
+        col = {d: i for i, d in enumerate(docs)}
+        eval_sets[name] = (np.array([tid(r["query"]) for r in rows]), d_ids, np.array([col[r["doc"]] for r in rows]))
+    texts = list(text_id)
+    print(f"texts {len(texts)}  pairs {len(pairs)}  passages {len(passages)}  eval "
+          f"{ {k: len(v[0]) for k, v in eval_sets.items()} }", flush=True)
+
+    cache_dir = Path(args.cache or args.state)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1("\x00".join(texts).encode("utf-8")).hexdigest()[:12]  # the caches fit this text table only
+    cache = cache_dir / f"tokens-{args.max_tokens}-{digest}.npz"
+    if cache.exists():
+        z = np.load(cache, allow_pickle=False)
+        tok_mat, tok_len = z["mat"], z["len"]
+        assert len(tok_len) == len(texts)
+    else:
+        t0 = time.time()
+        tok_mat, tok_len = tokenise_all(texts, args.tokenizer, args.max_tokens)
+        np.savez(cache, mat=tok_mat, len=tok_len)
+        print(f"tokenised {len(texts)} texts in {time.time() - t0:.0f}s, mean length {tok_len.mean():.1f}", flush=True)
+    tcache = cache_dir / f"teacher-{digest}.npy"
+    if tcache.exists():
+        teach = np.load(tcache, allow_pickle=False)
+    else:
+        t0 = time.time()
+        teach = teacher_vectors(texts, args.teacher, args.device)
+        np.save(tcache, teach)
+        print(f"teacher vectors for {len(texts)} texts in {time.time() - t0:.0f}s", flush=True)
+
+    return TrainingData(texts, pair_q, pair_d, pair_src, pair_src_names, passage_ids, eval_sets, tok_mat, tok_len,
+                        teach)
 
 
 class Embed:
