@@ -1,0 +1,226 @@
+"""Train a reranker on a GPU: EvermindLM reads "question <sep> memory" and scores it (issue 36).
+
+    python recipe/train_reranker.py --corpus corpus --tokenizer evermind_memory/models/tokenizer.json \
+        --teacher teacher --init evermind_memory/models/model.evlm --layers 2 --cache /tmp/cache \
+        --out runs/rerank [--extra-corpus DIR --extra-passages N] [--negatives 7] [--time-budget 480]
+
+The reranker starts from the embedder's embedding table, its first --layers layers and its pooling block (the
+quiet-machine cost of 30 candidates on 2 cores: 14 ms with two layers at C=256, 26 ms with all four:
+benchmarks/rerank_speed.py); a linear head on the pooled vector gives the score. The separator is the tokenizer's
+BOS id, which no text contains mid-sequence. Each training row is one question with its positive and --negatives
+hard negatives mined by the teacher (train_embedder.mine_hard_negatives): the loss is the listwise cross-entropy of
+the positive plus --kd-weight x the KL divergence from the teacher's softmax over the same list (cosines / --kd-tau).
+The data (texts, tokens, teacher vectors, with their caches) is train_embedder.prepare_data's, so both trainers read
+one corpus the same way. The eval reranks the warm-start embedder's top --eval-pool on the corpus's eval sets and
+reports ndcg@10 of both orders. Exports `reranker.evlm` (our checkpoint format) and `reranker.json` (the head, the
+separator, the layer count and the eval), no pickles. A dev-time tool: needs torch and sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mirror import MirrorLM  # noqa: E402
+from train_embedder import mine_hard_negatives, ndcg_at_10, prepare_data  # noqa: E402
+
+from evermind_memory.lm.model import LMConfig, load_model, param_shapes, save_model  # noqa: E402
+from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
+
+RERANKER_FORMAT = "evermind-reranker 1"
+
+
+def truncate_layers(cfg: LMConfig, params: dict[str, np.ndarray], layers: int) -> tuple[LMConfig, dict]:
+    """The embedder's first `layers` layers with its embedding table and pooling block."""
+    if not 1 <= layers <= cfg.n_layers:
+        raise SystemExit(f"--layers must be 1..{cfg.n_layers} (the embedder's depth), got {layers}")
+    new = LMConfig(**{**cfg.to_dict(), "n_layers": layers})
+    return new, {name: params[name] for name in param_shapes(new)}
+
+
+def join_pairs(tok_mat: torch.Tensor, tok_len: torch.Tensor, q: torch.Tensor, d: torch.Tensor, sep: int,
+               q_max: int, d_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows "question <sep> doc" for text ids q and d (both (B,)), the question cut at q_max tokens and the doc
+    at d_max, padded with 0 after the doc. Returns (tokens (B, q_max + 1 + d_max), lengths (B,))."""
+    lq = torch.clamp(tok_len[q], max=q_max)  # (B,)
+    ld = torch.clamp(tok_len[d], max=d_max)
+    width = q_max + 1 + d_max
+    j = torch.arange(width, device=q.device)[None, :]  # (1, W)
+    q_tok = tok_mat[q][:, :q_max]  # (B, q_max)
+    d_tok = tok_mat[d][:, :d_max]
+    from_q = q_tok.gather(1, torch.clamp(j, max=q_max - 1).expand(len(q), -1))
+    from_d = d_tok.gather(1, torch.clamp(j - lq[:, None] - 1, min=0, max=d_max - 1))
+    lengths = lq + 1 + ld
+    rows = torch.where(j < lq[:, None], from_q, torch.where(j == lq[:, None], torch.full_like(from_q, sep), from_d))
+    rows = torch.where(j < lengths[:, None], rows, torch.zeros_like(rows))
+    return rows, lengths
+
+
+class Reranker(torch.nn.Module):
+    """The truncated backbone and pooling block (MirrorLM) plus a linear score."""
+
+    def __init__(self, cfg: LMConfig, params: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.lm = MirrorLM(cfg.to_dict(), param_shapes(cfg), params)
+        self.head = torch.nn.Linear(cfg.d_model, 1)
+        torch.nn.init.zeros_(self.head.weight)  # every candidate starts level; the first steps set the direction
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        T = int(lengths.max())
+        v = F.normalize(self.lm.pooled(tokens[:, :T], lengths), dim=-1)
+        return self.head(v).squeeze(-1)  # (B,)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--teacher", required=True)
+    ap.add_argument("--init", required=True, help="the embedder checkpoint the reranker starts from")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cache", default=None, help="tokens and teacher vectors (train_embedder's cache)")
+    ap.add_argument("--state", default="/tmp/reranker_state", help="where the cache goes when --cache is not given")
+    ap.add_argument("--exclude", default=None)
+    ap.add_argument("--extra-corpus", action="append", default=[], metavar="DIR")
+    ap.add_argument("--extra-passages", type=int, default=0)
+    ap.add_argument("--augment", action="store_true")
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--q-tokens", type=int, default=32, help="question tokens kept")
+    ap.add_argument("--d-tokens", type=int, default=64, help="memory tokens kept")
+    ap.add_argument("--negatives", type=int, default=7, help="hard negatives per question")
+    ap.add_argument("--batch", type=int, default=64, help="questions a step (each with 1 + negatives candidates)")
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--kd-weight", type=float, default=1.0)
+    ap.add_argument("--kd-tau", type=float, default=0.05)
+    ap.add_argument("--eval-pool", type=int, default=30, help="the embedder's top N that the eval reranks")
+    ap.add_argument("--time-budget", type=float, default=480.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    t_start = time.time()
+    torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    tok = BPETokenizer.load(args.tokenizer)
+    full_cfg, full_params = load_model(args.init)
+    cfg, params = truncate_layers(full_cfg, full_params, args.layers)
+    data = prepare_data(args)
+    tok_mat = torch.tensor(data.tok_mat, device=dev, dtype=torch.long)
+    tok_len = torch.tensor(data.tok_len, device=dev, dtype=torch.long)
+    teach = torch.tensor(data.teach, device=dev, dtype=torch.float32)
+    hard = mine_hard_negatives(data.pair_q, data.pair_d, teach, args.negatives)  # (P, K), -1 where none survived
+    usable = (hard >= 0).all(axis=1)
+    pair_q, pair_d, hard = data.pair_q[usable], data.pair_d[usable], hard[usable]
+    print(f"{len(pair_q)} questions with {args.negatives} hard negatives each ({(~usable).sum()} with fewer left out)",
+          flush=True)
+    if not len(pair_q):
+        raise SystemExit("no question kept its hard negatives: a larger corpus (or fewer --negatives) is needed")
+
+    model = Reranker(cfg, params).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    rng = np.random.default_rng(args.seed)
+    sep, K1 = tok.bos_id, args.negatives + 1
+    amp = dev.type == "cuda"
+
+    def lr_at(s: int) -> float:
+        if s < args.warmup:
+            return args.lr * (s + 1) / args.warmup
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - args.warmup) / max(1, args.steps - args.warmup))))
+
+    history: list[dict] = [{"eval": evaluate(model, data, full_cfg, full_params, tok_mat, tok_len, sep, args, dev),
+                            "step": 0}]
+    print(f"step 0 eval {history[-1]['eval']}", flush=True)
+    step, t_train = 0, time.time()
+    while step < args.steps and time.time() - t_train < args.time_budget:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        rows = rng.integers(len(pair_q), size=args.batch)
+        q = torch.as_tensor(np.repeat(pair_q[rows], K1), device=dev)  # (B*K1,)
+        d = torch.as_tensor(np.concatenate([pair_d[rows, None], hard[rows]], axis=1).reshape(-1), device=dev)
+        tokens, lengths = join_pairs(tok_mat, tok_len, q, d, sep, args.q_tokens, args.d_tokens)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            scores = model(tokens, lengths).float().view(args.batch, K1)  # (B, K1), the positive first
+        target = torch.zeros(args.batch, dtype=torch.long, device=dev)
+        loss_ce = F.cross_entropy(scores, target)
+        t_scores = (teach[q] * teach[d]).sum(-1).view(args.batch, K1) / args.kd_tau
+        loss_kd = F.kl_div(F.log_softmax(scores, -1), F.log_softmax(t_scores, -1), log_target=True,
+                           reduction="batchmean")
+        loss = loss_ce + args.kd_weight * loss_kd
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 100 == 0:
+            acc = float((scores.argmax(-1) == 0).float().mean())
+            history.append({"step": step, "loss": loss.item(), "ce": loss_ce.item(), "kd": loss_kd.item(),
+                            "list_accuracy": acc, "lr": lr_at(step), "elapsed": round(time.time() - t_start, 1)})
+            print(json.dumps(history[-1]), flush=True)
+    history.append({"step": step, "eval": evaluate(model, data, full_cfg, full_params, tok_mat, tok_len, sep, args,
+                                                   dev)})
+    print(f"step {step} eval {history[-1]['eval']}", flush=True)
+    export(model, cfg, sep, args, history)
+
+
+@torch.no_grad()
+def evaluate(model: Reranker, data, full_cfg: LMConfig, full_params: dict, tok_mat: torch.Tensor,
+             tok_len: torch.Tensor, sep: int, args, dev: torch.device) -> dict[str, dict[str, float]]:
+    """Per eval set: ndcg@10 of the warm-start embedder's ranking and of its top --eval-pool reranked."""
+    embedder = MirrorLM(full_cfg.to_dict(), param_shapes(full_cfg), full_params).to(dev).eval()
+    model.eval()
+    out = {}
+
+    def embed(ids: np.ndarray) -> torch.Tensor:
+        vs = []
+        for i in range(0, len(ids), 1024):
+            idx = torch.as_tensor(ids[i: i + 1024], device=dev)
+            T = int(tok_len[idx].max())
+            vs.append(embedder.embed(tok_mat[idx, :T], tok_len[idx]))
+        return torch.cat(vs)
+
+    for name, (q_ids, d_ids, gold) in data.eval_sets.items():
+        sim = embed(q_ids) @ embed(d_ids).T  # (Q, D)
+        n = min(args.eval_pool, sim.shape[1])
+        top = torch.topk(sim, n, dim=1).indices  # (Q, n) columns
+        q = torch.as_tensor(np.repeat(q_ids, n), device=dev)
+        d = torch.as_tensor(d_ids, device=dev)[top.reshape(-1)]
+        scores = torch.cat([model(*join_pairs(tok_mat, tok_len, q[i: i + 2048], d[i: i + 2048], sep, args.q_tokens,
+                                              args.d_tokens)).float() for i in range(0, len(q), 2048)])
+        reranked = torch.full_like(sim, -1e9).scatter(1, top, scores.view(-1, n))  # outside the pool: last
+        out[name] = {"embedder": ndcg_at_10(sim.cpu().numpy(), gold),
+                     "reranked": ndcg_at_10(reranked.cpu().numpy(), gold)}
+    model.train()
+    return out
+
+
+def export(model: Reranker, cfg: LMConfig, sep: int, args, history: list[dict]) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = model.lm.to_numpy_params()
+    save_model(out / "reranker.evlm", cfg, params, fp16=True)
+    meta = {"format": RERANKER_FORMAT, "init": str(args.init), "layers": cfg.n_layers, "sep_token": int(sep),
+            "q_tokens": args.q_tokens, "d_tokens": args.d_tokens,
+            "head": model.head.weight.detach().float().cpu().numpy().reshape(-1).tolist(),
+            "bias": float(model.head.bias.detach().float().cpu()), "args": vars(args), "history": history}
+    (out / "reranker.json").write_text(json.dumps(meta, indent=1))
+    print(f"exported to {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
