@@ -376,20 +376,31 @@ class VectorCache:
         """Whether the snapshot on disk is this generation's and far enough ahead of our index to be worth adopting
         instead of replaying (it skips at least REBUILD_BEHIND_MIN changes and ADOPT_BEHIND_RATIO x its vectors),
         and was not already refused (reads its manifest only)."""
-        if not self._access.snapshot_files:
+        saved = self._saved_manifest(self._gen.fingerprint)
+        if saved is None:
             return False
+        _, _, manifest, mark, live = saved
+        if (manifest.get("file"), mark) == self._refused_snapshot:
+            return False
+        skipped = mark - self._gen.watermark
+        return skipped >= REBUILD_BEHIND_MIN and skipped > ADOPT_BEHIND_RATIO * live
+
+    def _saved_manifest(self, fingerprint: str) -> tuple[Path, str, dict, int, int] | None:
+        """The saved snapshot's manifest when it is this store's and `fingerprint`'s: (directory, stem, manifest,
+        watermark, live vectors); None when snapshots are not kept, there is none, it does not parse, or it names
+        another store or model."""
+        if not self._access.snapshot_files:
+            return None
         directory, stem = self._files()
         try:
             manifest = read_manifest(directory / f"{stem}.json")
         except IndexRejected:
-            return False
+            return None
         mark, live = manifest.get("watermark"), manifest.get("live")
-        if (manifest.get("store_id") != self.store_id or manifest.get("fingerprint") != self._gen.fingerprint
-                or not isinstance(mark, int) or not isinstance(live, int)
-                or (manifest.get("file"), mark) == self._refused_snapshot):
-            return False
-        skipped = mark - self._gen.watermark
-        return skipped >= REBUILD_BEHIND_MIN and skipped > ADOPT_BEHIND_RATIO * live
+        if (manifest.get("store_id") != self.store_id or manifest.get("fingerprint") != fingerprint
+                or not isinstance(mark, int) or not isinstance(live, int)):
+            return None
+        return directory, stem, manifest, mark, live
 
     def _adopt_snapshot(self, gen: Generation) -> tuple[VectorIndex, int, str] | None:
         """The snapshot on disk, when another process saved one newer than `gen`'s index that is not itself far
@@ -397,19 +408,13 @@ class VectorCache:
         trusted as an open trusts it (as many live vectors as SQLite holds for the model; verify() compares them
         all). Returns (index, the seq it reflects, status), or None (no such snapshot, or it failed a check: the
         caller rebuilds or replays)."""
-        if not self._access.snapshot_files:
+        saved = self._saved_manifest(gen.fingerprint)
+        if saved is None:
             return None
-        directory, stem = self._files()
-        try:
-            manifest = read_manifest(directory / f"{stem}.json")
-        except IndexRejected:
-            return None
-        mark, live = manifest.get("watermark"), manifest.get("live")
+        directory, stem, manifest, mark, live = saved
         with self._db.reading() as r:
             top = r.max_seq()
-        if (manifest.get("store_id") != self.store_id or manifest.get("fingerprint") != gen.fingerprint
-                or not isinstance(mark, int) or not isinstance(live, int) or not gen.watermark < mark <= top
-                or self._far_behind(top - mark, live)):
+        if not gen.watermark < mark <= top or self._far_behind(top - mark, live):
             return None
         refused = (manifest.get("file"), mark)
         try:
