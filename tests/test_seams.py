@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Callable
 
 import evermind_memory
 
@@ -55,6 +56,11 @@ def reaches(tree: ast.AST, privates: set[str]) -> list[tuple[int, str]]:
         return isinstance(receiver, ast.Name) and receiver.id not in ("self", "cls") and name in privates and (
             name not in own or receiver.id == "store")
 
+    return attribute_reaches(tree, counts)
+
+
+def attribute_reaches(tree: ast.AST, counts: Callable[[ast.expr, object], bool]) -> list[tuple[int, str]]:
+    """(line, text) for each `x._name` and `getattr(x, "_name")` / `hasattr(...)` that `counts(x, name)` accepts."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and counts(node.value, node.attr):
@@ -132,18 +138,10 @@ def crossings(tree: ast.AST) -> list[tuple[int, str]]:
             return False
         return f"{ast.unparse(receiver)}.{name}" not in STDLIB
 
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            found += [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {alias.name}")
-                      for alias in node.names if _private(alias.name)]
-        elif isinstance(node, ast.Attribute) and counts(node.value, node.attr):
-            found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
-                and counts(node.args[0], node.args[1].value):
-            found.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})"))
-    return sorted(found)
+    imports = [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {alias.name}")
+               for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for alias in node.names if _private(alias.name)]
+    return sorted(imports + attribute_reaches(tree, counts))
 
 
 def package_crossings() -> dict[tuple[str, str], list[int]]:
