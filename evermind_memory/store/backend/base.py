@@ -150,7 +150,7 @@ def _when(name: str, text: str) -> datetime:
         raise ValueError(f"its {name} {text!r:.40} is not a timestamp ({exc})") from None
 
 
-def _utf8(text: str) -> bool:
+def utf8_text(text: str) -> bool:
     """Whether `text` is valid Unicode (no lone surrogates: the backend decodes damaged bytes to them)."""
     if text.isascii():
         return True
@@ -167,14 +167,15 @@ def row_problem(fields: dict) -> str | None:
         value = fields[name]
         if not isinstance(value, str) or not value.strip():
             return f"its {name} is {type(value).__name__} {value!r:.40}, not text"
-        if not _utf8(value):
+        if not utf8_text(value):
             return f"its {name} holds bytes that are not UTF-8"
     source = fields["source"]
-    if source is not None and (not isinstance(source, str) or not _utf8(source)):
+    if source is not None and (not isinstance(source, str) or not utf8_text(source)):
         return f"its source is {source!r:.40}, not text"
     tags = fields["tags"]
-    if not isinstance(tags, dict) or not all(isinstance(k, str) and _utf8(k) and isinstance(v, (str, int, float, bool))
-                                             and (not isinstance(v, str) or _utf8(v)) for k, v in tags.items()):
+    if not isinstance(tags, dict) or not all(isinstance(k, str) and utf8_text(k)
+                                             and isinstance(v, (str, int, float, bool))
+                                             and (not isinstance(v, str) or utf8_text(v)) for k, v in tags.items()):
         return f"its tags are {str(tags)[:60]!r}, not a JSON object of labels"
     for name in ("created_at", "updated_at"):
         if fields[name].tzinfo is None:

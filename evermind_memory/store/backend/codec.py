@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeGuard
 
-from .base import row_problem
+from .base import row_problem, utf8_text
 
 
 def tags_json(tags: dict) -> str:
@@ -40,13 +40,7 @@ class RepairCounts:
 
 def ok_text(value: object) -> TypeGuard[str]:
     """Text a fact field may hold: a str, not blank, encodable as UTF-8 (no lone surrogates)."""
-    if not isinstance(value, str) or not value.strip():
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return isinstance(value, str) and bool(value.strip()) and utf8_text(value)
 
 
 def ok_tags(value: object) -> TypeGuard[str]:

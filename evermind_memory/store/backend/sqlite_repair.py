@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ..scope import LEVELS
 from . import vector_blobs
-from .base import new_id, utc_now
+from .base import new_id, utc_now, utf8_text
 from .codec import RepairCounts, ok_tags, ok_text
 from .filter_sql import REBUILD_TAGS_SQL
 from .session import INSERT_CHANGE
@@ -58,13 +58,7 @@ def quarantine(conn: sqlite3.Connection, table: str, fact_id: object, reason: st
 def _ok_label(value: object) -> bool:
     """A source a read returns: any text. (The write path also refuses one of only whitespace, but an older version
     wrote such labels and reads return them: they are not damage.)"""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return isinstance(value, str) and utf8_text(value)
 
 
 def _ok_time(value: object) -> bool:
