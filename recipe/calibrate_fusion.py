@@ -363,12 +363,13 @@ def without(pool: CandidatePool, doc: int) -> CandidatePool:
 class RelevanceStacks:
     """Per source and pool size, the stacks relevance is fitted on: the queries as asked ("answerable"), the same
     queries with their fact taken out of the store ("removed") and another source's queries ("foreign"), with
-    every ranking feature of the rules and the relevance model's own (built once, memoised)."""
+    every ranking feature of the rules and the relevance model's own, `features` (built once, memoised)."""
 
-    def __init__(self, data: dict, rules: Sequence[Rule]) -> None:
+    def __init__(self, data: dict, rules: Sequence[Rule], features: Sequence[str] = RELEVANCE_FEATURES) -> None:
         self.data = data
+        self.features = tuple(features)
         self.names = {pool: list(dict.fromkeys([f for r in rules if r.pool == pool for f in r.features]
-                                               + [f for f in RELEVANCE_FEATURES if f in FEATURES]))
+                                               + [f for f in self.features if f in FEATURES]))
                       for pool in {r.pool for r in rules}}
         self._memo: dict[tuple[str, int], dict[str, Stack]] = {}
 
@@ -389,7 +390,8 @@ class RelevanceStacks:
 SHARES = {"answerable": 0.5, "removed": 0.25, "foreign": 0.25}  # each source weighs 1, split between the kinds
 
 
-def relevance_rows(stack: Stack, rule: Rule, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def relevance_rows(stack: Stack, rule: Rule, w: np.ndarray,
+                   features: Sequence[str] = RELEVANCE_FEATURES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The top-10 hits of every query of `stack` under the rule as relevance rows: (X (N, R), y (N,), top (N,):
     True for each query's first hit)."""
     score = stack.select(rule.features).X @ w  # (M,)
@@ -401,7 +403,7 @@ def relevance_rows(stack: Stack, rule: Rule, w: np.ndarray) -> tuple[np.ndarray,
     best = np.full(stack.nq, -np.inf)
     np.maximum.at(best, stack.seg, score)
     cols = []
-    for name in RELEVANCE_FEATURES:
+    for name in features:
         if name == "score":
             cols.append(score[keep])
         elif name == "margin":
@@ -434,7 +436,7 @@ def relevance_set(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np
         for kind, stack in rs.get(s, rule.pool).items():
             if stack.nq == 0:
                 continue
-            Xk, yk, tk = relevance_rows(stack, rule, w)
+            Xk, yk, tk = relevance_rows(stack, rule, w, rs.features)
             X.append(Xk)
             y.append(yk)
             wt.append(np.full(len(yk), SHARES[kind] / stack.nq))
@@ -620,7 +622,7 @@ def final_params(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks, fin
     f = fits[chosen]
     w = f.weights(names)
     rw, rb = fit_relevance(rs, names, f.rule, w)
-    params = FusionParams(tuple(f.rule.features), tuple(float(x) for x in w), f.rule.pool, RELEVANCE_FEATURES,
+    params = FusionParams(tuple(f.rule.features), tuple(float(x) for x in w), f.rule.pool, rs.features,
                           tuple(float(x) for x in rw), rb, fingerprint)
     return params, {"chosen": chosen, "selection": summary}
 
@@ -644,12 +646,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--no-personal", action="store_true",
                     help="leave out the personal-memory sources (benchmarks/personal_recall.py)")
     args = ap.parse_args(argv)
-    global RELEVANCE_FEATURES
     extra = tuple(f for f in args.relevance_extra.split(",") if f.strip())
     unknown = [f for f in extra if f not in FEATURES]
     if unknown:
         raise InvalidInput(f"--relevance-extra: unknown features {unknown}; known: {sorted(FEATURES)}")
-    RELEVANCE_FEATURES = RELEVANCE_FEATURES + extra
 
     def log(msg: str) -> None:
         print(f"[calibrate_fusion] {msg}", file=sys.stderr, flush=True)
@@ -666,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      [s for s in args.sources.split(",") if s.strip()] or None, log=log, personal=not args.no_personal)
     rules = RULES + STUDY_RULES if args.study else RULES
     fits = build_fits(data, rules, log=log)
-    rs = RelevanceStacks(data, rules)
+    rs = RelevanceStacks(data, rules, RELEVANCE_FEATURES + extra)
     loso = evaluate_loso(data, fits, rs, log)
     params, chosen = final_params(data, fits, rs, embedder.fingerprint)
     print(format_loso(loso))
