@@ -263,8 +263,7 @@ def vocabulary(wordnet: Path, reserved: set[str], broad: bool = False) -> dict[s
     }
     if broad:
         for kind, more in broad_values(wn).items():
-            seen = set(vocab[kind])
-            vocab[kind] = list(vocab[kind]) + [v for v in more if v not in seen and not seen.add(v)]
+            vocab[kind] = list(dict.fromkeys([*vocab[kind], *more]))  # the lists here first, WordNet's new ones after
     return {k: [v for v in vals if ok(v)] for k, vals in vocab.items()}
 
 
