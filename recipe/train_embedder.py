@@ -478,7 +478,7 @@ def prepare_data(args) -> TrainingData:
     teacher vector, both cached; shared by every trainer that learns from the teacher (the embedder, a reranker)."""
     corpus = Path(args.corpus)
     pairs = read_jsonl(corpus / "pairs.jsonl")
-    passages = read_jsonl(corpus / "passages.jsonl")
+    passages = [] if getattr(args, "no_passages", False) else read_jsonl(corpus / "passages.jsonl")
     if args.exclude:
         held = {t for row in read_jsonl(Path(args.exclude)) for t in (row["query"], row["doc"])}
         before = len(pairs)
@@ -486,7 +486,8 @@ def prepare_data(args) -> TrainingData:
         passages = [p for p in passages if p["text"] not in held]
         print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
     for extra in args.extra_corpus:
-        more_pairs, more_passages = read_jsonl(Path(extra) / "pairs.jsonl"), read_jsonl(Path(extra) / "passages.jsonl")
+        more_pairs = read_jsonl(Path(extra) / "pairs.jsonl")
+        more_passages = [] if getattr(args, "no_passages", False) else read_jsonl(Path(extra) / "passages.jsonl")
         if args.extra_passages and len(more_passages) > args.extra_passages:
             keep = np.random.default_rng(args.seed).choice(len(more_passages), args.extra_passages, replace=False)
             more_passages = [more_passages[i] for i in sorted(keep)]
@@ -722,14 +723,17 @@ def mine_teacher_pairs(passage_ids: np.ndarray, teach_t: torch.Tensor, min_cos: 
 
 
 def mine_hard_negatives(pair_q: np.ndarray, pair_d: np.ndarray, teach_t: torch.Tensor, k: int,
-                        keep_below: float = 0.95, chunk: int = 2048) -> np.ndarray:
-    """Per pair, up to k text ids of pair docs nearest to the query by teacher cosine, excluding any doc paired
-    with that query and any doc scoring >= keep_below x the positive's score (likely unlabelled positives).
+                        keep_below: float = 0.95, chunk: int = 2048, rank_t: torch.Tensor | None = None) -> np.ndarray:
+    """Per pair, up to k text ids of pair docs nearest to the query by teacher cosine (or by rank_t's, another model's
+    unit vectors of the same texts: the negatives that model ranks high), excluding any doc paired with that query
+    and any doc the teacher scores >= keep_below x the positive's score (likely unlabelled positives).
 
     Returns (P, k) int64, -1 where fewer than k survive.
     """
+    rank_t = teach_t if rank_t is None else rank_t
     docs = np.unique(pair_d)  # (D,)
-    t_docs = teach_t[torch.tensor(docs, device=teach_t.device)]  # (D, 384)
+    docs_t = torch.tensor(docs, device=teach_t.device)
+    t_docs, r_docs = teach_t[docs_t], rank_t[docs_t]  # (D, 384), (D, C)
     pair_keys = np.unique(pair_q * (int(pair_d.max()) + 1) + pair_d)
     m = min(len(docs), 8 * k + 64)  # candidates before filtering (the filter drops about half of the nearest 32)
     out = np.full((len(pair_q), k), -1, dtype=np.int64)
@@ -738,7 +742,8 @@ def mine_hard_negatives(pair_q: np.ndarray, pair_d: np.ndarray, teach_t: torch.T
         d = torch.tensor(pair_d[i: i + chunk], device=teach_t.device)
         tq = teach_t[q]  # (b, 384)
         pos = (tq * teach_t[d]).sum(-1)  # (b,)
-        score, col = torch.topk(tq @ t_docs.T, m, dim=1)  # (b, m)
+        col = torch.topk(rank_t[q] @ r_docs.T, m, dim=1).indices  # (b, m)
+        score = (tq[:, None, :] * t_docs[col]).sum(-1)  # (b, m) the teacher's cosines of the candidates
         cand = docs[col.cpu().numpy()]  # (b, m) text ids
         bad = np.isin(pair_q[i: i + chunk, None] * (int(pair_d.max()) + 1) + cand, pair_keys)
         bad |= (score >= keep_below * pos[:, None]).cpu().numpy()
