@@ -1,17 +1,18 @@
 """The vector cache: the HNSW index over the vectors in SQLite, kept up to date from the change feed.
 
-The truth is the backend (facts, vectors, fingerprints, the change sequence); this process's index is a cache
-of it. The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a
-rebuild or a model swap installs a new one, and applying a change advances the watermark. Any process catches
-up by replaying the changes after its watermark (R3) before it answers; a loaded snapshot is validated first
-(R6) and trusted when its manifest matches the database (issue 34: the comparison of every vector with SQLite
-runs in verify(), from check() and from a background pass), else rebuilt. That load happens on the first vector
-use, not at open (issue 19: commands that only read rows never import numpy or hnswlib, nor read the snapshot).
-A process behind by more changes than a newer saved snapshot costs to load adopts that snapshot, checked the
-same way, instead of replaying; one far behind with no such snapshot rebuilds. A snapshot is saved with
-compare-and-swap on the watermark, so a stale process never overwrites a newer index (R13). Any number of
-processes write the store: each one's
-index follows every process's commits through the same feed. Model changes themselves are in generations.py.
+The truth is the backend (facts, vectors, fingerprints, the change sequence); this process's index is a cache of it.
+The serving `Generation` is one value (model, fingerprint, index, watermark) replaced as a whole: a rebuild or a
+model swap installs a new one, and applying a change advances the watermark (a process's own commit that only adds
+vectors is indexed at once even when others committed first: apply()). Any process catches up by replaying the
+changes after its watermark (R3) before it answers, stepping over labels its index already holds; a loaded snapshot
+is validated first (R6) and trusted when its manifest matches the database (issue 34: the comparison of every vector
+with SQLite runs in verify(), from check() and from a background pass), else rebuilt. That load happens on the first
+vector use, not at open (issue 19: commands that only read rows never import numpy or hnswlib, nor read the
+snapshot). A process behind by more changes than a newer saved snapshot costs to load adopts that snapshot, checked
+the same way, instead of replaying; one far behind with no such snapshot rebuilds. A snapshot is saved with
+compare-and-swap on the watermark, so a stale process never overwrites a newer index (R13). Any number of processes
+write the store: each one's index follows every process's commits through the same feed. Model changes themselves
+are in generations.py.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class VectorCache:
         self._saved_watermark = -1
         self._lock = RWLock()  # recalls share it; a generation swap takes it exclusively
         self._behind = threading.Lock()  # one far-behind rebuild at a time (it runs outside the write mutex)
+        self._indexed_ahead = 0  # the last seq apply() indexed ahead of the watermark (a snapshot needs it caught up)
         self._refused_snapshot: tuple = ()  # (file, watermark) of a snapshot that failed a check: not tried again
         self._verify_stop = threading.Event()  # set at close: the background verify pass ends
         self._verify_thread: threading.Thread | None = None
@@ -182,15 +184,15 @@ class VectorCache:
         self._loaded = True
 
     def advance(self, before: int, top: int) -> None:
-        """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top`, or
-        catch up through the change feed when another process committed since our watermark (write mutex held)."""
+        """Our committed change (seqs before+1..top) left nothing to index: move the watermark to `top` when it
+        stood at `before` (write mutex held). When another process committed since, the watermark stays: the next
+        catch-up (a recall's, or the follower's) replays their changes and steps over ours, which changes nothing
+        in the index, so a remember never waits for a catch-up (issue 34)."""
         if not self._loaded:
             self.ensure_loaded()  # its replay of the feed includes our change
             return
-        if self._gen.watermark != before:
-            self.catch_up(mutex_held=True)
-            return
-        self._gen = replace(self._gen, watermark=top)
+        if self._gen.watermark == before:
+            self._gen = replace(self._gen, watermark=top)
 
     # ---- keeping up with the database ----------------------------------------------------------------------
     def load(self) -> None:
@@ -275,7 +277,8 @@ class VectorCache:
                 r = held.enter_context(db.snapshot())
                 top = r.max_seq()
                 changes = r.changes_after(gen.watermark, top)
-                added = [c.seq for c in changes if c.vector_added]
+                # (a label the index holds past its watermark was added ahead by apply(): its vector is not read)
+                added = [c.seq for c in changes if c.vector_added and c.seq not in gen.index]
                 removed = [c.label_removed for c in changes if c.label_removed is not None]
                 labels, vectors = r.vectors(gen.fingerprint, self.dim, labels=added)
                 if verify == "count":
@@ -446,23 +449,32 @@ class VectorCache:
         """Mirror a change this process committed (under the write mutex): add `vectors` (N, D) under `added`
         (N,), retire `removed`, advance to `top`; rebuild if the index refuses or holds too many deleted.
 
-        `before` is the head of the change feed when the change's transaction began. When the watermark is
-        behind it, another process committed in between: replay the feed instead (our change is in it), so the
-        watermark never moves past a change this index has not seen. The first one loads the index (its replay of
-        the feed includes this change)."""
+        `before` is the seq just before the change's own. When the watermark is behind it, another process
+        committed in between. A change that only adds vectors is indexed now all the same, ahead of the watermark,
+        which stays where it is: the next catch-up replays the feed in order and skips the labels the index holds
+        without reading their vectors again (issue 34: on PostgreSQL, with several nodes writing, every batch of
+        the embedding worker used to catch up the whole feed under the write mutex, its own vectors read back over
+        the network). A change that retires labels is not applied ahead: a label it retires may come from a change
+        this index has not seen yet, so the feed is replayed instead (our change is in it), and the watermark never
+        moves past a change this index has not seen. The first change loads the index (its replay of the feed
+        includes this change)."""
         if not self._loaded:
             self.ensure_loaded()
             return
         gen = self._gen
-        if gen.watermark != before:
+        if gen.watermark != before and removed:
             self.catch_up(mutex_held=True)
             return
         try:
             if removed:  # (the index calls take a lock and validate even when there is nothing to do)
                 gen.index.mark_deleted(removed)
-            if len(added):
-                gen.index.add(added, vectors)
-            self._gen = replace(gen, watermark=top)
+            fresh = np.array([label not in gen.index for label in added.tolist()], dtype=bool)  # (N,)
+            if fresh.any():  # (a catch-up of another thread may have replayed our committed change already)
+                gen.index.add(added[fresh], vectors[fresh])
+            if gen.watermark == before:
+                self._gen = replace(gen, watermark=top)
+            else:
+                self._indexed_ahead = max(self._indexed_ahead, top)
         except (InvalidInput, RuntimeError, MemoryError) as exc:
             self.rebuild(f"index update failed ({exc})")
             return
@@ -569,6 +581,8 @@ class VectorCache:
     def _save(self) -> None:
         directory, stem = self._files()
         with self._db.write_mutex:
+            if self._indexed_ahead > self._gen.watermark:  # a snapshot holds no label past its watermark (R6)
+                self.catch_up(mutex_held=True)
             gen = self._gen
             try:
                 on_disk = read_manifest(directory / f"{stem}.json")
