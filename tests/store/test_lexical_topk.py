@@ -105,3 +105,23 @@ def test_a_change_that_keeps_a_words_count_still_changes_its_scores(store):
     store.remember("tea jazz x5")
     texts[-1] = "tea jazz x5"
     assert_exact_top_k(store.recall("tea", k=50, mode="lexical"), exhaustive(texts, ["tea"]), 50)
+
+
+def test_the_ranking_holds_while_the_term_cache_evicts(store, monkeypatch):
+    """With caps far below what the queries need, the kept postings are evicted least recently used first (SQLite;
+    PostgreSQL keeps none): every recall is still the exhaustive ranking, whether its terms were kept (and patched
+    by the changes since) or read again, and a query whose terms alone exceed the cap still ranks them all."""
+    from evermind_memory.store.backend import sqlite_session
+
+    monkeypatch.setattr(sqlite_session, "TERM_CACHE_MAX", 40)
+    monkeypatch.setattr(sqlite_session, "TERM_CACHE_TERMS", 3)
+    held = dict(zip(store.remember_many(corpus(90, seed=5)), corpus(90, seed=5)))  # id -> text
+    for round_ in range(3):
+        for query in QUERIES + [["kiwi"], ["tea", "x3"], ["mango", "lamp"]]:
+            ref = exhaustive(list(held.values()), query)
+            assert_exact_top_k(store.recall(" ".join(query), k=7, mode="lexical"), ref, 7)
+        first, last = list(held)[round_], list(held)[-1]
+        store.update(first, f"tea kiwi x{round_}")
+        held[first] = f"tea kiwi x{round_}"
+        store.forget(last)
+        del held[last]

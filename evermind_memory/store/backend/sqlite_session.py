@@ -38,7 +38,8 @@ else:
 FACT_COLS = fact_columns(SQLITE)
 _F_COLS = fact_columns(SQLITE, "f")
 _INSTANCES = "temp.facts_fts_instances"  # fts5vocab 'instance' table: (term, doc, col, offset) of each posting
-TERM_CACHE_MAX = 2_000_000  # postings a session keeps for lexical recall (16 bytes each: 32 MB); then it starts afresh
+TERM_CACHE_MAX = 2_000_000  # postings a session keeps for lexical recall (16 bytes each: 32 MB); least recent out
+TERM_CACHE_TERMS = 512  # and terms (a catch-up patches every kept term)
 CATCH_UP_MAX = 5_000  # changes the cached postings are brought up to date over; after more, they are read afresh
 _INSERT_FACT = (
     "INSERT INTO facts (id, text, tags, source, created_at, updated_at, vector, fingerprint_id, label, seq, "
@@ -213,8 +214,6 @@ class SQLiteSession(Session):
         seq = self.max_seq()
         if seq != self._terms_seq:
             self._catch_up(seq)
-        if self._terms_size > TERM_CACHE_MAX:
-            self._terms, self._terms_size = {}, 0
         wanted = list(dict.fromkeys(terms))
         held = [t for t in wanted if t in self._terms]
         if held:
@@ -232,7 +231,19 @@ class SQLiteSession(Session):
             docs, sizes = zip(*rows) if rows else ((), ())
             self._terms[term] = postings_from_instances(docs, sizes)
             self._terms_size += len(self._terms[term].rids)
-        return [self._terms[t] for t in terms]
+        for term in wanted:  # the most recently used last
+            self._terms[term] = self._terms.pop(term)
+        found = [self._terms[t] for t in terms]
+        self._evict(len(wanted))
+        return found
+
+    def _evict(self, keep: int) -> None:
+        """Drop the least recently used terms while more postings or terms are kept than the caps allow, but never
+        the `keep` most recent (the query being ranked). Before, the whole cache started afresh at the cap: with a
+        million facts, whose common words hold 100,000 postings or more, a long-lived process read them again
+        every few questions."""
+        while len(self._terms) > keep and (self._terms_size > TERM_CACHE_MAX or len(self._terms) > TERM_CACHE_TERMS):
+            self._terms_size -= len(self._terms.pop(next(iter(self._terms))).rids)
 
     def _selected_rows(self, rids: list[int], sel: Selection) -> dict[int, FactRow]:
         """rid -> FactRow for those of `rids` that `sel` selects."""
