@@ -292,6 +292,23 @@ def test_fingerprint_change_reembeds_without_mixing(target, embedder, other_embe
         assert store.check().ok
 
 
+@pytest.mark.parametrize("other_id", [-7, 99, None])
+def test_vectors_of_another_model_under_the_serving_one_are_found_at_open(db_path: Path, embedder, other_id):
+    """A re-embed cut short leaves vectors of another model in a store that serves ours: the next writer to open it
+    re-embeds them, whether that model's fingerprint id sorts below ours, above it, or the row lost it (the open
+    looks for them in the fingerprint index instead of counting every fact)."""
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(TEXTS)
+    with sqlite3.connect(db_path) as conn:
+        if other_id is not None:
+            conn.execute("INSERT INTO fingerprints (id, fingerprint) VALUES (?, 'another-model/0000')", (other_id,))
+        conn.execute("UPDATE facts SET fingerprint_id = ? WHERE id IN (?, ?)", (other_id, ids[1], ids[4]))
+    with MemoryStore(db_path, embedder) as store:
+        assert all(f.fingerprint == embedder.fingerprint for f in store.list())
+        assert store.recall(TEXTS[4], k=1, mode="vector")[0].id == ids[4]
+        assert store.check().ok
+
+
 def test_reembed_force(store: MemoryStore):
     ids = store.remember_many(TEXTS)
     assert store.reembed() == 0

