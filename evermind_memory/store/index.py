@@ -228,6 +228,18 @@ def near_duplicates(vectors: np.ndarray) -> np.ndarray:
     return first
 
 
+def members_by_node(groups: np.ndarray) -> dict[int, dict[int, None]]:
+    """node -> its labels in ascending order (an ordered set), from (G, 2) rows of label, node: grouped in numpy,
+    then one dict a node (a Python loop over a million labels took 0.74 s of a snapshot load; this 0.35 s)."""
+    if not len(groups):
+        return {}
+    g = groups[np.lexsort((groups[:, 0], groups[:, 1]))]  # (G, 2) by node, then label
+    starts = np.flatnonzero(np.r_[True, g[1:, 1] != g[:-1, 1]])  # (n,) each node's first row
+    labels = g[:, 0].tolist()
+    bounds = np.r_[starts, len(g)].tolist()
+    return {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(g[starts, 1].tolist(), bounds[:-1], bounds[1:])}
+
+
 class NodeMatrix:
     """The live nodes' vectors as one (N, D) matrix, for exact search while the graph is small; rows stay packed
     (a deleted node's row takes the last row's place), so a search reads them without a copy. Not thread-safe:
@@ -666,7 +678,9 @@ class VectorIndex:
         at = np.minimum(np.searchsorted(nodes[order], groups[:, 1]), max(len(nodes) - 1, 0))  # (live,)
         if len(groups) and (not len(nodes) or (nodes[order][at] != groups[:, 1]).any()):
             raise IndexRejected("index groups name a node the graph does not hold")
-        if len(set(groups[:, 1].tolist())) != len(nodes):
+        labels_of, nodes_of = groups[:, 0].tolist(), groups[:, 1].tolist()  # (flat lists: a nested tolist() of a
+        # million pairs took 0.47 s of a load, each of these 0.05)
+        if len(set(nodes_of)) != len(nodes):
             raise IndexRejected("index holds a node no label belongs to")
         if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
             raise IndexRejected("index groups hold a label newer than its watermark")
@@ -681,11 +695,9 @@ class VectorIndex:
             node_list = nodes.tolist()
             self._node_key = dict(zip(keys, node_list))
             self._key_of = dict(zip(node_list, keys))
-            self._members = {node: {} for node in node_list}
-            for label, node in groups.tolist():
-                self._members[node][label] = None
-            self._node_of = dict(groups.tolist())
-            self._live = set(self._node_of)
+            self._members = members_by_node(groups)
+            self._node_of = dict(zip(labels_of, nodes_of))
+            self._live = set(labels_of)
             if self._matrix is not None:
                 if info.count > config.exact_max:
                     self._matrix = None
