@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import re
 import secrets
@@ -226,6 +227,16 @@ def near_duplicates(vectors: np.ndarray) -> np.ndarray:
         if np.array_equal(first, before):
             break
     return first
+
+
+def _map(path: Path) -> mmap.mmap | bytes:
+    """The file's bytes, mapped read-only rather than copied: hashing and parsing read it in place (reading a
+    276 MB snapshot into a new buffer cost 0.6-0.8 s of a load). Snapshot files are never written after their
+    rename, and the map is released with the last view of it (the parsed rows kept are copies)."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""  # (an empty file cannot be mapped; the parse rejects it)
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def members_by_node(groups: np.ndarray) -> dict[int, dict[int, None]]:
@@ -660,7 +671,7 @@ class VectorIndex:
             raise IndexRejected(f"index file {name} is missing")
         if path.stat().st_size != manifest["size"]:
             raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
-        data = path.read_bytes()
+        data = _map(path)
         if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
             raise IndexRejected("index file sha256 does not match the manifest")
         dim = int(expect["dim"])

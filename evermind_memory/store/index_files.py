@@ -12,6 +12,7 @@ import bisect
 import hashlib
 import json
 import math
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
+FileBytes = bytes | mmap.mmap  # a whole index file, read or mapped (parse_hnsw_file reads it in place)
 HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib 0.8 saveIndex header, 96 bytes
 MAX_MANIFEST_BYTES = 64 * 1024
 MAX_LEVEL = 64
@@ -45,13 +47,13 @@ class HnswFileInfo:
     vectors: np.ndarray  # (count, dim) float32, a strided view: copy the rows you keep
 
 
-def _rows(data: bytes, dtype: str, count: int, offset: int, width: int, stride: int) -> np.ndarray:
+def _rows(data: FileBytes, dtype: str, count: int, offset: int, width: int, stride: int) -> np.ndarray:
     """A zero-copy (count, width) view of `dtype` items starting at byte `offset`, one row every `stride` bytes."""
     item = np.dtype(dtype).itemsize
     return np.ndarray((count, width), dtype=dtype, buffer=data, offset=offset, strides=(stride, item))
 
 
-def parse_hnsw_file(data: bytes, dim: int, M: int) -> HnswFileInfo:
+def parse_hnsw_file(data: FileBytes, dim: int, M: int) -> HnswFileInfo:
     """Parse and check an hnswlib 0.8 index file without trusting it.
 
     Every field hnswlib would follow is bounded: header sizes, level-0 and upper-level link counts and ids, the
@@ -116,7 +118,7 @@ def parse_hnsw_file(data: bytes, dim: int, M: int) -> HnswFileInfo:
     return HnswFileInfo(int(cur), int(max_el), int(efc), labels, deleted, vectors)
 
 
-def _upper_levels(data: bytes, start: int, cur: int, M: int, maxlevel: int) -> np.ndarray:
+def _upper_levels(data: FileBytes, start: int, cur: int, M: int, maxlevel: int) -> np.ndarray:
     """Walk and check the upper-level link lists that follow the level-0 table: (N,) each element's level count.
 
     Each element has a 4-byte size, then that many bytes of (M + 1)-word level blocks (a u16 link count, M u32
