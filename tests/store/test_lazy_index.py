@@ -127,3 +127,42 @@ def test_threads_of_one_process_share_one_load(db_path: Path, embedder) -> None:
         for t in threads:
             t.join()
         assert hits == {i: ids[i] for i in range(8)} and r.info()["index_status"] == "loaded (replayed 0 changes)"
+
+
+def _wait_verified(store: MemoryStore, timeout: float = 60.0) -> str | None:
+    """info()["index_verified"] once the background pass has finished (None while it has not begun or runs)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        verified = store.info()["index_verified"]
+        if verified not in (None, "running"):
+            return verified
+        time.sleep(0.02)
+    return store.info()["index_verified"]
+
+
+def test_the_background_pass_agrees_while_this_process_and_another_write(db_path: Path, embedder, monkeypatch) -> None:
+    """The paced background comparison after a trusted load, a chunk at a time with the write mutex released in
+    between: while this store remembers and forgets and another store on the file does too, every chunk is
+    compared at a point where the index has replayed the feed, so a sound snapshot is never rebuilt."""
+    from evermind_memory.store import vectors
+
+    monkeypatch.setattr(vectors, "VERIFY_DELAY", 0.0)
+    monkeypatch.setattr(vectors, "VERIFY_CHUNK", 8)
+    with MemoryStore(db_path, embedder) as seed:
+        ids = seed.remember_many([f"seed fact {i} about the orchard and pear {i % 9}" for i in range(150)])
+    other = MemoryStore(db_path, embedder)
+    with MemoryStore(db_path, embedder) as store:
+        assert store.recall("orchard pear", k=3, mode="vector")  # the trusted load starts the pass
+        assert store.info()["index_status"].startswith("loaded")
+        for i in range(40):
+            store.remember(f"written during the pass {i}: the tram leaves at {i % 12}")
+            other.remember(f"the other node writes {i}: ferry at {i % 7}")
+            if i % 5 == 0:  # (few enough forgets that the index is not rebuilt for its deleted elements)
+                store.forget(ids[i])
+                other.forget(ids[100 + i])
+        assert _wait_verified(store) == "agreed"
+        assert store.info()["index_status"].startswith("loaded")  # never rebuilt
+        assert store.check().ok
+    other.close()
