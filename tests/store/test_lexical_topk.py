@@ -125,3 +125,30 @@ def test_the_ranking_holds_while_the_term_cache_evicts(store, monkeypatch):
         held[first] = f"tea kiwi x{round_}"
         store.forget(last)
         del held[last]
+
+
+def test_a_long_lived_store_scores_like_a_fresh_one_while_another_writes(target, embedder):
+    """The statistics a session keeps between recalls (the facts counted at a change seq, the kept terms checked
+    against the full-text index once per seq, the document frequencies hybrid reads from them) follow every change
+    another store makes: lexical and hybrid scores equal those of a store opened after the change."""
+    from evermind_memory import MemoryStore
+
+    texts = corpus(80, seed=6)
+    with MemoryStore(target, embedder) as kept, MemoryStore(target, embedder) as other:
+        ids = other.remember_many(texts)
+        other.flush()
+        for step in range(4):
+            for mode in ("lexical", "hybrid"):
+                for query in (["tea", "river"], ["kiwi", "lamp"], ["jazz"]):
+                    got = kept.recall(" ".join(query), k=8, mode=mode)
+                    with MemoryStore(target, embedder) as fresh:
+                        want = fresh.recall(" ".join(query), k=8, mode=mode)
+                        assert len(kept) == len(fresh) == kept.check().facts == 80 - step  # (-2 +1 a step)
+                    assert [h.id for h in got] == [h.id for h in want], (step, mode, query)
+                    # (a stale count or frequency moves a score by 1e-3 or more; the vectors' float32 sums by 1e-7)
+                    assert [h.score for h in got] == pytest.approx([h.score for h in want], rel=1e-6, abs=1e-6)
+            other.forget(ids[step])  # fewer facts: every idf and the count move
+            other.forget(ids[40 + step])
+            other.remember(f"tea river kiwi x{step}")
+            other.update(ids[10 + step], "jazz lamp lamp")
+            other.flush()

@@ -75,6 +75,8 @@ class SQLiteSession(Session):
         self._terms: dict[str, TermPostings] = {}  # term -> its postings over the whole table, as of _terms_seq
         self._terms_seq = -1
         self._terms_size = 0  # postings held in _terms
+        self._terms_checked: dict[str, int] = {}  # kept term -> the change seq its count was last checked against FTS5
+        self._count_at: tuple[int, int] | None = None  # (change seq, facts): count() as of that seq
 
     # ---- running statements (Session's primitives) ---------------------------------------------------------
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
@@ -161,7 +163,7 @@ class SQLiteSession(Session):
             "SELECT c.op, f.rid, f.text FROM changes c LEFT JOIN facts f ON f.id = c.fact_id "
             "WHERE c.seq > ? AND c.seq <= ?", (old, seq)).fetchall()
         if len(rows) != seq - old:
-            self._terms, self._terms_size = {}, 0
+            self._terms, self._terms_size, self._terms_checked = {}, 0, {}
             return
         changed = {rid: text for op, rid, text in rows if rid is not None and op != "reembed"}  # now, as FTS5 has it
         if not changed:
@@ -215,12 +217,14 @@ class SQLiteSession(Session):
         if seq != self._terms_seq:
             self._catch_up(seq)
         wanted = list(dict.fromkeys(terms))
-        held = [t for t in wanted if t in self._terms]
-        if held:
+        held = [t for t in wanted if t in self._terms and self._terms_checked.get(t) != seq]  # (checked at this seq:
+        if held:  # no fact changed since, so its count still agrees)
             df = term_counts(self.conn, held)
             for term in held:
                 if len(self._terms[term].rids) != df.get(term, 0):
                     self._terms_size -= len(self._terms.pop(term).rids)
+                else:
+                    self._terms_checked[term] = seq
         missing = [t for t in wanted if t not in self._terms]
         if missing:
             self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, "
@@ -231,6 +235,7 @@ class SQLiteSession(Session):
             docs, sizes = zip(*rows) if rows else ((), ())
             self._terms[term] = postings_from_instances(docs, sizes)
             self._terms_size += len(self._terms[term].rids)
+            self._terms_checked[term] = seq
         for term in wanted:  # the most recently used last
             self._terms[term] = self._terms.pop(term)
         found = [self._terms[t] for t in terms]
@@ -243,7 +248,9 @@ class SQLiteSession(Session):
         million facts, whose common words hold 100,000 postings or more, a long-lived process read them again
         every few questions."""
         while len(self._terms) > keep and (self._terms_size > TERM_CACHE_MAX or len(self._terms) > TERM_CACHE_TERMS):
-            self._terms_size -= len(self._terms.pop(next(iter(self._terms))).rids)
+            oldest = next(iter(self._terms))
+            self._terms_size -= len(self._terms.pop(oldest).rids)
+            self._terms_checked.pop(oldest, None)
 
     def _selected_rows(self, rids: list[int], sel: Selection) -> dict[int, FactRow]:
         """rid -> FactRow for those of `rids` that `sel` selects."""
@@ -262,7 +269,19 @@ class SQLiteSession(Session):
             if "numpy" in sys.modules and all(len(st) == 1 for st in stems):  # as lexical() ranks it
                 return [len(p.rids) for p in self._selected_postings([st[0] for st in stems], sel)]
             return self._postings(words, sel)[0]
+        stems = stem_terms(words)
+        if self._terms and all(len(st) == 1 and self._terms_checked.get(st[0]) == self._terms_seq
+                               and st[0] in self._terms for st in stems) and self.max_seq() == self._terms_seq:
+            return [len(self._terms[st[0]].rids) for st in stems]  # (hybrid asks right after ranking the same words)
         return document_frequencies(self.conn, words)
+
+    def count(self, fingerprint: str | None = None) -> int:
+        if fingerprint is not None:
+            return super().count(fingerprint)
+        seq = self.max_seq()  # (every change of the facts table is a change row: the count of one seq is fixed)
+        if self._count_at is None or self._count_at[0] != seq:
+            self._count_at = (seq, super().count())
+        return self._count_at[1]
 
     def _postings(self, words: list[str], sel: Selection) -> tuple[list[int], dict[int, list[int]]]:
         """(per word, how many selected facts hold it; rid -> per word, its count in that fact), over the facts
