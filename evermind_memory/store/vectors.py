@@ -465,15 +465,19 @@ class VectorCache:
             self.ensure_loaded()
             return
         gen = self._gen
+        if gen.watermark > before:
+            # A catch-up (of a recall, say: the embedding worker commits outside the mutex) replayed the feed past
+            # our change already, and with it whatever came after: a forget of our fact by another process, which
+            # adding our vectors now would bring back to life.
+            return
         if gen.watermark != before and removed:
             self.catch_up(mutex_held=True)
             return
         try:
             if removed:  # (the index calls take a lock and validate even when there is nothing to do)
                 gen.index.mark_deleted(removed)
-            fresh = np.array([label not in gen.index for label in added.tolist()], dtype=bool)  # (N,)
-            if fresh.any():  # (a catch-up of another thread may have replayed our committed change already)
-                gen.index.add(added[fresh], vectors[fresh])
+            if len(added):
+                gen.index.add(added, vectors)
             if gen.watermark == before:
                 self._gen = replace(gen, watermark=top)
             else:
