@@ -329,9 +329,8 @@ class VectorIndex:
         self._ef = search_ef(config, 0)
         self._hnsw.set_ef(self._ef)
         self._hnsw.set_num_threads(1)
-        self._live: set[int] = set()  # live labels
         self._elements = 0  # graph nodes ever added, deleted ones included
-        self._node_of: dict[int, int] = {}  # live label -> its node
+        self._node_of: dict[int, int] = {}  # live label -> its node (its keys: the live labels)
         self._members: dict[int, dict[int, None]] = {}  # live node -> its live labels (an ordered set)
         self._node_key: dict[int, int] = {}  # a live node's vector hash -> the node (vector_keys)
         self._key_of: dict[int, int] = {}  # live node -> its vector hash
@@ -341,7 +340,7 @@ class VectorIndex:
     @property
     def live_count(self) -> int:
         """Number of searchable (not deleted) vectors."""
-        return len(self._live)
+        return len(self._node_of)
 
     @property
     def element_count(self) -> int:
@@ -376,10 +375,10 @@ class VectorIndex:
     def live_labels(self) -> frozenset[int]:
         """A snapshot of the live labels."""
         with self._lock.read():
-            return frozenset(self._live)
+            return frozenset(self._node_of)
 
     def __contains__(self, label: int) -> bool:
-        return int(label) in self._live
+        return int(label) in self._node_of
 
     def get_vectors(self, labels: list[int]) -> np.ndarray:
         """The stored vectors of live labels, (N, D) float32 (for spot checks against SQLite)."""
@@ -409,7 +408,7 @@ class VectorIndex:
             raise InvalidInput("VectorIndex.add expected distinct non-negative labels.")
         keys = vector_keys(vectors)
         with self._lock.write():
-            if any(int(label) in self._live for label in labels):
+            if any(int(label) in self._node_of for label in labels):
                 raise InvalidInput("VectorIndex.add got a label that is already in the index.")
             node = np.array([self._node_key.get(key, -1) for key in keys], dtype=np.int64)  # (N,) -1: none yet
             hit = np.flatnonzero(node >= 0)  # (H,) rows whose hash names a live node: is it their vector?
@@ -442,7 +441,6 @@ class VectorIndex:
             for label, n in zip(labels.tolist(), node.tolist()):
                 self._members[n][label] = None
                 self._node_of[label] = n
-            self._live.update(labels.tolist())
             if self._matrix is not None:
                 if self._elements > self.config.exact_max:
                     self._matrix = None  # the graph is faster from here on; a rebuild that shrinks it brings it back
@@ -486,7 +484,6 @@ class VectorIndex:
                 node = self._node_of.pop(label, None)
                 if node is None:
                     continue
-                self._live.discard(label)
                 members = self._members[node]
                 del members[label]
                 if not members:
@@ -523,7 +520,7 @@ class VectorIndex:
         """
         q = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)  # (1, D)
         with self._lock.read():
-            k_eff = min(int(k), len(self._live))
+            k_eff = min(int(k), len(self._node_of))
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             node_allow = self._node_filter(allow)
@@ -536,7 +533,7 @@ class VectorIndex:
             except RuntimeError:
                 pass
         with self._lock.write():  # retry once with a wider beam (ef changes only under the exclusive lock)
-            k_eff = min(int(k), len(self._live))
+            k_eff = min(int(k), len(self._node_of))
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             k_nodes = min(k_eff, len(self._members))
@@ -595,7 +592,7 @@ class VectorIndex:
             except RuntimeError as exc:  # hnswlib could not open or write the file
                 tmp.unlink(missing_ok=True)
                 raise OSError(f"hnswlib could not write {tmp.name} ({exc})") from None
-            count, live, cap = self._elements, len(self._live), int(self._hnsw.get_max_elements())
+            count, live, cap = self._elements, len(self._node_of), int(self._hnsw.get_max_elements())
             nodes = len(self._members)
             groups = np.array(sorted(self._node_of.items()), dtype="<i8").reshape(-1, 2)  # (live, 2) label, node
         groups_data = groups.tobytes()
@@ -708,7 +705,6 @@ class VectorIndex:
             self._key_of = dict(zip(node_list, keys))
             self._members = members_by_node(groups)
             self._node_of = dict(zip(labels_of, nodes_of))
-            self._live = set(labels_of)
             if self._matrix is not None:
                 if info.count > config.exact_max:
                     self._matrix = None
