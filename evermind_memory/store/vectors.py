@@ -30,8 +30,9 @@ from .._lazy import lazy_import
 from ..errors import InvalidInput
 from .access import Access
 from .backend import vector_blobs
-from .backend.base import Backend, CatchUpReads, FeedReads, VectorReads
-from .index import NEAR_TOL, IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .backend.base import Backend
+from .index import IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .index_feed import between, compare_labels, disagreement, feed_after, pruned_past, replay
 from .leases import Leases
 from .lock import RWLock
 
@@ -298,7 +299,7 @@ class VectorCache:
                     except (InvalidInput, RuntimeError, MemoryError) as exc:
                         reason = f"replay failed ({exc})"
                 if verify == "full" and reason is None:
-                    reason = disagreement(r, gen.index, gen.fingerprint, self.dim)
+                    reason = disagreement(r, gen.index, gen.fingerprint, self.dim, VERIFY_CHUNK)
             if reason is not None:
                 self.rebuild(reason)
                 return None
@@ -558,7 +559,7 @@ class VectorCache:
                 if self._gen.index is not index:
                     self.verified = ""
                     return None
-                reason = self._verify_range(index, fingerprint, _between(listed, lo, hi), _between(held, lo, hi))
+                reason = self._verify_range(index, fingerprint, between(listed, lo, hi), between(held, lo, hi))
                 if reason is not None:
                     self.rebuild(reason)
                     self.verified = reason
@@ -580,15 +581,10 @@ class VectorCache:
                     continue  # another process committed since the replay: replay again
                 live = [label for label in held.tolist() if label in index]  # (retired since the start: gone)
                 wanted = sorted(set(listed.tolist()).union(live))
-                labels, vectors = r.vectors(fingerprint, self.dim, labels=wanted)  # (n,), (n, D) SQLite holds
-            stored = set(labels.tolist())
-            missing = sum(1 for label in labels.tolist() if label not in index)
-            extra = sum(1 for label in wanted if label in index and label not in stored)
-            if missing or extra:
-                return f"index disagrees with SQLite ({missing} missing, {extra} extra)"
-            if len(labels) and np.abs(index.get_vectors(labels.tolist()) - vectors).max() > NEAR_TOL:
+                missing, extra, differ = compare_labels(r, index, fingerprint, self.dim, wanted)
+            if differ:
                 return "index vectors disagree with SQLite"
-            return None
+            return f"index disagrees with SQLite ({missing} missing, {extra} extra)" if missing or extra else None
         return None
 
     def _start_verify_pass(self) -> None:
@@ -671,57 +667,3 @@ class VectorCache:
     def unsaved(self) -> bool:
         """Whether the index moved since it was last loaded or saved (never before it is loaded)."""
         return self._loaded and self._gen.watermark != self._saved_watermark
-
-
-def _between(labels: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
-    """The part of the sorted `labels` from lo (included) up to hi (excluded; None: no upper end)."""
-    a = int(np.searchsorted(labels, lo, side="left"))
-    b = len(labels) if hi is None else int(np.searchsorted(labels, hi, side="left"))
-    return labels[a:b]
-
-
-def replay(index: VectorIndex, labels: np.ndarray, vectors: np.ndarray, removed: list[int]) -> None:
-    """Apply a stretch of the change feed to `index`: retire `removed`, add the (N, D) `vectors` under `labels`
-    (N,) that it does not hold yet (a change this index already mirrored is skipped)."""
-    index.mark_deleted(removed)
-    fresh = np.array([label not in index for label in labels.tolist()], dtype=bool)  # (N,)
-    index.add(labels[fresh], vectors[fresh])
-
-
-def feed_after(r: CatchUpReads, fingerprint: str, dim: int, after: int,
-               top: int) -> tuple[np.ndarray, np.ndarray, list[int], int]:
-    """The change feed (after, top] as reader `r` sees it: (labels (N,) and vectors (N, D) added under
-    `fingerprint`, labels retired, how many changes)."""
-    changes = r.changes_after(after, top)
-    added = [c.seq for c in changes if c.vector_added]
-    removed = [c.label_removed for c in changes if c.label_removed is not None]
-    labels, vectors = r.vectors(fingerprint, dim, labels=added)
-    return labels, vectors, removed, len(changes)
-
-
-def pruned_past(r: FeedReads, watermark: int) -> str | None:
-    """Why an index at `watermark` cannot replay the change feed: compact() pruned changes after it (meta
-    `history_pruned`, the highest seq pruned), so a forget may be missing; None when it can."""
-    pruned = int(r.meta("history_pruned") or 0)
-    return None if pruned <= watermark else f"history was compacted past this index (seq {pruned} > {watermark})"
-
-
-def disagreement(r: VectorReads, index: VectorIndex, fingerprint: str, dim: int) -> str | None:
-    """Why an index disagrees with the vectors reader `r` sees under `fingerprint` (its live labels, or the vector
-    of any label's node farther than NEAR_TOL from the stored one), or None. Reads VERIFY_CHUNK rows at a time, so
-    the comparison holds one chunk of vectors, not the whole table, in memory."""
-    live = index.live_labels()
-    candidates = sorted(r.labels(fingerprint))  # (a damaged vector's row is among them; r.vectors leaves it out)
-    found = missing = 0
-    for start in range(0, len(candidates), VERIFY_CHUNK):
-        labels, vectors = r.vectors(fingerprint, dim, labels=candidates[start:start + VERIFY_CHUNK])  # (c,), (c, D)
-        inside = np.array([label in live for label in labels.tolist()], dtype=bool)  # (c,)
-        found += int(inside.sum())
-        missing += int((~inside).sum())
-        if inside.any():
-            got = index.get_vectors(labels[inside].tolist())  # (c', D)
-            if np.abs(got - vectors[inside]).max() > NEAR_TOL:
-                return "index vectors disagree with SQLite"
-    if missing or found != len(live):
-        return f"index disagrees with SQLite ({missing} missing, {len(live) - found} extra)"
-    return None
