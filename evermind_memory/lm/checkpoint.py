@@ -68,6 +68,7 @@ _DTYPES: dict[str, tuple[np.dtype, np.dtype]] = {
     "f32": (np.dtype("<f4"), np.dtype(np.float32)),
     "f16": (np.dtype("<f2"), np.dtype(np.float32)),
     "u32": (np.dtype("<u4"), np.dtype(np.uint32)),
+    "i8": (np.dtype("i1"), np.dtype(np.int8)),  # quantised tables (lm.lexicon); readers opt in through `dtypes`
 }
 _FLOAT_DTYPES = ("f32", "f16")
 
@@ -93,6 +94,8 @@ def _prepare_tensor(name: Any, value: Any, fp16: bool) -> tuple[str, np.ndarray]
         raise InvalidInput(f"tensor {name!r} cannot be made into an array: {e}") from e
     if arr.ndim > _MAX_NDIM:
         raise InvalidInput(f"tensor {name!r} has {arr.ndim} dims; at most {_MAX_NDIM} are supported.")
+    if arr.dtype == np.int8:
+        return "i8", np.ascontiguousarray(arr)
     if arr.dtype.kind in "iu":
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
             raise InvalidInput(f"integer tensor {name!r} must hold values in [0, 2**32); got outside that range.")
@@ -196,7 +199,7 @@ def write_tensor_file(
         magic: 8-byte file magic identifying the file family.
         kind: format string stored in the header, e.g. "evermind-lm 1".
         meta: JSON-serialisable dict stored in the header.
-        tensors: name -> float array (f32, or f16 with fp16=True) or non-negative int array (u32).
+        tensors: name -> float array (f32, or f16 with fp16=True), int8 array (i8) or non-negative int array (u32).
         fp16: store float tensors as float16 (read back as float32).
 
     Raises:
@@ -438,7 +441,7 @@ def read_tensor_file(
         magic: expected 8-byte magic.
         kind: expected header format string.
         max_bytes: refuse files larger than this.
-        dtypes: on-disk dtypes accepted ("f32", "f16", "u32").
+        dtypes: on-disk dtypes accepted ("f32", "f16", "u32", "i8").
         check: optional callback that raises CheckpointError when the declared tensors do not fit the caller.
 
     Returns:
