@@ -35,11 +35,12 @@ class LazyEmbedder:
         first_chunk_weight: the first window's weight in a pooled vector (known without loading).
         hybrid_weight: its fusion weight (known without loading).
         source: how error messages name what is loaded.
+        model_dimensions: with a lexicon, the model's part of the vector (known without loading); else None.
     """
 
     def __init__(self, *, fingerprint: str, dimensions: int, load: Callable[[], Any], max_tokens: int,
                  hybrid_weight: float, source: str = "the shipped model", max_chunks: int = 1,
-                 first_chunk_weight: float = 1.0) -> None:
+                 first_chunk_weight: float = 1.0, model_dimensions: int | None = None) -> None:
         self._fingerprint = fingerprint
         self._dimensions = int(dimensions)
         self._load = load
@@ -48,6 +49,7 @@ class LazyEmbedder:
         self.first_chunk_weight = float(first_chunk_weight)
         self.hybrid_weight = float(hybrid_weight)
         self._source = source
+        self._model_dimensions = model_dimensions
         self._lock = threading.Lock()
         self._inner: Any = None
 
@@ -80,7 +82,8 @@ class LazyEmbedder:
             if self._inner is None:
                 inner = self._load()
                 got = (getattr(inner, "fingerprint", None), getattr(inner, "dimensions", None))
-                if got != (self._fingerprint, self._dimensions):
+                if got != (self._fingerprint, self._dimensions) or \
+                        getattr(inner, "model_dimensions", None) != self._model_dimensions:
                     raise CheckpointError(
                         f"{self._source} was announced as {self._fingerprint} (dim {self._dimensions}) but its "
                         f"files give {got[0]} (dim {got[1]}); the card and the weights do not match. Reinstall "
@@ -111,6 +114,21 @@ class LazyEmbedder:
     def batch_size(self) -> int:
         """Rows per forward in embed_many (loads the model)."""
         return self.load().batch_size
+
+    @property
+    def model_dimensions(self) -> int | None:
+        """With a lexicon: the length of the model's part of the vector (known without loading); else None."""
+        return self._model_dimensions
+
+    @property
+    def lexicon(self) -> Any:
+        """The lexicon whose vector follows the model's, or None (loads the model)."""
+        return getattr(self.load(), "lexicon", None)
+
+    @property
+    def lexicon_weight(self) -> float:
+        """The lexicon vector's weight against the model's (loads the model)."""
+        return float(getattr(self.load(), "lexicon_weight", 1.0))
 
     @property
     def adapter_digest(self) -> str | None:

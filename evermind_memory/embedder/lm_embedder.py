@@ -5,9 +5,15 @@ windows of `max_tokens` tokens, each embedded alone, the text's one vector being
 window vectors weighted by their token counts (a short tail window counts less), the first window's weight
 times `first_chunk_weight` (the head of a fact usually says what it is about).
 
-The fingerprint `evermind-lm/<arch>/<digest8>` names the whole function: its digest is a sha256 over every
-parameter tensor (so a merged adapter on any tensor changes it), an optional adapter digest, the tokenizer's
-digest, the pooling, the truncation length and a format version (docs/reliability.md R11).
+With a lexicon (lm.lexicon: word vectors distilled from a sentence encoder), the vector is the model's unit
+vector followed by `lexicon_weight` times the text's unit lexicon vector, L2-normalised as a whole: the cosine of
+two texts is then (model cosine + lexicon_weight**2 * lexicon cosine) / (1 + lexicon_weight**2). The lexicon reads
+every word of the text, also past the model's truncation.
+
+The fingerprint `evermind-lm/<arch>/<digest8>` (`<arch>+lex<D>` with a lexicon) names the whole function: its
+digest is a sha256 over every parameter tensor (so a merged adapter on any tensor changes it), an optional adapter
+digest, the tokenizer's digest, the lexicon's digest and weight, the pooling, the truncation length and a format
+version (docs/reliability.md R11).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..lm.config import LMConfig
+    from ..lm.lexicon import Lexicon
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -93,8 +100,10 @@ class LMEmbedder:
         adapter_digest: digest of a LoRA adapter merged into `model`, recorded in the fingerprint.
         hybrid_weight: weight of the cosine score against BM25 over the best BM25 in hybrid recall.
         batch_size: rows per `embed_batch` call in `embed_many`.
+        lexicon: an lm.lexicon.Lexicon whose vector follows the model's, or None (the model's vector alone).
+        lexicon_weight: the lexicon vector's weight against the model's (> 0; used only with a lexicon).
     Raises:
-        InvalidInput: max_tokens, max_chunks, first_chunk_weight or batch_size out of range.
+        InvalidInput: max_tokens, max_chunks, first_chunk_weight, batch_size or lexicon_weight out of range.
     """
 
     def __init__(
@@ -108,6 +117,8 @@ class LMEmbedder:
         adapter_digest: str | None = None,
         hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
         batch_size: int = DEFAULT_BATCH,
+        lexicon: Lexicon | None = None,
+        lexicon_weight: float = 1.0,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:
             raise InvalidInput(f"LMEmbedder expected 1 <= max_tokens <= 65536, got max_tokens={max_tokens!r}.")
@@ -119,6 +130,11 @@ class LMEmbedder:
             raise InvalidInput(f"LMEmbedder expected 0 < first_chunk_weight <= 1e6, got {first_chunk_weight!r}.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInput(f"LMEmbedder expected batch_size >= 1, got batch_size={batch_size!r}.")
+        if isinstance(lexicon_weight, bool) or not isinstance(lexicon_weight, (int, float)) \
+                or not 0 < lexicon_weight <= 1e3:
+            raise InvalidInput(f"LMEmbedder expected 0 < lexicon_weight <= 1000, got {lexicon_weight!r}.")
+        if lexicon is not None and not all(hasattr(lexicon, a) for a in ("embed_many", "dims", "digest")):
+            raise InvalidInput(f"LMEmbedder expected an lm.lexicon.Lexicon or None, got {type(lexicon).__name__}.")
         self.model = model
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -127,7 +143,10 @@ class LMEmbedder:
         self.batch_size = batch_size
         self.hybrid_weight = float(hybrid_weight)
         self.adapter_digest = adapter_digest
-        self._dimensions = int(model.config.d_model)
+        self.lexicon = lexicon
+        self.lexicon_weight = float(lexicon_weight)
+        self._model_dims = int(model.config.d_model)
+        self._dimensions = self._model_dims + (lexicon.dims if lexicon is not None else 0)
         self.digest = self._compute_digest()
         # A frozen snapshot (EvermindLM.frozen) embeds faster and holds exactly the weights the digest names,
         # so later changes to `model` cannot change vectors under this fingerprint. Other models (a LoRA
@@ -135,7 +154,8 @@ class LMEmbedder:
         frozen = getattr(model, "frozen", None)
         self._engine = frozen() if callable(frozen) else model
         self._one = getattr(self._engine, "embed", None) if callable(frozen) else None
-        self._fingerprint = f"evermind-lm/{_arch(model.config)}/{self.digest[:8]}"
+        lex = f"+lex{lexicon.dims}" if lexicon is not None else ""
+        self._fingerprint = f"evermind-lm/{_arch(model.config)}{lex}/{self.digest[:8]}"
 
     def _compute_digest(self) -> str:
         h = hashlib.sha256()
@@ -150,12 +170,20 @@ class LMEmbedder:
         if self.max_chunks > 1:  # absent for one window, so truncating embedders keep their fingerprints
             h.update(f"\nchunks:{self.max_chunks} length-weighted mean, first x{self.first_chunk_weight!r}".encode())
         h.update(f"\nadapter:{self.adapter_digest or ''}".encode())
+        if self.lexicon is not None:  # absent without one, so plain embedders keep their fingerprints
+            h.update(f"\nlexicon:{self.lexicon.digest()} weight {self.lexicon_weight!r}".encode())
         return h.hexdigest()
 
     @property
     def dimensions(self) -> int:
-        """Length of every vector (the model's d_model)."""
+        """Length of every vector (the model's d_model, plus the lexicon's dims with a lexicon)."""
         return self._dimensions
+
+    @property
+    def model_dimensions(self) -> int | None:
+        """With a lexicon: the length of the model's part, the vector's first dimensions (hybrid recall reads its
+        cosine on its own); None without one."""
+        return self._model_dims if self.lexicon is not None else None
 
     @property
     def fingerprint(self) -> str:
@@ -182,7 +210,8 @@ class LMEmbedder:
         if self._one is not None:  # the frozen model's single-sequence path: no batching bookkeeping
             ids = self._tokens(text)
             if len(ids) <= self.max_tokens:
-                return self._one(ids)
+                vec = self._one(ids)
+                return vec if self.lexicon is None else self._with_lexicon(self.lexicon, vec[None, :], [text])[0]
         return self.embed_many([text])[0]
 
     @single_blas
@@ -197,15 +226,24 @@ class LMEmbedder:
         n = len(texts)
         token_lists = [self._tokens(t) for t in texts]
         if n == 1 and self._one is not None and len(token_lists[0]) <= self.max_tokens:
-            return self._one(token_lists[0])[None, :]  # (1, C)
-        if self.max_chunks > 1 and any(len(t) > self.max_tokens for t in token_lists):
-            return self._pooled_chunks(token_lists)
-        return self._embed_lists(token_lists)
+            vecs = self._one(token_lists[0])[None, :]  # (1, C)
+        elif self.max_chunks > 1 and any(len(t) > self.max_tokens for t in token_lists):
+            vecs = self._pooled_chunks(token_lists)
+        else:
+            vecs = self._embed_lists(token_lists)
+        return vecs if self.lexicon is None else self._with_lexicon(self.lexicon, vecs, texts)
+
+    def _with_lexicon(self, lexicon: Lexicon, vecs: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+        """(N, C + D) unit rows: the model's unit rows (N, C), then lexicon_weight x the lexicon's (N, D)."""
+        lex = lexicon.embed_many(texts)  # (N, D) unit or zero rows
+        lex *= np.float32(self.lexicon_weight)
+        out = np.concatenate([np.asarray(vecs, dtype=np.float32), lex], axis=1)  # (N, C + D)
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
     def _embed_lists(self, token_lists: list[list[int]]) -> np.ndarray:
         """(N, C) unit rows of token lists of at most max_tokens each, in length-sorted batches."""
         n = len(token_lists)
-        out = np.zeros((n, self._dimensions), dtype=np.float32)  # (N, C)
+        out = np.zeros((n, self._model_dims), dtype=np.float32)  # (N, C)
         if n == 0:
             return out
         order = np.argsort(np.array([len(t) for t in token_lists]), kind="stable")  # (N,)
@@ -227,7 +265,7 @@ class LMEmbedder:
         first = np.cumsum([0] + [len(w) for w in windows[:-1]])  # (N,) index of each text's first window
         weight[first] *= np.float32(self.first_chunk_weight)
         vecs *= weight[:, None]
-        out = np.zeros((len(windows), self._dimensions), dtype=np.float32)  # (N, C)
+        out = np.zeros((len(windows), self._model_dims), dtype=np.float32)  # (N, C)
         np.add.at(out, owner, vecs)
         norms = np.linalg.norm(out, axis=1, keepdims=True)  # (N, 1)
         return out / np.maximum(norms, 1e-12)
@@ -235,4 +273,5 @@ class LMEmbedder:
     def __repr__(self) -> str:
         chunks = (f", max_chunks={self.max_chunks}, first_chunk_weight={self.first_chunk_weight:g}"
                   if self.max_chunks > 1 else "")
-        return f"LMEmbedder({self._fingerprint!r}, max_tokens={self.max_tokens}{chunks})"
+        lex = f", lexicon={self.lexicon!r}, lexicon_weight={self.lexicon_weight:g}" if self.lexicon is not None else ""
+        return f"LMEmbedder({self._fingerprint!r}, max_tokens={self.max_tokens}{chunks}{lex})"

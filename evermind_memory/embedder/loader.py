@@ -28,7 +28,8 @@ def _check_tokenizer(tokenizer: Any, where: str) -> None:
 
 def embedder_for(
     model: Any, tokenizer: Any, *, max_tokens: int = 128, hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
-    adapter: Any = None, max_chunks: int = 1, first_chunk_weight: float = 1.0,
+    adapter: Any = None, max_chunks: int = 1, first_chunk_weight: float = 1.0, lexicon: Any = None,
+    lexicon_weight: float = 1.0,
 ) -> LMEmbedder | SequenceEmbedder:
     """Wrap a model already in memory with its tokenizer as an embedder.
 
@@ -40,39 +41,48 @@ def embedder_for(
         adapter: lm.adapter.LoRAWeights to merge into an EvermindLM, or None.
         max_chunks: an EvermindLM reads up to this many windows of max_tokens (LMEmbedder); 1 truncates.
         first_chunk_weight: the first window's weight in the pooled vector (LMEmbedder).
+        lexicon: an lm.lexicon.Lexicon (or its file's path) whose vector follows the model's (LMEmbedder), or None.
+        lexicon_weight: the lexicon vector's weight against the model's.
     Returns:
         An LMEmbedder (EvermindLM) or a SequenceEmbedder (SequenceBackbone).
     Raises:
-        InvalidInput: an unknown model type, a tokenizer without encode/digest/bos_id, an adapter on a
-            sequence backbone, or an adapter that does not fit the model.
+        InvalidInput: an unknown model type, a tokenizer without encode/digest/bos_id, an adapter or a lexicon on
+            a sequence backbone, or an adapter that does not fit the model.
+        CheckpointError: a lexicon file is missing or damaged.
     """
     from ..lm.model import EvermindLM
     from ..lm.sequence import SequenceBackbone
 
     _check_tokenizer(tokenizer, "embedder_for")
     if isinstance(model, SequenceBackbone):
-        if adapter is not None:
-            raise InvalidInput("LoRA adapters apply to EvermindLM models only; this is a sequence backbone.")
+        if adapter is not None or lexicon is not None:
+            raise InvalidInput("LoRA adapters and lexicons apply to EvermindLM models only; this is a sequence "
+                               "backbone.")
         if max_chunks != 1 or first_chunk_weight != 1.0:
             raise InvalidInput(f"max_chunks applies to EvermindLM models only; got max_chunks={max_chunks!r}, "
                                f"first_chunk_weight={first_chunk_weight!r} for a sequence backbone (pass 1 and 1.0).")
         return SequenceEmbedder(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight)
     if not isinstance(model, EvermindLM):
         raise InvalidInput(f"embedder_for expected an EvermindLM or a SequenceBackbone, got {type(model).__name__}.")
+    if isinstance(lexicon, (str, os.PathLike)):
+        from ..lm.lexicon import Lexicon
+
+        lexicon = Lexicon.load(lexicon)
     if adapter is None:
         return LMEmbedder(model, tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
-                          first_chunk_weight=first_chunk_weight, hybrid_weight=hybrid_weight)
+                          first_chunk_weight=first_chunk_weight, hybrid_weight=hybrid_weight, lexicon=lexicon,
+                          lexicon_weight=lexicon_weight)
     from ..lm.adapter import adapter_digest, merge_adapter
 
     return LMEmbedder(merge_adapter(model, adapter), tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
                       first_chunk_weight=first_chunk_weight, adapter_digest=adapter_digest(adapter),
-                      hybrid_weight=hybrid_weight)
+                      hybrid_weight=hybrid_weight, lexicon=lexicon, lexicon_weight=lexicon_weight)
 
 
 def load_embedder(
     path: str | os.PathLike[str], tokenizer: Any, *, max_tokens: int = 128,
     hybrid_weight: float = DEFAULT_HYBRID_WEIGHT, adapter: Any = None, max_chunks: int = 1,
-    first_chunk_weight: float = 1.0,
+    first_chunk_weight: float = 1.0, lexicon: Any = None, lexicon_weight: float = 1.0,
 ) -> LMEmbedder | SequenceEmbedder:
     """Load a model checkpoint (.evlm) of either backbone as an embedder.
 
@@ -84,10 +94,12 @@ def load_embedder(
         adapter: LoRAWeights, or the path of an adapter file (lm.adapter.save_adapter), to merge; or None.
         max_chunks: windows of max_tokens an EvermindLM reads per text (see LMEmbedder); 1 truncates.
         first_chunk_weight: the first window's weight in the pooled vector (LMEmbedder).
+        lexicon: an lm.lexicon.Lexicon or the path of a lexicon file (LMEmbedder), or None.
+        lexicon_weight: the lexicon vector's weight against the model's.
     Returns:
         An LMEmbedder for an EvermindLM file, a SequenceEmbedder for a sequence-backbone file.
     Raises:
-        CheckpointError: the model, tokenizer or adapter file is missing, damaged or of an unknown kind.
+        CheckpointError: the model, tokenizer, adapter or lexicon file is missing, damaged or of an unknown kind.
         InvalidInput: tokenizer is neither a tokenizer nor a path, or does not fit the model.
 
     Example:
@@ -108,7 +120,8 @@ def load_embedder(
 
         adapter = load_adapter(adapter, model=model)
     return embedder_for(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight, adapter=adapter,
-                        max_chunks=max_chunks, first_chunk_weight=first_chunk_weight)
+                        max_chunks=max_chunks, first_chunk_weight=first_chunk_weight, lexicon=lexicon,
+                        lexicon_weight=lexicon_weight)
 
 
 def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
@@ -118,8 +131,8 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
         base: the base LMEmbedder (or the default LazyEmbedder, which loads here).
         weights: lm.adapter.LoRAWeights fitted on base.model.
     Returns:
-        A new LMEmbedder with base's tokenizer, max_tokens, max_chunks, first_chunk_weight, hybrid weight and
-        batch size (base is not changed).
+        A new LMEmbedder with base's tokenizer, max_tokens, max_chunks, first_chunk_weight, hybrid weight, batch
+        size and lexicon (base is not changed).
     Raises:
         InvalidInput: the adapter does not fit the model or the merged weights are not finite.
     """
@@ -131,15 +144,23 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
         adapter_digest=adapter_digest(weights),
         hybrid_weight=getattr(base, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
         batch_size=getattr(base, "batch_size", DEFAULT_BATCH),
+        lexicon=getattr(base, "lexicon", None), lexicon_weight=getattr(base, "lexicon_weight", 1.0),
     )
 
 
 def _load_shipped(meta: dict[str, Any]) -> LMEmbedder | SequenceEmbedder:
+    lexicon = None
+    if meta.get("lexicon_file"):
+        from ..lm.lexicon import Lexicon
+
+        with shipped_path(meta["lexicon_file"]) as lex_path:
+            lexicon = Lexicon.load(lex_path)
     with shipped_path(meta["model_file"]) as model_path, shipped_path(meta["tokenizer_file"]) as tok_path:
         return load_embedder(model_path, tok_path, max_tokens=int(meta["max_tokens"]),
                              max_chunks=int(meta.get("max_chunks", 1)),
                              first_chunk_weight=float(meta.get("first_chunk_weight", 1.0)),
-                             hybrid_weight=float(meta["hybrid_weight"]))
+                             hybrid_weight=float(meta["hybrid_weight"]), lexicon=lexicon,
+                             lexicon_weight=float(meta.get("lexicon_weight", 1.0)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -157,8 +178,10 @@ def default_embedder() -> LazyEmbedder:
         CheckpointError: the card is damaged (here), or the files are (at the first embed).
     """
     meta = card()
-    return LazyEmbedder(fingerprint=meta["fingerprint"], dimensions=int(meta["config"]["d_model"]),
+    dimensions = int(meta.get("dimensions", meta["config"]["d_model"]))  # d_model + the lexicon's dims, if any
+    return LazyEmbedder(fingerprint=meta["fingerprint"], dimensions=dimensions,
                         load=functools.partial(_load_shipped, meta), max_tokens=int(meta["max_tokens"]),
                         max_chunks=int(meta.get("max_chunks", 1)),
                         first_chunk_weight=float(meta.get("first_chunk_weight", 1.0)),
-                        hybrid_weight=float(meta["hybrid_weight"]))
+                        hybrid_weight=float(meta["hybrid_weight"]),
+                        model_dimensions=int(meta["config"]["d_model"]) if meta.get("lexicon_file") else None)

@@ -1,8 +1,9 @@
 """The shipped model's card: evermind_memory/models/model.json, read as package data.
 
-The card names the files (model.evlm, tokenizer.json), the embedder's fingerprint and dimensions, and the
-settings the store needs (max_tokens, hybrid_weight), so `default_embedder()` can answer for its identity
-without reading the weights. The recipe that made the files is in the repository's recipe/ folder.
+The card names the files (model.evlm, tokenizer.json, and lexicon.evlx when the vector has a lexicon part), the
+embedder's fingerprint and dimensions, and the settings the store needs (max_tokens, hybrid_weight,
+lexicon_weight), so `default_embedder()` can answer for its identity without reading the weights. The recipe that
+made the files is in the repository's recipe/ folder.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def card() -> dict[str, Any]:
     chunks = data.get("max_chunks", 1) if isinstance(data, dict) else 1
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         wrong.append("max_chunks")
+    lexicon = data.get("lexicon_file") if isinstance(data, dict) else None
+    if lexicon is not None and not (isinstance(lexicon, str) and isinstance(data.get("dimensions"), int)
+                                    and isinstance(data.get("lexicon_weight"), (int, float))):
+        wrong.append("lexicon_file/dimensions/lexicon_weight")
     first = data.get("first_chunk_weight", 1.0) if isinstance(data, dict) else 1.0
     if not isinstance(first, (int, float)) or isinstance(first, bool) or not 0 < first <= 1e6:
         wrong.append("first_chunk_weight")
