@@ -236,6 +236,11 @@ class QueryCachingEmbedder:
         """The inner embedder's fingerprint (the vectors are the same)."""
         return self.inner.fingerprint
 
+    @property
+    def model_dimensions(self) -> int | None:
+        """The inner embedder's model part of a vector with a lexicon part (hybrid reads its cosine), or None."""
+        return getattr(self.inner, "model_dimensions", None)
+
     def embed(self, text: str) -> np.ndarray:
         """The inner embedder's vector for text, computed once per text."""
         vec = self.cache.get(text)

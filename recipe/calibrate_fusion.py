@@ -108,6 +108,9 @@ RULES = tuple(
             (WEIGHT_GRID[::2], COVER_GRID, (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0))) for p in POOLS]
     + [Rule(f"notes+names/pool{p}", ("docs_lex", "cos", "notes_cover", "notes_cos", "notes_names"), p, "grid",
             (WEIGHT_GRID[::2], COVER_GRID, (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0), NAME_GRID)) for p in POOLS]
+    # the same with the model's cosine alone beside the cosine of notes, for a vector with a lexicon part (lm.lexicon)
+    + [Rule(f"notes+names+model/pool{p}", ("docs_lex", "cos_model", "notes_cover", "notes_cos", "notes_names"), p,
+            "grid", (WEIGHT_GRID[::2], COVER_GRID, (-1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0), NAME_GRID)) for p in POOLS]
     # the vector weight rising as the best lexical match covers less of the query (BM25 + (w + v x uncovered) x cos)
     + [Rule(f"weight+uncovered/pool{p}", ("lex", "cos", "cos_x_uncovered"), p, "grid",
             (WEIGHT_GRID[::2], UNCOVERED_GRID)) for p in POOLS]
@@ -357,7 +360,8 @@ def without(pool: CandidatePool, doc: int) -> CandidatePool:
     return CandidatePool(tuple(np.asarray(pool.ids)[keep].tolist()), pool.bm25[keep], lex[keep], pool.cos[keep],
                          vec[keep], pool.chars[keep], pool.idf, pool.n_facts,
                          None if pool.cover is None else pool.cover[keep],
-                         None if pool.names is None else pool.names[keep])
+                         None if pool.names is None else pool.names[keep],
+                         None if pool.cos_model is None else pool.cos_model[keep])
 
 
 class RelevanceStacks:

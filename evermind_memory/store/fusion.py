@@ -104,6 +104,8 @@ class CandidatePool:
             which words matched, without BM25's length normalisation; None when not gathered (old caches).
         names: (n,) the share of the query's names (capitalised words: store/lexical.py query_names) the
             candidate holds; 0 everywhere for a query without names; None when not gathered.
+        cos_model: (n,) for an embedder whose vector is the model's followed by a lexicon's (lm.lexicon): the
+            cosine of the model's part alone; NaN for a fact without a vector; None for other embedders.
     """
 
     ids: tuple
@@ -116,6 +118,7 @@ class CandidatePool:
     n_facts: int
     cover: np.ndarray | None = None
     names: np.ndarray | None = None
+    cos_model: np.ndarray | None = None
 
     @classmethod
     def build(cls, lexical: Sequence[tuple[Key, float]], vector: Sequence[tuple[Key, float]],
@@ -163,7 +166,8 @@ class CandidatePool:
         return CandidatePool(tuple(self.ids[i] for i in idx), np.where(lex >= 0, self.bm25, 0.0)[idx], lex[idx],
                              self.cos[idx], vec[idx], self.chars[idx], self.idf, self.n_facts,
                              None if self.cover is None else self.cover[idx],
-                             None if self.names is None else self.names[idx])
+                             None if self.names is None else self.names[idx],
+                             None if self.cos_model is None else self.cos_model[idx])
 
     def to_json(self) -> dict:
         """A JSON-ready dict (for caches): ids must be ints or strings."""
@@ -171,7 +175,9 @@ class CandidatePool:
                 "cos": [None if math.isnan(c) else c for c in self.cos.tolist()], "vec_rank": self.vec_rank.tolist(),
                 "chars": self.chars.tolist(), "idf": self.idf.tolist(), "n_facts": self.n_facts,
                 **({} if self.cover is None else {"cover": self.cover.tolist()}),
-                **({} if self.names is None else {"names": self.names.tolist()})}
+                **({} if self.names is None else {"names": self.names.tolist()}),
+                **({} if self.cos_model is None else
+                   {"cos_model": [None if math.isnan(c) else c for c in self.cos_model.tolist()]})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "CandidatePool":
@@ -181,7 +187,9 @@ class CandidatePool:
                    np.asarray(d["vec_rank"], dtype=np.int32), np.asarray(d["chars"], dtype=np.float64),
                    np.asarray(d["idf"], dtype=np.float64), int(d["n_facts"]),
                    None if d.get("cover") is None else np.asarray(d["cover"], dtype=np.float64),
-                   None if d.get("names") is None else np.asarray(d["names"], dtype=np.float64))
+                   None if d.get("names") is None else np.asarray(d["names"], dtype=np.float64),
+                   None if d.get("cos_model") is None else
+                   np.array([np.nan if c is None else c for c in d["cos_model"]], dtype=np.float64))
 
 
 # ----------------------------------------------------------------------------------------------- features
@@ -230,6 +238,11 @@ def _cover(p: CandidatePool) -> np.ndarray:
 
 def _cos(p: CandidatePool) -> np.ndarray:
     return np.nan_to_num(p.cos, nan=0.0)
+
+
+def _cos_model(p: CandidatePool) -> np.ndarray:
+    """The model part's cosine where the vector has a lexicon part, else the cosine."""
+    return _cos(p) if p.cos_model is None else np.nan_to_num(p.cos_model, nan=0.0)
 
 
 def _vec_rr(p: CandidatePool) -> np.ndarray:
@@ -318,6 +331,9 @@ FEATURES: dict[str, tuple[str, Callable[[CandidatePool], np.ndarray]]] = {
     # (most of what agents are asked) leaves BM25 only a name or a common word to go on
     "cos_x_uncovered": ("vector", lambda p: _cos(p) * (1.0 - _cover(p).max(initial=0.0))),
     "cos": ("vector", _cos),
+    # with a lexicon part in the vector (lm.lexicon): word knowledge helps short notes, while in documents it
+    # repeats what BM25 already matched, so documents can take the model's cosine alone
+    "cos_model": ("vector", _cos_model),
     "cos_z": ("vector", _cos_z),
     "vec_rr": ("vector", _vec_rr),
     "vec_gap1": ("vector", _vec_gap1),

@@ -235,7 +235,30 @@ class Search:
             held = text_terms([rows[rid].text for rid in pool.ids])
             pool = replace(pool, cover=np.array(coverage(words, pool.idf.tolist(), held), dtype=np.float64),
                            names=np.array(name_coverage(query_names(query), held), dtype=np.float64))
+            base = self._base
+            split = getattr(base, "model_dimensions", None)
+            if isinstance(split, int) and 0 < split < self._dim and base is not None \
+                    and gen.fingerprint == base.fingerprint:
+                pool = replace(pool, cos_model=self._model_cosines(gen, qv, [rows[rid] for rid in pool.ids], split))
         return rows, pool
+
+    def _model_cosines(self, gen: Generation, qv: np.ndarray, rows: list, split: int) -> np.ndarray:
+        """(n,) the cosine of the first `split` dimensions (the model's part of a vector with a lexicon part)
+        between the query and each row's stored vector; NaN where a row has no vector."""
+        out = np.full(len(rows), np.nan, dtype=np.float64)  # (n,)
+        labels = [row.label for row in rows if row.label is not None]
+        if not labels:
+            return out
+        with self._db.reading() as r:
+            got, vecs = r.vectors(gen.fingerprint, self._dim, labels=labels)  # (m,), (m, D)
+        q = np.asarray(qv[:split], dtype=np.float64)  # (C,)
+        part = np.asarray(vecs[:, :split], dtype=np.float64)  # (m, C)
+        norms = np.linalg.norm(part, axis=1) * max(float(np.linalg.norm(q)), 1e-12)  # (m,)
+        by_label = dict(zip(got.tolist(), (part @ q / np.maximum(norms, 1e-12)).tolist()))
+        for i, row in enumerate(rows):
+            if row.label in by_label:
+                out[i] = by_label[row.label]
+        return out
 
     def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
                weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:
