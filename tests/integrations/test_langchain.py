@@ -13,7 +13,7 @@ require("langchain_core", "langchain")
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
 
-from evermind_memory import InvalidInput, MemoryStore  # noqa: E402
+from evermind_memory import InvalidInput, MemoryStore, default_embedder  # noqa: E402
 from evermind_memory.integrations.langchain import (  # noqa: E402
     EvermindEmbeddings, EvermindVectorStore, LangChainEmbedder,
 )
@@ -163,7 +163,8 @@ def test_from_texts_persists_and_reopens(tmp_path: Path) -> None:
 def test_embeddings_are_the_stores_vectors() -> None:
     emb = EvermindEmbeddings()
     q, (d,) = emb.embed_query("green tea"), emb.embed_documents(["green tea"])
-    assert len(q) == emb.dimensions == 256 and sum(x * x for x in q) == pytest.approx(1.0, abs=1e-5)
+    assert len(q) == emb.dimensions == default_embedder().dimensions
+    assert sum(x * x for x in q) == pytest.approx(1.0, abs=1e-5)
     assert q == pytest.approx(d, abs=1e-6)
     assert emb.embed_documents([]) == []
     with pytest.raises(InvalidInput, match="list of str"):

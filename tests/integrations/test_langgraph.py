@@ -360,7 +360,8 @@ def test_an_index_config_sets_the_model_as_in_langgraph(tmp_path: Path) -> None:
     with EvermindStore(":memory:", index={"dims": 3, "embed": embed}, fingerprint="test/len-and-a/3") as lg:
         lg.put(("a",), "k", {"text": "banana"})
         assert lg.store.fingerprint == "test/len-and-a/3" and len(lg.search(("a",), query="papaya")) == 1
-    with EvermindStore(":memory:", index={"dims": 256, "embed": EvermindEmbeddings()}) as lg:
+    ours = EvermindEmbeddings()
+    with EvermindStore(":memory:", index={"dims": ours.dimensions, "embed": ours}) as lg:
         assert lg.store.fingerprint == EvermindEmbeddings().fingerprint
     for index, message in [({"dims": 9, "embed": fake}, "dims.*size, 8, got 9"),
                            ({"dims": 8, "embed": fake, "fields": ["text"]}, r"whole value \(fields=\['\$'\]\)"),

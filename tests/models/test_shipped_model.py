@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from evermind_memory import MemoryStore, default_embedder
+from evermind_memory.lm.lexicon import Lexicon
 from evermind_memory.lm.model import load_model
 from evermind_memory.embedder import LMEmbedder, card, load_embedder
 
@@ -22,14 +23,17 @@ def test_shipped_files_load_pass_their_crc_and_fit_the_size_budget():
     meta = card()
     root = resources.files("evermind_memory.models")
     sizes = {name: root.joinpath(meta[name]).stat().st_size if hasattr(root.joinpath(meta[name]), "stat")
-             else len(root.joinpath(meta[name]).read_bytes()) for name in ("model_file", "tokenizer_file")}
-    assert sum(sizes.values()) <= 20 * 2**20, sizes
+             else len(root.joinpath(meta[name]).read_bytes())
+             for name in ("model_file", "tokenizer_file", "lexicon_file")}
+    assert sum(sizes.values()) <= 36 * 2**20, sizes
     with resources.as_file(root.joinpath(meta["model_file"])) as path:
         config, params = load_model(path)  # validates magic, header, shapes and the CRC trailer
     assert config.to_dict() == meta["config"]
     assert all(np.isfinite(p).all() for p in params.values())
+    with resources.as_file(root.joinpath(meta["lexicon_file"])) as path:
+        lexicon = Lexicon.load(path)  # validates magic, header, shapes, words and the CRC trailer
     emb = default_embedder()
-    assert emb.dimensions == config.d_model
+    assert emb.dimensions == config.d_model + lexicon.dims == meta["dimensions"]
     assert emb.hybrid_weight == pytest.approx(meta["hybrid_weight"])
 
 
@@ -37,12 +41,14 @@ def test_the_cards_fingerprint_is_the_loaded_models():
     meta = card()
     root = resources.files("evermind_memory.models")
     with resources.as_file(root.joinpath(meta["model_file"])) as model_path, \
-            resources.as_file(root.joinpath(meta["tokenizer_file"])) as tok_path:
+            resources.as_file(root.joinpath(meta["tokenizer_file"])) as tok_path, \
+            resources.as_file(root.joinpath(meta["lexicon_file"])) as lex_path:
         loaded = load_embedder(model_path, tok_path, max_tokens=meta["max_tokens"],
                                max_chunks=meta.get("max_chunks", 1),
-                               first_chunk_weight=meta.get("first_chunk_weight", 1.0))
+                               first_chunk_weight=meta.get("first_chunk_weight", 1.0), lexicon=lex_path,
+                               lexicon_weight=meta["lexicon_weight"])
     assert loaded.fingerprint == meta["fingerprint"]
-    assert loaded.dimensions == meta["config"]["d_model"]
+    assert loaded.dimensions == meta["dimensions"]
 
 
 def test_default_embedder_reads_the_weights_only_at_the_first_embed_in_a_fresh_process():
@@ -54,7 +60,7 @@ def test_default_embedder_reads_the_weights_only_at_the_first_embed_in_a_fresh_p
     loaded, got_dim, after = out[1].split()
     assert (before, after) == ("False", "True")
     assert announced == loaded == card()["fingerprint"] == default_embedder().fingerprint
-    assert int(dim) == int(got_dim) == card()["config"]["d_model"]
+    assert int(dim) == int(got_dim) == card()["dimensions"]
     assert announced.startswith("evermind-lm/")
 
 
