@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how hybrid mode fuses its two rankings (default: score)")
     p.add_argument("--min-score", type=float, default=None, help="drop facts scoring below this")
     p.add_argument("--min-relevance", type=float, default=None, metavar="P",
-                   help="(hybrid) drop facts whose calibrated relevance, 0..1, is below P (0.1 keeps ~89%% of right "
+                   help="(hybrid) drop facts whose calibrated relevance, 0..1, is below P (0.1 keeps ~88%% of right "
                         "answers)")
     p.add_argument("--explain", action="store_true",
                    help="(hybrid) show each fact's relevance and the lexical and vector parts of its score")

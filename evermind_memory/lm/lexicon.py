@@ -8,8 +8,9 @@ row: recipe/build_lexicon.py), and the embedder appends a text's lexicon vector 
 
 A text's lexicon vector is the sum of the vectors of its known words, each weighted by smooth inverse frequency
 a / (a + p(word)) (p from the training corpus, so "the" and "is" weigh nearly nothing), L2-normalised; a text
-with no known word gets the zero vector. Words are the runs of ASCII letters of the lower-cased text
-(WORD_PATTERN): "Ada's flight" reads as "ada", "s", "flight".
+with no known word gets the zero vector. Words are the runs of letters of the lower-cased text (WORD_PATTERN,
+any script): "Ada's flight" reads as "ada", "s", "flight"; the table holds words of ASCII letters only
+(TABLE_WORD), so "Zürich" is one unknown word rather than "z" and "rich".
 
 File layout: the checkpoint container (lm.checkpoint) with its own magic; meta {"words": [...], "pattern",
 "dims"}; tensors table (V, D) int8, scale (V,) float32, weight (V,) float32. Sizes, shapes, duplicates and
@@ -30,23 +31,25 @@ import numpy as np
 from ..errors import CheckpointError, InvalidInput
 from .checkpoint import TensorSpec, read_tensor_file, write_tensor_file
 
-__all__ = ["Lexicon", "LEXICON_MAGIC", "LEXICON_KIND", "WORD_PATTERN"]
+__all__ = ["Lexicon", "LEXICON_MAGIC", "LEXICON_KIND", "TABLE_WORD", "WORD_PATTERN"]
 
 LEXICON_MAGIC = b"\x89EVLEX\r\n"
 LEXICON_KIND = "evermind-lexicon 1"
-WORD_PATTERN = "[a-z]+"
+WORD_PATTERN = r"[^\W\d_]+"  # runs of letters of any script (no digits, no underscore)
+TABLE_WORD = "[a-z]+"  # what a word of the table may be
 MAX_WORDS = 2_000_000
 MAX_DIMS = 4096
 MAX_WORD_CHARS = 64
 MAX_FILE_BYTES = 1 << 30
 _WORD_RE = re.compile(WORD_PATTERN)
+_TABLE_WORD_RE = re.compile(TABLE_WORD)
 
 
 class Lexicon:
     """Word vectors for the lexicon part of an embedder's vector.
 
     Args:
-        words: the V distinct words, each a run of WORD_PATTERN of at most MAX_WORD_CHARS characters.
+        words: the V distinct words, each a run of TABLE_WORD of at most MAX_WORD_CHARS characters.
         table: (V, D) int8 quantised vectors.
         scale: (V,) float32, the factor of each row (vector = table[i] * scale[i]).
         weight: (V,) float32 >= 0, each word's weight in a text's sum.
@@ -72,9 +75,9 @@ class Lexicon:
                 and np.all(weight >= 0)):
             raise InvalidInput("Lexicon scale and weight must be finite and non-negative.")
         bad = next((w for w in words if not isinstance(w, str) or len(w) > MAX_WORD_CHARS
-                    or _WORD_RE.fullmatch(w) is None), None)
+                    or _TABLE_WORD_RE.fullmatch(w) is None), None)
         if bad is not None:
-            raise InvalidInput(f"Lexicon word {bad!r} is not a run of {WORD_PATTERN} of at most {MAX_WORD_CHARS} "
+            raise InvalidInput(f"Lexicon word {bad!r} is not a run of {TABLE_WORD} of at most {MAX_WORD_CHARS} "
                                "characters.")
         index = {w: i for i, w in enumerate(words)}
         if len(index) != v:

@@ -46,6 +46,8 @@ def test_a_texts_vector_is_the_weighted_sum_of_its_known_words_normalised():
     assert vecs.dtype == np.float32 and vecs.shape == (3, lex.dims)
     assert not vecs[1].any() and not vecs[2].any()  # no known word: the zero vector
     assert lex.word_ids("Bob, bob; BOB") == [WORDS.index("bob")] * 3
+    # words are letter runs of any script; a word with a letter outside the ASCII table is unknown, not cut up
+    assert lex.word_ids("Zürich tea, naïve green_tea 2tea") == [WORDS.index(w) for w in ("tea", "green", "tea", "tea")]
 
 
 def test_a_lexicon_round_trips_through_its_file_and_a_damaged_file_is_refused(tmp_path):
