@@ -81,13 +81,14 @@ class LazyEmbedder:
         with self._lock:
             if self._inner is None:
                 inner = self._load()
-                got = (getattr(inner, "fingerprint", None), getattr(inner, "dimensions", None))
-                if got != (self._fingerprint, self._dimensions) or \
-                        getattr(inner, "model_dimensions", None) != self._model_dimensions:
+                got = (getattr(inner, "fingerprint", None), getattr(inner, "dimensions", None),
+                       getattr(inner, "model_dimensions", None))
+                if got != (self._fingerprint, self._dimensions, self._model_dimensions):
                     raise CheckpointError(
-                        f"{self._source} was announced as {self._fingerprint} (dim {self._dimensions}) but its "
-                        f"files give {got[0]} (dim {got[1]}); the card and the weights do not match. Reinstall "
-                        "evermind_memory (for a model you trained, write the loaded fingerprint into its card)."
+                        f"{self._source} was announced as {self._fingerprint} (dim {self._dimensions}, model part "
+                        f"{self._model_dimensions}) but its files give {got[0]} (dim {got[1]}, model part {got[2]}); "
+                        "the card and the weights do not match. Reinstall evermind_memory (for a model you trained, "
+                        "write the loaded fingerprint into its card)."
                     )
                 self._inner = inner
         return self._inner

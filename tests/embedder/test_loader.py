@@ -109,3 +109,19 @@ def test_a_lazy_embedder_refuses_weights_that_are_not_the_announced_ones(model, 
     with pytest.raises(CheckpointError):  # and again: a failed load is not cached as a success
         lazy.embed_many(["tea"])
     assert len(calls) == 2
+
+
+def test_a_lazy_embedder_announces_the_model_part_of_a_vector_with_a_lexicon(model, tokenizer):
+    from evermind_memory.lm.lexicon import Lexicon
+
+    words = ["ada", "tea", "bob", "coffee"]
+    lex = Lexicon(words, np.eye(4, 6, dtype=np.int8) * 100, np.full(4, 0.01, np.float32), np.ones(4, np.float32))
+    inner = embedder_for(model, tokenizer, lexicon=lex, lexicon_weight=0.8)
+    announced = LazyEmbedder(fingerprint=inner.fingerprint, dimensions=inner.dimensions, load=lambda: inner,
+                             max_tokens=inner.max_tokens, hybrid_weight=1.0, model_dimensions=16)
+    assert (announced.dimensions, announced.model_dimensions, announced.loaded) == (22, 16, False)
+    assert announced.lexicon is lex and announced.lexicon_weight == 0.8 and announced.loaded
+    unannounced = LazyEmbedder(fingerprint=inner.fingerprint, dimensions=inner.dimensions, load=lambda: inner,
+                               max_tokens=inner.max_tokens, hybrid_weight=1.0)  # a card that forgot the lexicon
+    with pytest.raises(CheckpointError, match="model part None.* model part 16"):
+        unannounced.embed("tea")
