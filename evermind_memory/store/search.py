@@ -48,6 +48,14 @@ EXACT_FILTER_MAX = 4096  # a selection of at most this many facts is searched ex
 Hit = tuple[FactRow, float]
 
 
+def _part_cosines(vecs: np.ndarray, qv: np.ndarray, split: int) -> np.ndarray:
+    """(m,) the cosine of the first `split` dimensions of each stored vector (m, D) and of the query (D,)."""
+    q = np.asarray(qv[:split], dtype=np.float64)  # (C,)
+    part = np.asarray(vecs[:, :split], dtype=np.float64)  # (m, C)
+    norms = np.linalg.norm(part, axis=1) * max(float(np.linalg.norm(q)), 1e-12)  # (m,)
+    return part @ q / np.maximum(norms, 1e-12)
+
+
 class Query(NamedTuple):
     """One recall's checked arguments (Search.query)."""
 
@@ -220,13 +228,19 @@ class Search:
         in_vec = {row.rid for row, _ in vec}
         missing = [row.label for row, _ in lex if row.rid not in in_vec and row.label is not None]
         words = query_words(query)
+        split = self._model_split(gen) if stats else None
+        model_cos: dict[int, float] = {}  # label -> cosine of the model's part (a vector with a lexicon part)
         with self._db.reading() as r:
             cosine: dict[int, float] = {}
-            if missing:  # lexical candidates the vector pool missed: their cosine, exactly
-                labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=missing)
+            wanted = missing if split is None else [row.label for row in rows.values() if row.label is not None]
+            if wanted:  # lexical candidates the vector pool missed: their cosine, exactly (and every candidate's
+                # model-part cosine when the vector has a lexicon part: one read of the stored vectors for both)
+                labels, vecs = r.vectors(gen.fingerprint, self._dim, labels=wanted)
                 by_label = dict(zip(labels.tolist(), (vecs @ qv).tolist()))
                 cosine = {row.rid: by_label[row.label] for row, _ in lex
                           if row.rid not in in_vec and row.label in by_label}
+                if split is not None:
+                    model_cos = dict(zip(labels.tolist(), _part_cosines(vecs, qv, split).tolist()))
             df = r.document_frequencies(words, sel) if words and stats else []
             n_facts = (r.selection_size(sel)[0] if sel.narrows else r.count()) if stats else 0
         pool = CandidatePool.build([(row.rid, s) for row, s in lex], [(row.rid, s) for row, s in vec], cosine,
@@ -235,30 +249,21 @@ class Search:
             held = text_terms([rows[rid].text for rid in pool.ids])
             pool = replace(pool, cover=np.array(coverage(words, pool.idf.tolist(), held), dtype=np.float64),
                            names=np.array(name_coverage(query_names(query), held), dtype=np.float64))
-            base = self._base
-            split = getattr(base, "model_dimensions", None)
-            if isinstance(split, int) and 0 < split < self._dim and base is not None \
-                    and gen.fingerprint == base.fingerprint:
-                pool = replace(pool, cos_model=self._model_cosines(gen, qv, [rows[rid] for rid in pool.ids], split))
+            if split is not None:
+                labels_of = [rows[rid].label for rid in pool.ids]
+                pool = replace(pool, cos_model=np.array([np.nan if label is None else model_cos.get(label, np.nan)
+                                                         for label in labels_of], dtype=np.float64))
         return rows, pool
 
-    def _model_cosines(self, gen: Generation, qv: np.ndarray, rows: list, split: int) -> np.ndarray:
-        """(n,) the cosine of the first `split` dimensions (the model's part of a vector with a lexicon part)
-        between the query and each row's stored vector; NaN where a row has no vector."""
-        out = np.full(len(rows), np.nan, dtype=np.float64)  # (n,)
-        labels = [row.label for row in rows if row.label is not None]
-        if not labels:
-            return out
-        with self._db.reading() as r:
-            got, vecs = r.vectors(gen.fingerprint, self._dim, labels=labels)  # (m,), (m, D)
-        q = np.asarray(qv[:split], dtype=np.float64)  # (C,)
-        part = np.asarray(vecs[:, :split], dtype=np.float64)  # (m, C)
-        norms = np.linalg.norm(part, axis=1) * max(float(np.linalg.norm(q)), 1e-12)  # (m,)
-        by_label = dict(zip(got.tolist(), (part @ q / np.maximum(norms, 1e-12)).tolist()))
-        for i, row in enumerate(rows):
-            if row.label in by_label:
-                out[i] = by_label[row.label]
-        return out
+    def _model_split(self, gen: Generation) -> int | None:
+        """The length of the model's part of this generation's vectors when they also hold a lexicon part (the
+        store's own embedder serving), else None."""
+        base = self._base
+        split = getattr(base, "model_dimensions", None)
+        if isinstance(split, int) and 0 < split < self._dim and base is not None \
+                and gen.fingerprint == base.fingerprint:
+            return split
+        return None
 
     def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
                weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:
