@@ -261,8 +261,9 @@ def fit_adapter(base: Any, texts: Sequence[str], policy: AdaptationPolicy, *, in
         if current.ndim != 2 or len(current) != len(texts):
             raise InvalidInput(f"fit_adapter() expected vectors of shape ({len(texts)}, D), got {current.shape}.")
         current = current[keep]  # (N, D)
-        if getattr(base, "lexicon", None) is not None:  # the model's part of each vector; the lexicon is not adapted
-            current = current[:, : int(model.config.d_model)]  # (N, C)
+        split = getattr(base, "model_dimensions", None)
+        if split is not None:  # the model's part of each vector (it has a lexicon part, which is not adapted)
+            current = current[:, :split]  # (N, C)
         current = current / np.maximum(np.linalg.norm(current, axis=1, keepdims=True), _EPS)  # (N, D) unit
     to_store = current is not None and policy.negatives == "store"
     where = {orig: pos for pos, orig in enumerate(keep)}

@@ -335,3 +335,23 @@ def test_adapter_history_files_index_and_pins(tmp_path, base: LMEmbedder) -> Non
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError):
         hist.load(second, base.model)
+
+
+def test_fit_adapter_reads_the_model_part_of_vectors_with_a_lexicon_part(base: LMEmbedder) -> None:
+    """A store of an embedder with a lexicon holds [model, lexicon] vectors; the adapter is fitted against the
+    model's part, so the fit goes as it goes against the model's own vectors."""
+    from evermind_memory.lm.lexicon import Lexicon
+
+    words = sorted({w for t in TEXTS for w in t.lower().replace(".", " ").split() if w.isalpha() and w.isascii()})
+    rng = np.random.default_rng(4)
+    lex = Lexicon(words, rng.integers(-127, 128, size=(len(words), 6)).astype(np.int8),
+                  np.full(len(words), 0.01, np.float32), np.ones(len(words), np.float32))
+    mixed = LMEmbedder(base.model, base.tokenizer, max_tokens=base.max_tokens, lexicon=lex, lexicon_weight=0.8)
+    policy = AdaptationPolicy(steps=5, batch_size=8, lr=1e-2, anchor_batch=4, views="span-memory", seed=2)
+    with_lexicon = fit_adapter(mixed, TEXTS, policy, vectors=mixed.embed_many(TEXTS))  # (N, C + 6)
+    model_only = fit_adapter(base, TEXTS, policy, vectors=base.embed_many(TEXTS))  # (N, C)
+    # the same targets up to float32 rounding: the same first loss, and the later steps within 1% (Adam magnifies
+    # the rounding a little from step to step)
+    got, want = np.array(with_lexicon.losses, dtype=np.float64), np.array(model_only.losses, dtype=np.float64)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-2)
