@@ -357,11 +357,7 @@ def without(pool: CandidatePool, doc: int) -> CandidatePool:
     i = int(np.flatnonzero(~keep)[0])
     lex = np.where((pool.lex_rank > pool.lex_rank[i]) & (pool.lex_rank[i] >= 0), pool.lex_rank - 1, pool.lex_rank)
     vec = np.where((pool.vec_rank > pool.vec_rank[i]) & (pool.vec_rank[i] >= 0), pool.vec_rank - 1, pool.vec_rank)
-    return CandidatePool(tuple(np.asarray(pool.ids)[keep].tolist()), pool.bm25[keep], lex[keep], pool.cos[keep],
-                         vec[keep], pool.chars[keep], pool.idf, pool.n_facts,
-                         None if pool.cover is None else pool.cover[keep],
-                         None if pool.names is None else pool.names[keep],
-                         None if pool.cos_model is None else pool.cos_model[keep])
+    return pool.take(np.flatnonzero(keep), pool.bm25[keep], lex[keep], vec[keep])
 
 
 class RelevanceStacks:

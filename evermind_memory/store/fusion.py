@@ -163,11 +163,17 @@ class CandidatePool:
         vec = np.where(self.vec_rank < pool, self.vec_rank, -1)  # (n,)
         keep = (lex >= 0) | (vec >= 0)  # (n,)
         idx = np.flatnonzero(keep)
-        return CandidatePool(tuple(self.ids[i] for i in idx), np.where(lex >= 0, self.bm25, 0.0)[idx], lex[idx],
-                             self.cos[idx], vec[idx], self.chars[idx], self.idf, self.n_facts,
-                             None if self.cover is None else self.cover[idx],
-                             None if self.names is None else self.names[idx],
-                             None if self.cos_model is None else self.cos_model[idx])
+        return self.take(idx, np.where(lex >= 0, self.bm25, 0.0)[idx], lex[idx], vec[idx])
+
+    def take(self, idx: np.ndarray, bm25: np.ndarray, lex_rank: np.ndarray, vec_rank: np.ndarray) -> "CandidatePool":
+        """The candidates at `idx`, in that order, with the given BM25 and ranks (already of those candidates) and
+        every other per-candidate field taken along."""
+        def rows(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[idx]
+
+        return replace(self, ids=tuple(self.ids[i] for i in idx), bm25=bm25, lex_rank=lex_rank, cos=self.cos[idx],
+                       vec_rank=vec_rank, chars=self.chars[idx], cover=rows(self.cover), names=rows(self.names),
+                       cos_model=rows(self.cos_model))
 
     def to_json(self) -> dict:
         """A JSON-ready dict (for caches): ids must be ints or strings."""
