@@ -41,8 +41,10 @@ from recall_quality import (  # noqa: E402
 )
 
 POOL_MAX = 100          # candidates per list kept in the cache; rules may use any pool up to this
-POOL_FORMAT = "p4"      # in every cache name: p3 pools hold each candidate's coverage and names held, and
-                        # per-selection statistics; p4 also the model part's cosine of a vector with a lexicon part
+POOL_FORMAT = "p5"      # in every cache name: p3 pools hold each candidate's coverage and names held, and
+                        # per-selection statistics; p4 also the model part's cosine of a vector with a lexicon part;
+                        # p5 after the longer function-word list (store/lexical.py STOPWORDS)
+                        # and names that skip sentence-initial words (query_names)
 REF_K = 50              # depth of the reference rankings kept (FTS5, MiniLM) for RRF
 FOREIGN_QUERIES = 200   # queries of another source run against a store: real questions it holds no answer to
 CACHE_DIR = Path(os.environ.get("EVERMIND_POOL_CACHE", "/work/data/pool_cache"))

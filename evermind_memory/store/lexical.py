@@ -56,7 +56,14 @@ _STEM_CACHE_MAX = 100_000
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 STOPWORDS = frozenset(
     "a an and are as at be by can did do does for from has have how in is it its of on or that the this to was "
-    "were what when where which who why will with".split())
+    "were what when where which who why will with "
+    # pronouns, the pieces of "Ada's" and "can't", and auxiliaries: in a scope of one person's notes "my" or the
+    # "s" of a possessive is as rare as a content word, and coverage counted it as the match ("who is Yuki's
+    # spouse?" ranked "Yuki's daughters ..." above "Yuki and Bram got married")
+    "i me my mine myself we us our ours ourselves you your yours yourself yourselves he him his himself she her "
+    "hers herself they them their theirs themselves s t d ll m re ve don doesn didn isn aren wasn weren hasn "
+    "haven hadn wouldn shouldn couldn am been being had having doing would should could shall might must "
+    "these those there here then than so but if just also very".split())
 _CAMEL_BOUNDARY = re.compile(r"[a-z0-9][A-Z]|[A-Z][A-Z][a-z]")  # ZipFile, Qt5Core, HTTPServer
 _CAMEL_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z0-9]+|[A-Z][A-Z0-9]*")
 _VOCAB = "temp.facts_fts_vocab"
@@ -398,14 +405,26 @@ QUESTION_WORDS = frozenset("what when where which who whom whose why how do does
                            "remind".split())
 
 
+_SENTENCE_END = re.compile(r"[.!?:;]\s*$")
+_POSSESSIVE = re.compile(r"['\u2019]s\b")
+
+
 def query_names(query: str) -> list[str]:
     """The query's names: capitalised words that are not English function or question words ("what does Ada
-    drink?" -> ["ada"]; "Ada tea" -> ["ada"]; "What is FTS5?" -> ["fts5"]), lower-cased, in order."""
+    drink?" -> ["ada"]; "What is FTS5?" -> ["fts5"]), lower-cased, in order.
+
+    A word that starts a sentence is capitalised whatever it is ("Returns the inverse of a matrix."), so there it
+    counts only as a possessive ("Ada's tea" -> ["ada"]). Counted, a manual's "Returns" or "Computes" was a name
+    that one fact in ten held, and the rules that weigh names lost on those manuals' no-harm check."""
     out = []
-    for word in _WORD_RE.findall(query):
-        low = word.lower()
-        if word[:1].isupper() and low not in STOPWORDS and low not in QUESTION_WORDS and low not in out:
-            out.append(low)
+    for m in _WORD_RE.finditer(query):
+        word, low = m.group(), m.group().lower()
+        if not word[:1].isupper() or low in STOPWORDS or low in QUESTION_WORDS or low in out:
+            continue
+        starts = not query[:m.start()].strip() or bool(_SENTENCE_END.search(query[:m.start()]))
+        if starts and not _POSSESSIVE.match(query, m.end()):
+            continue
+        out.append(low)
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from evermind_memory import MemoryStore
 from evermind_memory.store import lexical
-from evermind_memory.store.lexical import document_frequencies, phrase_query, query_words
+from evermind_memory.store.lexical import document_frequencies, phrase_query, query_names, query_words
 
 CONTENT = "tea coffee river garden paris tokyo report budget python sqlite zebra violin".split()
 
@@ -126,6 +126,34 @@ def test_a_function_word_is_no_evidence_in_a_small_store(db_path: Path, embedder
         store.remember("Bob is allergic to peanuts.")
         trip = store.remember("Our flight leaves to Lisbon on Friday.")
         assert [h.id for h in store.recall("flight to Portugal", k=2, mode="lexical")] == [trip]
+
+
+def test_pronouns_possessives_and_contractions_are_function_words_too():
+    assert query_words("who is Yuki's spouse?") == ["yuki", "spouse"]
+    assert query_words("what are my hobbies?") == ["hobbies"]
+    assert query_words("what shouldn't we cook for her?") == ["cook"]
+    assert query_words("I'm here") == ["i", "m", "here"]  # nothing else: kept
+
+
+def test_in_one_persons_scope_a_possessive_is_no_evidence(db_path: Path, embedder):
+    """In Yuki's scope "yuki" is in every fact and the "s" of "Yuki's" in only one: counted as a word, it made that
+    fact the lexical match of every question in the possessive."""
+    with MemoryStore(db_path, embedder) as store:
+        yuki = store.scope(user="yuki")
+        yuki.remember_many(["Yuki's daughters start school in September.", "Yuki and Bram got married in 2003.",
+                            "Yuki plays chess on Saturdays."])
+        hits = yuki.recall("who is Yuki's spouse?", mode="lexical")
+        assert len(hits) == 3 and max(h.score for h in hits) < 1e-3  # "yuki" alone: in all three, no evidence
+        assert yuki.recall("Yuki's chess", mode="lexical")[0].text == "Yuki plays chess on Saturdays."
+
+
+def test_a_capitalised_word_that_starts_a_sentence_is_no_name_unless_possessive():
+    assert query_names("what does Ada drink?") == ["ada"]
+    assert query_names("Returns the inverse of a matrix.") == []
+    assert query_names("Computes the FFT. Then Bob's list") == ["fft", "bob"]
+    assert query_names("Ada's tea") == ["ada"]
+    assert query_names("Ada\u2019s tea") == ["ada"]
+    assert query_names("When does Mei fly to Tbilisi?") == ["mei", "tbilisi"]
 
 
 def test_an_identifier_finds_the_prose_that_describes_it(db_path: Path, embedder):
