@@ -140,9 +140,11 @@ def test_relevance_puts_a_no_match_query_far_below_real_matches(tmp_path):
         assert store.recall("what does Ada drink?", min_relevance=SAFE_MIN_RELEVANCE)[0].id == ids[0]
 
 
-PROBE_HYBRID_FLOOR = 40  # right fact first for 41 of 50 with the shipped model and its lexicon (vector mode 39,
-# lexical 7); one question of slack for a tie that another BLAS breaks the other way. (37 before the lexicon; 19,
-# 16 and 11 with the models before.)
+PROBE_HYBRID_FLOOR = 38  # right fact first for 39 of 50 with the shipped model and its lexicon (vector mode 39,
+# lexical 8); one question of slack for a tie that another BLAS breaks the other way. 41 while the "s" of a
+# possessive counted as a query word: "Igor's car" found "Igor's sedan" and "Kofi's shoe size" "Kofi's trainers"
+# by it, the only fact of their person in the possessive; on the personal protocol the same word cost more than it
+# won (store/lexical.py STOPWORDS). (37 before the lexicon; 19, 16 and 11 with the models before.)
 
 
 def test_paraphrase_probe_stays_at_its_floor(tmp_path):
