@@ -590,7 +590,7 @@ def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, source
 
     data = cf.load_data(embedder, dev_dir, corpus_dir, sources, minilm=minilm, log=log, personal=personal)
     fits = cf.build_fits(data, log=log)
-    loso = cf.evaluate_loso(data, fits, cf.RelevanceStacks(data, cf.RULES), log)
+    loso = cf.evaluate_loso(data, fits, cf.RelevanceStacks(data, cf.RULES, cf.relevance_features()), log)
     before = cf.Rule("before", ("lex", "cos"), 50, "grid", ((PREVIOUS_WEIGHT,),))
     out: dict = {"sources": {}}
     for name, d in data.items():

@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 
 from evermind_memory.errors import InvalidInput  # noqa: E402
 from evermind_memory.store.fusion import FEATURES, CandidatePool, FusionParams, features  # noqa: E402
+from evermind_memory.store.trees import TreeEnsemble  # noqa: E402
 
 NO_HARM = 0.005          # hybrid may trail the better of lexical and vector by this much on a left-out source
 TIE = 0.001              # rules whose left-out means are this close count as equal: the smaller pool wins
@@ -57,6 +58,15 @@ L2 = 1e-3                # softmax / logistic ridge, per query
 RELEVANCE_FEATURES = ("score", "margin", "cos", "lex_abs", "cos_z", "lex_rr", "vec_rr", "rr_both", "vec_gap1",
                       "lex_gap1", "notes", "notes_cos", "cover")
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5)
+# The trees also see how many facts were searched and the model part's cosine: a linear model could not use them
+# (benchmarks/relevance_study.py), trees can (the same cosine means less in a store of 5 facts than of 5,000)
+TREE_FEATURES = ("log_facts", "cos_model")
+TREES = {"max_iter": 200, "learning_rate": 0.1, "max_depth": 3, "min_samples_leaf": 100, "l2_regularization": 1.0}
+
+
+def relevance_features(model: str = "trees") -> tuple[str, ...]:
+    """The features the relevance model of kind `model` ("trees" or "logistic") reads."""
+    return RELEVANCE_FEATURES + TREE_FEATURES if model == "trees" else RELEVANCE_FEATURES
 
 
 @dataclass(frozen=True)
@@ -446,10 +456,52 @@ def relevance_set(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np
             "top": np.concatenate(top), "answerable": np.concatenate(answerable)}
 
 
-def fit_relevance(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np.ndarray) -> tuple[np.ndarray, float]:
-    """The relevance model's (weights, bias) fitted on `sources` (see the module docstring)."""
+@dataclass(frozen=True)
+class RelevanceModel:
+    """A fitted relevance model: logistic (weights, bias) or gradient-boosted trees (store/trees.py)."""
+
+    weights: tuple[float, ...]
+    bias: float
+    trees: TreeEnsemble | None = None
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """(N,) probabilities for the relevance rows X (N, R), as the store computes them."""
+        X = np.nan_to_num(X)
+        return _sigmoid(self.trees.raw(X) if self.trees is not None else X @ np.asarray(self.weights) + self.bias)
+
+
+def fit_trees(X: np.ndarray, y: np.ndarray, weight: np.ndarray) -> TreeEnsemble:
+    """Gradient-boosted trees (scikit-learn's HistGradientBoostingClassifier, TREES) as a store/trees.py
+    TreeEnsemble; checked to give scikit-learn's own raw predictions on X."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    clf = HistGradientBoostingClassifier(**TREES, early_stopping=False, random_state=0)
+    clf.fit(X, y, sample_weight=weight / weight.mean())
+    trees = []
+    for (predictor,) in clf._predictors:  # one per boosting round (binary); scikit-learn's own node table
+        nodes = predictor.nodes
+        leaf = nodes["is_leaf"].astype(bool)
+        trees.append({"feature": np.where(leaf, 0, nodes["feature_idx"].astype(np.int64)).tolist(),
+                      "threshold": np.where(leaf, 0.0, nodes["num_threshold"]).tolist(),
+                      "left": np.where(leaf, -1, nodes["left"].astype(np.int64)).tolist(),  # uint32 there
+                      "right": np.where(leaf, -1, nodes["right"].astype(np.int64)).tolist(),
+                      "value": np.where(leaf, nodes["value"], 0.0).tolist()})
+    ens = TreeEnsemble.from_dict({"baseline": float(np.ravel(clf._baseline_prediction)[0]), "trees": trees},
+                                 X.shape[1])
+    gap = float(np.abs(ens.raw(X) - clf.decision_function(X)).max())
+    if gap > 1e-6:
+        raise RuntimeError(f"the exported trees differ from scikit-learn's by {gap}; its node table changed?")
+    return ens
+
+
+def fit_relevance(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np.ndarray,
+                  model: str = "trees") -> RelevanceModel:
+    """The relevance model fitted on `sources` (see the module docstring): "trees" or "logistic"."""
     rows = relevance_set(rs, sources, rule, w)
-    return fit_logistic(rows["X"], rows["y"], rows["w"])
+    if model == "trees":
+        return RelevanceModel((), 0.0, fit_trees(rows["X"], rows["y"], rows["w"]))
+    rw, rb = fit_logistic(rows["X"], rows["y"], rows["w"])
+    return RelevanceModel(tuple(float(x) for x in rw), rb)
 
 
 def auc(score: np.ndarray, label: np.ndarray, weight: np.ndarray | None = None) -> float:
@@ -489,11 +541,11 @@ def reliability(p: np.ndarray, y: np.ndarray, w: np.ndarray, bins: int = 10) -> 
     return {"ece": ece, "bins": rows}
 
 
-def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray, rw: np.ndarray, rb: float) -> dict:
+def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray, model: RelevanceModel) -> dict:
     """On one source: AUC of the top hit's relevance (a right top hit against any wrong one, from answerable queries
     or not), reliability over all top-10 rows, and what relevance >= 0.5 keeps."""
     rows = relevance_set(rs, [source], rule, w)
-    p = _sigmoid(rows["X"] @ rw + rb)
+    p = model.predict(rows["X"])
     top = rows["top"]
     right = rows["y"][top] > 0
     wt = rows["w"][top]
@@ -585,7 +637,7 @@ def build_fits(data: dict, rules: Sequence[Rule] = RULES, log: Callable[[str], N
 
 
 def evaluate_loso(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks,
-                  log: Callable[[str], None] = lambda s: None) -> dict:
+                  log: Callable[[str], None] = lambda s: None, relevance_model: str = "trees") -> dict:
     """The honest left-out figures: for every source, the rule is chosen (select_rule) and fitted on the other
     sources only, then scored on it; the relevance model likewise.
 
@@ -602,28 +654,28 @@ def evaluate_loso(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks,
         chosen, _ = select_rule(fits, rest, floors)
         f = fits[chosen]
         w = f.weights(rest)
-        rw, rb = fit_relevance(rs, rest, f.rule, w)
+        model = fit_relevance(rs, rest, f.rule, w, relevance_model)
         out["sources"][s] = {
             "rule": chosen, "weights": w.tolist(), "ndcg@10": f.score(s, rest),
             "per_rule": {n: fr.score(s, rest) for n, fr in fits.items()},
-            "relevance": relevance_report(rs, s, f.rule, w, rw, rb),
+            "relevance": relevance_report(rs, s, f.rule, w, model),
         }
         log(f"left out {s}: rule {chosen}, ndcg@10 {out['sources'][s]['ndcg@10']:.4f} "
             f"(floor {floors[s]:.4f}) in {time.perf_counter() - t0:.1f}s")
     return out
 
 
-def final_params(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks, fingerprint: str
-                 ) -> tuple[FusionParams, dict]:
+def final_params(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks, fingerprint: str,
+                 relevance_model: str = "trees") -> tuple[FusionParams, dict]:
     """The rule chosen on all sources, fitted on all of them, with its relevance model."""
     names = sorted(data)
     floors = _floors(data)
     chosen, summary = select_rule(fits, names, floors)
     f = fits[chosen]
     w = f.weights(names)
-    rw, rb = fit_relevance(rs, names, f.rule, w)
+    model = fit_relevance(rs, names, f.rule, w, relevance_model)
     params = FusionParams(tuple(f.rule.features), tuple(float(x) for x in w), f.rule.pool, rs.features,
-                          tuple(float(x) for x in rw), rb, fingerprint)
+                          model.weights, model.bias, fingerprint, model.trees)
     return params, {"chosen": chosen, "selection": summary}
 
 
@@ -642,6 +694,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--relevance-extra", default="", metavar="F1,F2",
                     help="add these store/fusion.py FEATURES to the relevance model's (a trial; the report says how "
                          "they do left out)")
+    ap.add_argument("--relevance-model", choices=("trees", "logistic"), default="trees",
+                    help="gradient-boosted trees (needs scikit-learn) or the logistic model of earlier fits")
     ap.add_argument("--study", action="store_true", help="also weigh the rules that lost (STUDY_RULES: slower)")
     ap.add_argument("--no-personal", action="store_true",
                     help="leave out the personal-memory sources (benchmarks/personal_recall.py)")
@@ -666,9 +720,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      [s for s in args.sources.split(",") if s.strip()] or None, log=log, personal=not args.no_personal)
     rules = RULES + STUDY_RULES if args.study else RULES
     fits = build_fits(data, rules, log=log)
-    rs = RelevanceStacks(data, rules, RELEVANCE_FEATURES + extra)
-    loso = evaluate_loso(data, fits, rs, log)
-    params, chosen = final_params(data, fits, rs, embedder.fingerprint)
+    features = relevance_features(args.relevance_model)
+    rs = RelevanceStacks(data, rules, features + tuple(f for f in extra if f not in features))
+    loso = evaluate_loso(data, fits, rs, log, args.relevance_model)
+    params, chosen = final_params(data, fits, rs, embedder.fingerprint, args.relevance_model)
     print(format_loso(loso))
     print(f"chosen on all sources: {chosen['chosen']}  weights {np.round(params.weights, 4).tolist()}  "
           f"pool {params.pool}")

@@ -182,7 +182,8 @@ def test_calibrate_and_loso_table_end_to_end(tmp_path: Path, embedder: LMEmbedde
     model = ["--model", str(tmp_path / "m.evlm"), "--tokenizer", str(tmp_path / "t.json")]
     out = cf.main(model + ["--dev", str(dev), "--corpus", "", "--no-personal", "--out", str(tmp_path / "fusion.json")])
     params = load_params(tmp_path / "fusion.json")
-    assert params.fingerprint == embedder.fingerprint and params.relevance_features == cf.RELEVANCE_FEATURES
+    assert params.fingerprint == embedder.fingerprint and params.relevance_features == cf.relevance_features("trees")
+    assert params.relevance_trees is not None and not params.relevance_weights
     assert set(out["loso"]["sources"]) == {"alpha", "beta", "gamma"}
     for res in out["loso"]["sources"].values():  # the rare word finds every doc: lexical is perfect, so is hybrid
         assert res["ndcg@10"] == pytest.approx(1.0)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence, Ty
 from .._lazy import lazy_import
 from ..errors import CheckpointError
 from .lexical import BM25_K1  # FTS5's bm25(): a word adds at most idf * (k1 + 1) to a row's score
+from .trees import TreeEnsemble
 
 if TYPE_CHECKING:
     from ..embedder.base import Embedder
@@ -371,12 +372,14 @@ class FusionParams:
     score = sum_i weights[i] * features[i]; the lexical part sums the lexical-side features, the vector part the
     vector-side ones. relevance = sigmoid(relevance_bias + sum_j relevance_weights[j] * relevance_features[j]),
     where a relevance feature is "score" (the fused score), "margin" (the score minus the best score of the
-    query) or a FEATURES name.
+    query) or a FEATURES name; with `relevance_trees`, relevance = sigmoid(relevance_trees.raw(those features))
+    instead (store/trees.py: gradient-boosted trees, which can let the store's size change what a cosine means).
 
     Attributes:
         features, weights: the ranking features and their weights.
         pool: candidates taken from each of the lexical and vector lists.
-        relevance_features, relevance_weights, relevance_bias: the relevance model.
+        relevance_features, relevance_weights, relevance_bias: the relevance model (weights unused with trees).
+        relevance_trees: the relevance model as trees over relevance_features, or None (logistic).
         fingerprint: the embedder the rule was fitted for (None: any).
     """
 
@@ -387,6 +390,7 @@ class FusionParams:
     relevance_weights: tuple[float, ...] = ()
     relevance_bias: float = 0.0
     fingerprint: str | None = None
+    relevance_trees: TreeEnsemble | None = None  # when set, relevance = sigmoid(trees over relevance_features)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "fusion parameters") -> "FusionParams":
@@ -399,6 +403,7 @@ class FusionParams:
             weights = tuple(float(w) for w in rank["weights"])
             rfeats = tuple(str(f) for f in rel.get("features", ()))
             rweights = tuple(float(w) for w in rel.get("weights", ()))
+            trees = TreeEnsemble.from_dict(rel, len(rfeats)) if rel.get("model") == "trees" else None
             pool = int(rank["pool"])
             bias = float(rel.get("bias", 0.0))
             fingerprint = d.get("fingerprint")
@@ -406,7 +411,7 @@ class FusionParams:
             raise CheckpointError(f"{where}: unreadable ({e}); rewrite them with recipe/calibrate_fusion.py.") from e
         unknown = [f for f in feats if f not in FEATURES]
         unknown += [f for f in rfeats if f not in FEATURES and f not in ("score", "margin")]
-        if unknown or not feats or len(feats) != len(weights) or len(rfeats) != len(rweights):
+        if unknown or not feats or len(feats) != len(weights) or (trees is None and len(rfeats) != len(rweights)):
             raise CheckpointError(f"{where}: expected known features with one weight each, got features {feats} "
                                   f"(unknown {unknown}) and {len(weights)} weights; rewrite them with "
                                   "recipe/calibrate_fusion.py.")
@@ -414,15 +419,17 @@ class FusionParams:
             raise CheckpointError(f"{where}: expected 1 <= pool <= 1000 and finite weights, got pool {pool}.")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise CheckpointError(f"{where}: fingerprint must be a string or null, got {fingerprint!r}.")
-        return cls(feats, weights, pool, rfeats, rweights, bias, fingerprint)
+        return cls(feats, weights, pool, rfeats, rweights, bias, fingerprint, trees)
 
     def to_dict(self) -> dict:
         """The JSON form (from_dict reads it back)."""
         return {"format": PARAMS_FORMAT, "fingerprint": self.fingerprint,
                 "ranking": {"features": list(self.features), "weights": list(self.weights), "pool": self.pool,
                             "sides": {f: FEATURES[f][0] for f in self.features}},
-                "relevance": {"features": list(self.relevance_features), "weights": list(self.relevance_weights),
-                              "bias": self.relevance_bias}}
+                "relevance": ({"model": "trees", "features": list(self.relevance_features),
+                               **self.relevance_trees.to_dict()} if self.relevance_trees is not None else
+                              {"features": list(self.relevance_features), "weights": list(self.relevance_weights),
+                               "bias": self.relevance_bias})}
 
 
 def load_params(path: str | Path) -> FusionParams:
@@ -493,8 +500,10 @@ def relevance(pool: CandidatePool, score: np.ndarray, params: FusionParams) -> n
             cols.append(score - score.max(initial=0.0))
         else:
             cols.append(FEATURES[name][1](pool))
-    z = params.relevance_bias + np.stack(cols, axis=1) @ np.asarray(params.relevance_weights)  # (n,)
-    return _sigmoid(z)
+    X = np.nan_to_num(np.stack(cols, axis=1))  # (n, R)
+    if params.relevance_trees is not None:
+        return _sigmoid(params.relevance_trees.raw(X))
+    return _sigmoid(params.relevance_bias + X @ np.asarray(params.relevance_weights))
 
 
 def fuse_learned(pool: CandidatePool, params: FusionParams) -> Fused:

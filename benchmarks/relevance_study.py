@@ -1,0 +1,124 @@
+"""Relevance models compared left out: which features and which training rows make one threshold hold everywhere.
+
+The store's relevance (store/fusion.py `relevance`) is a model fitted by recipe/calibrate_fusion.py on the top 10
+hits of every dev query (answerable ones, the same with their fact taken out, and another source's): a logistic
+regression until gradient-boosted trees over two more features won this comparison (store/trees.py). A user
+filters with one threshold (`min_relevance`), so what matters is the top hit: at the threshold, the share of right
+top hits kept and of unanswerable questions' top hits dropped, on every source, manual and personal. This script
+fits each variant with one source left out (the shipped rule's ranking weights, refitted without it too) and
+reports, per variant, the AUC of the top hit and the threshold figures on the personal sources and the manuals.
+
+    python benchmarks/relevance_study.py [--dev /work/data/dev] [--corpus /work/corpus] [--json out.json]
+
+Needs the candidate pools that recipe/calibrate_fusion.py caches (benchmarks/dev_pools.py); nothing is written to
+the shipped model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+if __name__ == "__main__":
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "2")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "recipe"))
+
+import numpy as np  # noqa: E402
+
+import calibrate_fusion as cf  # noqa: E402
+from evermind_memory.store.fusion import FEATURES, FusionParams  # noqa: E402
+
+PERSONAL = ("personal", "personal-hand", "personal-small")
+GRID = tuple(round(t, 3) for t in np.arange(0.03, 0.301, 0.01))
+
+# variant -> (relevance features, weight of each query's top hit relative to its other rows, "logistic" | "trees")
+VARIANTS: dict[str, tuple[tuple[str, ...], float, str]] = {
+    "logistic": (cf.RELEVANCE_FEATURES, 1.0, "logistic"),
+    "logistic, top x4": (cf.RELEVANCE_FEATURES, 4.0, "logistic"),
+    "logistic +log_facts": (cf.RELEVANCE_FEATURES + ("log_facts",), 1.0, "logistic"),
+    "logistic +cos_model": (cf.RELEVANCE_FEATURES + ("cos_model",), 1.0, "logistic"),
+    "logistic +log_facts+cos_model": (cf.RELEVANCE_FEATURES + ("log_facts", "cos_model"), 1.0, "logistic"),
+    "logistic +log_facts+cos_model, top x4": (cf.RELEVANCE_FEATURES + ("log_facts", "cos_model"), 4.0, "logistic"),
+    "trees": (cf.RELEVANCE_FEATURES, 1.0, "trees"),
+    "trees +log_facts+cos_model (shipped)": (cf.relevance_features("trees"), 1.0, "trees"),
+}
+
+
+def rows(rs: cf.RelevanceStacks, sources: Sequence[str], rule: cf.Rule, w: np.ndarray, top_weight: float) -> dict:
+    r = cf.relevance_set(rs, sources, rule, w)
+    r["w"] = r["w"] * np.where(r["top"], top_weight, 1.0)
+    return r
+
+
+def judge(rs: cf.RelevanceStacks, source: str, rule: cf.Rule, w: np.ndarray, model: cf.RelevanceModel) -> dict:
+    """Top-hit AUC and, per threshold of GRID, (right top hits kept, unanswerable top hits dropped)."""
+    r = cf.relevance_set(rs, [source], rule, w)
+    p = model.predict(r["X"])
+    top = r["top"]
+    right, wt, una = r["y"][top] > 0, r["w"][top], ~r["answerable"][top]
+
+    def share(mask: np.ndarray, of: np.ndarray) -> float:
+        return float((wt * (mask & of)).sum() / max((wt * of).sum(), 1e-12))
+
+    return {"auc": cf.auc(p[top], right, wt),
+            "at": {t: (share(p[top] >= t, right), share(p[top] < t, una)) for t in GRID}}
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dev", default=os.environ.get("EVERMIND_DEV_DIR", "/work/data/dev"))
+    ap.add_argument("--corpus", default="/work/corpus")
+    ap.add_argument("--variants", default="", help="comma-separated subset of VARIANTS")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from recall_quality import load_embedder
+
+    emb = load_embedder(None, None)
+    params = FusionParams.from_dict(json.loads((REPO / "evermind_memory/models/fusion.json").read_text()))
+    data = cf.load_data(emb, Path(args.dev), Path(args.corpus) if args.corpus else None,
+                        log=lambda m: print(f"[relevance_study] {m}", file=sys.stderr, flush=True))
+    rule = next(r for r in cf.RULES if r.features == params.features and r.pool == params.pool)
+    fits = cf.build_fits(data, [rule])
+    names = sorted(data)
+    chosen = [v for v in args.variants.split(",") if v] or list(VARIANTS)
+    out: dict = {}
+    for variant in chosen:
+        feats, top_weight, kind = VARIANTS[variant]
+        assert all(f in FEATURES or f in ("score", "margin") for f in feats)
+        rs = cf.RelevanceStacks(data, [rule], feats)
+        per = {}
+        for s in names:
+            rest = [t for t in names if t != s]
+            w = fits[rule.name].weights(rest)
+            r = rows(rs, rest, rule, w, top_weight)
+            if kind == "trees":
+                model = cf.RelevanceModel((), 0.0, cf.fit_trees(r["X"], r["y"], r["w"]))
+            else:
+                rw, rb = cf.fit_logistic(r["X"], r["y"], r["w"])
+                model = cf.RelevanceModel(tuple(rw.tolist()), rb)
+            per[s] = judge(rs, s, rule, w, model)
+        out[variant] = per
+        manual = [s for s in names if s not in PERSONAL]
+        print(f"\n{variant}: top-hit AUC manual {np.mean([per[s]['auc'] for s in manual]):.3f}, "
+              + ", ".join(f"{s} {per[s]['auc']:.3f}" for s in PERSONAL if s in per))
+        print(f"  {'threshold':>9}  {'manual kept/dropped':>20}  " + "  ".join(f"{s:>16}" for s in PERSONAL))
+        for t in GRID:
+            mk = np.mean([per[s]["at"][t][0] for s in manual])
+            md = np.mean([per[s]["at"][t][1] for s in manual])
+            cells = "  ".join(f"{per[s]['at'][t][0]:>7.2f} / {per[s]['at'][t][1]:.2f}" for s in PERSONAL if s in per)
+            print(f"  {t:>9.2f}  {mk:>11.2f} / {md:.2f}  {cells}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":
+    main()
