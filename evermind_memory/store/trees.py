@@ -8,6 +8,7 @@ cost is depth x a few array operations over (candidates x trees), with no Python
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -91,15 +92,25 @@ class TreeEnsemble:
                            "left": self.left[i].tolist(), "right": self.right[i].tolist(),
                            "value": self.value[i].tolist()} for i in range(len(self.feature))]}
 
+    @functools.cached_property
+    def _flat(self) -> tuple[Any, Any, Any, Any, Any, Any]:
+        """The tables flattened to one array each, node ids global (tree * nodes + node), a leaf its own child."""
+        t, n = self.feature.shape
+        offset = (np.arange(t) * n)[:, None]  # (T, 1)
+        own = np.arange(n)[None, :]           # (1, N)
+        left = (np.where(self.left < 0, own, self.left) + offset).ravel()
+        right = (np.where(self.right < 0, own, self.right) + offset).ravel()
+        return (self.feature.ravel(), self.threshold.ravel(), left, right, self.value.ravel(), offset.ravel())
+
     def raw(self, X: Any) -> Any:
         """(n,) baseline + summed leaf values for the rows of X (n, F)."""
-        X = np.asarray(X, dtype=np.float64)
-        n, t = len(X), len(self.feature)
-        trees = np.arange(t)[None, :]  # (1, T)
-        rows = np.arange(n)[:, None]   # (n, 1)
-        node = np.zeros((n, t), dtype=np.int64)  # (n, T)
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        feature, threshold, left, right, value, roots = self._flat
+        n = len(X)
+        node = np.broadcast_to(roots, (n, len(roots))).copy()  # (n, T): every row at every tree's root
+        row = (np.arange(n) * X.shape[1])[:, None]              # (n, 1): where each row starts in X.ravel()
+        flat = X.ravel()
         for _ in range(self.depth):
-            x = X[rows, self.feature[trees, node]]  # (n, T)
-            nxt = np.where(x <= self.threshold[trees, node], self.left[trees, node], self.right[trees, node])
-            node = np.where(nxt < 0, node, nxt)  # a leaf stays where it is
-        return self.baseline + self.value[trees, node].sum(axis=1)
+            x = flat.take(row + feature.take(node))  # (n, T)
+            node = np.where(x <= threshold.take(node), left.take(node), right.take(node))
+        return self.baseline + value.take(node).sum(axis=1)
