@@ -417,11 +417,13 @@ def query_names(query: str) -> list[str]:
     counts only as a possessive ("Ada's tea" -> ["ada"]). Counted, a manual's "Returns" or "Computes" was a name
     that one fact in ten held, and the rules that weigh names lost on those manuals' no-harm check."""
     out = []
+    previous = 0  # where the previous word ended
     for m in _WORD_RE.finditer(query):
+        gap, previous = query[previous:m.start()], m.end()  # what stands between this word and the one before
         word, low = m.group(), m.group().lower()
         if not word[:1].isupper() or low in STOPWORDS or low in QUESTION_WORDS or low in out:
             continue
-        starts = not query[:m.start()].strip() or bool(_SENTENCE_END.search(query[:m.start()]))
+        starts = (m.start() == len(gap) and not gap.strip()) or bool(_SENTENCE_END.search(gap))
         if starts and not _POSSESSIVE.match(query, m.end()):
             continue
         out.append(low)
