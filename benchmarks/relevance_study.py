@@ -60,16 +60,10 @@ def rows(rs: cf.RelevanceStacks, sources: Sequence[str], rule: cf.Rule, w: np.nd
 
 def judge(rs: cf.RelevanceStacks, source: str, rule: cf.Rule, w: np.ndarray, model: cf.RelevanceModel) -> dict:
     """Top-hit AUC and, per threshold of GRID, (right top hits kept, unanswerable top hits dropped)."""
-    r = cf.relevance_set(rs, [source], rule, w)
-    p = model.predict(r["X"])
-    top = r["top"]
-    right, wt, una = r["y"][top] > 0, r["w"][top], ~r["answerable"][top]
-
-    def share(mask: np.ndarray, of: np.ndarray) -> float:
-        return float((wt * (mask & of)).sum() / max((wt * of).sum(), 1e-12))
-
-    return {"auc": cf.auc(p[top], right, wt),
-            "at": {t: (share(p[top] >= t, right), share(p[top] < t, una)) for t in GRID}}
+    rep = cf.relevance_report(rs, source, rule, w, model, GRID)
+    at = {t: rep["thresholds"][f"{t:g}"] for t in GRID}
+    return {"auc": rep["auc_top1"],
+            "at": {t: (r["right_top1_kept"], r["unanswerable_top1_dropped"]) for t, r in at.items()}}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import numpy as np  # noqa: E402
 
 from evermind_memory.errors import InvalidInput  # noqa: E402
-from evermind_memory.store.fusion import FEATURES, CandidatePool, FusionParams, features  # noqa: E402
+from evermind_memory.store.fusion import FEATURES, CandidatePool, FusionParams, features, relevance_of  # noqa: E402
 from evermind_memory.store.trees import TreeEnsemble  # noqa: E402
 
 NO_HARM = 0.005          # hybrid may trail the better of lexical and vector by this much on a left-out source
@@ -466,8 +466,7 @@ class RelevanceModel:
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """(N,) probabilities for the relevance rows X (N, R), as the store computes them."""
-        X = np.nan_to_num(X)
-        return _sigmoid(self.trees.raw(X) if self.trees is not None else X @ np.asarray(self.weights) + self.bias)
+        return relevance_of(X, self.weights, self.bias, self.trees)
 
 
 def fit_trees(X: np.ndarray, y: np.ndarray, weight: np.ndarray) -> TreeEnsemble:
@@ -541,9 +540,10 @@ def reliability(p: np.ndarray, y: np.ndarray, w: np.ndarray, bins: int = 10) -> 
     return {"ece": ece, "bins": rows}
 
 
-def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray, model: RelevanceModel) -> dict:
+def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray, model: RelevanceModel,
+                     thresholds: Sequence[float] = THRESHOLDS) -> dict:
     """On one source: AUC of the top hit's relevance (a right top hit against any wrong one, from answerable queries
-    or not), reliability over all top-10 rows, and what relevance >= 0.5 keeps."""
+    or not), reliability over all top-10 rows, and what each of `thresholds` keeps and drops."""
     rows = relevance_set(rs, [source], rule, w)
     p = model.predict(rows["X"])
     top = rows["top"]
@@ -558,7 +558,7 @@ def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray
         "reliability": reliability(p, rows["y"], rows["w"]),
         "thresholds": {f"{t:g}": {"right_top1_kept": share(p[top] >= t, right),
                                   "unanswerable_top1_dropped": share(p[top] < t, unanswerable),
-                                  "kept_top1_right": share(right, p[top] >= t)} for t in THRESHOLDS},
+                                  "kept_top1_right": share(right, p[top] >= t)} for t in thresholds},
         "mean_top1_relevance": {"right": float(np.average(p[top][right], weights=wt[right])) if right.any() else None,
                                 "answerable_wrong": float(np.average(p[top][~right & ~unanswerable],
                                                                      weights=wt[~right & ~unanswerable]))

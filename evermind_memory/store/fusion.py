@@ -500,10 +500,15 @@ def relevance(pool: CandidatePool, score: np.ndarray, params: FusionParams) -> n
             cols.append(score - score.max(initial=0.0))
         else:
             cols.append(FEATURES[name][1](pool))
-    X = np.nan_to_num(np.stack(cols, axis=1))  # (n, R)
-    if params.relevance_trees is not None:
-        return _sigmoid(params.relevance_trees.raw(X))
-    return _sigmoid(params.relevance_bias + X @ np.asarray(params.relevance_weights))
+    return relevance_of(np.stack(cols, axis=1), params.relevance_weights, params.relevance_bias,
+                        params.relevance_trees)
+
+
+def relevance_of(X: np.ndarray, weights: Sequence[float], bias: float, trees: TreeEnsemble | None) -> np.ndarray:
+    """(n,) probabilities for relevance rows X (n, R): sigmoid of the trees' output, or of bias + X @ weights
+    without trees. recipe/calibrate_fusion.py judges its fits through this, so it judges what the store computes."""
+    X = np.nan_to_num(X)
+    return _sigmoid(trees.raw(X) if trees is not None else bias + X @ np.asarray(weights))
 
 
 def fuse_learned(pool: CandidatePool, params: FusionParams) -> Fused:
