@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import re
 import sys
@@ -88,9 +89,14 @@ def sample_texts(corpora: list[Path], n: int, seed: int) -> list[str]:
 
 
 def tune(vectors: np.ndarray, weights: np.ndarray, words: list[str], texts: list[str], targets: np.ndarray,
-         epochs: int, lr: float, seed: int, device: str = "cpu") -> np.ndarray:
+         epochs: int, lr: float, seed: int, device: str = "cpu", contrastive: float = 0.0,
+         temperature: float = 0.05, batch: int = 256) -> np.ndarray:
     """Word vectors (V, T) trained so that each text's weighted sum points where the teacher's vector of the text
-    does (cosine loss against the centred targets), from the teacher's vectors of the words alone."""
+    does (cosine loss against the centred targets), from the teacher's vectors of the words alone.
+
+    With contrastive > 0 the loss adds that weight times an in-batch InfoNCE: each text's sum must be nearer its own
+    target than the batch's other texts' targets (cosine / temperature), which asks for the teacher's ranking of
+    texts, not only its directions."""
     import torch
 
     torch.manual_seed(seed)
@@ -103,7 +109,7 @@ def tune(vectors: np.ndarray, weights: np.ndarray, words: list[str], texts: list
     w = torch.from_numpy(weights.astype(np.float32)).to(device)
     goal = torch.from_numpy(targets - targets.mean(axis=0)).to(device)  # (N, T) centred
     opt = torch.optim.Adam(table.parameters(), lr=lr)
-    batch = 256
+    labels = torch.arange(batch, device=device)
     steps = epochs * ((len(keep) + batch - 1) // batch)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     rng = np.random.default_rng(seed)
@@ -118,14 +124,38 @@ def tune(vectors: np.ndarray, weights: np.ndarray, words: list[str], texts: list
                                    device=device)
             pred = table(flat, offsets, per_sample_weights=w[flat])  # (B, T)
             loss = (1 - torch.nn.functional.cosine_similarity(pred, goal[rows], dim=1)).mean()
+            if contrastive > 0:
+                p = torch.nn.functional.normalize(pred, dim=1)
+                g = torch.nn.functional.normalize(goal[rows], dim=1)
+                logits = p @ g.T / temperature  # (B, B)
+                loss = loss + contrastive * torch.nn.functional.cross_entropy(logits, labels[: len(rows)])
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
             total += loss.item() * len(rows)
             step += 1
-        print(f"tune epoch {epoch + 1}/{epochs}: cosine loss {total / len(keep):.4f} ({step} steps)", flush=True)
+        print(f"tune epoch {epoch + 1}/{epochs}: loss {total / len(keep):.4f} ({step} steps)", flush=True)
     return table.weight.detach().cpu().numpy().astype(np.float32)
+
+
+def text_targets(teacher, texts: list[str], teacher_name: str | None, cache: Path | None) -> np.ndarray:
+    """The teacher's vectors (N, T) float32 of texts, read from or kept in cache (a .npy named by the teacher and
+    the texts' digest; read without pickle, its shape checked) when a cache directory is given."""
+    path = None
+    if cache is not None:
+        digest = hashlib.sha256("\x00".join([str(teacher_name)] + texts).encode("utf-8")).hexdigest()[:24]
+        path = cache / f"targets-{digest}.npy"
+        if path.exists():
+            targets = np.load(path, allow_pickle=False)
+            if targets.dtype == np.float32 and targets.ndim == 2 and targets.shape[0] == len(texts):
+                return targets
+    targets = np.asarray(teacher.encode(texts, batch_size=512, convert_to_numpy=True, show_progress_bar=True),
+                         np.float32)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, targets)
+    return targets
 
 
 def build(words: list[str], vectors: np.ndarray, counts: np.ndarray, total: int, dims: int, sif: float,
@@ -153,6 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tune-texts", type=int, default=0, help="train the word vectors on this many texts (0: no)")
     ap.add_argument("--tune-epochs", type=int, default=2)
     ap.add_argument("--tune-lr", type=float, default=1e-3)
+    ap.add_argument("--tune-batch", type=int, default=256)
+    ap.add_argument("--tune-contrastive", type=float, default=0.0,
+                    help="weight of an in-batch InfoNCE term beside the cosine loss (0: cosine only)")
+    ap.add_argument("--tune-temperature", type=float, default=0.05)
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="directory where the teacher's vectors of the tuning texts are kept between runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="torch device of the teacher and the tuning (cpu, cuda)")
     args = ap.parse_args(argv)
@@ -174,11 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.tune_texts:
         texts = sample_texts(args.corpus, args.tune_texts, args.seed)
         t2 = time.perf_counter()
-        targets = teacher.encode(texts, batch_size=128, convert_to_numpy=True, show_progress_bar=True)  # (N, T)
+        targets = text_targets(teacher, texts, args.teacher, args.cache)  # (N, T)
         print(f"teacher vectors of {len(texts)} texts in {time.perf_counter() - t2:.0f}s", flush=True)
         sif_weight = args.sif / (args.sif + freq / total)
-        vectors = tune(vectors, sif_weight, words, texts, np.asarray(targets, np.float32), args.tune_epochs,
-                       args.tune_lr, args.seed, args.device)
+        vectors = tune(vectors, sif_weight, words, texts, targets, args.tune_epochs, args.tune_lr, args.seed,
+                       args.device, args.tune_contrastive, args.tune_temperature, args.tune_batch)
     lexicon = build(words, vectors, freq, total, args.dims, args.sif)
     lexicon.save(args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes): {lexicon!r} in {time.perf_counter() - t0:.0f}s")
