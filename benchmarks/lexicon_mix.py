@@ -7,10 +7,18 @@ a sample of texts before the table is printed). Reported, by exact cosine:
   asked in the person's scope and store-wide (third-person questions), the counts of personal_recall.py's vector
   rows;
 - manuals: ndcg@10 on each of the nine dev manual sources (benchmarks/embedder_dev.py, DEV_DIR) and their mean;
+- validation: the same counts on personal_data.validation_set() (100 scoped / 70 store-wide questions), the set a
+  stage chooses its own variants on;
 - left out: for each manual source, the weight the other eight sources' mean picks, and its ndcg@10 on the left-out
   source; for personal memory, the weight the nine manual sources pick.
 
-    python benchmarks/lexicon_mix.py --lexicon A.evlx [--lexicon B.evlx] [--weights 0.5,0.6,0.7,0.8] [--json out]
+With --unknown-weights, each lexicon is also tried with a vector for every word the table lacks (a name, an
+identifier): a fixed pseudo-random unit vector of the word (seeded by its blake2b digest) times u times the median
+norm of the table's 10,000 rarest weighted rows, so that two texts sharing a rare unknown word share a direction.
+Not in the product (the figures in benchmarks/results/lexicon_mix.txt say why).
+
+    python benchmarks/lexicon_mix.py --lexicon A.evlx [--lexicon B.evlx] [--weights 0.5,0.6,0.7,0.8]
+        [--unknown-weights 0.25,0.5,1] [--json out]
 
 The model's vectors (the shipped model without its lexicon) are cached on disk as embedder_dev.py caches them.
 """
@@ -34,7 +42,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import numpy as np  # noqa: E402
 
 import embedder_dev as ed  # noqa: E402
-from personal_data import personal_set  # noqa: E402
+from personal_data import personal_set, validation_set  # noqa: E402
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -44,6 +52,38 @@ def unit(x: np.ndarray) -> np.ndarray:
 def mixed(model_vecs: np.ndarray, lex_vecs: np.ndarray, weight: float) -> np.ndarray:
     """What LMEmbedder returns with a lexicon: [model unit row, weight x lexicon unit row], normalised."""
     return unit(np.concatenate([model_vecs, np.float32(weight) * lex_vecs], axis=1))
+
+
+def with_unknown(lex, u: float):  # -> callable texts -> (N, D) unit lexicon vectors
+    """The lexicon's text vectors with a hashed vector for each unknown word (see the module docstring)."""
+    from evermind_memory.lm.lexicon import WORD_PATTERN
+    import re
+
+    word_re = re.compile(WORD_PATTERN)
+    norms = np.linalg.norm(lex.table.astype(np.float32), axis=1) * lex.scale * lex.weight  # (V,)
+    size = float(u * np.median(norms[-10000:]))
+    known = lex.embed_many  # unit rows; the sums are rebuilt below
+    memo: dict[str, np.ndarray] = {}
+
+    def hashed(word: str) -> np.ndarray:
+        if word not in memo:
+            seed = int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+            v = np.random.default_rng(seed).standard_normal(lex.dims).astype(np.float32)
+            memo[word] = v / np.linalg.norm(v)
+        return memo[word]
+
+    def embed(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), lex.dims), np.float32)  # (N, D)
+        for i, text in enumerate(texts):
+            ids = lex.word_ids(text)
+            if ids:
+                out[i] = (lex.table[ids].astype(np.float32) * (lex.scale * lex.weight)[ids, None]).sum(axis=0)
+            for word in word_re.findall(text.lower()):
+                if word not in lex._index:
+                    out[i] += size * hashed(word)
+        return unit(out) if size else known(texts)
+
+    return embed
 
 
 def personal_first(vec: callable, ps) -> tuple[int, int]:
@@ -64,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lexicon", action="append", required=True, type=Path)
     ap.add_argument("--weights", default="0.4,0.5,0.6,0.7,0.8,1.0")
+    ap.add_argument("--unknown-weights", default="", help="also try hashed vectors of unknown words at these u")
     ap.add_argument("--dev-dir", type=Path, default=ed.DEV_DIR)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -81,36 +122,45 @@ def main(argv: list[str] | None = None) -> dict:
     def model_vecs(texts: list[str]) -> np.ndarray:
         return unit(cache.get(texts, lambda t: base.embed_many(list(t)), batch=1024))
 
-    ps = personal_set()
+    ps, val = personal_set(), validation_set()
     sources = {name: ed.load_source(name, args.dev_dir) for name in ed.dev_sources(args.dev_dir)}
     lm_only = {name: float(ed.ndcg_at_10(model_vecs(s.queries) @ model_vecs(s.docs).T, s.gold).mean())
                for name, s in sources.items()}
-    rows: dict[str, dict] = {"model alone": {"personal": personal_first(model_vecs, ps), "manuals": lm_only}}
+    rows: dict[str, dict] = {"model alone": {"personal": personal_first(model_vecs, ps), "manuals": lm_only,
+                                             "validation": personal_first(model_vecs, val)}}
+    unknown = [float(u) for u in args.unknown_weights.split(",") if u]
     for path in args.lexicon:
         lex = Lexicon.load(path)
         check = LMEmbedder(base.model, base.tokenizer, max_tokens=base.max_tokens, lexicon=lex, lexicon_weight=0.7)
         sample = [f.text for f in ps.facts[:50]] + sources[next(iter(sources))].docs[:50]
         assert np.allclose(check.embed_many(sample), mixed(model_vecs(sample), lex.embed_many(sample), 0.7),
                            atol=2e-5), "the benchmark's mix is not the embedder's"
-        for w in weights:
-            rows[f"{path.name} w={w:g}"] = {
-                "personal": personal_first(lambda t, w=w: mixed(model_vecs(t), lex.embed_many(t), w), ps),
-                "manuals": {name: float(ed.ndcg_at_10(mixed(model_vecs(s.queries), lex.embed_many(s.queries), w)
-                                                      @ mixed(model_vecs(s.docs), lex.embed_many(s.docs), w).T,
-                                                      s.gold).mean()) for name, s in sources.items()},
-                "lexicon": str(path), "weight": w}
-            r = rows[f"{path.name} w={w:g}"]
-            print(f"{path.name} w={w:g}: personal {r['personal']}, manuals "
-                  f"{np.mean(list(r['manuals'].values())):.4f}", file=sys.stderr, flush=True)
+        for u in [0.0] + unknown:
+            lex_vecs = with_unknown(lex, u)
+            for w in weights:
+                label = f"{path.name} w={w:g}" + (f" unknown u={u:g}" if u else "")
+
+                def vec(t, w=w, lex_vecs=lex_vecs):
+                    return mixed(model_vecs(t), lex_vecs(t), w)
+
+                rows[label] = {
+                    "personal": personal_first(vec, ps), "validation": personal_first(vec, val),
+                    "manuals": {name: float(ed.ndcg_at_10(vec(s.queries) @ vec(s.docs).T, s.gold).mean())
+                                for name, s in sources.items()},
+                    "lexicon": str(path), "weight": w, "unknown": u}
+                r = rows[label]
+                print(f"{label}: personal {r['personal']}, validation {r['validation']}, manuals "
+                      f"{np.mean(list(r['manuals'].values())):.4f}", file=sys.stderr, flush=True)
     names = list(sources)
-    print("| vectors | personal scoped / store-wide / sum (of 470 / 350) | manual mean | worst source vs model alone "
-          "| " + " | ".join(names) + " |")
-    print("|---" * (4 + len(names)) + "|")
+    print("| vectors | personal scoped / store-wide / sum (of 470 / 350) | validation (of 100 / 70) | manual mean "
+          "| worst source vs model alone | " + " | ".join(names) + " |")
+    print("|---" * (5 + len(names)) + "|")
     for label, r in rows.items():
         m = r["manuals"]
         worst = min(names, key=lambda n: m[n] - lm_only[n])
         print(f"| {label} | {r['personal'][0]} / {r['personal'][1]} / {sum(r['personal'])} | "
-              f"{np.mean([m[n] for n in names]):.4f} | {worst} {m[worst] - lm_only[worst]:+.4f} | "
+              f"{r['validation'][0]} / {r['validation'][1]} | {np.mean([m[n] for n in names]):.4f} | "
+              f"{worst} {m[worst] - lm_only[worst]:+.4f} | "
               + " | ".join(f"{m[n]:.4f}" for n in names) + " |")
     # left out: each manual source judged with the (lexicon, weight) the other sources pick
     mixes = [k for k in rows if k != "model alone"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HAND_FILE = Path(__file__).resolve().parent / "data" / "personal_hand.jsonl"
+VALIDATION_FILE = Path(__file__).resolve().parent / "data" / "personal_val.jsonl"
 
 DEV_PEOPLE = (
     "Ingrid", "Tomasz", "Priya", "Mateo", "Yuki", "Olusegun", "Freya", "Rafael", "Amara", "Henrik", "Leilani",
@@ -370,6 +371,15 @@ def personal_set(seed: int = 0) -> PersonalSet:
                                                  q.first_person, q.part) for q in hand.questions])
 
 
+def validation_set() -> PersonalSet:
+    """A selection set apart from the dev protocol: 100 hand-written facts about ten other people (the same row
+    format as the hand-written part, VALIDATION_FILE), each with a question, and two unanswerable questions each.
+    Choices a stage has to make between its own variants (a step count, a weight) are made on this set, so that the
+    dev protocol stays a judge; it is small (100 scoped, 70 store-wide questions), so only differences of several
+    questions mean anything."""
+    return hand_written(VALIDATION_FILE)
+
+
 def reserved_words() -> set[str]:
     """Every name and slot value of this dev set, lower-cased: the training generator must not use them."""
     words: set[str] = set()
@@ -378,8 +388,9 @@ def reserved_words() -> set[str]:
         words.update(g.lower() for g in group)
     for group in (CITIES, JOBS, PETS, CONDITIONS, SPORTS, DISLIKES):
         words.update(g[0].lower() for g in group)
-    with open(HAND_FILE, encoding="utf-8") as fh:
-        words.update(json.loads(line)["user"] for line in fh if line.strip())
+    for path in (HAND_FILE, VALIDATION_FILE):
+        with open(path, encoding="utf-8") as fh:
+            words.update(json.loads(line)["user"] for line in fh if line.strip())
     return words
 
 
