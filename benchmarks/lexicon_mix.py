@@ -7,7 +7,7 @@ a sample of texts before the table is printed). Reported, by exact cosine:
   asked in the person's scope and store-wide (third-person questions), the counts of personal_recall.py's vector
   rows;
 - manuals: ndcg@10 on each of the nine dev manual sources (benchmarks/embedder_dev.py, DEV_DIR) and their mean;
-- validation: the same counts on personal_data.validation_set() (100 scoped / 70 store-wide questions), the set a
+- validation: the same counts on personal_data.validation_set() (100 scoped / 80 store-wide questions), the set a
   stage chooses its own variants on;
 - left out: for each manual source, the weight the other eight sources' mean picks, and its ndcg@10 on the left-out
   source; for personal memory, the weight the nine manual sources pick.
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"{label}: personal {r['personal']}, validation {r['validation']}, manuals "
                       f"{np.mean(list(r['manuals'].values())):.4f}", file=sys.stderr, flush=True)
     names = list(sources)
-    print("| vectors | personal scoped / store-wide / sum (of 470 / 350) | validation (of 100 / 70) | manual mean "
+    print("| vectors | personal scoped / store-wide / sum (of 470 / 350) | validation (of 100 / 80) | manual mean "
           "| worst source vs model alone | " + " | ".join(names) + " |")
     print("|---" * (5 + len(names)) + "|")
     for label, r in rows.items():

@@ -375,8 +375,9 @@ def validation_set() -> PersonalSet:
     """A selection set apart from the dev protocol: 100 hand-written facts about ten other people (the same row
     format as the hand-written part, VALIDATION_FILE), each with a question, and two unanswerable questions each.
     Choices a stage has to make between its own variants (a step count, a weight) are made on this set, so that the
-    dev protocol stays a judge; it is small (100 scoped, 70 store-wide questions), so only differences of several
-    questions mean anything."""
+    dev protocol stays a judge; it is small (100 scoped, 80 store-wide questions), so only differences of several
+    questions mean anything. The fusion rule and the relevance model are also fitted on it (source "personal-val"
+    of benchmarks/personal_recall.py), which a choice of vectors made on it does not depend on."""
     return hand_written(VALIDATION_FILE)
 
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import numpy as np  # noqa: E402
 
 from evermind_memory import MemoryStore  # noqa: E402
-from personal_data import PersonalSet, personal_set  # noqa: E402
+from personal_data import PersonalSet, personal_set, validation_set  # noqa: E402
 
 K = 10
 MODES = ("lexical", "vector", "hybrid")
@@ -164,17 +164,23 @@ def format_table(label: str, summary: dict) -> str:
 # ------------------------------------------------------------------ candidate pools for calibrate_fusion.py
 
 
+SOURCE_OF_PART = {"generated": "personal", "hand": "personal-hand"}
+
+
 def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm: object | None = None,
-                     cache_dir: Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
+                     cache_dir: Path | None = None, log: Callable[[str], None] = lambda s: None,
+                     names: dict[str, str] | None = None) -> dict[str, dict]:
     """Sources "personal" (generated) and "personal-hand" in recipe/calibrate_fusion.py's load_data format.
 
     Each source's queries are its answerable asks (scoped and store-wide; a DevSource whose docs are all facts of
     the one store); its "foreign" pools are its unanswerable questions in their scopes. Cached by fingerprint.
+    `names` maps a question's part to its source's name (SOURCE_OF_PART; parts it lacks give no source).
     """
     import dev_pools as dp
     from evermind_memory.store.fusion import CandidatePool
     from evermind_memory.store.study import gather
 
+    names = SOURCE_OF_PART if names is None else names
     ps = ps or personal_set()
     cache_dir = Path(cache_dir or dp.CACHE_DIR)
     fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
@@ -206,7 +212,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
     minilm_rank = _minilm_rankings(ps, all_asks, minilm, cache_dir) if minilm is not None else None
     pools = [CandidatePool.from_json(p) for p in cached["pools"]]
     out = {}
-    for name, part in (("personal", "generated"), ("personal-hand", "hand")):
+    for part, name in names.items():
         sel = [i for i, (qi, _) in enumerate(all_asks) if ps.questions[qi].part == part]
         ans = [i for i in sel if ps.questions[all_asks[i][0]].fact is not None]
         una = [i for i in sel if ps.questions[all_asks[i][0]].fact is None]
@@ -219,6 +225,15 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
                      "minilm": None if minilm_rank is None else [minilm_rank[i] for i in ans],
                      "foreign": [pools[i] for i in una], "foreign_from": f"{name} (unanswerable)"}
     return out
+
+
+def validation_source(embedder: object, *, minilm: object | None = None, cache_dir: Path | None = None,
+                      log: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
+    """Source "personal-val": personal_data.validation_set() in a store of its own (100 facts about ten people),
+    asked as the hand-written part is. More hand-written questions for the fusion rule and the relevance model to
+    be fitted on; judged left out like every source."""
+    return personal_sources(embedder, validation_set(), minilm=minilm, cache_dir=cache_dir, log=log,
+                            names={"hand": "personal-val"})
 
 
 SMALL_SIZES = (2, 3, 5, 8, 13, 20, 30, 50, 100, 200, 400)

@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import calibrate_fusion as cf  # noqa: E402
 from evermind_memory.store.fusion import FEATURES, FusionParams  # noqa: E402
 
-PERSONAL = ("personal", "personal-hand", "personal-small")
+PERSONAL = ("personal", "personal-hand", "personal-small", "personal-val")
 GRID = tuple(round(t, 3) for t in np.arange(0.03, 0.301, 0.01))
 
 # variant -> (relevance features, weight of each query's top hit relative to its other rows, "logistic" | "trees")

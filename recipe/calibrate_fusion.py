@@ -578,9 +578,10 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
 
     Sources: the dev folder's, plus the corpus's held-out eval sets (debian, pyapi, foldoc) when corpus_dir is
     given. Each source's foreign queries are the first FOREIGN_QUERIES of the next source (sorted, cyclic). With
-    `personal`, also the personal-memory protocol's two sources (benchmarks/personal_recall.py: "personal" and
-    "personal-hand", asked in each person's scope and store-wide; their foreign queries are their unanswerable
-    questions).
+    `personal`, also the personal-memory protocol's sources (benchmarks/personal_recall.py: "personal" and
+    "personal-hand", asked in each person's scope and store-wide, with their unanswerable questions as foreign
+    queries; "personal-small", the same questions in stores of 2 to 400 facts; "personal-val", the validation set's
+    hand-written questions in a store of their own).
     """
     import dev_pools as dp
 
@@ -606,10 +607,11 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
                       "minilm": sp.minilm, "foreign": dp.foreign_pools(src, other, embedder, log=log),
                       "foreign_from": other.name}
     if personal and not sources:
-        from personal_recall import personal_sources, small_store_source
+        from personal_recall import personal_sources, small_store_source, validation_source
 
         data.update(personal_sources(embedder, minilm=minilm, log=log))
         data.update(small_store_source(embedder, log=log))
+        data.update(validation_source(embedder, minilm=minilm, log=log))
     return data
 
 

@@ -227,6 +227,32 @@ def test_personal_protocol_runs_and_pools_through_a_real_store(tmp_path: Path, e
         assert users
 
 
+def test_validation_set_is_apart_from_the_dev_protocol_and_pools_as_its_own_source(tmp_path: Path,
+                                                                                  embedder: LMEmbedder,
+                                                                                  monkeypatch) -> None:
+    """The personal validation set: ten people, each with ten answered questions and two unanswerable ones, none
+    of them a person of the dev protocol, all reserved from the training generator; as calibrate_fusion's
+    "personal-val" source its answerable asks are pooled (scoped and, but for first-person facts, store-wide) and
+    its unanswerable ones are its foreign pools."""
+    import dev_pools
+    import personal_data
+    import personal_recall as pr
+
+    monkeypatch.setattr(dev_pools, "CACHE_DIR", tmp_path / "cache")
+    val, dev = personal_data.validation_set(), personal_data.personal_set()
+    users = {f.user for f in val.facts}
+    assert len(users) == 10 and len(val.facts) == 100
+    assert sum(q.fact is not None for q in val.questions) == 100 and sum(q.fact is None for q in val.questions) == 20
+    assert not users & {f.user for f in dev.facts if f.user} and users <= personal_data.reserved_words()
+    assert not {f.text for f in val.facts} & {f.text for f in dev.facts}
+    src = pr.validation_source(embedder)
+    assert list(src) == ["personal-val"]
+    d = src["personal-val"]
+    store_wide = sum(q.fact is not None and not q.first_person for q in val.questions)
+    assert len(d["pools"]) == len(d["gold"]) == 100 + store_wide and len(d["foreign"]) == 20
+    assert sorted(set(d["gold"].tolist())) == list(range(100))  # every fact answers one question
+
+
 def test_rerank_speed_times_each_shape_on_question_memory_pairs(tmp_path: Path) -> None:
     """benchmarks/rerank_speed.py with two tiny shapes: each question's batch holds its own fact first and N pairs,
     every shape and N gets a p50 <= p99, and --json writes what it printed."""
