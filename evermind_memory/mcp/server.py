@@ -467,7 +467,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None,
                                         Field(description="hybrid only: drop matches whose relevance is below this "
                                                           "(on documents 0.1 keeps about 94% of right answers; on "
-                                                          "short personal facts 0.2 keeps about 88%)")] = None,
+                                                          "short personal facts 0.2 keeps about 89%)")] = None,
                context: Annotated[int,
                                   Field(ge=0, le=20,
                                         description="for a conversation turn, also return this many turns before and "
