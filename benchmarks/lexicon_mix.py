@@ -55,14 +55,16 @@ def mixed(model_vecs: np.ndarray, lex_vecs: np.ndarray, weight: float) -> np.nda
 
 
 def with_unknown(lex, u: float):  # -> callable texts -> (N, D) unit lexicon vectors
-    """The lexicon's text vectors with a hashed vector for each unknown word (see the module docstring)."""
+    """The lexicon's text vectors with a hashed vector for each unknown word (see the module docstring); with
+    u = 0, the lexicon's own."""
     from evermind_memory.lm.lexicon import WORD_PATTERN
     import re
 
+    if not u:
+        return lex.embed_many
     word_re = re.compile(WORD_PATTERN)
     norms = np.linalg.norm(lex.table.astype(np.float32), axis=1) * lex.scale * lex.weight  # (V,)
     size = float(u * np.median(norms[-10000:]))
-    known = lex.embed_many  # unit rows; the sums are rebuilt below
     memo: dict[str, np.ndarray] = {}
 
     def hashed(word: str) -> np.ndarray:
@@ -81,7 +83,7 @@ def with_unknown(lex, u: float):  # -> callable texts -> (N, D) unit lexicon vec
             for word in word_re.findall(text.lower()):
                 if word not in lex._index:
                     out[i] += size * hashed(word)
-        return unit(out) if size else known(texts)
+        return unit(out)
 
     return embed
 

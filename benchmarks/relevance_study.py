@@ -36,7 +36,6 @@ import numpy as np  # noqa: E402
 import calibrate_fusion as cf  # noqa: E402
 from evermind_memory.store.fusion import FEATURES, FusionParams  # noqa: E402
 
-PERSONAL = ("personal", "personal-hand", "personal-small", "personal-val")
 GRID = tuple(round(t, 3) for t in np.arange(0.03, 0.301, 0.01))
 
 # variant -> (relevance features, weight of each query's top hit relative to its other rows, "logistic" | "trees")
@@ -82,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rule = next(r for r in cf.RULES if r.features == params.features and r.pool == params.pool)
     fits = cf.build_fits(data, [rule])
     names = sorted(data)
+    personal = [s for s in names if s.startswith("personal")]  # the personal-memory sources, as calibrate_fusion
+    manual = [s for s in names if s not in personal]
     chosen = [v for v in args.variants.split(",") if v] or list(VARIANTS)
     out: dict = {}
     for variant in chosen:
@@ -92,22 +93,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for s in names:
             rest = [t for t in names if t != s]
             w = fits[rule.name].weights(rest)
-            r = rows(rs, rest, rule, w, top_weight)
-            if kind == "trees":
-                model = cf.RelevanceModel((), 0.0, cf.fit_trees(r["X"], r["y"], r["w"]))
-            else:
-                rw, rb = cf.fit_logistic(r["X"], r["y"], r["w"])
-                model = cf.RelevanceModel(tuple(rw.tolist()), rb)
+            model = cf.fit_relevance_rows(rows(rs, rest, rule, w, top_weight), kind)
             per[s] = judge(rs, s, rule, w, model)
         out[variant] = per
-        manual = [s for s in names if s not in PERSONAL]
         print(f"\n{variant}: top-hit AUC manual {np.mean([per[s]['auc'] for s in manual]):.3f}, "
-              + ", ".join(f"{s} {per[s]['auc']:.3f}" for s in PERSONAL if s in per))
-        print(f"  {'threshold':>9}  {'manual kept/dropped':>20}  " + "  ".join(f"{s:>16}" for s in PERSONAL))
+              + ", ".join(f"{s} {per[s]['auc']:.3f}" for s in personal))
+        print(f"  {'threshold':>9}  {'manual kept/dropped':>20}  " + "  ".join(f"{s:>16}" for s in personal))
         for t in GRID:
             mk = np.mean([per[s]["at"][t][0] for s in manual])
             md = np.mean([per[s]["at"][t][1] for s in manual])
-            cells = "  ".join(f"{per[s]['at'][t][0]:>7.2f} / {per[s]['at'][t][1]:.2f}" for s in PERSONAL if s in per)
+            cells = "  ".join(f"{per[s]['at'][t][0]:>7.2f} / {per[s]['at'][t][1]:.2f}" for s in personal)
             print(f"  {t:>9.2f}  {mk:>11.2f} / {md:.2f}  {cells}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

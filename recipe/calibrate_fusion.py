@@ -496,7 +496,11 @@ def fit_trees(X: np.ndarray, y: np.ndarray, weight: np.ndarray) -> TreeEnsemble:
 def fit_relevance(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np.ndarray,
                   model: str = "trees") -> RelevanceModel:
     """The relevance model fitted on `sources` (see the module docstring): "trees" or "logistic"."""
-    rows = relevance_set(rs, sources, rule, w)
+    return fit_relevance_rows(relevance_set(rs, sources, rule, w), model)
+
+
+def fit_relevance_rows(rows: dict, model: str = "trees") -> RelevanceModel:
+    """The relevance model of kind `model` ("trees" or "logistic") fitted on relevance_set rows."""
     if model == "trees":
         return RelevanceModel((), 0.0, fit_trees(rows["X"], rows["y"], rows["w"]))
     rw, rb = fit_logistic(rows["X"], rows["y"], rows["w"])
