@@ -20,6 +20,11 @@ pairs in the teacher's sense of "about the same thing", mined once on the GPU be
 `--kd-weight W` adds in-batch ranking distillation: the KL divergence from the teacher's softmax over each
 query's batch of doc cosines (temperature --kd-tau) to the student's, so the student learns the teacher's
 order of the negatives, not only which doc is the positive.
+`--lexicon FILE` trains the model as the second part of the shipped vector: every loss sees what the embedder
+returns with that lexicon (lm.lexicon), the model's unit vector followed by --lexicon-weight x the text's unit
+lexicon vector, normalised as a whole; the lexicon stays fixed (its text vectors are computed once per machine and
+cached beside the teacher's), so the model learns what the word vectors miss rather than repeating what they hold.
+The exported checkpoint is the model alone, to be shipped with that lexicon and weight.
 """
 
 from __future__ import annotations
@@ -91,6 +96,27 @@ def tokenise_all(texts: list[str], tok_path: str, max_tokens: int) -> tuple[np.n
         mat[i, : len(ids)] = ids
         lengths[i] = len(ids)
     return mat, lengths
+
+
+_LEX = None
+
+
+def _init_lexicon_worker(lex_path: str) -> None:
+    global _LEX
+    from evermind_memory.lm.lexicon import Lexicon
+
+    _LEX = Lexicon.load(lex_path)
+
+
+def _lexicon_chunk(texts: list[str]) -> np.ndarray:
+    return _LEX.embed_many(texts).astype(np.float16)
+
+
+def lexicon_vectors(texts: list[str], lex_path: str) -> np.ndarray:
+    """(N, D) float16 unit lexicon vectors of all texts (zero rows for texts without a known word), in parallel."""
+    chunks = [texts[i: i + 5000] for i in range(0, len(texts), 5000)]
+    with Pool(os.cpu_count(), initializer=_init_lexicon_worker, initargs=(lex_path,)) as pool:
+        return np.concatenate(pool.map(_lexicon_chunk, chunks))
 
 
 # -- the teacher, and a compact copy of it for the 64 MiB transfer to the GPU machine --------------------
@@ -205,6 +231,9 @@ def main() -> None:
     ap.add_argument("--lexical-focus", type=float, default=0.0, metavar="F",
                     help="within each source, draw a pair with weight 1 + F x (share of its query's words missing "
                          "from its doc): more of the pairs keyword search cannot answer (0: uniform)")
+    ap.add_argument("--lexicon", default=None, metavar="FILE",
+                    help="train the model beside this fixed lexicon (lm.lexicon): the losses see the joined vector")
+    ap.add_argument("--lexicon-weight", type=float, default=0.8, help="the lexicon part's weight (as shipped)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=6000)
     ap.add_argument("--batch", type=int, default=512)
@@ -279,13 +308,14 @@ def main() -> None:
     tok_mat_t = torch.tensor(tok_mat, device=dev, dtype=torch.long)
     tok_len_t = torch.tensor(tok_len, device=dev, dtype=torch.long)
     teach_t = torch.tensor(teach, device=dev, dtype=torch.float32)
+    join = LexiconJoin(args, texts, dev)
 
     # -- model ---------------------------------------------------------------------------------------------
     shapes = param_shapes(cfg)
     if init is None:
         init = EvermindLM(cfg, seed=args.seed).params
     model = MirrorLM(cfg.to_dict(), shapes, init).to(dev)
-    head = torch.nn.Linear(args.d_model, teach.shape[1], bias=False).to(dev)  # training-only distillation head
+    head = torch.nn.Linear(args.d_model + join.dims, teach.shape[1], bias=False).to(dev)  # training-only, distillation
     params = list(model.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     step = 0
@@ -312,10 +342,11 @@ def main() -> None:
             return args.lr * (s + 1) / warm
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
 
-    embed = Embed(model, tok_mat_t, tok_len_t, tok_len, args, dev)
+    embed = Embed(model, tok_mat_t, tok_len_t, tok_len, args, dev, join)
 
-    def embed_ids(ids: torch.Tensor) -> torch.Tensor:  # unnormalised, float32 (eval, head fit: uncompiled)
-        return embed_bucketed(model.pooled, tok_mat_t, tok_len_t, ids, tok_len[ids.cpu().numpy()], args.buckets)
+    def embed_ids(ids: torch.Tensor) -> torch.Tensor:  # float32 (eval, head fit: uncompiled); unit with a lexicon
+        v = embed_bucketed(model.pooled, tok_mat_t, tok_len_t, ids, tok_len[ids.cpu().numpy()], args.buckets)
+        return join(F.normalize(v, dim=-1), ids) if join.dims else v
 
     @torch.no_grad()
     def embed_np(ids: np.ndarray) -> np.ndarray:
@@ -554,7 +585,7 @@ class Embed:
     forward (CUDA), normalised float32 vectors out. `--precision fp32 --no-compile --buckets 1` is the old step."""
 
     def __init__(self, model: MirrorLM, tok_mat_t: torch.Tensor, tok_len_t: torch.Tensor, tok_len: np.ndarray,
-                 args, dev: torch.device) -> None:
+                 args, dev: torch.device, join: LexiconJoin | None = None) -> None:
         self.cuda = dev.type == "cuda"
         self.amp = args.precision == "bf16" and self.cuda
         if args.compile != "off" and self.cuda:
@@ -565,14 +596,47 @@ class Embed:
         else:
             self.pooled = model.pooled
         self.tok_mat_t, self.tok_len_t, self.tok_len = tok_mat_t, tok_len_t, tok_len
-        self.buckets, self.dev = args.buckets, dev
+        self.buckets, self.dev, self.join = args.buckets, dev, join
 
     def __call__(self, ids: np.ndarray) -> torch.Tensor:
-        """(B, C) unit vectors of the texts `ids` (host array of text ids)."""
+        """(B, C) unit vectors of the texts `ids` (host array of text ids); (B, C + D) joined with a lexicon."""
         ids_t = torch.as_tensor(ids, device=self.dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
             v = embed_bucketed(self.pooled, self.tok_mat_t, self.tok_len_t, ids_t, self.tok_len[ids], self.buckets)
-        return F.normalize(v.float(), dim=-1)
+        v = F.normalize(v.float(), dim=-1)
+        return self.join(v, ids_t) if self.join is not None and self.join.dims else v
+
+
+class LexiconJoin:
+    """The lexicon part of the shipped vector during training: each text's unit lexicon vector (fixed, computed once
+    with lm.lexicon.Lexicon.embed_many and cached as float16 under --cache), joined to the model's unit vector as
+    LMEmbedder joins them. Without --lexicon, dims is 0 and nothing is joined."""
+
+    def __init__(self, args, texts: list[str], dev: torch.device) -> None:
+        self.dims, self.weight = 0, float(args.lexicon_weight)
+        if not args.lexicon:
+            return
+        from evermind_memory.lm.lexicon import Lexicon
+
+        lex = Lexicon.load(args.lexicon)
+        digest = hashlib.sha1(("\x00".join(texts) + lex.digest()).encode("utf-8")).hexdigest()[:12]
+        path = Path(args.cache or args.state) / f"lexicon-{digest}.npy"
+        if path.exists():
+            vecs = np.load(path, allow_pickle=False)
+        else:
+            t0 = time.time()
+            vecs = lexicon_vectors(texts, args.lexicon)  # (T, D)
+            np.save(path, vecs)
+            print(f"lexicon vectors for {len(texts)} texts in {time.time() - t0:.0f}s "
+                  f"({(np.abs(vecs).sum(1) == 0).mean():.3f} without a known word)", flush=True)
+        self.vecs = torch.tensor(vecs, device=dev)  # (T, D) float16
+        self.dims = vecs.shape[1]
+        print(f"training beside the lexicon {args.lexicon} ({lex!r}) at weight {self.weight}", flush=True)
+
+    def __call__(self, v: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(B, C + D): [v, weight x lexicon vector] normalised; v (B, C) unit model vectors."""
+        lex = self.vecs[ids].float() * self.weight
+        return F.normalize(torch.cat([v, lex], dim=-1), dim=-1)
 
 
 def step_loss(embed: Embed, head: torch.nn.Linear, teach_t: torch.Tensor, q_np: np.ndarray, d_np: np.ndarray,
