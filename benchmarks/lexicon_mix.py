@@ -18,9 +18,11 @@ norm of the table's 10,000 rarest weighted rows, so that two texts sharing a rar
 Not in the product (the figures in benchmarks/results/lexicon_mix.txt say why).
 
     python benchmarks/lexicon_mix.py --lexicon A.evlx [--lexicon B.evlx] [--weights 0.5,0.6,0.7,0.8]
-        [--unknown-weights 0.25,0.5,1] [--json out]
+        [--unknown-weights 0.25,0.5,1] [--model M.evlm] [--json out]
 
-The model's vectors (the shipped model without its lexicon) are cached on disk as embedder_dev.py caches them.
+--model puts another checkpoint (with the shipped tokenizer) in the shipped model's place, e.g. one trained beside
+a lexicon (recipe/train_embedder.py --lexicon). The model's vectors (without its lexicon) are cached on disk as
+embedder_dev.py caches them.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--weights", default="0.4,0.5,0.6,0.7,0.8,1.0")
     ap.add_argument("--unknown-weights", default="", help="also try hashed vectors of unknown words at these u")
     ap.add_argument("--dev-dir", type=Path, default=ed.DEV_DIR)
+    ap.add_argument("--model", type=Path, default=None, help="a checkpoint in the shipped model's place")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     weights = [float(w) for w in args.weights.split(",")]
@@ -117,7 +120,12 @@ def main(argv: list[str] | None = None) -> dict:
     from evermind_memory.lm.lexicon import Lexicon
 
     shipped = default_embedder().load()
-    base = LMEmbedder(shipped.model, shipped.tokenizer, max_tokens=shipped.max_tokens)  # the model's part alone
+    model = shipped.model
+    if args.model is not None:
+        from evermind_memory.lm.model import EvermindLM
+
+        model = EvermindLM.load(args.model)
+    base = LMEmbedder(model, shipped.tokenizer, max_tokens=shipped.max_tokens)  # the model's part alone
     fp = hashlib.sha1(base.fingerprint.encode("utf-8")).hexdigest()[:12]
     cache = ed.VectorCache(ed.CACHE_DIR / f"ours-{fp}-{base.max_tokens}.npz")
 
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     sources = {name: ed.load_source(name, args.dev_dir) for name in ed.dev_sources(args.dev_dir)}
     lm_only = {name: float(ed.ndcg_at_10(model_vecs(s.queries) @ model_vecs(s.docs).T, s.gold).mean())
                for name, s in sources.items()}
+    print(f"model {args.model or 'shipped'} ({base.fingerprint})", file=sys.stderr, flush=True)
     rows: dict[str, dict] = {"model alone": {"personal": personal_first(model_vecs, ps), "manuals": lm_only,
                                              "validation": personal_first(model_vecs, val)}}
     unknown = [float(u) for u in args.unknown_weights.split(",") if u]
