@@ -9,6 +9,9 @@ fits each variant with one source left out (the shipped rule's ranking weights, 
 reports, per variant, the AUC of the top hit and the threshold figures on the personal sources and the manuals.
 
     python benchmarks/relevance_study.py [--dev /work/data/dev] [--corpus /work/corpus] [--json out.json]
+        [--variants NAME,...] [--extra-features names,cos_x_uncovered,...]
+
+--extra-features adds a variant per named FEATURES entry: the shipped trees with that feature added.
 
 Needs the candidate pools that recipe/calibrate_fusion.py caches (benchmarks/dev_pools.py); nothing is written to
 the shipped model.
@@ -70,8 +73,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--dev", default=os.environ.get("EVERMIND_DEV_DIR", "/work/data/dev"))
     ap.add_argument("--corpus", default="/work/corpus")
     ap.add_argument("--variants", default="", help="comma-separated subset of VARIANTS")
+    ap.add_argument("--extra-features", default="",
+                    help="comma-separated FEATURES: one variant each, the shipped trees with it added")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    shipped = VARIANTS["trees +log_facts+cos_model (shipped)"]
+    extra = [f"shipped +{f}" for f in args.extra_features.split(",") if f]
+    for name, feat in zip(extra, [f for f in args.extra_features.split(",") if f]):
+        if feat not in FEATURES:
+            ap.error(f"--extra-features: {feat!r} is not one of {sorted(FEATURES)}")
+        VARIANTS[name] = (shipped[0] + (feat,), shipped[1], shipped[2])
     from recall_quality import load_embedder
 
     emb = load_embedder(None, None)
@@ -83,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     names = sorted(data)
     personal = [s for s in names if s.startswith("personal")]  # the personal-memory sources, as calibrate_fusion
     manual = [s for s in names if s not in personal]
-    chosen = [v for v in args.variants.split(",") if v] or list(VARIANTS)
+    chosen = [v for v in args.variants.split(",") if v] or [v for v in VARIANTS if v not in extra]
+    chosen += [v for v in extra if v not in chosen]
     out: dict = {}
     for variant in chosen:
         feats, top_weight, kind = VARIANTS[variant]
