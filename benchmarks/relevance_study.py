@@ -77,12 +77,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     help="comma-separated FEATURES: one variant each, the shipped trees with it added")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    shipped = VARIANTS["trees +log_facts+cos_model (shipped)"]
-    extra = [f"shipped +{f}" for f in args.extra_features.split(",") if f]
-    for name, feat in zip(extra, [f for f in args.extra_features.split(",") if f]):
+    shipped_feats, shipped_top, shipped_kind = VARIANTS["trees +log_facts+cos_model (shipped)"]
+    extra: dict[str, tuple[tuple[str, ...], float, str]] = {}
+    for feat in (f for f in args.extra_features.split(",") if f):
         if feat not in FEATURES:
             ap.error(f"--extra-features: {feat!r} is not one of {sorted(FEATURES)}")
-        VARIANTS[name] = (shipped[0] + (feat,), shipped[1], shipped[2])
+        extra[f"shipped +{feat}"] = (shipped_feats + (feat,), shipped_top, shipped_kind)
+    variants = {**VARIANTS, **extra}
     from recall_quality import load_embedder
 
     emb = load_embedder(None, None)
@@ -94,11 +95,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     names = sorted(data)
     personal = [s for s in names if s.startswith("personal")]  # the personal-memory sources, as calibrate_fusion
     manual = [s for s in names if s not in personal]
-    chosen = [v for v in args.variants.split(",") if v] or [v for v in VARIANTS if v not in extra]
+    chosen = [v for v in args.variants.split(",") if v] or list(VARIANTS)
     chosen += [v for v in extra if v not in chosen]
     out: dict = {}
     for variant in chosen:
-        feats, top_weight, kind = VARIANTS[variant]
+        feats, top_weight, kind = variants[variant]
         assert all(f in FEATURES or f in ("score", "margin") for f in feats)
         rs = cf.RelevanceStacks(data, [rule], feats)
         per = {}

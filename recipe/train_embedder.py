@@ -604,7 +604,7 @@ class Embed:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
             v = embed_bucketed(self.pooled, self.tok_mat_t, self.tok_len_t, ids_t, self.tok_len[ids], self.buckets)
         v = F.normalize(v.float(), dim=-1)
-        return self.join(v, ids_t) if self.join is not None and self.join.dims else v
+        return v if self.join is None else self.join(v, ids_t)
 
 
 class LexiconJoin:
@@ -634,7 +634,10 @@ class LexiconJoin:
         print(f"training beside the lexicon {args.lexicon} ({lex!r}) at weight {self.weight}", flush=True)
 
     def __call__(self, v: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """(B, C + D): [v, weight x lexicon vector] normalised; v (B, C) unit model vectors."""
+        """(B, C + D): [v, weight x lexicon vector] normalised; v (B, C) unit model vectors (v itself without a
+        lexicon)."""
+        if not self.dims:
+            return v
         lex = self.vecs[ids].float() * self.weight
         return F.normalize(torch.cat([v, lex], dim=-1), dim=-1)
 
