@@ -57,6 +57,8 @@ def close(parts: StoreParts) -> None:
                 parts.vectors.save()
             except Exception:  # noqa: BLE001
                 pass  # the index is a cache: SQLite has everything, next open replays or rebuilds
+        if ours and parts.access.saves_index:
+            save_postings(parts)
         if ours:
             try:
                 parts.checkpoints.at_close()
@@ -65,6 +67,31 @@ def close(parts: StoreParts) -> None:
     finally:
         parts.closed = True
         release(parts.db, parts.holder)
+
+
+def save_postings(parts: StoreParts, *, force: bool = False) -> bool:
+    """Rewrite the lexical postings file beside a large store when it is due (store/postings_file.py), under the
+    "postings" lease so two closing processes do not both spend the seconds it takes. Best effort, never raises:
+    the file is a cache, and without it a process reads FTS5's vocabulary as before."""
+    from .postings_file import LEASE
+
+    claimed = False
+
+    def claim() -> bool:
+        nonlocal claimed
+        claimed = parts.leases.claim(LEASE, 120.0)
+        return claimed
+
+    try:
+        return parts.db.save_postings(force=force, claim=claim)
+    except Exception:  # noqa: BLE001
+        return False
+    finally:
+        if claimed:
+            try:
+                parts.leases.release(LEASE)
+            except Exception:  # noqa: BLE001
+                pass  # it expires
 
 
 def release(db: Backend | None, holder: Owner) -> None:

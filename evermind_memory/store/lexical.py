@@ -294,40 +294,107 @@ def bm25_top(postings: Sequence[TermPostings], n: int, total_tokens: int,
 
     The same arithmetic as FTS5's fts5Bm25Function (fts5_aux.c), operation for operation (each fact's terms summed in
     query order from 0.0, idf from the term's document count, a non-positive idf counted as 1e-6), so the scores
-    and their order are those of `ORDER BY rank` (negated: higher is better). Vectorised over all the postings: the cost
-    grows with the matches, at numpy's pace, and the postings themselves are read once per change (SQLiteSession caches
-    them).
+    and their order are those of `ORDER BY rank` (negated: higher is better). Vectorised; with several terms, only the
+    facts that can reach the answer are scored (_essential_candidates): a query of a rare and two very common words
+    over a million facts scores the rare word's postings, not the common words' 600,000. The postings themselves are
+    read once per change (SQLiteSession keeps them).
     """
     avg = total_tokens / n if n else 1.0
     parts = [p for p in postings if len(p.rids)]
     if not parts or limit <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    weights = [idf(len(p.rids), n) for p in parts]
+    if len(parts) > 1:
+        found = _essential_candidates(parts, weights, avg, limit)
+        if found is not None:  # the facts that can reach the top, each scored over every term
+            return _best(found, _scores_of(found, parts, weights, avg), limit)
     rids = np.concatenate([p.rids for p in parts])  # (M,) in query order: each fact's terms add up in that order
-    terms = []
-    for p in parts:  # float64, as FTS5 computes: float32 scores would reorder facts FTS5 ranks a few ulps apart
-        tf, length = p.tf.astype(np.float64), p.lengths.astype(np.float64)  # (P,), (P,)
-        terms.append(idf(len(p.rids), n) * ((tf * (BM25_K1 + 1.0)) / (tf
-                                                                      + BM25_K1 * (1 - BM25_B
-                                                                                   + BM25_B * length / avg))))
-    contrib = np.concatenate(terms)  # (M,)
+    contrib = np.concatenate([_contributions(p, w, avg) for p, w in zip(parts, weights)])  # (M,)
     if len(parts) == 1:  # one term: its postings are the facts (ascending, distinct)
-        facts, scores = rids, contrib
-    else:  # each fact's terms summed in array order, that is in query order (both add one by one, from 0.0)
-        lo, hi = int(rids.min()), int(rids.max())
-        if hi - lo < 4 * len(rids) + 4096:  # dense over the rid range: no sort
-            total = np.bincount(rids - lo, weights=contrib)  # (R,)
-            facts = np.flatnonzero(np.bincount(rids - lo, minlength=len(total))) + lo  # (F,) ascending
-            scores = total[facts - lo]  # (F,)
-        else:  # sparse rids (many facts forgotten): sorted
-            facts, slot = np.unique(rids, return_inverse=True)  # (F,), (M,)
-            scores = np.zeros(len(facts), dtype=np.float64)  # (F,)
-            np.add.at(scores, slot, contrib)  # unbuffered, in array order
-    if len(facts) > limit:  # the best `limit` (with every fact tied with the last of them), then sorted exactly
+        return _best(rids, contrib, limit)
+    return _best(*_sum_by_fact(rids, contrib), limit)  # each fact's terms summed one by one from 0.0, in query order
+
+
+SEED_FACTS = 1_024  # facts scored in full to find a score the top `limit` must reach (_essential_candidates)
+
+
+def _contributions(p: TermPostings, weight: float, avg: float, at: numpy.ndarray | None = None) -> numpy.ndarray:
+    """One term's BM25 part of each of its postings (or of those at positions `at`), in float64 as FTS5 computes
+    it (float32 scores would reorder facts FTS5 ranks a few ulps apart). Elementwise IEEE arithmetic: a posting's
+    part is the same number whichever subset it is computed in."""
+    tf, length = (p.tf, p.lengths) if at is None else (p.tf[at], p.lengths[at])
+    tf, length = tf.astype(np.float64), length.astype(np.float64)  # (P,), (P,)
+    return weight * ((tf * (BM25_K1 + 1.0)) / (tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avg)))
+
+
+def _scores_of(facts: numpy.ndarray, parts: Sequence[TermPostings], weights: Sequence[float],
+               avg: float) -> numpy.ndarray:
+    """The BM25 scores (F,) of `facts` (F,) over every term: each term's part added in query order from 0.0, a term
+    a fact lacks adding nothing, which is the sum FTS5 makes."""
+    total = np.zeros(len(facts), dtype=np.float64)  # (F,)
+    for p, w in zip(parts, weights):
+        at = np.minimum(np.searchsorted(p.rids, facts), len(p.rids) - 1)  # (F,)
+        hit = np.flatnonzero(p.rids[at] == facts)  # (H,)
+        total[hit] += _contributions(p, w, avg, at[hit])
+    return total
+
+
+def _essential_candidates(parts: Sequence[TermPostings], weights: Sequence[float], avg: float,
+                          limit: int) -> numpy.ndarray | None:
+    """The facts that can be among the best `limit` (MaxScore, Turtle and Flood 1995): each term's largest part
+    bounds what it adds to any fact; the `limit`-th best full score among SEED_FACTS facts of the term with the
+    largest bound is a score the answer reaches; the terms whose bounds add up to less than that cannot lift a
+    fact that holds only them into the answer, so only the postings of the other terms are candidates. None when
+    that prunes too little to be worth it (the exhaustive sum is then cheaper)."""
+    bounds = [float(_contributions(TermPostings(p.rids[:1], p.tf.max(keepdims=True), p.lengths.min(keepdims=True)),
+                                   w, avg)[0]) * (1 + 1e-9) for p, w in zip(parts, weights)]  # (a margin for rounding)
+    top = int(np.argmax(bounds))
+    own = _contributions(parts[top], weights[top], avg)  # (P,)
+    seed = parts[top].rids  # (S,) the facts of the term that adds the most, at most SEED_FACTS of its best
+    if len(own) > SEED_FACTS:
+        seed = seed[np.argpartition(-own, SEED_FACTS)[:SEED_FACTS]]
+    if len(seed) < limit:
+        return None
+    reach = np.partition(-_scores_of(np.sort(seed), parts, weights, avg), limit - 1)[limit - 1] * -1.0
+    dropped, total = set(), 0.0
+    for i in np.argsort(bounds).tolist():  # the smallest bounds first
+        if total + bounds[i] >= reach * (1 - 1e-9):
+            break
+        dropped.add(i)
+        total += bounds[i]
+    essential = [p.rids for i, p in enumerate(parts) if i not in dropped]
+    if not dropped or 2 * sum(map(len, essential)) > sum(len(p.rids) for p in parts):
+        return None
+    return essential[0] if len(essential) == 1 else np.unique(np.concatenate(essential))
+
+
+def _best(facts: numpy.ndarray, scores: numpy.ndarray, limit: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """The best `limit` of `facts` by `scores` (ties by rid): the rows at or above the limit-th score, then sorted
+    exactly."""
+    if len(facts) > limit:
         cut = np.partition(-scores, limit - 1)[limit - 1]
         keep = np.flatnonzero(-scores <= cut)  # (F',)
         facts, scores = facts[keep], scores[keep]
     order = np.lexsort((facts, -scores))[:limit]  # (L,)
     return facts[order], scores[order]
+
+
+def _sum_by_fact(rids: numpy.ndarray, contrib: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """(facts (F,) ascending, each fact's contributions summed (F,)), from postings `rids` (M,) that are ascending
+    runs, one run per term in query order, and their contributions (M,). A stable sort (a merge of the runs) puts
+    each fact's terms together in query order; they are then added one position at a time, so every sum is the
+    same sequence of float64 additions FTS5 makes (a pairwise or blocked sum would differ in the last bit and
+    reorder facts FTS5 ranks a few ulps apart). The sort of 400,000 postings takes ~10 ms on the runs; the
+    bincount over a million rids it replaces took twice as long, np.unique's sort longer still."""
+    order = np.argsort(rids, kind="stable")  # (M,)
+    r, c = rids[order], contrib[order]  # (M,), (M,)
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # (F,)
+    runs = np.diff(np.r_[starts, len(r)])  # (F,) how many of the query's terms each fact holds
+    scores = c[starts].copy()  # (F,)
+    for j in range(1, int(runs.max())):  # (at most the number of query terms)
+        more = np.flatnonzero(runs > j)  # (F_j,)
+        scores[more] += c[starts[more] + j]
+    return r[starts], scores
 
 
 def table_totals(averages: bytes) -> tuple[int, int]:

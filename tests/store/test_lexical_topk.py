@@ -152,3 +152,38 @@ def test_a_long_lived_store_scores_like_a_fresh_one_while_another_writes(target,
             other.remember(f"tea river kiwi x{step}")
             other.update(ids[10 + step], "jazz lamp lamp")
             other.flush()
+
+
+def test_pruned_top_k_is_the_exhaustive_sum():
+    """bm25_top scores only the facts that can reach the answer when the query has common words (MaxScore): on
+    random postings of one rare, one common and one very common term (with long and short facts, counts above one
+    and many ties), its answer is the exhaustive one, scores to the last bit, ties by rid, for every k."""
+    from evermind_memory.store.lexical import (
+        TermPostings, _best, _contributions, _essential_candidates, _sum_by_fact, bm25_top, idf,
+    )
+
+    rng = np.random.default_rng(21)
+    n, pruned = 60_000, 0
+    lengths = rng.integers(3, 40, size=n).astype(np.int32)  # (n,)
+    lengths[rng.random(n) < 0.3] = 8  # many ties
+    for trial in range(6):
+        terms = []
+        for share in (0.004 * (trial + 1), 0.2, 0.45):
+            rids = np.flatnonzero(rng.random(n) < share).astype(np.int64)
+            tf = np.where(rng.random(len(rids)) < 0.1, 2, 1).astype(np.int32)
+            terms.append(TermPostings(rids, tf, lengths[rids]))
+        order = rng.permutation(3)
+        terms = [terms[i] for i in order]  # the rare word anywhere in the query
+        total_tokens = int(lengths.sum())
+        avg = total_tokens / n
+        parts = [p for p in terms if len(p.rids)]
+        contrib = np.concatenate([_contributions(p, idf(len(p.rids), n), avg) for p in parts])
+        all_facts, all_scores = _sum_by_fact(np.concatenate([p.rids for p in parts]), contrib)
+        for k in (1, 10, 100, 5_000):
+            weights = [idf(len(p.rids), n) for p in parts]
+            pruned += _essential_candidates(parts, weights, avg, k) is not None
+            want = _best(all_facts, all_scores, k)
+            got = bm25_top(terms, n, total_tokens, k)
+            assert got[0].tolist() == want[0].tolist(), (trial, k)
+            assert got[1].tolist() == want[1].tolist(), (trial, k)
+    assert pruned >= 12  # (the pruned path was the one compared, for most queries and k)

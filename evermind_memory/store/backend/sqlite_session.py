@@ -14,6 +14,7 @@ which a session keeps until the next change (_term_postings), rather than by FTS
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
@@ -23,6 +24,7 @@ from ..lexical import (
     TermPostings, bm25_scores, bm25_top, choose, document_frequencies, patch_postings, plan, postings_from_instances,
     stem_terms, table_totals, term_counts, text_postings, varint, word_postings,
 )
+from .. import postings_file
 from . import vector_blobs
 from .base import FactRow, Integrity, NewFact, Selection
 from .codec import tags_json
@@ -54,6 +56,20 @@ def _chunks(items: Sequence, size: int = IN_CHUNK) -> Iterator[Sequence]:
         yield items[start : start + size]
 
 
+def _tokenised(changed: dict[int, str]) -> tuple[np.ndarray, dict, np.ndarray]:
+    """Facts changed (rid -> text now) as FTS5 indexes them: (rids (C,) ascending, term -> (indices into rids (H,),
+    occurrences (H,)), token counts (C,))."""
+    rids = np.array(sorted(changed), dtype=np.int64)  # (C,)
+    return (rids, *text_postings([changed[rid] for rid in rids.tolist()]))
+
+
+def _patched(p: TermPostings, term: str, delta: tuple[np.ndarray, dict, np.ndarray]) -> TermPostings:
+    """A term's postings `p` with the changed facts of `delta` (_tokenised) put in as they are now."""
+    rids, by_term, lengths = delta
+    idx, tf = by_term.get(term, (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)))
+    return patch_postings(p, rids, rids[idx], tf, lengths[idx])
+
+
 def _fact_rows(rows: Iterable[tuple]) -> list[tuple[FactRow, float]]:
     """(FACT_COLS..., rank) rows -> (FactRow, -rank): FTS5's rank is lower-is-better."""
     return [(FactRow._make(row[:-1]), -float(row[-1])) for row in rows]
@@ -77,6 +93,10 @@ class SQLiteSession(Session):
         self._terms_size = 0  # postings held in _terms
         self._terms_checked: dict[str, int] = {}  # kept term -> the change seq its count was last checked against FTS5
         self._count_at: tuple[int, int] | None = None  # (change seq, facts): count() as of that seq
+        self._file: postings_file.PostingsFile | None = None  # the store's saved postings (postings_file.py)
+        self._file_refused: tuple | None = None  # the key of a postings file refused, not opened again
+        self._file_delta: tuple | None = None  # ((file key, seq), (rids, by_term, lengths)): the facts changed since
+        self._file_forgot: tuple | None = None  # ((file key, seq), whether a fact was forgotten since the file)
 
     # ---- running statements (Session's primitives) ---------------------------------------------------------
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
@@ -159,23 +179,91 @@ class SQLiteSession(Session):
         old, self._terms_seq = self._terms_seq, seq
         if not self._terms:
             return
-        rows = [] if seq < old or seq - old > CATCH_UP_MAX else self.conn.execute(
-            "SELECT c.op, f.rid, f.text FROM changes c LEFT JOIN facts f ON f.id = c.fact_id "
-            "WHERE c.seq > ? AND c.seq <= ?", (old, seq)).fetchall()
-        if len(rows) != seq - old:
+        changed = self._changed_texts(old, seq, CATCH_UP_MAX)
+        if changed is None:
             self._terms, self._terms_size, self._terms_checked = {}, 0, {}
             return
-        changed = {rid: text for op, rid, text in rows if rid is not None and op != "reembed"}  # now, as FTS5 has it
         if not changed:
             return
-        rids = np.array(sorted(changed), dtype=np.int64)  # (C,)
-        by_term, lengths = text_postings([changed[rid] for rid in rids.tolist()])  # {term: ((H,), (H,))}, (C,)
-        none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
+        delta = _tokenised(changed)
         for term, p in self._terms.items():  # (the kept terms: a few hundred at most)
-            idx, tf = by_term.get(term, none)
-            patched = patch_postings(p, rids, rids[idx], tf, lengths[idx])
+            patched = _patched(p, term, delta)
             self._terms_size += len(patched.rids) - len(p.rids)
             self._terms[term] = patched
+
+    def _changed_texts(self, old: int, seq: int, most: int) -> dict[int, str] | None:
+        """rid -> text now of the facts remembered or updated by changes old+1 .. seq (as FTS5 holds them); None
+        when the feed cannot say (a gap: pruned history; going back; more than `most` changes)."""
+        if seq < old or seq - old > most:
+            return None
+        rows = self.conn.execute("SELECT c.op, f.rid, f.text FROM changes c LEFT JOIN facts f ON f.id = c.fact_id "
+                                 "WHERE c.seq > ? AND c.seq <= ?", (old, seq)).fetchall()
+        if len(rows) != seq - old:
+            return None
+        return {rid: text for op, rid, text in rows if rid is not None and op != "reembed"}
+
+    def _postings_file(self) -> postings_file.PostingsFile | None:
+        """The store's postings file, opened and checked once per version of it (None: none, or refused: another
+        store's, another history's, or unreadable)."""
+        name = next((row[2] for row in self.conn.execute("PRAGMA database_list") if row[1] == "main"), "")
+        if not name:
+            return None
+        path = postings_file.path_for(name)
+        try:
+            key = postings_file.file_key(os.stat(path))
+        except OSError:
+            self._file = None
+            return None
+        if self._file is not None and self._file.key == key:
+            return self._file
+        self._file, self._file_delta = None, None
+        if key == self._file_refused:
+            return None
+        try:
+            found = postings_file.PostingsFile.open(path)
+            if found.store_id != (self.meta("store_id") or "") or found.anchor != postings_file.anchor(self.conn,
+                                                                                                      found.seq):
+                raise postings_file.Rejected("the postings file is of another store or history")
+        except (OSError, postings_file.Rejected):
+            self._file_refused = key
+            return None
+        self._file = found
+        return found
+
+    def _saved_postings(self, term: str, seq: int) -> TermPostings | None:
+        """The term's postings over the whole table from the postings file, patched with the facts changed since
+        it was written (postings_file.py); None where it cannot answer: no file, too far behind, the term not in
+        it, or a count FTS5's vocabulary disagrees with (a fact forgotten since: FTS5 is read instead)."""
+        f = self._postings_file()
+        if f is None or term not in f.terms or not 0 <= seq - f.seq <= postings_file.REPLAY_MAX:
+            return None
+        if self._file_delta is None or self._file_delta[0] != (f.key, seq):
+            changed = self._changed_texts(f.seq, seq, postings_file.REPLAY_MAX)
+            if changed is None:
+                return None
+            self._file_delta = ((f.key, seq), _tokenised(changed))
+        try:
+            saved = f.read(term)
+        except (OSError, postings_file.Rejected):
+            self._file, self._file_refused = None, f.key
+            return None
+        if saved is None:
+            return None
+        patched = _patched(saved, term, self._file_delta[1])
+        if self._file_forgets(f, seq) and len(patched.rids) != term_counts(self.conn, [term]).get(term, 0):
+            return None  # (FTS5's count costs about what a read from the file does: asked only after a forget)
+        return patched
+
+    def _file_forgets(self, f: postings_file.PostingsFile, seq: int) -> bool:
+        """Whether a fact was forgotten after the file was written (up to `seq`): then a term's patched postings
+        may hold it, and only FTS5's count tells. Without one, the file's postings patched with every remember and
+        update since are FTS5's (the anchor ties the file to this history)."""
+        key = (f.key, seq)
+        if self._file_forgot is None or self._file_forgot[0] != key:
+            row = self.conn.execute("SELECT 1 FROM changes WHERE seq > ? AND seq <= ? AND op = 'forget' LIMIT 1",
+                                    (f.seq, seq)).fetchone()
+            self._file_forgot = (key, row is not None)
+        return self._file_forgot[1]
 
     def _selected_postings(self, terms: list[str], sel: Selection) -> list[TermPostings]:
         """Each term's postings among the facts a narrowing `sel` selects (the whole-store postings, masked by the
@@ -230,10 +318,14 @@ class SQLiteSession(Session):
             self.conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_INSTANCES} USING fts5vocab(main, facts_fts, "
                               "instance)")
         for term in missing:
-            rows = self.conn.execute(f"SELECT i.doc, d.sz FROM {_INSTANCES} i JOIN facts_fts_docsize d ON d.id = i.doc "
-                                     "WHERE i.term = ?", (term,)).fetchall()
-            docs, sizes = zip(*rows) if rows else ((), ())
-            self._terms[term] = postings_from_instances(docs, sizes)
+            saved = self._saved_postings(term, seq)
+            if saved is not None:
+                self._terms[term] = saved
+            else:
+                rows = self.conn.execute(f"SELECT i.doc, d.sz FROM {_INSTANCES} i JOIN facts_fts_docsize d ON "
+                                         "d.id = i.doc WHERE i.term = ?", (term,)).fetchall()
+                docs, sizes = zip(*rows) if rows else ((), ())
+                self._terms[term] = postings_from_instances(docs, sizes)
             self._terms_size += len(self._terms[term].rids)
             self._terms_checked[term] = seq
         for term in wanted:  # the most recently used last

@@ -1,0 +1,160 @@
+"""The lexical postings saved beside a large SQLite store (store/postings_file.py, issue 34 item 1): a process that
+meets a word for the first time reads its postings from the file, patched with the changes since, and ranks exactly
+as FTS5's own postings rank (the exhaustive BM25 of test_lexical_topk); a file that is stale, of another store or
+damaged is never believed; close() writes it for a store large enough to need it."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from evermind_memory import MemoryStore
+from evermind_memory.store import postings_file
+
+from test_lexical_topk import QUERIES, assert_exact_top_k, corpus, exhaustive
+
+
+def recalls_exactly(store: MemoryStore, texts: list[str]) -> None:
+    for query in QUERIES + [["x3", "tea"]]:
+        assert_exact_top_k(store.recall(" ".join(query), k=7, mode="lexical"), exhaustive(texts, query), 7)
+
+
+def test_saved_postings_are_fts5s_and_a_new_process_ranks_from_them(db_path, embedder):
+    texts = corpus(300, seed=11)
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(texts)
+    postings_file.refresh(str(db_path), min_postings=20)
+    saved = postings_file.PostingsFile.open(postings_file.path_for(str(db_path)))
+    assert set(saved.terms) >= {"tea", "river", "lamp", "jazz"} and "zebra" not in saved.terms  # (2-3 facts)
+    rids = {}
+    with MemoryStore(db_path, embedder) as store:
+        for h in store.recall("tea", k=300, mode="lexical"):
+            rids[h.text] = h
+        tea = saved.read("tea")
+        assert len(tea.rids) == len(rids) == sum("tea" in t.split() for t in texts)
+        assert np.all(np.diff(tea.rids) > 0)
+        assert sorted(tea.tf.tolist()) == sorted(t.split().count("tea") for t in texts if "tea" in t.split())
+        assert sorted(tea.lengths.tolist()) == sorted(len(t.split()) for t in texts if "tea" in t.split())
+        recalls_exactly(store, texts)
+        with store._parts.db.reading() as session:  # (this thread's session read its words from the file)
+            assert session._file is not None and session._file.seq == saved.seq
+
+
+def test_changes_after_the_file_are_patched_in_and_forgets_fall_back(db_path, embedder):
+    texts = corpus(200, seed=12)
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(texts)
+    postings_file.refresh(str(db_path), min_postings=10)
+    with MemoryStore(db_path, embedder) as writer:
+        new = writer.remember_many(["tea okapi", "river lamp lamp x1"])
+        texts += ["tea okapi", "river lamp lamp x1"]
+        writer.update(ids[3], "jazz jazz tea")
+        texts[3] = "jazz jazz tea"
+        with MemoryStore(db_path, embedder) as fresh:  # its first read of each word: the file + 3 changes
+            recalls_exactly(fresh, texts)
+            assert fresh.recall("okapi", k=3, mode="lexical")[0].id == new[0]
+        writer.forget(ids[5])
+        writer.forget(new[1])
+        del texts[-1], texts[5]
+        with MemoryStore(db_path, embedder) as fresh:  # terms of the forgotten facts: their counts disagree
+            recalls_exactly(fresh, texts)
+        with MemoryStore(db_path, embedder) as fresh, MemoryStore(db_path, embedder) as other:
+            recalls_exactly(fresh, texts)  # held now; then another store writes, and `fresh` catches up
+            more = corpus(30, seed=13)
+            other.remember_many(more)
+            texts += more
+            recalls_exactly(fresh, texts)
+
+
+def test_a_file_too_far_behind_is_not_used(db_path, embedder, monkeypatch):
+    from evermind_memory.store import postings_file as pf
+
+    texts = corpus(100, seed=14)
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(texts)
+    postings_file.refresh(str(db_path), min_postings=10)
+    monkeypatch.setattr(pf, "REPLAY_MAX", 3)
+    with MemoryStore(db_path, embedder) as store:
+        more = corpus(10, seed=15)
+        store.remember_many(more)
+        texts += more
+    with MemoryStore(db_path, embedder) as store:
+        recalls_exactly(store, texts)
+
+
+def test_another_stores_file_or_a_damaged_one_is_refused(tmp_path, embedder):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    texts_a, texts_b = corpus(150, seed=16), corpus(150, seed=17)
+    for path, texts in ((a, texts_a), (b, texts_b)):
+        with MemoryStore(path, embedder) as store:
+            store.remember_many(texts)
+        postings_file.refresh(str(path), min_postings=10)
+    shutil.copy(postings_file.path_for(str(a)), postings_file.path_for(str(b)))  # same seq, another store
+    with MemoryStore(b, embedder) as store:
+        recalls_exactly(store, texts_b)
+    path = postings_file.path_for(str(a))
+    saved = postings_file.PostingsFile.open(path)
+    entry = saved.terms["tea"]
+    data = bytearray(path.read_bytes())
+    data[entry.offset + entry.size // 2] ^= 0x55  # one flipped byte in a block: its CRC fails
+    path.write_bytes(bytes(data))
+    with pytest.raises(postings_file.Rejected):
+        postings_file.PostingsFile.open(path).read("tea")
+    with MemoryStore(a, embedder) as store:
+        recalls_exactly(store, texts_a)
+    for junk in (b"", b"EVPOSTS1" + (10**9).to_bytes(8, "little"), b"EVPOSTS1" + (5).to_bytes(8, "little") + b"{nope"):
+        path.write_bytes(junk)
+        with pytest.raises(postings_file.Rejected):
+            postings_file.PostingsFile.open(path)
+        with MemoryStore(a, embedder) as store:
+            recalls_exactly(store, texts_a)
+
+
+def test_blocks_refuse_what_they_do_not_hold():
+    from evermind_memory.store.lexical import TermPostings
+
+    p = TermPostings(np.array([3, 9, 70_000], dtype=np.int64), np.array([1, 2, 300], dtype=np.int32),
+                     np.array([4, 5, 6], dtype=np.int32))
+    block = postings_file.encode(p)
+    back = postings_file.decode(block, 3)
+    assert back.rids.tolist() == [3, 9, 70_000] and back.tf.tolist() == [1, 2, 300]
+    assert back.lengths.tolist() == [4, 5, 6]
+    for count in (2, 4, 10**6):
+        with pytest.raises(postings_file.Rejected):
+            postings_file.decode(block, count)
+    with pytest.raises(postings_file.Rejected):
+        postings_file.decode(b"not zlib", 3)
+    ones = np.array([1, 1], dtype=np.int32)
+    bad = TermPostings(np.array([5, 5], dtype=np.int64), ones, ones)
+    with pytest.raises(postings_file.Rejected):
+        postings_file.decode(postings_file.encode(bad), 2)  # rids must ascend
+
+
+def test_close_writes_the_file_for_a_large_store_only(db_path, embedder, monkeypatch):
+    from evermind_memory.store import postings_file as pf
+
+    path = postings_file.path_for(str(db_path))
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(corpus(60, seed=18))
+    assert not path.exists()  # below MIN_FACTS
+    monkeypatch.setattr(pf, "MIN_FACTS", 50)
+    monkeypatch.setattr(pf, "MIN_POSTINGS", 10)
+    monkeypatch.setattr(pf, "REFRESH_AFTER", 5)
+    with MemoryStore(db_path, embedder) as store:
+        pass
+    first = postings_file.PostingsFile.open(path)
+    assert "tea" in first.terms
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(corpus(3, seed=19))
+    assert postings_file.PostingsFile.open(path).seq == first.seq  # 3 changes: not due
+    with MemoryStore(db_path, embedder, read_only=True) as store:
+        store.recall("tea", k=3, mode="lexical")
+    with MemoryStore(db_path, embedder) as store:
+        store.remember_many(corpus(5, seed=20))
+    assert postings_file.PostingsFile.open(path).seq == first.seq + 8
+    monkeypatch.setattr(pf, "MIN_FACTS", 10_000)
+    with MemoryStore(db_path, embedder) as store:
+        pass
+    assert not path.exists()  # the store is small again for the rule: its file goes
