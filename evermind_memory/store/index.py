@@ -20,19 +20,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .index_files import (
-    IndexRejected, manifest_names, groups_name, map_file, members_by_node, parse_hnsw_file, read_groups,
+    IndexRejected, manifest_names, groups_name, map_file, parse_hnsw_file, read_groups,
     read_manifest,
 )
 from .lock import RWLock
@@ -281,6 +283,41 @@ class NodeMatrix:
         return exact_search(vectors, nodes, query, k)
 
 
+class _Maps(NamedTuple):
+    """The label/node bookkeeping of an index, as dicts (what every change updates)."""
+
+    node_of: dict[int, int]  # live label -> its node (its keys: the live labels)
+    members: dict[int, dict[int, None]]  # live node -> its live labels (an ordered set)
+    node_key: dict[int, int]  # a live node's vector hash -> the node (vector_keys)
+    key_of: dict[int, int]  # live node -> its vector hash
+
+
+class _Loaded(NamedTuple):
+    """A snapshot's bookkeeping as arrays, until a change, a filtered search or a check needs the dicts: building
+    a million dict entries and hashing every node's vector took 1.1 s of the first vector recall after an open
+    at a million facts, which an unfiltered search answers from these arrays."""
+
+    groups: np.ndarray  # (L, 2) label, node: the live labels ascending
+    nodes: np.ndarray  # (n,) the live nodes ascending
+    starts: np.ndarray  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
+    by_node: np.ndarray  # (L,) the labels by node, then label
+    vectors: np.ndarray  # (N, D) the file's element table (a view into the mapped file)
+    alive: np.ndarray  # (n,) the element rows of `nodes`' vectors
+
+    def members(self, node: int) -> list[int]:
+        i = int(np.searchsorted(self.nodes, node))
+        return self.by_node[self.starts[i]:self.starts[i + 1]].tolist() if i < len(self.nodes) and \
+            self.nodes[i] == node else []
+
+    def maps(self) -> _Maps:
+        nodes = self.nodes.tolist()
+        keys = vector_keys(self.vectors, self.alive)
+        labels, bounds = self.by_node.tolist(), self.starts.tolist()
+        members = {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(nodes, bounds[:-1], bounds[1:])}
+        return _Maps(dict(zip(self.groups[:, 0].tolist(), self.groups[:, 1].tolist())), members,
+                     dict(zip(keys, nodes)), dict(zip(nodes, keys)))
+
+
 class VectorIndex:
     """An hnswlib index over unit float32 vectors with integer labels; thread-safe for all methods.
 
@@ -308,17 +345,55 @@ class VectorIndex:
         self._hnsw.set_ef(self._ef)
         self._hnsw.set_num_threads(1)
         self._elements = 0  # graph nodes ever added, deleted ones included
-        self._node_of: dict[int, int] = {}  # live label -> its node (its keys: the live labels)
-        self._members: dict[int, dict[int, None]] = {}  # live node -> its live labels (an ordered set)
-        self._node_key: dict[int, int] = {}  # a live node's vector hash -> the node (vector_keys)
-        self._key_of: dict[int, int] = {}  # live node -> its vector hash
+        self._maps: _Maps | None = _Maps({}, {}, {}, {})  # None while a loaded snapshot's arrays stand for it
+        self._loaded: _Loaded | None = None
+        self._maps_lock = threading.Lock()  # one thread builds the dicts from _loaded
+        self.unhashed: tuple[Path, str] | None = None  # (file, sha256) of a load that left the hash to file_agrees()
         self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
 
     # ---- state -------------------------------------------------------------------------------------------
+    def _dicts(self) -> _Maps:
+        """The bookkeeping dicts, built from a loaded snapshot's arrays at first need (any thread; the arrays are
+        never changed, and the dicts replace them in one assignment)."""
+        maps = self._maps
+        if maps is not None:
+            return maps
+        with self._maps_lock:
+            if self._maps is None:
+                loaded = self._loaded
+                assert loaded is not None
+                self._maps = loaded.maps()
+                self._loaded = None
+            return self._maps
+
+    @property
+    def _node_of(self) -> dict[int, int]:
+        return self._dicts().node_of
+
+    @property
+    def _members(self) -> dict[int, dict[int, None]]:
+        return self._dicts().members
+
+    @property
+    def _node_key(self) -> dict[int, int]:
+        return self._dicts().node_key
+
+    @property
+    def _key_of(self) -> dict[int, int]:
+        return self._dicts().key_of
+
+    def _counts(self) -> tuple[int, int]:
+        """(live labels, live nodes), without building the dicts."""
+        maps, loaded = self._maps, self._loaded
+        if maps is None and loaded is not None:
+            return len(loaded.groups), len(loaded.nodes)
+        maps = self._dicts()
+        return len(maps.node_of), len(maps.members)
+
     @property
     def live_count(self) -> int:
         """Number of searchable (not deleted) vectors."""
-        return len(self._node_of)
+        return self._counts()[0]
 
     @property
     def element_count(self) -> int:
@@ -328,7 +403,7 @@ class VectorIndex:
     @property
     def retired_count(self) -> int:
         """Graph nodes deleted (none of their labels is live) but still in the graph, until a rebuild."""
-        return self._elements - len(self._members)
+        return self._elements - self._counts()[1]
 
     @property
     def exact(self) -> bool:
@@ -498,23 +573,25 @@ class VectorIndex:
         """
         q = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)  # (1, D)
         with self._lock.read():
-            k_eff = min(int(k), len(self._node_of))
+            live, node_count = self._counts()
+            k_eff = min(int(k), live)
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             node_allow = self._node_filter(allow)
             if self._matrix is not None:
                 return self._expand(*self._matrix.search(q[0], k_eff, node_allow), k_eff, allow)
             try:
-                nodes, dist = self._hnsw.knn_query(q, k=min(k_eff, len(self._members)), num_threads=1,
+                nodes, dist = self._hnsw.knn_query(q, k=min(k_eff, node_count), num_threads=1,
                                                    filter=node_allow)
                 return self._expand(nodes[0], 1.0 - dist[0], k_eff, allow)
             except RuntimeError:
                 pass
         with self._lock.write():  # retry once with a wider beam (ef changes only under the exclusive lock)
-            k_eff = min(int(k), len(self._node_of))
+            live, node_count = self._counts()
+            k_eff = min(int(k), live)
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-            k_nodes = min(k_eff, len(self._members))
+            k_nodes = min(k_eff, node_count)
             self._hnsw.set_ef(max(self._ef, 4 * k_nodes, min(self._elements, 4 * k_nodes + 256)))
             try:
                 nodes, dist = self._hnsw.knn_query(q, k=k_nodes, num_threads=1, filter=self._node_filter(allow))
@@ -537,8 +614,10 @@ class VectorIndex:
         k of them (a node's labels share its score)."""
         out: list[int] = []
         out_scores: list[float] = []
+        loaded = self._loaded if self._maps is None and allow is None else None  # (an unfiltered search of a
+        members_of = loaded.members if loaded is not None else lambda node: self._members.get(node, ())  # load)
         for node, score in zip(nodes.tolist(), scores.tolist()):
-            for label in self._members.get(int(node), ()):
+            for label in members_of(int(node)):
                 if allow is None or allow(label):
                     out.append(label)
                     out_scores.append(score)
@@ -547,6 +626,25 @@ class VectorIndex:
         return np.array(out, dtype=np.int64), np.array(out_scores, dtype=np.float32)
 
     # ---- files ---------------------------------------------------------------------------------------------
+    def file_agrees(self) -> bool:
+        """Whether the file a deferred-hash load read still hashes to its manifest's sha256 (True when nothing is
+        pending, or the file was replaced by a newer save since: it cannot be read any more and the graph in
+        memory was validated structurally). Read in chunks, not mapped: hashing must not add the file to RSS."""
+        pending = self.unhashed
+        if pending is None:
+            return True
+        path, want = pending
+        digest = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(8 << 20):
+                    digest.update(chunk)
+        except FileNotFoundError:
+            self.unhashed = None
+            return True
+        self.unhashed = None
+        return digest.hexdigest() == want
+
     def save(self, directory: Path, stem: str, meta: dict) -> dict:
         """Save atomically: index temp file + fsync + rename, verify, the groups file (label -> node) likewise,
         then the manifest (the commit point).
@@ -570,9 +668,11 @@ class VectorIndex:
             except RuntimeError as exc:  # hnswlib could not open or write the file
                 tmp.unlink(missing_ok=True)
                 raise OSError(f"hnswlib could not write {tmp.name} ({exc})") from None
-            count, live, cap = self._elements, len(self._node_of), int(self._hnsw.get_max_elements())
-            nodes = len(self._members)
-            groups = np.array(sorted(self._node_of.items()), dtype="<i8").reshape(-1, 2)  # (live, 2) label, node
+            count, cap = self._elements, int(self._hnsw.get_max_elements())
+            live, nodes = self._counts()
+            loaded = self._loaded if self._maps is None else None
+            groups = (loaded.groups.astype("<i8") if loaded is not None else
+                      np.array(sorted(self._node_of.items()), dtype="<i8").reshape(-1, 2))  # (live, 2) label, node
         groups_data = groups.tobytes()
         try:
             crash_point("index.save.written")
@@ -613,8 +713,13 @@ class VectorIndex:
 
     @classmethod
     def load(cls, directory: Path, stem: str, *, expect: dict, config: IndexConfig,
-             max_seq: int) -> tuple["VectorIndex", dict]:
+             max_seq: int, defer_hash: bool = False) -> tuple["VectorIndex", dict]:
         """Validate the manifest and index file, then load them (R6).
+
+        With `defer_hash` the file's sha256 is not compared here (0.46 s of a load at a million facts) but by
+        `file_agrees()`, which the store's background pass and check() call: what hnswlib follows (every count,
+        link and size) is bounded by parse_hnsw_file either way, so a damaged file can cost recall until then,
+        never memory safety, and the vectors themselves are compared with SQLite by the same pass.
 
         Args:
             directory: where the store lives.
@@ -647,7 +752,7 @@ class VectorIndex:
         if path.stat().st_size != manifest["size"]:
             raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
         data = map_file(path)
-        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        if not defer_hash and hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
             raise IndexRejected("index file sha256 does not match the manifest")
         dim = int(expect["dim"])
         info = parse_hnsw_file(data, dim, config.M)
@@ -664,13 +769,14 @@ class VectorIndex:
         at = np.minimum(np.searchsorted(nodes[order], groups[:, 1]), max(len(nodes) - 1, 0))  # (live,)
         if len(groups) and (not len(nodes) or (nodes[order][at] != groups[:, 1]).any()):
             raise IndexRejected("index groups name a node the graph does not hold")
-        labels_of, nodes_of = groups[:, 0].tolist(), groups[:, 1].tolist()  # (flat lists: a nested tolist() of a
-        # million pairs took 0.47 s of a load, each of these 0.05)
-        if len(set(nodes_of)) != len(nodes):
+        by_node = np.lexsort((groups[:, 0], groups[:, 1]))  # (live,) by node, then label
+        starts = np.flatnonzero(np.r_[True, groups[by_node[1:], 1] != groups[by_node[:-1], 1]])  # (n',) each node's
+        if len(groups) and len(starts) != len(nodes) or not len(groups) and len(nodes):  # first row in by_node
             raise IndexRejected("index holds a node no label belongs to")
         if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
             raise IndexRejected("index groups hold a label newer than its watermark")
-        keys = vector_keys(info.vectors, alive)
+        if isinstance(data, mmap.mmap):  # the parse touched every page of the map: let them go before hnswlib
+            data.madvise(mmap.MADV_DONTNEED)  # reads its own copy (peak RSS: one copy of the file, not two)
         self = cls(dim, config)
         with self._lock.write():
             hnsw = hnswlib.Index(space=SPACE, dim=dim)
@@ -678,11 +784,9 @@ class VectorIndex:
             hnsw.set_num_threads(1)
             self._hnsw = hnsw
             self._elements = info.count
-            node_list = nodes.tolist()
-            self._node_key = dict(zip(keys, node_list))
-            self._key_of = dict(zip(node_list, keys))
-            self._members = members_by_node(groups)
-            self._node_of = dict(zip(labels_of, nodes_of))
+            self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
+            self._maps, self._loaded = None, _Loaded(groups, nodes[order], np.r_[starts, len(groups)],
+                                                     groups[by_node, 0], info.vectors, alive[order])
             if self._matrix is not None:
                 if info.count > config.exact_max:
                     self._matrix = None

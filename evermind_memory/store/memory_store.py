@@ -27,7 +27,7 @@ from .access import locate
 from .memory_store_adaptation import AdaptationMethods
 from .backend.base import FactRow, new_id, utc_now
 from .damage import readable
-from .embedding import probe_embedder
+from .embedding import load_model_aside, probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
 from .index import IndexConfig, check_index_memory
@@ -542,6 +542,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                                       recency=recency, mode=mode, min_score=min_score, fusion=fusion,
                                                       min_relevance=min_relevance, explain=explain),
                                  context=context, time_words=time_words, now=now)
+        if q.mode != "lexical" and not self._parts.vectors.loaded:
+            load_model_aside(self._parts.vectors.model.embedder)
         try:
             self._parts.sync(index=q.mode != "lexical")
         except EmbedderMismatch:

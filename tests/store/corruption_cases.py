@@ -211,12 +211,12 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str]] = {
     "manifest_watermark_string": (_set("watermark", "5"), "rebuilt"),
     "manifest_path_escape": (_set("file", "../m.db.evil.hnsw"), "rebuilt"),
     "manifest_wrong_size": (lambda d: _set("size", _manifest(d)["size"] + 1)(d), "rebuilt"),
-    "manifest_wrong_sha": (_set("sha256", "0" * 64), "rebuilt"),
+    "manifest_wrong_sha": (_set("sha256", "0" * 64), "hash"),
     "manifest_wrong_live": (lambda d: _set("live", _manifest(d)["live"] - 1)(d), "rebuilt"),
     "index_truncated_half": (_raw_index(_truncate(0.5), fix_manifest=False), "rebuilt"),
     "index_truncated_to_zero": (_raw_index(_truncate(0.0), fix_manifest=False), "rebuilt"),
     "index_bitflip_header": (_raw_index(lambda b, m: b.__setitem__(20, b[20] ^ 1), fix_manifest=False), "rebuilt"),
-    "index_bitflip_body": (_raw_index(_bitflip(0.6), fix_manifest=False), "rebuilt"),
+    "index_bitflip_body": (_raw_index(_bitflip(0.6), fix_manifest=False), "hash"),  # (valid structure)
     "index_is_directory": (_index_is_directory, "rebuilt"),
     "index_symlink": (_index_symlink, "rebuilt"),
     "forged_neighbour_ids": (_raw_index(_neighbour_far), "rebuilt"),
@@ -291,7 +291,7 @@ def run(model_path: str, tok_path: str, workdir: str, names: list[str]) -> None:
                     store.remember_many(texts[100:])
                     store.forget(ids[10])
             damage(d)
-            if expected == "verify":  # the same damage for the background pass to find (below)
+            if expected in ("verify", "hash"):  # the same damage for the background pass to find (below)
                 shutil.copytree(d, Path(workdir) / f"{name}.paced")
             with MemoryStore(db, emb) as store:
                 status = store.info()["index_status"]
@@ -301,7 +301,7 @@ def run(model_path: str, tok_path: str, workdir: str, names: list[str]) -> None:
                               recall=recall_at_k(store, db, queries), expected=expected)
             with MemoryStore(db, emb) as store:
                 result["reopen_status"] = store.info()["index_status"]
-            if expected == "verify":
+            if expected in ("verify", "hash"):
                 result["paced_status"] = _background_pass(Path(workdir) / f"{name}.paced" / STEM, emb, queries[0])
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             result["error"] = f"{type(exc).__name__}: {exc}"
