@@ -766,13 +766,11 @@ class VectorIndex:
         alive = np.flatnonzero(~info.deleted)  # (n,) rows of live nodes
         nodes = info.labels[alive].astype(np.int64)  # (n,)
         order = np.argsort(nodes)  # (n,)
-        at = np.minimum(np.searchsorted(nodes[order], groups[:, 1]), max(len(nodes) - 1, 0))  # (live,)
-        if len(groups) and (not len(nodes) or (nodes[order][at] != groups[:, 1]).any()):
-            raise IndexRejected("index groups name a node the graph does not hold")
-        by_node = np.lexsort((groups[:, 0], groups[:, 1]))  # (live,) by node, then label
-        starts = np.flatnonzero(np.r_[True, groups[by_node[1:], 1] != groups[by_node[:-1], 1]])  # (n',) each node's
-        if len(groups) and len(starts) != len(nodes) or not len(groups) and len(nodes):  # first row in by_node
-            raise IndexRejected("index holds a node no label belongs to")
+        by_node = np.argsort(groups[:, 1], kind="stable")  # (live,) by node, then label (the rows are by label)
+        grouped = groups[by_node, 1]  # (live,)
+        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(groups) else by_node  # (n',)
+        if len(starts) != len(nodes) or (grouped[starts] != nodes[order]).any():  # the groups' nodes are the graph's
+            raise IndexRejected("index groups and graph disagree on the live nodes")
         if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
             raise IndexRejected("index groups hold a label newer than its watermark")
         if isinstance(data, mmap.mmap):  # the parse touched every page of the map: let them go before hnswlib
