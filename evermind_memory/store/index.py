@@ -27,7 +27,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
@@ -56,6 +56,7 @@ EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py
 # cosine, hence some component at least ~0.025 apart.
 NEAR_TOL = 1e-3
 KEY_COLUMNS = 16  # vector_keys hashes this many components of a row
+KEY_CHUNK = 4096  # nodes whose vectors are copied out of hnswlib at a time to hash them (8 MB at 512 dims)
 NEAR_WINDOW = 4  # near_duplicates() compares each row with the next this many in projection order
 _FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
 
@@ -301,17 +302,26 @@ class _Loaded(NamedTuple):
     nodes: np.ndarray  # (n,) the live nodes ascending
     starts: np.ndarray  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
     by_node: np.ndarray  # (L,) the labels by node, then label
-    vectors: np.ndarray  # (N, D) the file's element table (a view into the mapped file)
-    alive: np.ndarray  # (n,) the element rows of `nodes`' vectors
 
     def members(self, node: int) -> list[int]:
         i = int(np.searchsorted(self.nodes, node))
         return self.by_node[self.starts[i]:self.starts[i + 1]].tolist() if i < len(self.nodes) and \
             self.nodes[i] == node else []
 
-    def maps(self) -> _Maps:
+    def node_of(self, labels: np.ndarray) -> np.ndarray:
+        """(N,) the node of each of `labels` (N,), -1 for a label not live."""
+        at = np.minimum(np.searchsorted(self.groups[:, 0], labels), max(len(self.groups) - 1, 0))  # (N,)
+        found = len(self.groups) > 0 and self.groups[at, 0] == labels  # (N,)
+        return np.where(found, self.groups[at, 1], -1) if len(self.groups) else np.full(len(labels), -1)
+
+    def maps(self, hnsw: Any) -> _Maps:
+        """The dicts; the nodes' vector hashes from hnswlib's own copy of the vectors, KEY_CHUNK nodes at a time
+        (reading them from the mapped file again would put the whole file back into this process's RSS)."""
         nodes = self.nodes.tolist()
-        keys = vector_keys(self.vectors, self.alive)
+        keys: list[int] = []
+        for a in range(0, len(nodes), KEY_CHUNK):
+            keys += vector_keys(np.asarray(hnsw.get_items(nodes[a:a + KEY_CHUNK], return_type="numpy"),
+                                           dtype=np.float32))
         labels, bounds = self.by_node.tolist(), self.starts.tolist()
         members = {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(nodes, bounds[:-1], bounds[1:])}
         return _Maps(dict(zip(self.groups[:, 0].tolist(), self.groups[:, 1].tolist())), members,
@@ -353,8 +363,10 @@ class VectorIndex:
 
     # ---- state -------------------------------------------------------------------------------------------
     def _dicts(self) -> _Maps:
-        """The bookkeeping dicts, built from a loaded snapshot's arrays at first need (any thread; the arrays are
-        never changed, and the dicts replace them in one assignment)."""
+        """The bookkeeping dicts, built from a loaded snapshot's arrays at first need, by whichever thread needs them
+        first, holding the index lock or not (the arrays are never changed, and the dicts replace them in one
+        assignment). Reading hnswlib's vectors here without the index lock is safe: every path that changes the
+        graph (add, mark_deleted) reads these dicts first, so it waits on _maps_lock until the build is done."""
         maps = self._maps
         if maps is not None:
             return maps
@@ -362,7 +374,7 @@ class VectorIndex:
             if self._maps is None:
                 loaded = self._loaded
                 assert loaded is not None
-                self._maps = loaded.maps()
+                self._maps = loaded.maps(self._hnsw)
                 self._loaded = None
             return self._maps
 
@@ -428,9 +440,32 @@ class VectorIndex:
     def live_labels(self) -> frozenset[int]:
         """A snapshot of the live labels."""
         with self._lock.read():
-            return frozenset(self._node_of)
+            loaded = self._loaded if self._maps is None else None
+            return frozenset(loaded.groups[:, 0].tolist() if loaded is not None else self._node_of)
+
+    def live_label_array(self) -> np.ndarray:
+        """(L,) the live labels, ascending (a loaded snapshot's own array while its dicts are not built: the
+        background check of a million labels then builds nothing and sorts nothing in Python)."""
+        with self._lock.read():
+            loaded = self._loaded if self._maps is None else None
+            if loaded is not None:
+                return loaded.groups[:, 0].copy()
+            return np.sort(np.fromiter(self._node_of, dtype=np.int64, count=len(self._node_of)))
+
+    def holds(self, labels: Iterable[int]) -> np.ndarray:
+        """(N,) whether each of `labels` is live here."""
+        asked = np.fromiter((int(label) for label in labels), dtype=np.int64)  # (N,)
+        with self._lock.read():
+            loaded = self._loaded if self._maps is None else None
+            if loaded is not None:
+                return loaded.node_of(asked) >= 0
+            node_of = self._node_of
+            return np.fromiter((label in node_of for label in asked.tolist()), dtype=bool, count=len(asked))
 
     def __contains__(self, label: int) -> bool:
+        loaded = self._loaded if self._maps is None else None
+        if loaded is not None:
+            return bool(loaded.node_of(np.array([int(label)], dtype=np.int64))[0] >= 0)
         return int(label) in self._node_of
 
     def get_vectors(self, labels: list[int]) -> np.ndarray:
@@ -438,7 +473,12 @@ class VectorIndex:
         with self._lock.read():
             if not labels:
                 return np.zeros((0, self.dim), dtype=np.float32)  # (0, D)
-            nodes = [self._node_of.get(int(label), int(label)) for label in labels]
+            loaded = self._loaded if self._maps is None else None
+            if loaded is not None:
+                asked = np.array(labels, dtype=np.int64)  # (N,)
+                nodes = np.where((found := loaded.node_of(asked)) >= 0, found, asked).tolist()
+            else:
+                nodes = [self._node_of.get(int(label), int(label)) for label in labels]
             return np.asarray(self._hnsw.get_items(nodes, return_type="numpy"), dtype=np.float32)  # (N, D)
 
     # ---- writes (exclusive) --------------------------------------------------------------------------------
@@ -784,7 +824,7 @@ class VectorIndex:
             self._elements = info.count
             self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
             self._maps, self._loaded = None, _Loaded(groups, nodes[order], np.r_[starts, len(groups)],
-                                                     groups[by_node, 0], info.vectors, alive[order])
+                                                     groups[by_node, 0])
             if self._matrix is not None:
                 if info.count > config.exact_max:
                     self._matrix = None

@@ -72,8 +72,9 @@ def compare_labels(r: VectorReads, index: VectorIndex, fingerprint: str, dim: in
     holds and the index does not, how many the index holds and SQLite does not, whether any both hold differ by
     more than NEAR_TOL in a component)."""
     got, vectors = r.vectors(fingerprint, dim, labels=labels)  # (n,), (n, D): the readable ones SQLite holds
-    inside = np.array([label in index for label in got.tolist()], dtype=bool)  # (n,)
+    inside = index.holds(got.tolist())  # (n,)
     differ = bool(inside.any()) and float(np.abs(index.get_vectors(got[inside].tolist())
                                                  - vectors[inside]).max()) > NEAR_TOL
     stored = set(got.tolist())
-    return int((~inside).sum()), sum(1 for label in labels if label in index and label not in stored), differ
+    held = index.holds(labels)  # (L,)
+    return int((~inside).sum()), sum(1 for label, h in zip(labels, held.tolist()) if h and label not in stored), differ

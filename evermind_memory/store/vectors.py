@@ -560,8 +560,8 @@ class VectorCache:
                     self.verified = HASH_MISMATCH
                     return self.status
         with self._db.reading() as r:
-            listed = np.array(sorted(r.labels(fingerprint)), dtype=np.int64)  # (L,)
-        held = np.array(sorted(index.live_labels()), dtype=np.int64)  # (H,)
+            listed = np.sort(np.fromiter(r.labels(fingerprint), dtype=np.int64))  # (L,)
+        held = index.live_label_array()  # (H,)
         starts = listed[::VERIFY_CHUNK]  # (C,) each chunk's first listed label
         for i in range(max(1, len(starts))):
             lo = -1 if i == 0 else int(starts[i])  # (labels are change seqs: never negative)
@@ -591,8 +591,8 @@ class VectorCache:
             with self._db.snapshot() as r:
                 if r.max_seq() != self._gen.watermark:
                     continue  # another process committed since the replay: replay again
-                live = [label for label in held.tolist() if label in index]  # (retired since the start: gone)
-                wanted = sorted(set(listed.tolist()).union(live))
+                live = held[index.holds(held.tolist())]  # (retired since the start: gone)
+                wanted = np.union1d(listed, live).tolist()
                 missing, extra, differ = compare_labels(r, index, fingerprint, self.dim, wanted)
             if differ:
                 return "index vectors disagree with SQLite"

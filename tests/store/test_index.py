@@ -97,6 +97,66 @@ def test_duplicate_vectors_share_a_node_and_stay_reachable(rng, tmp_path: Path):
     assert index.element_count == 1020 and 5000 in index
 
 
+def test_a_loaded_index_answers_from_its_arrays_then_changes_like_the_one_saved(rng, tmp_path: Path):
+    """A loaded snapshot keeps its label/node bookkeeping as arrays until something needs the dicts: unfiltered
+    searches answer from them exactly as the saved index does, a save writes the same groups, and the first
+    filtered search, add (a duplicate joins its node by its hash, now taken from hnswlib's copy) or delete builds
+    them, after which both indexes go on alike."""
+    distinct = unit(rng, 300)
+    vecs = np.concatenate([distinct, np.repeat(distinct[:10], 5, axis=0)])  # (350, D): ten nodes of 6 labels
+    labels = np.arange(1, 351)
+    index = VectorIndex(DIM, IndexConfig(exact_max=0))
+    index.add(labels, vecs)
+    index.mark_deleted([30, 301])  # (30: a node of its own, retired; 301: one of node 1's six labels)
+    index.save(tmp_path, "a.db", {"watermark": 350, "dim": DIM})
+    loaded, _ = VectorIndex.load(tmp_path, "a.db", expect={"dim": DIM}, config=IndexConfig(exact_max=0), max_seq=350,
+                                 defer_hash=True)
+    queries = np.concatenate([distinct[:12], unit(rng, 8)])
+    assert loaded._maps is None  # (the arrays stand for the dicts)
+    for q in queries:
+        for k in (1, 7, 40):
+            got, want = loaded.query(q, k), index.query(q, k)
+            assert got[0].tolist() == want[0].tolist() and np.allclose(got[1], want[1])
+    assert loaded.live_count == index.live_count == 348 and loaded.retired_count == index.retired_count == 1
+    assert loaded.file_agrees()
+    again = tmp_path / "again"
+    again.mkdir()
+    assert loaded.save(again, "a.db", {"watermark": 350, "dim": DIM})["groups_sha256"] == \
+        json.loads((tmp_path / "a.db.json").read_text())["groups_sha256"]
+    assert loaded._maps is None
+    odd = lambda label: label % 2 == 1  # noqa: E731
+    assert loaded.query(distinct[0], 9, odd)[0].tolist() == index.query(distinct[0], 9, odd)[0].tolist()
+    assert loaded._maps is not None  # a filtered search built them
+    more = np.stack([distinct[4], unit(rng, 1)[0]])  # a duplicate and a new vector
+    for ix in (index, loaded):
+        ix.add(np.array([400, 401]), more)
+        ix.mark_deleted([1, 2, 400])
+    assert loaded.element_count == index.element_count == 301 and loaded.live_labels() == index.live_labels()
+    for q in queries:
+        assert loaded.query(q, 12)[0].tolist() == index.query(q, 12)[0].tolist()
+
+
+def test_a_damaged_file_is_found_by_its_hash_after_a_deferred_load(rng, tmp_path: Path):
+    """One low bit of one vector component flipped: the structure stays valid, so a load that defers the hash
+    serves the file and file_agrees() finds it (the store then rebuilds); a load that hashes refuses it."""
+    from evermind_memory.store.index_files import HEADER
+
+    index = VectorIndex(DIM, IndexConfig(exact_max=0))
+    index.add(np.arange(1, 101), unit(rng, 100))
+    manifest = index.save(tmp_path, "h.db", {"watermark": 100, "dim": DIM})
+    path = tmp_path / manifest["file"]
+    data = bytearray(path.read_bytes())
+    links0, size_per = 2 * 16 * 4 + 4, 2 * 16 * 4 + 4 + DIM * 4 + 8  # (M 16: IndexConfig's default)
+    data[HEADER.size + 50 * size_per + links0 + 8] ^= 0x01  # the lowest bit of element 50's third component
+    path.write_bytes(bytes(data))
+    config = IndexConfig(exact_max=0)
+    loaded, _ = VectorIndex.load(tmp_path, "h.db", expect={"dim": DIM}, config=config, max_seq=100, defer_hash=True)
+    assert loaded.live_count == 100 and not loaded.file_agrees()
+    assert loaded.file_agrees()  # (asked once: nothing is pending after the answer)
+    with pytest.raises(IndexRejected, match="sha256"):
+        VectorIndex.load(tmp_path, "h.db", expect={"dim": DIM}, config=config, max_seq=100)
+
+
 def test_a_small_index_searches_exactly_until_it_outgrows_exact_max(rng):
     vecs = unit(rng, 600)
     labels = np.arange(10, 610)
