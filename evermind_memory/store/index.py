@@ -25,16 +25,17 @@ import os
 import re
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .index_files import (
-    IndexRejected, manifest_names, groups_name, map_file, parse_hnsw_file, read_groups,
+    HEADER, IndexRejected, manifest_names, groups_name, map_file, parse_hnsw_file, read_groups,
     read_manifest,
 )
 from .lock import RWLock
@@ -56,7 +57,7 @@ EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py
 # cosine, hence some component at least ~0.025 apart.
 NEAR_TOL = 1e-3
 KEY_COLUMNS = 16  # vector_keys hashes this many components of a row
-KEY_CHUNK = 4096  # nodes whose vectors are copied out of hnswlib at a time to hash them (8 MB at 512 dims)
+KEY_CHUNK = 4096  # nodes whose vectors are read from the snapshot at a time to hash them (~9 MB at 512 dims)
 NEAR_WINDOW = 4  # near_duplicates() compares each row with the next this many in projection order
 _FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
 
@@ -188,11 +189,16 @@ def vector_keys(vectors: np.ndarray, rows: np.ndarray | None = None) -> list[int
     node's vector before a row joins it, so two rows that agree on those components and differ elsewhere cost a
     nearest-node search, never a wrong node (hashing every component cost 1 s of an open at 100k vectors).
     `rows`: hash only these rows (N',) of `vectors` (a view into a file: only their hashed components are copied)."""
+    return _key_array(vectors, rows).tolist()
+
+
+def _key_array(vectors: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """vector_keys as a (N,) uint64 array."""
     cols = np.arange(0, vectors.shape[1], max(1, vectors.shape[1] // KEY_COLUMNS))[:KEY_COLUMNS]  # (c,)
     picked = vectors[:, cols] if rows is None else vectors[:, cols][rows]  # (N, c)
     bits = np.ascontiguousarray(picked, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, c)
     mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=len(cols), dtype=np.uint64)  # (c,)
-    return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64).tolist()  # (N,) wraps mod 2**64
+    return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64)  # (N,) wraps mod 2**64
 
 
 def near_duplicates(vectors: np.ndarray) -> np.ndarray:
@@ -293,15 +299,25 @@ class _Maps(NamedTuple):
     key_of: dict[int, int]  # live node -> its vector hash
 
 
-class _Loaded(NamedTuple):
+class _Loaded:
     """A snapshot's bookkeeping as arrays, until a change, a filtered search or a check needs the dicts: building
     a million dict entries and hashing every node's vector took 1.1 s of the first vector recall after an open
     at a million facts, which an unfiltered search answers from these arrays."""
 
-    groups: np.ndarray  # (L, 2) label, node: the live labels ascending
-    nodes: np.ndarray  # (n,) the live nodes ascending
-    starts: np.ndarray  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
-    by_node: np.ndarray  # (L,) the labels by node, then label
+    def __init__(self, groups: np.ndarray, nodes: np.ndarray, starts: np.ndarray, by_node: np.ndarray,
+                 rows: np.ndarray, fd: int, name: str, table: tuple[int, int, int], dim: int) -> None:
+        self.groups = groups  # (L, 2) label, node: the live labels ascending
+        self.nodes = nodes  # (n,) the live nodes ascending
+        self.starts = starts  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
+        self.by_node = by_node  # (L,) the labels by node, then label
+        self.rows = rows  # (n,) the element row of each of `nodes` in the file
+        self.name = name
+        self.close_file = weakref.finalize(self, os.close, fd)  # the snapshot, open until its nodes' vectors are
+        self.fd = fd  # hashed (keys()) or this is dropped
+        self.table = table  # (where the element table starts, bytes an element, where its vector starts)
+        self.dim = dim
+        self._keys: np.ndarray | None = None
+        self._lock = threading.Lock()
 
     def members(self, node: int) -> list[int]:
         i = int(np.searchsorted(self.nodes, node))
@@ -310,18 +326,41 @@ class _Loaded(NamedTuple):
 
     def node_of(self, labels: np.ndarray) -> np.ndarray:
         """(N,) the node of each of `labels` (N,), -1 for a label not live."""
-        at = np.minimum(np.searchsorted(self.groups[:, 0], labels), max(len(self.groups) - 1, 0))  # (N,)
-        found = len(self.groups) > 0 and self.groups[at, 0] == labels  # (N,)
-        return np.where(found, self.groups[at, 1], -1) if len(self.groups) else np.full(len(labels), -1)
+        if not len(self.groups):
+            return np.full(len(labels), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.groups[:, 0], labels), len(self.groups) - 1)  # (N,)
+        return np.where(self.groups[at, 0] == labels, self.groups[at, 1], -1)
 
-    def maps(self, hnsw: Any) -> _Maps:
-        """The dicts; the nodes' vector hashes from hnswlib's own copy of the vectors, KEY_CHUNK nodes at a time
-        (reading them from the mapped file again would put the whole file back into this process's RSS)."""
-        nodes = self.nodes.tolist()
-        keys: list[int] = []
-        for a in range(0, len(nodes), KEY_CHUNK):
-            keys += vector_keys(np.asarray(hnsw.get_items(nodes[a:a + KEY_CHUNK], return_type="numpy"),
-                                           dtype=np.float32))
+    def keys(self) -> np.ndarray:
+        """(n,) each node's vector hash (vector_keys), read from the snapshot file itself, KEY_CHUNK nodes' rows at a
+        time, into a buffer let go after each chunk; then the file is closed (a newer save may have unlinked it:
+        its space returns then). Reading them back through the map would put the whole file into this process's
+        RSS again, and hnswlib's get_items took 29 us a node (6.8 s at 235,000 nodes)."""
+        with self._lock:
+            if self._keys is not None:
+                return self._keys
+            keys = np.zeros(len(self.nodes), dtype=np.uint64)  # (n,)
+            start, size_per, offset = self.table
+            by_row = np.argsort(self.rows)  # (n,)
+            try:
+                for a in range(0, len(by_row), KEY_CHUNK):
+                    idx = by_row[a:a + KEY_CHUNK]  # (c,)
+                    rows = self.rows[idx]  # (c,) ascending
+                    lo, hi = int(rows[0]), int(rows[-1]) + 1
+                    data = os.pread(self.fd, (hi - lo) * size_per, start + lo * size_per)
+                    if len(data) != (hi - lo) * size_per:
+                        raise OSError(f"index file {self.name} was cut short since it was loaded")
+                    table = np.ndarray((hi - lo, self.dim), dtype="<f4", buffer=data, offset=offset,
+                                       strides=(size_per, 4))  # (hi - lo, D) the chunk's element rows' vectors
+                    keys[idx] = _key_array(table, rows - lo)
+            finally:
+                self.close_file()
+            self._keys = keys
+            return keys
+
+    def maps(self) -> _Maps:
+        """The dicts."""
+        nodes, keys = self.nodes.tolist(), self.keys().tolist()
         labels, bounds = self.by_node.tolist(), self.starts.tolist()
         members = {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(nodes, bounds[:-1], bounds[1:])}
         return _Maps(dict(zip(self.groups[:, 0].tolist(), self.groups[:, 1].tolist())), members,
@@ -374,7 +413,7 @@ class VectorIndex:
             if self._maps is None:
                 loaded = self._loaded
                 assert loaded is not None
-                self._maps = loaded.maps(self._hnsw)
+                self._maps = loaded.maps()
                 self._loaded = None
             return self._maps
 
@@ -451,6 +490,13 @@ class VectorIndex:
             if loaded is not None:
                 return loaded.groups[:, 0].copy()
             return np.sort(np.fromiter(self._node_of, dtype=np.int64, count=len(self._node_of)))
+
+    def settle(self) -> None:
+        """Hash a loaded snapshot's node vectors now and close its file (the background pass calls it, so that a
+        process that never changes the index does not hold a snapshot another process has replaced)."""
+        loaded = self._loaded
+        if loaded is not None:
+            loaded.keys()
 
     def holds(self, labels: Iterable[int]) -> np.ndarray:
         """(N,) whether each of `labels` is live here."""
@@ -791,44 +837,51 @@ class VectorIndex:
             raise IndexRejected(f"index file {name} is missing")
         if path.stat().st_size != manifest["size"]:
             raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
-        data = map_file(path)
-        if not defer_hash and hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-            raise IndexRejected("index file sha256 does not match the manifest")
-        dim = int(expect["dim"])
-        info = parse_hnsw_file(data, dim, config.M)
-        if info.ef_construction != config.ef_construction:
-            raise IndexRejected("index header ef_construction disagrees with the configuration")
-        if info.count != manifest["count"] or info.max_elements != manifest["max_elements"]:
-            raise IndexRejected("index header counts disagree with the manifest")
-        if info.count and int(info.labels.max()) > manifest["watermark"]:
-            raise IndexRejected("index holds a label newer than its watermark")
-        groups = read_groups(Path(directory) / groups_name(name), manifest)  # (live, 2) label, node
-        alive = np.flatnonzero(~info.deleted)  # (n,) rows of live nodes
-        nodes = info.labels[alive].astype(np.int64)  # (n,)
-        order = np.argsort(nodes)  # (n,)
-        by_node = np.argsort(groups[:, 1], kind="stable")  # (live,) by node, then label (the rows are by label)
-        grouped = groups[by_node, 1]  # (live,)
-        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(groups) else by_node  # (n',)
-        if len(starts) != len(nodes) or (grouped[starts] != nodes[order]).any():  # the groups' nodes are the graph's
-            raise IndexRejected("index groups and graph disagree on the live nodes")
-        if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
-            raise IndexRejected("index groups hold a label newer than its watermark")
-        if isinstance(data, mmap.mmap):  # the parse touched every page of the map: let them go before hnswlib
-            data.madvise(mmap.MADV_DONTNEED)  # reads its own copy (peak RSS: one copy of the file, not two)
-        self = cls(dim, config)
-        with self._lock.write():
-            hnsw = hnswlib.Index(space=SPACE, dim=dim)
-            hnsw.load_index(str(path), max_elements=info.max_elements)
-            hnsw.set_num_threads(1)
-            self._hnsw = hnsw
-            self._elements = info.count
-            self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
-            self._maps, self._loaded = None, _Loaded(groups, nodes[order], np.r_[starts, len(groups)],
-                                                     groups[by_node, 0])
-            if self._matrix is not None:
-                if info.count > config.exact_max:
-                    self._matrix = None
-                else:
-                    self._matrix.add(nodes, np.array(info.vectors[alive], dtype=np.float32))  # (n, D) a copy
-            self._set_ef()
+        fd = os.open(path, os.O_RDONLY)  # (kept by the loaded index until it has hashed its nodes' vectors)
+        try:
+            data = map_file(fd)
+            if not defer_hash and hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+                raise IndexRejected("index file sha256 does not match the manifest")
+            dim = int(expect["dim"])
+            info = parse_hnsw_file(data, dim, config.M)
+            if info.ef_construction != config.ef_construction:
+                raise IndexRejected("index header ef_construction disagrees with the configuration")
+            if info.count != manifest["count"] or info.max_elements != manifest["max_elements"]:
+                raise IndexRejected("index header counts disagree with the manifest")
+            if info.count and int(info.labels.max()) > manifest["watermark"]:
+                raise IndexRejected("index holds a label newer than its watermark")
+            groups = read_groups(Path(directory) / groups_name(name), manifest)  # (live, 2) label, node
+            alive = np.flatnonzero(~info.deleted)  # (n,) rows of live nodes
+            nodes = info.labels[alive].astype(np.int64)  # (n,)
+            order = np.argsort(nodes)  # (n,)
+            by_node = np.argsort(groups[:, 1], kind="stable")  # (live,) by node, then label (the rows are by label)
+            grouped = groups[by_node, 1]  # (live,)
+            starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(groups) else by_node  # (n',)
+            if len(starts) != len(nodes) or (grouped[starts] != nodes[order]).any():  # (the groups' nodes: the graph's)
+                raise IndexRejected("index groups and graph disagree on the live nodes")
+            if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
+                raise IndexRejected("index groups hold a label newer than its watermark")
+            if isinstance(data, mmap.mmap):  # the parse touched every page of the map: let them go before hnswlib
+                data.madvise(mmap.MADV_DONTNEED)  # reads its own copy (peak RSS: one copy of the file, not two)
+            self = cls(dim, config)
+            with self._lock.write():
+                hnsw = hnswlib.Index(space=SPACE, dim=dim)
+                hnsw.load_index(str(path), max_elements=info.max_elements)
+                hnsw.set_num_threads(1)
+                self._hnsw = hnsw
+                self._elements = info.count
+                self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
+                links0 = 2 * config.M * 4 + 4  # (parse_hnsw_file checked the layout: hnswlib 0.8's, at this M and dim)
+                self._maps, self._loaded = None, _Loaded(groups, nodes[order], np.r_[starts, len(groups)],
+                                                         groups[by_node, 0], alive[order], fd, name,
+                                                         (HEADER.size, links0 + dim * 4 + 8, links0), dim)
+                if self._matrix is not None:
+                    if info.count > config.exact_max:
+                        self._matrix = None
+                    else:
+                        self._matrix.add(nodes, np.array(info.vectors[alive], dtype=np.float32))  # (n, D) a copy
+                self._set_ef()
+        except BaseException:
+            os.close(fd)
+            raise
         return self, manifest

@@ -559,6 +559,8 @@ class VectorCache:
                     self.rebuild(HASH_MISMATCH)
                     self.verified = HASH_MISMATCH
                     return self.status
+        if index is not None:
+            index.settle()  # (its node hashes, read from the file it was loaded from, which is then closed)
         with self._db.reading() as r:
             listed = np.sort(np.fromiter(r.labels(fingerprint), dtype=np.int64))  # (L,)
         held = index.live_label_array()  # (H,)
