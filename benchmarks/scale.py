@@ -9,7 +9,7 @@ embedding included), its peak RSS, and the store's bytes on disk (database, WAL 
 --procs such processes at once, and the sum of their peak RSS (each process holds its own model and index).
 
     python benchmarks/scale.py [--sizes 1000,10000,100000] [--queries 200] [--procs 2,4] [--dir DIR] [--reuse]
-                               [--json out.json]
+                               [--cold-opens N] [--json out.json]
 
 --dir keeps the stores (default: a temp directory, deleted afterwards); with --reuse a store already in --dir
 is opened instead of built again (its write rate is then not measured), so the same stores can be opened by
@@ -144,6 +144,31 @@ def child(db: str, n_queries: int, seed: int) -> dict:
     return out
 
 
+def cold_open(db: str) -> dict:
+    """In a fresh process: open, then one vector recall (the model and the index both read by it)."""
+    from evermind_memory import MemoryStore
+
+    t0 = time.perf_counter()
+    store = MemoryStore(db)
+    t1 = time.perf_counter()
+    store.recall(questions(1, seed=7)[0], k=10, mode="vector")
+    out = {"open_s": t1 - t0, "first_vector_s": time.perf_counter() - t1}
+    store.close()
+    return out
+
+
+def cold_opens(db: Path, n: int) -> dict:
+    """`n` fresh processes one after another, each opening the store and recalling once: the first vector recall's
+    median, min and max (one run of it varies by half on a shared machine)."""
+    times = []
+    for _ in range(n):
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--cold", str(db)], capture_output=True,
+                             text=True, check=True).stdout
+        times.append(json.loads(out.strip().splitlines()[-1])["first_vector_s"])
+    return {"cold_first_vector_median_s": float(np.median(times)), "cold_first_vector_min_s": min(times),
+            "cold_first_vector_max_s": max(times), "cold_opens": n}
+
+
 def measure(db: Path, args: argparse.Namespace, procs: int = 1) -> list[dict]:
     """Run `child` in `procs` fresh interpreters at once (the code beside this file); their JSON answers."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(db), "--queries", str(args.queries)]
@@ -166,10 +191,17 @@ def main() -> None:
     parser.add_argument("--procs", default="2,4",
                         help="also run this many recalling processes at once (sum of peak RSS)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--cold-opens", type=int, default=0,
+                        help="also open the store this many times in fresh processes, one vector recall each, and "
+                             "report the first vector recall's median, min and max")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cold", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.queries, seed=7)))
+        return
+    if args.cold:
+        print(json.dumps(cold_open(args.cold)))
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
     args.procs = [int(p) for p in args.procs.split(",") if p]
@@ -193,6 +225,8 @@ def main() -> None:
             for procs in args.procs:  # several processes recalling at once: each holds its own index
                 got = measure(db, args, procs)
                 row[f"rss_{procs}_procs_mb"] = sum(r["peak_rss_mb"] for r in got)
+            if args.cold_opens:
+                row.update(cold_opens(db, args.cold_opens))
             row["file_bytes"] = store_bytes(db)
             row["bytes_per_fact"] = row["file_bytes"] / n
             rows.append(row)
@@ -212,6 +246,11 @@ def main() -> None:
               f"{r['open_s']:5.2f}s | {r['first_vector_s']:9.2f}s | {r['peak_rss_mb']:5.0f} MB | "
               f"{r['file_bytes'] / 1e6:5.1f} MB | {r['bytes_per_fact']:6.0f}"
               + "".join(f" | {r[f'rss_{p}_procs_mb']:5.0f} MB" for p in args.procs))
+    for r in rows:
+        if "cold_opens" in r:
+            print(f"{r['facts']:,} facts: first vector recall in {r['cold_opens']} fresh processes: median "
+                  f"{r['cold_first_vector_median_s']:.2f} s (min {r['cold_first_vector_min_s']:.2f}, max "
+                  f"{r['cold_first_vector_max_s']:.2f})")
     if args.json:
         meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "queries": args.queries, "k": 10}
