@@ -158,3 +158,37 @@ def test_close_writes_the_file_for_a_large_store_only(db_path, embedder, monkeyp
     with MemoryStore(db_path, embedder) as store:
         pass
     assert not path.exists()  # the store is small again for the rule: its file goes
+
+
+def test_scoped_and_filtered_recall_rank_from_the_file_with_their_own_statistics(db_path, embedder):
+    a, b = corpus(150, seed=22), corpus(120, seed=23)
+    with MemoryStore(db_path, embedder) as store:
+        store.scope(user="a").remember_many(a, tags={"half": "a"})
+        store.remember_many(b, tags={"half": "b"})
+    postings_file.refresh(str(db_path), min_postings=10)
+    with MemoryStore(db_path, embedder) as store:
+        for query in QUERIES:
+            text = " ".join(query)
+            assert_exact_top_k(store.scope(user="a").recall(text, k=7, mode="lexical"), exhaustive(a, query), 7)
+            assert_exact_top_k(store.recall(text, k=7, mode="lexical", tags={"half": "b"}), exhaustive(b, query), 7)
+            assert_exact_top_k(store.recall(text, k=7, mode="lexical"), exhaustive(a + b, query), 7)
+
+
+def test_a_file_of_another_history_of_the_same_store_is_refused(tmp_path, embedder):
+    """A backup restored and written again reaches the file's seq with other changes: the anchor (the fact id and
+    time of the file's own seq) differs, and the file is not used."""
+    live, restored = tmp_path / "live.db", tmp_path / "restored.db"
+    texts = corpus(120, seed=24)
+    with MemoryStore(live, embedder) as store:
+        store.remember_many(texts)
+        store.backup(restored)  # (the same store id)
+        store.remember_many(["tea tea lamp x1", "tea river x2", "jazz tea x3"])
+    postings_file.refresh(str(live), min_postings=10)
+    shutil.copy(postings_file.path_for(str(live)), postings_file.path_for(str(restored)))
+    other = ["lamp lamp x4", "river x5 x6", "jazz x7", "kiwi x8"]
+    with MemoryStore(restored, embedder) as store:
+        store.remember_many(other)  # (its seq passes the file's, by other facts)
+    with MemoryStore(restored, embedder) as store:
+        recalls_exactly(store, texts + other)
+        with store._parts.db.reading() as session:
+            assert session._postings_file() is None
