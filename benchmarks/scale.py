@@ -9,7 +9,7 @@ embedding included), its peak RSS, and the store's bytes on disk (database, WAL 
 --procs such processes at once, and the sum of their peak RSS (each process holds its own model and index).
 
     python benchmarks/scale.py [--sizes 1000,10000,100000] [--queries 200] [--procs 2,4] [--dir DIR] [--reuse]
-                               [--cold-opens N] [--json out.json]
+                               [--cold-opens N] [--first-write] [--json out.json]
 
 --dir keeps the stores (default: a temp directory, deleted afterwards); with --reuse a store already in --dir
 is opened instead of built again (its write rate is then not measured), so the same stores can be opened by
@@ -157,6 +157,21 @@ def cold_open(db: str) -> dict:
     return out
 
 
+def first_write(db: str) -> dict:
+    """In a fresh process: open, one vector recall, then one remember (timed; what a first change after an open
+    costs), forgotten again so that the store keeps its facts."""
+    from evermind_memory import MemoryStore
+
+    with MemoryStore(db) as store:
+        store.recall(questions(1, seed=7)[0], k=10, mode="vector")
+        t0 = time.perf_counter()
+        fact = store.remember(f"Zed Quinn keeps a scratch note {time.time()}")
+        store.flush()
+        took = time.perf_counter() - t0
+        store.forget(fact)
+    return {"first_remember_s": took}
+
+
 def cold_opens(db: Path, n: int) -> dict:
     """`n` fresh processes one after another, each opening the store and recalling once: the first vector recall's
     median, min and max (one run of it varies by half on a shared machine)."""
@@ -195,13 +210,20 @@ def main() -> None:
                         help="also open the store this many times in fresh processes, one vector recall each, and "
                              "report the first vector recall's median, min and max")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--first-write", action="store_true",
+                        help="also time the first remember of a fresh process after one vector recall (the fact is "
+                             "forgotten again)")
     parser.add_argument("--cold", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--write", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.queries, seed=7)))
         return
     if args.cold:
         print(json.dumps(cold_open(args.cold)))
+        return
+    if args.write:
+        print(json.dumps(first_write(args.write)))
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
     args.procs = [int(p) for p in args.procs.split(",") if p]
@@ -227,6 +249,10 @@ def main() -> None:
                 row[f"rss_{procs}_procs_mb"] = sum(r["peak_rss_mb"] for r in got)
             if args.cold_opens:
                 row.update(cold_opens(db, args.cold_opens))
+            if args.first_write:
+                out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--write", str(db)],
+                                     capture_output=True, text=True, check=True).stdout
+                row.update(json.loads(out.strip().splitlines()[-1]))
             row["file_bytes"] = store_bytes(db)
             row["bytes_per_fact"] = row["file_bytes"] / n
             rows.append(row)
@@ -247,6 +273,9 @@ def main() -> None:
               f"{r['file_bytes'] / 1e6:5.1f} MB | {r['bytes_per_fact']:6.0f}"
               + "".join(f" | {r[f'rss_{p}_procs_mb']:5.0f} MB" for p in args.procs))
     for r in rows:
+        if "first_remember_s" in r:
+            print(f"{r['facts']:,} facts: the first remember of a fresh process, after one vector recall: "
+                  f"{r['first_remember_s']:.2f} s")
         if "cold_opens" in r:
             print(f"{r['facts']:,} facts: first vector recall in {r['cold_opens']} fresh processes: median "
                   f"{r['cold_first_vector_median_s']:.2f} s (min {r['cold_first_vector_min_s']:.2f}, max "
