@@ -8,7 +8,8 @@ length), the query in float32 both times. Reported per set: ndcg@10 of each, the
 top-10 lists differ at all. Vector ranking only: lexical recall does not read vectors, and hybrid recall fuses the
 same cosine.
 
-    python benchmarks/compact_vectors.py [--dev /work/data/dev] [--corpus /work/corpus] [--limit 0] [--json out.json]
+    python benchmarks/compact_vectors.py [--dev /work/data/dev] [--corpus /work/corpus] [--limit 0] [--int8]
+                                         [--json out.json]
 """
 
 from __future__ import annotations
@@ -56,12 +57,27 @@ def sets(dev: Path, corpus: Path, limit: int) -> list[tuple[str, list[str], list
     return out
 
 
+def int8_rows(vectors: np.ndarray, parts: int = 1) -> np.ndarray:
+    """(N, D) unit vectors as int8 rows would give them back: each row cut into `parts` equal blocks, each block
+    stored as int8 with a float32 scale (its largest magnitude / 127), read back, the row scaled to unit length.
+    Not the product's format (rows hold float16): what int8 would cost, for the choice."""
+    n, d = vectors.shape
+    blocks = vectors.reshape(n, parts, d // parts)  # (N, P, D/P)
+    scale = np.abs(blocks).max(axis=2, keepdims=True) / 127.0  # (N, P, 1)
+    scale[scale == 0] = 1.0
+    back = (np.round(blocks / scale).clip(-127, 127) * scale).reshape(n, d).astype(np.float32)  # (N, D)
+    return back / np.linalg.norm(back, axis=1, keepdims=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dev", type=Path, default=Path("/work/data/dev"))
     parser.add_argument("--corpus", type=Path, default=Path("/work/corpus"))
     parser.add_argument("--limit", type=int, default=0, help="at most this many queries a set (0: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--int8", action="store_true",
+                        help="also rank over int8 rows (one float32 scale a row; and one a half-row: model part and "
+                             "lexicon part), for the choice of a smaller row")
     args = parser.parse_args()
     embedder = default_embedder()
     rows = []
@@ -75,6 +91,9 @@ def main() -> None:
         rows.append({"set": name, "queries": len(queries), "docs": len(docs), "ndcg@10_float32": a,
                      "ndcg@10_float16": b, "delta": b - a, "top10_lists_changed": changed,
                      "max_abs_component_error": float(np.abs(d16 - d32).max())})
+        for label, parts in (("int8", 1), ("int8x2", 2)) if args.int8 else ():
+            c = rank_metrics(exact_rankings(q, int8_rows(d32, parts)), gold)["ndcg@10"]
+            rows[-1][f"ndcg@10_{label}"], rows[-1][f"delta_{label}"] = c, c - a
         print(json.dumps(rows[-1]), file=sys.stderr)
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("ndcg@10_float32", "ndcg@10_float16", "delta")}
     print(f"{'set':<16} {'queries':>7} {'docs':>6} | {'ndcg@10 f32':>11} {'f16 stored':>10} {'delta':>8} | top-10 "
@@ -84,6 +103,11 @@ def main() -> None:
               f"{r['ndcg@10_float16']:10.4f} {r['delta']:+8.4f} | {r['top10_lists_changed']}/{r['queries']}")
     print(f"{'mean':<16} {'':>7} {'':>6} | {mean['ndcg@10_float32']:11.4f} {mean['ndcg@10_float16']:10.4f} "
           f"{mean['delta']:+8.4f} |")
+    if args.int8:
+        for label in ("int8", "int8x2"):
+            mean[f"delta_{label}"] = float(np.mean([r[f"delta_{label}"] for r in rows]))
+            print(f"{label}: " + ", ".join(f"{r['set']} {r[f'delta_{label}']:+.4f}" for r in rows)
+                  + f"; mean {mean[f'delta_{label}']:+.4f}")
     if args.json:
         meta = {"python": platform.python_version(), "model": embedder.fingerprint, "limit": args.limit}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows, "mean": mean}, indent=2))
