@@ -67,7 +67,8 @@ def salvage(real: str, embedder: Embedder | None) -> tuple[RepairCounts, Path]:
             for suffix in ("-wal", "-shm"):  # a stale WAL beside the new file would be replayed into it
                 if os.path.exists(real + suffix):
                     os.replace(real + suffix, aside / (p.name + suffix + ".old"))
-            for side in [p.with_name(p.name + ".json"), *p.parent.glob(p.name + ".*.hnsw")]:
+            for side in [p.with_name(p.name + ".json"), p.with_name(p.name + ".postings"),
+                         *p.parent.glob(p.name + ".*.hnsw")]:
                 if side.is_file():
                     os.replace(side, aside / side.name)
             os.replace(new, real)

@@ -192,3 +192,25 @@ def test_a_file_of_another_history_of_the_same_store_is_refused(tmp_path, embedd
         recalls_exactly(store, texts + other)
         with store._parts.db.reading() as session:
             assert session._postings_file() is None
+
+
+def test_repair_in_place_drops_the_file(db_path, embedder):
+    """Repair rebuilds the full-text index from rows it may change without a change row: the saved postings go."""
+    import sqlite3
+    import warnings
+
+    from evermind_memory import StoreWarning
+
+    texts = corpus(80, seed=25)
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(texts)
+    postings_file.refresh(str(db_path), min_postings=10)
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE facts SET created_at = '2024-13-45T00:00:00+00:00' WHERE id = ?", (ids[2],))
+    conn.commit()
+    conn.close()
+    with MemoryStore(db_path, embedder) as store, warnings.catch_warnings():
+        warnings.simplefilter("ignore", StoreWarning)
+        assert store.repair().mode == "in place"
+        assert not postings_file.path_for(str(db_path)).exists()
+        recalls_exactly(store, texts)

@@ -407,8 +407,13 @@ class SQLiteBackend:
         integrity check afterwards: ["ok"] when the file is sound, else the file needs salvage)."""
         from . import sqlite_repair  # (repair code: imported when a check or repair needs it)
 
+        from .. import postings_file
+
         counts = RepairCounts()
         with self.write_mutex:
+            # The saved postings go first: the full-text index is rebuilt below from rows repair may change without
+            # a change row, which a reader patching the file from the change feed would not see.
+            postings_file.path_for(self.path).unlink(missing_ok=True)
             try:
                 self._write_session().conn.execute("REINDEX")
             except sqlite3.DatabaseError as exc:
