@@ -425,7 +425,9 @@ def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | No
     index_bytes = 0
     if index_path is not None:
         files_of_index = [*index_path.parent.glob(f"{index_path.name}.*.hnsw"),
-                          index_path.parent / f"{index_path.name}.json"]
+                          *index_path.parent.glob(f"{index_path.name}.*.groups"),
+                          index_path.parent / f"{index_path.name}.json",
+                          index_path.parent / f"{index_path.name}.postings"]
         index_bytes = sum(p.stat().st_size for p in files_of_index if p.is_file())
     return StoreStats(facts=facts, expired=sizes["expired"], pinned=sizes["pinned"], changes=sizes["changes"],
                       forgotten=sizes["forgotten"], db_bytes=files["db"] or sizes["page_bytes"], wal_bytes=files["wal"],

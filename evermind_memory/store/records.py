@@ -217,7 +217,8 @@ class StoreStats:
         pinned: pinned facts (the whole store).
         changes: rows of history (the whole store); each remember/update keeps its text.
         forgotten: ids whose history remains after they were forgotten (compact(keep_history=...) prunes them).
-        db_bytes, wal_bytes, index_bytes: the database file, its write-ahead log and the HNSW snapshot.
+        db_bytes, wal_bytes, index_bytes: the database file, its write-ahead log, and the files beside it that can
+            be rebuilt from it (the HNSW snapshot with its groups and manifest, the saved lexical postings).
         free_bytes: pages inside the database file that are free (reused by new writes; VACUUM returns them).
     """
 

@@ -40,6 +40,9 @@ def test_saved_postings_are_fts5s_and_a_new_process_ranks_from_them(db_path, emb
         recalls_exactly(store, texts)
         with store._parts.db.reading() as session:  # (this thread's session read its words from the file)
             assert session._file is not None and session._file.seq == saved.seq
+        beside = [p for p in db_path.parent.iterdir() if p.name.startswith(db_path.name + ".")
+                  and not p.name.endswith(".lock")]  # snapshot, groups, manifest, postings
+        assert store.stats().index_bytes == sum(p.stat().st_size for p in beside)
 
 
 def test_changes_after_the_file_are_patched_in_and_forgets_fall_back(db_path, embedder):
