@@ -72,7 +72,6 @@ def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarra
     return vector_blobs.as_stored(out)  # (N, D) what a row keeps: this process's index holds what others read
 
 
-@single_blas
 def load_model_aside(embedder: Embedder) -> None:
     """Start reading a lazy embedder's weights in a thread of its own, so that a process's first vector recall
     reads them while it loads the index rather than after (both are about 0.4 s at a million facts). Nothing for
@@ -89,6 +88,7 @@ def _load_quietly(embedder: LazyEmbedder) -> None:
         pass
 
 
+@single_blas
 def embed_query(embedder: Embedder, text: str, dim: int) -> np.ndarray:
     """(D,) the checked vector of one query."""
     return checked(embedder.embed(text), 1, dim, what="embed")[0]  # (D,)
