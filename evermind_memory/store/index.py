@@ -25,19 +25,18 @@ import os
 import re
 import secrets
 import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .index_files import (
-    HEADER, IndexRejected, manifest_names, groups_name, map_file, parse_hnsw_file, read_groups,
-    read_manifest,
+    IndexRejected, element_layout, manifest_names, groups_name, map_file, parse_hnsw_file, read_groups, read_manifest,
 )
+from .index_nodes import NEAR_TOL, LoadedNodes, NodeMaps, NodeMatrix, near_duplicates, vector_keys
 from .lock import RWLock
 
 hnswlib = lazy_import("hnswlib", globals(), "hnswlib")
@@ -50,15 +49,6 @@ INDEX_FORMAT = "evermind-hnsw 2"  # 2: one node per distinct vector, with a grou
 SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
 EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py, shipped model (256-d), 2 cores:
 # exact p50 0.07 / 0.14 / 0.50 / 7.0 ms at 1k / 2k / 5k / 20k vectors, the graph 0.08 / 0.13 / 0.27 / 0.63 ms
-# Vectors that differ by at most NEAR_TOL in every component share a graph node (and its score, within
-# NEAR_TOL * sqrt(D)): the same text embedded in two batches differs by ~1e-7 (the shipped model and the tiny
-# test model alike), which rounding to the float16 a row stores (backend/vector_blobs.py) turns into 0 or one
-# float16 step (at most 2**-11 below 1.0); two different texts of the shipped model are at most ~0.92 apart in
-# cosine, hence some component at least ~0.025 apart.
-NEAR_TOL = 1e-3
-KEY_COLUMNS = 16  # vector_keys hashes this many components of a row
-KEY_CHUNK = 4096  # nodes whose vectors are read from the snapshot at a time to hash them (~9 MB at 512 dims)
-NEAR_WINDOW = 4  # near_duplicates() compares each row with the next this many in projection order
 _FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
 
 
@@ -162,211 +152,6 @@ class SearchFailed(Exception):
     """hnswlib could not return the requested neighbours even after a retry; search exactly instead."""
 
 
-def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact inner-product top-k.
-
-    Args:
-        vectors: (N, D) float32 unit rows.
-        labels: (N,) int64 labels of those rows.
-        query: (D,) float32 unit query.
-        k: how many (clamped to N).
-    Returns:
-        (labels (k,), scores (k,)) best first.
-    """
-    n = len(labels)
-    k = min(k, n)
-    if k <= 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    scores = vectors @ query  # (N,)
-    top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)  # (k,)
-    top = top[np.lexsort((labels[top], -scores[top]))]  # (k,) best first, ties by label
-    return labels[top].astype(np.int64), scores[top].astype(np.float32)
-
-
-def vector_keys(vectors: np.ndarray, rows: np.ndarray | None = None) -> list[int]:
-    """A 64-bit hash of each (N, D) float32 row's bits (a random linear hash mod 2**64 of KEY_COLUMNS components
-    spread over the row): equal for bit-identical rows. Only a shortcut to a candidate node: add() checks the
-    node's vector before a row joins it, so two rows that agree on those components and differ elsewhere cost a
-    nearest-node search, never a wrong node (hashing every component cost 1 s of an open at 100k vectors).
-    `rows`: hash only these rows (N',) of `vectors` (a view into a file: only their hashed components are copied)."""
-    return _key_array(vectors, rows).tolist()
-
-
-def _key_array(vectors: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """vector_keys as a (N,) uint64 array."""
-    cols = np.arange(0, vectors.shape[1], max(1, vectors.shape[1] // KEY_COLUMNS))[:KEY_COLUMNS]  # (c,)
-    picked = vectors[:, cols] if rows is None else vectors[:, cols][rows]  # (N, c)
-    bits = np.ascontiguousarray(picked, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, c)
-    mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=len(cols), dtype=np.uint64)  # (c,)
-    return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64)  # (N,) wraps mod 2**64
-
-
-def near_duplicates(vectors: np.ndarray) -> np.ndarray:
-    """For (R, D) rows, the first row each one is a near-duplicate of (itself when none): (R,) row numbers.
-
-    Rows within NEAR_TOL of each other in every component have projections on any unit direction within
-    NEAR_TOL * sqrt(D), so after sorting by one projection they sit next to each other: each row is compared with
-    the next NEAR_WINDOW rows in that order (a chance row between two copies can split a group into two nodes,
-    which costs nothing but a node)."""
-    n = len(vectors)
-    first = np.arange(n)  # (R,)
-    if n < 2:
-        return first
-    direction = np.random.default_rng(0).standard_normal((vectors.shape[1],)).astype(np.float32)  # (D,)
-    direction /= np.linalg.norm(direction)
-    proj = vectors @ direction  # (R,)
-    order = np.argsort(proj, kind="stable")  # (R,)
-    proj = proj[order]
-    slack = NEAR_TOL * np.sqrt(vectors.shape[1]) + 1e-6  # (+ float32 rounding of the projections)
-    pairs = []
-    for step in range(1, min(NEAR_WINDOW, n - 1) + 1):
-        a, b = order[:-step], order[step:]  # (R - step,) rows `step` apart in projection order
-        cand = np.flatnonzero(proj[step:] - proj[:-step] <= slack)
-        a, b = a[cand], b[cand]
-        same = np.abs(vectors[a] - vectors[b]).max(axis=1) <= NEAR_TOL
-        pairs.append((a[same], b[same]))
-    a = np.concatenate([p[0] for p in pairs])  # (P,)
-    b = np.concatenate([p[1] for p in pairs])  # (P,)
-    while len(a):  # connected components: every row takes the smallest row it is linked to, until none changes
-        low = np.minimum(first[a], first[b])  # (P,)
-        before = first.copy()
-        np.minimum.at(first, a, low)
-        np.minimum.at(first, b, low)
-        first = first[first]
-        if np.array_equal(first, before):
-            break
-    return first
-
-
-class NodeMatrix:
-    """The live nodes' vectors as one (N, D) matrix, for exact search while the graph is small; rows stay packed
-    (a deleted node's row takes the last row's place), so a search reads them without a copy. Not thread-safe:
-    VectorIndex calls it under its lock.
-
-    Args:
-        dim: vector length.
-    """
-
-    def __init__(self, dim: int) -> None:
-        self.vectors = np.zeros((0, dim), dtype=np.float32)  # (capacity, D)
-        self.nodes = np.zeros(0, dtype=np.int64)  # (capacity,)
-        self.count = 0
-        self._row: dict[int, int] = {}
-
-    def add(self, nodes: np.ndarray, vectors: np.ndarray) -> None:
-        """Append (N,) nodes with their (N, D) vectors."""
-        n = len(nodes)
-        if self.count + n > len(self.nodes):
-            cap = max(64, 2 * len(self.nodes), self.count + n)
-            grown = np.zeros((cap, self.vectors.shape[1]), dtype=np.float32)  # (cap, D)
-            grown[:self.count] = self.vectors[:self.count]
-            ids = np.zeros(cap, dtype=np.int64)  # (cap,)
-            ids[:self.count] = self.nodes[:self.count]
-            self.vectors, self.nodes = grown, ids
-        self.vectors[self.count:self.count + n] = vectors
-        self.nodes[self.count:self.count + n] = nodes
-        self._row.update(zip(nodes.tolist(), range(self.count, self.count + n)))
-        self.count += n
-
-    def row(self, node: int) -> int:
-        """The row holding a live node's vector."""
-        return self._row[node]
-
-    def delete(self, node: int) -> None:
-        """Drop a node (its row gets the last row)."""
-        row, last = self._row.pop(node), self.count - 1
-        if row != last:
-            moved = int(self.nodes[last])
-            self.vectors[row], self.nodes[row] = self.vectors[last], moved
-            self._row[moved] = row
-        self.count = last
-
-    def search(self, query: np.ndarray, k: int, allow: Callable[[int], bool] | None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k nodes for a (D,) query among those `allow` passes: (nodes (k',), scores (k',))."""
-        vectors, nodes = self.vectors[:self.count], self.nodes[:self.count]  # (N, D), (N,)
-        if allow is not None:
-            keep = np.fromiter(map(allow, nodes.tolist()), dtype=bool, count=len(nodes))  # (N,)
-            vectors, nodes = vectors[keep], nodes[keep]
-        return exact_search(vectors, nodes, query, k)
-
-
-class _Maps(NamedTuple):
-    """The label/node bookkeeping of an index, as dicts (what every change updates)."""
-
-    node_of: dict[int, int]  # live label -> its node (its keys: the live labels)
-    members: dict[int, dict[int, None]]  # live node -> its live labels (an ordered set)
-    node_key: dict[int, int]  # a live node's vector hash -> the node (vector_keys)
-    key_of: dict[int, int]  # live node -> its vector hash
-
-
-class _Loaded:
-    """A snapshot's bookkeeping as arrays, until a change, a filtered search or a check needs the dicts: building
-    a million dict entries and hashing every node's vector took 1.1 s of the first vector recall after an open
-    at a million facts, which an unfiltered search answers from these arrays."""
-
-    def __init__(self, groups: np.ndarray, nodes: np.ndarray, starts: np.ndarray, by_node: np.ndarray,
-                 rows: np.ndarray, fd: int, name: str, table: tuple[int, int, int], dim: int) -> None:
-        self.groups = groups  # (L, 2) label, node: the live labels ascending
-        self.nodes = nodes  # (n,) the live nodes ascending
-        self.starts = starts  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
-        self.by_node = by_node  # (L,) the labels by node, then label
-        self.rows = rows  # (n,) the element row of each of `nodes` in the file
-        self.name = name
-        self.close_file = weakref.finalize(self, os.close, fd)  # the snapshot, open until its nodes' vectors are
-        self.fd = fd  # hashed (keys()) or this is dropped
-        self.table = table  # (where the element table starts, bytes an element, where its vector starts)
-        self.dim = dim
-        self._keys: np.ndarray | None = None
-        self._lock = threading.Lock()
-
-    def members(self, node: int) -> list[int]:
-        i = int(np.searchsorted(self.nodes, node))
-        return self.by_node[self.starts[i]:self.starts[i + 1]].tolist() if i < len(self.nodes) and \
-            self.nodes[i] == node else []
-
-    def node_of(self, labels: np.ndarray) -> np.ndarray:
-        """(N,) the node of each of `labels` (N,), -1 for a label not live."""
-        if not len(self.groups):
-            return np.full(len(labels), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.groups[:, 0], labels), len(self.groups) - 1)  # (N,)
-        return np.where(self.groups[at, 0] == labels, self.groups[at, 1], -1)
-
-    def keys(self) -> np.ndarray:
-        """(n,) each node's vector hash (vector_keys), read from the snapshot file itself, KEY_CHUNK nodes' rows at a
-        time, into a buffer let go after each chunk; then the file is closed (a newer save may have unlinked it:
-        its space returns then). Reading them back through the map would put the whole file into this process's
-        RSS again, and hnswlib's get_items took 29 us a node (6.8 s at 235,000 nodes)."""
-        with self._lock:
-            if self._keys is not None:
-                return self._keys
-            keys = np.zeros(len(self.nodes), dtype=np.uint64)  # (n,)
-            start, size_per, offset = self.table
-            by_row = np.argsort(self.rows)  # (n,)
-            try:
-                for a in range(0, len(by_row), KEY_CHUNK):
-                    idx = by_row[a:a + KEY_CHUNK]  # (c,)
-                    rows = self.rows[idx]  # (c,) ascending
-                    lo, hi = int(rows[0]), int(rows[-1]) + 1
-                    data = os.pread(self.fd, (hi - lo) * size_per, start + lo * size_per)
-                    if len(data) != (hi - lo) * size_per:
-                        raise OSError(f"index file {self.name} was cut short since it was loaded")
-                    table = np.ndarray((hi - lo, self.dim), dtype="<f4", buffer=data, offset=offset,
-                                       strides=(size_per, 4))  # (hi - lo, D) the chunk's element rows' vectors
-                    keys[idx] = _key_array(table, rows - lo)
-            finally:
-                self.close_file()
-            self._keys = keys
-            return keys
-
-    def maps(self) -> _Maps:
-        """The dicts."""
-        nodes, keys = self.nodes.tolist(), self.keys().tolist()
-        labels, bounds = self.by_node.tolist(), self.starts.tolist()
-        members = {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(nodes, bounds[:-1], bounds[1:])}
-        return _Maps(dict(zip(self.groups[:, 0].tolist(), self.groups[:, 1].tolist())), members,
-                     dict(zip(keys, nodes)), dict(zip(nodes, keys)))
-
-
 class VectorIndex:
     """An hnswlib index over unit float32 vectors with integer labels; thread-safe for all methods.
 
@@ -394,18 +179,17 @@ class VectorIndex:
         self._hnsw.set_ef(self._ef)
         self._hnsw.set_num_threads(1)
         self._elements = 0  # graph nodes ever added, deleted ones included
-        self._maps: _Maps | None = _Maps({}, {}, {}, {})  # None while a loaded snapshot's arrays stand for it
-        self._loaded: _Loaded | None = None
+        self._maps: NodeMaps | None = NodeMaps({}, {}, {}, {})  # None while a loaded snapshot's arrays stand for it
+        self._loaded: LoadedNodes | None = None
         self._maps_lock = threading.Lock()  # one thread builds the dicts from _loaded
         self.unhashed: tuple[Path, str] | None = None  # (file, sha256) of a load that left the hash to file_agrees()
         self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
 
     # ---- state -------------------------------------------------------------------------------------------
-    def _dicts(self) -> _Maps:
+    def _dicts(self) -> NodeMaps:
         """The bookkeeping dicts, built from a loaded snapshot's arrays at first need, by whichever thread needs them
         first, holding the index lock or not (the arrays are never changed, and the dicts replace them in one
-        assignment). Reading hnswlib's vectors here without the index lock is safe: every path that changes the
-        graph (add, mark_deleted) reads these dicts first, so it waits on _maps_lock until the build is done."""
+        assignment)."""
         maps = self._maps
         if maps is not None:
             return maps
@@ -498,9 +282,9 @@ class VectorIndex:
         if loaded is not None:
             loaded.keys()
 
-    def holds(self, labels: Iterable[int]) -> np.ndarray:
-        """(N,) whether each of `labels` is live here."""
-        asked = np.fromiter((int(label) for label in labels), dtype=np.int64)  # (N,)
+    def holds(self, labels: np.ndarray | list[int]) -> np.ndarray:
+        """(N,) whether each of `labels` (N,) is live here."""
+        asked = np.asarray(labels, dtype=np.int64).reshape(-1)  # (N,)
         with self._lock.read():
             loaded = self._loaded if self._maps is None else None
             if loaded is not None:
@@ -871,10 +655,9 @@ class VectorIndex:
                 self._hnsw = hnsw
                 self._elements = info.count
                 self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
-                links0 = 2 * config.M * 4 + 4  # (parse_hnsw_file checked the layout: hnswlib 0.8's, at this M and dim)
-                self._maps, self._loaded = None, _Loaded(groups, nodes[order], np.r_[starts, len(groups)],
-                                                         groups[by_node, 0], alive[order], fd, name,
-                                                         (HEADER.size, links0 + dim * 4 + 8, links0), dim)
+                self._maps, self._loaded = None, LoadedNodes(groups, nodes[order], np.r_[starts, len(groups)],
+                                                             groups[by_node, 0], alive[order], fd, name,
+                                                             element_layout(dim, config.M), dim)
                 if self._matrix is not None:
                     if info.count > config.exact_max:
                         self._matrix = None

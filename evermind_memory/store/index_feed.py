@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_import
 from .backend.base import CatchUpReads, FeedReads, VectorReads
-from .index import NEAR_TOL, VectorIndex
+from .index import VectorIndex
+from .index_nodes import NEAR_TOL
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,7 +73,7 @@ def compare_labels(r: VectorReads, index: VectorIndex, fingerprint: str, dim: in
     holds and the index does not, how many the index holds and SQLite does not, whether any both hold differ by
     more than NEAR_TOL in a component)."""
     got, vectors = r.vectors(fingerprint, dim, labels=labels)  # (n,), (n, D): the readable ones SQLite holds
-    inside = index.holds(got.tolist())  # (n,)
+    inside = index.holds(got)  # (n,)
     differ = bool(inside.any()) and float(np.abs(index.get_vectors(got[inside].tolist())
                                                  - vectors[inside]).max()) > NEAR_TOL
     stored = set(got.tolist())

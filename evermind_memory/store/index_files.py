@@ -54,6 +54,13 @@ def _rows(data: FileBytes, dtype: str, count: int, offset: int, width: int, stri
     return np.ndarray((count, width), dtype=dtype, buffer=data, offset=offset, strides=(stride, item))
 
 
+def element_layout(dim: int, M: int) -> tuple[int, int, int]:
+    """hnswlib 0.8's level-0 element table at `dim` and `M`, as parse_hnsw_file requires it: (where the table
+    starts in the file, bytes an element, where an element's vector starts in it: after its level-0 links)."""
+    links0 = 2 * M * 4 + 4  # a u32 link count (its first u16) and 2M u32 links
+    return HEADER.size, links0 + dim * 4 + 8, links0  # (the vector, then the u64 label)
+
+
 def parse_hnsw_file(data: FileBytes, dim: int, M: int) -> HnswFileInfo:
     """Parse and check an hnswlib 0.8 index file without trusting it.
 
@@ -75,10 +82,10 @@ def parse_hnsw_file(data: FileBytes, dim: int, M: int) -> HnswFileInfo:
         raise IndexRejected(f"index file is {len(data)} bytes, shorter than hnswlib's {HEADER.size}-byte header")
     (off0, max_el, cur, size_per, label_off, off_data, maxlevel, enter, max_m, max_m0, m, mult,
      efc) = HEADER.unpack_from(data, 0)
-    links0 = 2 * M * 4 + 4
+    _, element, links0 = element_layout(dim, M)
     expected = {
         "offsetLevel0": (off0, 0), "M": (m, M), "maxM": (max_m, M), "maxM0": (max_m0, 2 * M),
-        "size_data_per_element": (size_per, links0 + dim * 4 + 8), "offsetData": (off_data, links0),
+        "size_data_per_element": (size_per, element), "offsetData": (off_data, links0),
         "label_offset": (label_off, links0 + dim * 4),
     }
     for field, (got, want) in expected.items():

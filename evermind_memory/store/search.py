@@ -24,7 +24,8 @@ from ..embedder.base import DEFAULT_HYBRID_WEIGHT
 from ..errors import InvalidInput
 from .backend.base import Backend, FactRow, Selection, VectorReads
 from .embedding import embed_query
-from .index import SearchFailed, VectorIndex, exact_search
+from .index import SearchFailed, VectorIndex
+from .index_nodes import exact_search
 from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words, text_terms
 from .records import Explain
 from .selection import select

@@ -593,7 +593,7 @@ class VectorCache:
             with self._db.snapshot() as r:
                 if r.max_seq() != self._gen.watermark:
                     continue  # another process committed since the replay: replay again
-                live = held[index.holds(held.tolist())]  # (retired since the start: gone)
+                live = held[index.holds(held)]  # (retired since the start: gone)
                 wanted = np.union1d(listed, live).tolist()
                 missing, extra, differ = compare_labels(r, index, fingerprint, self.dim, wanted)
             if differ:

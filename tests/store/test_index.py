@@ -12,8 +12,9 @@ import pytest
 
 from evermind_memory.errors import InvalidInput
 from evermind_memory.store.index import (
-    IndexConfig, IndexRejected, VectorIndex, exact_search, groups_name, parse_hnsw_file, read_manifest, search_ef,
+    IndexConfig, IndexRejected, VectorIndex, groups_name, parse_hnsw_file, read_manifest, search_ef,
 )
+from evermind_memory.store.index_nodes import exact_search
 
 DIM = 16
 
@@ -139,15 +140,15 @@ def test_a_loaded_index_answers_from_its_arrays_then_changes_like_the_one_saved(
 def test_a_damaged_file_is_found_by_its_hash_after_a_deferred_load(rng, tmp_path: Path):
     """One low bit of one vector component flipped: the structure stays valid, so a load that defers the hash
     serves the file and file_agrees() finds it (the store then rebuilds); a load that hashes refuses it."""
-    from evermind_memory.store.index_files import HEADER
+    from evermind_memory.store.index_files import element_layout
 
     index = VectorIndex(DIM, IndexConfig(exact_max=0))
     index.add(np.arange(1, 101), unit(rng, 100))
     manifest = index.save(tmp_path, "h.db", {"watermark": 100, "dim": DIM})
     path = tmp_path / manifest["file"]
     data = bytearray(path.read_bytes())
-    links0, size_per = 2 * 16 * 4 + 4, 2 * 16 * 4 + 4 + DIM * 4 + 8  # (M 16: IndexConfig's default)
-    data[HEADER.size + 50 * size_per + links0 + 8] ^= 0x01  # the lowest bit of element 50's third component
+    start, size_per, vector_at = element_layout(DIM, IndexConfig().M)
+    data[start + 50 * size_per + vector_at + 8] ^= 0x01  # the lowest bit of element 50's third component
     path.write_bytes(bytes(data))
     config = IndexConfig(exact_max=0)
     loaded, _ = VectorIndex.load(tmp_path, "h.db", expect={"dim": DIM}, config=config, max_seq=100, defer_hash=True)
