@@ -69,7 +69,7 @@ def close(parts: StoreParts) -> None:
         release(parts.db, parts.holder)
 
 
-def save_postings(parts: StoreParts, *, force: bool = False) -> bool:
+def save_postings(parts: StoreParts) -> bool:
     """Rewrite the lexical postings file beside a large store when it is due (store/postings_file.py), under the
     "postings" lease so two closing processes do not both spend the seconds it takes. Best effort, never raises:
     the file is a cache, and without it a process reads FTS5's vocabulary as before."""
@@ -83,7 +83,7 @@ def save_postings(parts: StoreParts, *, force: bool = False) -> bool:
         return claimed
 
     try:
-        return parts.db.save_postings(force=force, claim=claim)
+        return parts.db.save_postings(claim=claim)
     except Exception:  # noqa: BLE001
         return False
     finally:

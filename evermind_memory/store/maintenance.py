@@ -30,6 +30,7 @@ from .embedding import VectorWorker, embed_serving
 from .generations import Generations
 from .index import SearchFailed
 from .leases import owner_alive
+from . import postings_file
 from .records import CheckReport, DuplicatePair, StoreStats
 from .scope import check_record_scope
 from .search import EXACT_FILTER_MAX
@@ -427,7 +428,7 @@ def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | No
         files_of_index = [*index_path.parent.glob(f"{index_path.name}.*.hnsw"),
                           *index_path.parent.glob(f"{index_path.name}.*.groups"),
                           index_path.parent / f"{index_path.name}.json",
-                          index_path.parent / f"{index_path.name}.postings"]
+                          postings_file.path_for(str(index_path))]
         index_bytes = sum(p.stat().st_size for p in files_of_index if p.is_file())
     return StoreStats(facts=facts, expired=sizes["expired"], pinned=sizes["pinned"], changes=sizes["changes"],
                       forgotten=sizes["forgotten"], db_bytes=files["db"] or sizes["page_bytes"], wal_bytes=files["wal"],

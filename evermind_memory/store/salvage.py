@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from .._atomic import fsync_dir
 from ..errors import StoreCorrupt, StoreLocked
+from . import postings_file
 from .records import CheckReport, RepairReport
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def salvage(real: str, embedder: Embedder | None) -> tuple[RepairCounts, Path]:
             for suffix in ("-wal", "-shm"):  # a stale WAL beside the new file would be replayed into it
                 if os.path.exists(real + suffix):
                     os.replace(real + suffix, aside / (p.name + suffix + ".old"))
-            for side in [p.with_name(p.name + ".json"), p.with_name(p.name + ".postings"),
+            for side in [p.with_name(p.name + ".json"), postings_file.path_for(str(p)),
                          *p.parent.glob(p.name + ".*.hnsw")]:
                 if side.is_file():
                     os.replace(side, aside / side.name)

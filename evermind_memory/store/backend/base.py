@@ -520,7 +520,7 @@ class Backend(Protocol):
     def file_bytes(self) -> dict:
         """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
 
-    def save_postings(self, *, force: bool = False, claim: Callable[[], bool] = lambda: True) -> bool:
+    def save_postings(self, *, claim: Callable[[], bool] = lambda: True) -> bool:
         """Rewrite the lexical postings saved beside the database when due (store/postings_file.py), asking
         `claim()` (a lease) first; True when written. A backend that ranks lexical recall another way returns
         False. Raises OSError and the engine's errors."""

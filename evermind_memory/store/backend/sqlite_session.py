@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from ..._lazy import lazy_import
@@ -97,6 +98,7 @@ class SQLiteSession(Session):
         self._file_refused: tuple | None = None  # the key of a postings file refused, not opened again
         self._file_delta: tuple | None = None  # ((file key, seq), (rids, by_term, lengths)): the facts changed since
         self._file_forgot: tuple | None = None  # ((file key, seq), whether a fact was forgotten since the file)
+        self._file_path: Path | None = None  # where this connection's database keeps its postings file
 
     # ---- running statements (Session's primitives) ---------------------------------------------------------
     def _all(self, sql: str, params: Sequence = (), *, binary: bool = False) -> list:
@@ -205,10 +207,12 @@ class SQLiteSession(Session):
     def _postings_file(self) -> postings_file.PostingsFile | None:
         """The store's postings file, opened and checked once per version of it (None: none, or refused: another
         store's, another history's, or unreadable)."""
-        name = next((row[2] for row in self.conn.execute("PRAGMA database_list") if row[1] == "main"), "")
-        if not name:
-            return None
-        path = postings_file.path_for(name)
+        if self._file_path is None:  # (asked once: a connection's database file does not change)
+            name = next((row[2] for row in self.conn.execute("PRAGMA database_list") if row[1] == "main"), "")
+            if not name:
+                return None
+            self._file_path = postings_file.path_for(name)
+        path = self._file_path
         try:
             key = postings_file.file_key(os.stat(path))
         except OSError:
