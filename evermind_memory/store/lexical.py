@@ -251,10 +251,15 @@ def postings_from_instances(docs: Sequence[int], sizes: Sequence[bytes]) -> Term
     if not len(doc):
         empty = np.zeros(0, dtype=np.int32)  # (0,)
         return TermPostings(np.zeros(0, dtype=np.int64), empty, empty)
-    first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])  # (P,) the first instance of each fact
-    tf = np.diff(np.r_[first, len(doc)]).astype(np.int32)  # (P,)
-    lengths = varint_array(sizes)[first].astype(np.int32)  # (P,)
-    return TermPostings(doc[first], tf, lengths)
+    first, tf = instance_runs(doc)  # (P,), (P,)
+    return TermPostings(doc[first], tf, varint_array(sizes)[first].astype(np.int32))
+
+
+def instance_runs(doc: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """For a term's instance rows' docs (I,), in doc order: (the first instance of each fact (P,), how many
+    instances each fact has: its term frequency (P,))."""
+    first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])  # (P,)
+    return first, np.diff(np.r_[first, len(doc)]).astype(np.int32)
 
 
 def text_postings(texts: Sequence[str]) -> tuple[dict[str, tuple[numpy.ndarray, numpy.ndarray]], numpy.ndarray]:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .._atomic import write_atomic
 from .._lazy import lazy_import
-from .lexical import TermPostings, table_totals, varint_array
+from .lexical import TermPostings, instance_runs, varint_array
 
 if TYPE_CHECKING:
     import numpy as np
@@ -192,10 +192,8 @@ def build(conn: sqlite3.Connection, min_postings: int | None = None) -> bytes:
     try:
         seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
         row = conn.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
-        averages = conn.execute("SELECT block FROM facts_fts_data WHERE id = 1").fetchone()
-        rows, tokens = table_totals(averages[0]) if averages is not None and averages[0] else (0, 0)
         header: dict = {"format": FORMAT, "store_id": "" if row is None else str(row[0]), "seq": seq,
-                        "anchor": anchor(conn, seq), "rows": rows, "tokens": tokens}
+                        "anchor": anchor(conn, seq)}
         conn.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.postings_vocab USING fts5vocab(main, facts_fts, row)")
         conn.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.postings_instances USING fts5vocab(main, facts_fts, "
                      "instance)")
@@ -211,12 +209,12 @@ def build(conn: sqlite3.Connection, min_postings: int | None = None) -> bytes:
         for (term,) in frequent:
             docs = np.fromiter((d for (d,) in conn.execute(
                 "SELECT doc FROM temp.postings_instances WHERE term = ?", (term,))), dtype=np.int64)  # (I,)
-            first = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])  # (P,)
+            first, tf = instance_runs(docs)  # (P,), (P,)
             rids = docs[first]  # (P,)
             at = np.minimum(np.searchsorted(doc_ids, rids), len(doc_ids) - 1)  # (P,)
             if len(rids) and (doc_ids[at] != rids).any():
                 raise sqlite3.DatabaseError("facts_fts_docsize lacks a fact that facts_fts holds")
-            p = TermPostings(rids, np.diff(np.r_[first, len(docs)]).astype(np.int32), doc_lengths[at].astype(np.int32))
+            p = TermPostings(rids, tf, doc_lengths[at].astype(np.int32))
             block = encode(p)
             entries[term] = [offset, len(block), len(rids), zlib.crc32(block)]
             blocks.append(block)
