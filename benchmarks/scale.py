@@ -172,14 +172,17 @@ def first_write(db: str) -> dict:
     return {"first_remember_s": took}
 
 
+def in_fresh_process(flag: str, db: Path) -> dict:
+    """This file run with `flag` on `db` in a fresh interpreter: the JSON it prints last."""
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), flag, str(db)], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def cold_opens(db: Path, n: int) -> dict:
     """`n` fresh processes one after another, each opening the store and recalling once: the first vector recall's
     median, min and max (one run of it varies by half on a shared machine)."""
-    times = []
-    for _ in range(n):
-        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--cold", str(db)], capture_output=True,
-                             text=True, check=True).stdout
-        times.append(json.loads(out.strip().splitlines()[-1])["first_vector_s"])
+    times = [in_fresh_process("--cold", db)["first_vector_s"] for _ in range(n)]
     return {"cold_first_vector_median_s": float(np.median(times)), "cold_first_vector_min_s": min(times),
             "cold_first_vector_max_s": max(times), "cold_opens": n}
 
@@ -250,9 +253,7 @@ def main() -> None:
             if args.cold_opens:
                 row.update(cold_opens(db, args.cold_opens))
             if args.first_write:
-                out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--write", str(db)],
-                                     capture_output=True, text=True, check=True).stdout
-                row.update(json.loads(out.strip().splitlines()[-1]))
+                row.update(in_fresh_process("--write", db))
             row["file_bytes"] = store_bytes(db)
             row["bytes_per_fact"] = row["file_bytes"] / n
             rows.append(row)
