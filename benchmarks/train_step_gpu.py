@@ -11,6 +11,10 @@ Variants (each from the same initial weights):
     bf16           bf16 autocast, experts as two products over all experts side by side (mirror._moe_grouped)
     bf16+buckets   the same, each group embedded as 3 length buckets
     new            bf16 + buckets + torch.compile (dynamic shapes): the recipe's default step
+    new+fused      the same with the fused AdamW kernel
+    static         bf16 + buckets + torch.compile per shape + fused AdamW
+    graphs         the same, each shape's forward and backward and the loss replayed as CUDA graphs (mode
+                   "reduce-overhead"): `--compile graphs`
 
 Two length profiles: "fixed" (queries 32 tokens, docs and passages 128, as the issue measured) and "mixed"
 (lengths drawn from the training corpus's shape: queries 4-32, docs and passages 16-128 tokens, uniform). Timing:
@@ -46,6 +50,9 @@ VARIANTS = {
     "bf16": {"precision": "bf16", "compile": "off", "buckets": 1, "moe": "grouped"},
     "bf16+buckets": {"precision": "bf16", "compile": "off", "buckets": 3, "moe": "grouped"},
     "new": {"precision": "bf16", "compile": "dynamic", "buckets": 3, "moe": "grouped"},
+    "new+fused": {"precision": "bf16", "compile": "dynamic", "buckets": 3, "moe": "grouped", "fused": True},
+    "static": {"precision": "bf16", "compile": "static", "buckets": 3, "moe": "grouped", "fused": True},
+    "graphs": {"precision": "bf16", "compile": "graphs", "buckets": 3, "moe": "grouped", "fused": True},
 }
 
 
@@ -68,9 +75,10 @@ def time_variant(name: str, spec: dict, cfg: LMConfig, init: dict, data, args, d
     model = MirrorLM(cfg.to_dict(), param_shapes(cfg), init).to(dev).train()
     head = torch.nn.Linear(cfg.d_model, 384, bias=False).to(dev)
     params = list(model.parameters()) + list(head.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01)
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, fused=spec.get("fused", False))
     teach = F.normalize(torch.randn(len(lengths), 384, device=dev), dim=-1)
-    step_args = SimpleNamespace(precision=spec["precision"], compile=spec["compile"], buckets=spec["buckets"],
+    buckets = args.buckets if args.buckets and spec["buckets"] > 1 else spec["buckets"]
+    step_args = SimpleNamespace(precision=spec["precision"], compile=spec["compile"], buckets=buckets,
                                 tau=0.05, kd_weight=4.0, kd_tau=None, distill_weight=4.0, simmat_weight=1.0)
     embed = Embed(model, torch.as_tensor(mat, device=dev), torch.as_tensor(lengths, device=dev), lengths, step_args,
                   dev)
@@ -87,7 +95,9 @@ def time_variant(name: str, spec: dict, cfg: LMConfig, init: dict, data, args, d
         return float(loss.detach()), int(lengths[q].sum() + lengths[d].sum() + lengths[p].sum())
 
     t0 = time.perf_counter()
-    for _ in range(args.warmup):
+    step1_loss, _ = one()  # the same first batch and weights in every variant: the same loss up to rounding
+    first_loss = step1_loss
+    for _ in range(args.warmup - 1):
         first_loss, _ = one()
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
@@ -98,7 +108,19 @@ def time_variant(name: str, spec: dict, cfg: LMConfig, init: dict, data, args, d
         tokens += n
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    if args.profile == name:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                one()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        gpu_us = sum(e.self_device_time_total for e in events) / 5
+        print(f"  profile of {name}: GPU busy {gpu_us / 1000:.1f} ms a step (wall {1000 * dt / args.steps:.1f})")
+        print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
     res = {"ms_per_step": 1000 * dt / args.steps, "tokens_per_s": tokens / dt, "warmup_s": warm_s,
+           "loss_step1": step1_loss,
            "loss_after_warmup": first_loss, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     torch.cuda.reset_peak_memory_stats()
     return res
@@ -113,6 +135,8 @@ def main() -> dict:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--buckets", type=int, default=0, help="length buckets of the bucketed variants (0: 3)")
+    ap.add_argument("--profile", default="", help="also profile 5 steps of this variant (top kernels)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     cfg = LMConfig(vocab_size=16384, d_model=256, n_layers=4, conv_kernel=4, hidden_dim=256, n_experts=4, top_k=2,
@@ -121,14 +145,15 @@ def main() -> dict:
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
            "steps": args.steps, "results": {}}
     print(f"{out['device']}, torch {out['torch']}, batch {args.batch} x (query + doc + passage), {args.steps} steps")
-    print(f"  {'profile':<8}{'variant':<14}{'ms/step':>9}{'tokens/s':>12}{'warm-up s':>11}{'peak GiB':>10}")
+    print(f"  {'profile':<8}{'variant':<14}{'ms/step':>9}{'tokens/s':>12}{'warm-up s':>11}{'peak GiB':>10}"
+          f"{'loss 1':>9}{'loss w':>9}")
     for profile in args.profiles.split(","):
         data = make_data(np.random.default_rng(args.seed), 20000, cfg.vocab_size, profile)
         for name in args.variants.split(","):
             r = time_variant(name, VARIANTS[name], cfg, init, data, args, dev)
             out["results"][f"{profile}/{name}"] = r
             print(f"  {profile:<8}{name:<14}{r['ms_per_step']:>9.1f}{r['tokens_per_s']:>12,.0f}{r['warmup_s']:>11.1f}"
-                  f"{r['peak_gib']:>10.2f}", flush=True)
+                  f"{r['peak_gib']:>10.2f}{r['loss_step1']:>9.4f}{r['loss_after_warmup']:>9.4f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return out
