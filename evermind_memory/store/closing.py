@@ -69,10 +69,11 @@ def close(parts: StoreParts) -> None:
         release(parts.db, parts.holder)
 
 
-def save_postings(parts: StoreParts) -> bool:
-    """Rewrite the lexical postings file beside a large store when it is due (store/postings_file.py), under the
-    "postings" lease so two closing processes do not both spend the seconds it takes. Best effort, never raises:
-    the file is a cache, and without it a process reads FTS5's vocabulary as before."""
+def save_postings(parts: StoreParts, *, force: bool = False) -> bool:
+    """Rewrite the lexical postings file beside a large store when it is due (store/postings_file.py), or with
+    `force` whatever its age (compact(): pruned history leaves an older file unpatchable), under the "postings"
+    lease so two processes do not both spend the seconds it takes. Best effort, never raises: the file is a cache,
+    and without it a process reads FTS5's vocabulary as before."""
     from .postings_file import LEASE
 
     claimed = False
@@ -83,7 +84,7 @@ def save_postings(parts: StoreParts) -> bool:
         return claimed
 
     try:
-        return parts.db.save_postings(claim=claim)
+        return parts.db.save_postings(claim=claim, force=force)
     except Exception:  # noqa: BLE001
         return False
     finally:

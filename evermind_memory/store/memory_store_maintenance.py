@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EvermindError, InvalidInput, StoreCorrupt, StoreLocked
-from . import maintenance
+from . import closing, maintenance
 from .generations import REEMBED_BATCH
 from .parts import StoreParts, connect
 from .records import CheckReport, DuplicatePair, RepairReport, StoreStats
@@ -250,8 +250,10 @@ class MaintenanceMethods:
 
     def compact(self, *, keep_history: DurationArg = maintenance.KEEP_HISTORY, vacuum: bool = True) -> StoreStats:
         """Keep the disk bounded: sweep expired facts, delete the history of facts forgotten more than
-        `keep_history` ago, merge the full-text index, VACUUM the file and rebuild the vector index without its
-        deleted elements.
+        `keep_history` ago, merge the full-text index, VACUUM the file, rebuild the vector index without its
+        deleted elements and, for a store large enough for one, write the lexical postings file afresh (a file
+        older than pruned history can no longer be brought up to date; a long-lived process gets a fresh one
+        without closing).
 
         History of live facts is never pruned; nor is the newest change (the change feed's head). A reader in
         another process whose index predates the pruned changes rebuilds it when it next catches up. VACUUM
@@ -280,6 +282,7 @@ class MaintenanceMethods:
         index = self._parts.vectors.current.index
         if index.retired_count:
             self._parts.vectors.rebuild("compact() was called")
+        closing.save_postings(self._parts, force=True)
         return self.stats()
 
     def stats(self) -> StoreStats:

@@ -163,6 +163,35 @@ def test_close_writes_the_file_for_a_large_store_only(db_path, embedder, monkeyp
     assert not path.exists()  # the store is small again for the rule: its file goes
 
 
+def test_compact_writes_the_file_afresh_without_closing(db_path, embedder, monkeypatch):
+    from evermind_memory.store import postings_file as pf
+
+    monkeypatch.setattr(pf, "MIN_FACTS", 50)
+    monkeypatch.setattr(pf, "MIN_POSTINGS", 10)
+    monkeypatch.setattr(pf, "REFRESH_AFTER", 10_000)  # never due by age here: what writes it is compact()
+    path = postings_file.path_for(str(db_path))
+    texts = corpus(120, seed=21)
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many(texts)
+        assert not path.exists()
+        store.compact(keep_history=0)
+        first = postings_file.PostingsFile.open(path)  # the store is still open
+        assert "tea" in first.terms
+        store.forget(ids[0])
+        store.forget(ids[1])
+        more = corpus(5, seed=22)
+        store.remember_many(more)
+        texts = texts[2:] + more
+        store.compact(keep_history=0)  # the forgets' history goes: the first file could not be patched past it
+        assert postings_file.PostingsFile.open(path).seq > first.seq
+        with MemoryStore(db_path, embedder) as fresh:
+            recalls_exactly(fresh, texts)
+    monkeypatch.setattr(pf, "MIN_FACTS", 10_000)
+    with MemoryStore(db_path, embedder) as store:
+        store.compact()
+    assert not path.exists()  # too small for one now
+
+
 def test_scoped_and_filtered_recall_rank_from_the_file_with_their_own_statistics(db_path, embedder):
     a, b = corpus(150, seed=22), corpus(120, seed=23)
     with MemoryStore(db_path, embedder) as store:

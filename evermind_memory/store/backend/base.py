@@ -520,10 +520,10 @@ class Backend(Protocol):
     def file_bytes(self) -> dict:
         """{"db": bytes, "wal": bytes} of the database files (0 for ":memory:")."""
 
-    def save_postings(self, *, claim: Callable[[], bool] = lambda: True) -> bool:
-        """Rewrite the lexical postings saved beside the database when due (store/postings_file.py), asking
-        `claim()` (a lease) first; True when written. A backend that ranks lexical recall another way returns
-        False. Raises OSError and the engine's errors."""
+    def save_postings(self, *, claim: Callable[[], bool] = lambda: True, force: bool = False) -> bool:
+        """Rewrite the lexical postings saved beside the database when due (store/postings_file.py), or with
+        `force` whenever the store is large enough for one, asking `claim()` (a lease) first; True when written.
+        A backend that ranks lexical recall another way returns False. Raises OSError and the engine's errors."""
 
     def follow(self, callback: Callable[[int], None]) -> None:
         """Call `callback(head)` from a thread of the backend's whenever another process may have committed (a

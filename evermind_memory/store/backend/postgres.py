@@ -359,7 +359,7 @@ class PostgresBackend:
             for table in ("facts", "fact_tags", "changes", "feedback", "fts_terms", GEN_TABLE):
                 s.conn.execute(f"VACUUM (ANALYZE) {table}")  # (our own table names)
 
-    def save_postings(self, *, claim: Callable[[], bool] = lambda: True) -> bool:
+    def save_postings(self, *, claim: Callable[[], bool] = lambda: True, force: bool = False) -> bool:
         """False: PostgreSQL ranks lexical recall with its own full-text index (nothing is saved beside it)."""
         return False
 

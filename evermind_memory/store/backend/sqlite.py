@@ -453,16 +453,18 @@ class SQLiteBackend:
         return {kind: (Path(self.path + suffix).stat().st_size if Path(self.path + suffix).exists() else 0)
                 for kind, suffix in (("db", ""), ("wal", "-wal"))}
 
-    def save_postings(self, *, claim: Callable[[], bool] = lambda: True) -> bool:
-        """Rewrite `<db>.postings` (store/postings_file.py) when it is due; `claim()` is asked
-        only then (a lease), and a False answer skips the write. True when written."""
+    def save_postings(self, *, claim: Callable[[], bool] = lambda: True, force: bool = False) -> bool:
+        """Rewrite `<db>.postings` (store/postings_file.py) when it is due, or with `force` whenever the store
+        has MIN_FACTS facts; `claim()` is asked only then (a lease), and a False answer skips the write. True
+        when written."""
         if self.memory or self.read_only:
             return False
         from .. import postings_file
 
         with self.reading() as session:
             facts, seq, store_id = session.count(), session.max_seq(), session.meta("store_id") or ""
-        if not postings_file.due(self.path, facts=facts, seq=seq, store_id=store_id) or not claim():
+        due = postings_file.due(self.path, facts=facts, seq=seq, store_id=store_id)
+        if not (due or (force and facts >= postings_file.MIN_FACTS)) or not claim():
             return False
         postings_file.refresh(self.path)
         return True
