@@ -5,7 +5,6 @@ A dev-time tool that needs torch (not a dependency of the package): skipped wher
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -17,11 +16,10 @@ torch = pytest.importorskip("torch", reason="recipe/train_embedder.py needs torc
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipe"))
-_spec = importlib.util.spec_from_file_location("train_embedder", ROOT / "recipe" / "train_embedder.py")
-te = importlib.util.module_from_spec(_spec)
-sys.modules["train_embedder"] = te  # its dataclasses look their module up
-_spec.loader.exec_module(te)
 
+# a plain import: the module test_train_embedder_lexicon.py registers, if it ran first (a second copy of the module
+# would break the pickling of its functions there)
+import train_embedder as te  # noqa: E402
 from mirror import MirrorLM, top_k_first  # noqa: E402
 
 from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes  # noqa: E402
