@@ -431,10 +431,9 @@ def main() -> None:
         try:
             loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args, dev)
         except Exception as exc:  # a compiler failure shows at the first steps: train on, uncompiled
-            if embed.pooled is model.pooled:
+            if not embed.uncompile():
                 raise
             print(f"torch.compile failed ({type(exc).__name__}: {str(exc)[:300]}); continuing uncompiled", flush=True)
-            embed.pooled = model.pooled
             loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args, dev)
         l_con, l_dis, l_sim, l_kd = parts
         opt.zero_grad(set_to_none=True)
@@ -591,21 +590,26 @@ class Embed:
                  args, dev: torch.device, join: LexiconJoin | None = None) -> None:
         self.cuda = dev.type == "cuda"
         self.amp = args.precision == "bf16" and self.cuda
+        self.model, self.pooled, self.loss_tail = model, model.pooled, loss_tail
         if args.compile != "off" and self.cuda:
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = 64  # static: one graph per (rows, padded length) of the buckets
-            if args.compile == "graphs":  # static shapes, each replayed as a CUDA graph (no launch overhead)
-                self.pooled = torch.compile(model.pooled, dynamic=False, mode="reduce-overhead")
-            else:
-                self.pooled = torch.compile(model.pooled, dynamic=args.compile == "dynamic")
-        else:
-            self.pooled = model.pooled
-        # the loss over the step's vectors has the same shapes at every step: with "graphs" it is one CUDA graph too
-        self.loss_tail = (torch.compile(loss_tail, dynamic=False, mode="reduce-overhead")
-                          if args.compile == "graphs" and self.cuda else loss_tail)
+            # graphs: static shapes, each replayed as a CUDA graph (no launch overhead), and the loss over the step's
+            # vectors, whose shapes are the same at every step, one graph too
+            mode = "reduce-overhead" if args.compile == "graphs" else None
+            self.pooled = torch.compile(model.pooled, dynamic=args.compile == "dynamic", mode=mode)
+            if args.compile == "graphs":
+                self.loss_tail = torch.compile(loss_tail, dynamic=False, mode=mode)
         self.tok_mat_t, self.tok_len_t, self.tok_len = tok_mat_t, tok_len_t, tok_len
         self.buckets, self.dev, self.join = args.buckets, dev, join
+
+    def uncompile(self) -> bool:
+        """Go back to the eager forward and loss (a compiler failure); False when they were eager already."""
+        if self.pooled is self.model.pooled and self.loss_tail is loss_tail:
+            return False
+        self.pooled, self.loss_tail = self.model.pooled, loss_tail
+        return True
 
     def __call__(self, ids: np.ndarray) -> torch.Tensor:
         """(B, C) unit vectors of the texts `ids` (host array of text ids); (B, C + D) joined with a lexicon."""
