@@ -174,15 +174,21 @@ def text_targets(teacher, texts: list[str], teacher_name: str | None, cache: Pat
     return targets
 
 
+def quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 table (N, D) and float32 scales (N,) of float rows (N, D): each row over max |x| / 127."""
+    scale = np.abs(rows).max(axis=1) / 127.0  # (N,)
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    table = np.clip(np.round(rows / scale[:, None]), -127, 127).astype(np.int8)  # (N, D)
+    return table, scale
+
+
 def build(words: list[str], vectors: np.ndarray, counts: np.ndarray, total: int, dims: int, sif: float,
           ) -> Lexicon:
     """The lexicon of `words` from their teacher vectors (V, T): centred, PCA to dims, int8 rows, SIF weights."""
     x = vectors.astype(np.float64) - vectors.mean(axis=0)  # (V, T)
     _, _, vt = np.linalg.svd(x, full_matrices=False)  # vt: (T, T) principal axes
     proj = (x @ vt[:dims].T).astype(np.float32)  # (V, dims)
-    scale = np.abs(proj).max(axis=1) / 127.0  # (V,)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    table = np.clip(np.round(proj / scale[:, None]), -127, 127).astype(np.int8)  # (V, dims)
+    table, scale = quantise(proj)
     weight = (sif / (sif + counts / total)).astype(np.float32)  # (V,)
     return Lexicon(words, table, scale, weight)
 

@@ -16,7 +16,7 @@ are missing, and a text of them has no lexicon vector beyond its function words.
 2. Each new word's vector: the teacher's vector of the word alone, mapped into the table's space by the affine
    map that best takes the teacher's vectors of the table's own words to their rows (least squares over every
    row, so the map carries the table's projection and the average effect of its tuning on text).
-3. Each new row is int8 with its own scale, as build_lexicon.build stores them; its weight is sif / (sif + p) with
+3. Each new row is int8 with its own scale (build_lexicon.quantise); its weight is sif / (sif + p) with
    p the word's wordfreq frequency times the median ratio of corpus to wordfreq frequency over the table's words
    (their corpus frequency is recovered from their weights).
 
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "recipe"))
 
-from build_lexicon import MAX_WORD_CHARS, load_teacher  # noqa: E402
+from build_lexicon import MAX_WORD_CHARS, load_teacher, quantise  # noqa: E402
 
 from evermind_memory.lm.lexicon import TABLE_WORD, Lexicon  # noqa: E402
 
@@ -65,14 +65,6 @@ def affine_map(source: np.ndarray, target: np.ndarray) -> np.ndarray:
     x = np.concatenate([source.astype(np.float64), np.ones((len(source), 1))], axis=1)  # (V, S + 1)
     a, *_ = np.linalg.lstsq(x, target.astype(np.float64), rcond=None)
     return a
-
-
-def quantise(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 table and float32 scales of (N, D) rows, max |x| / 127 per row (as build_lexicon.build)."""
-    scale = np.abs(rows).max(axis=1) / 127.0  # (N,)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    table = np.clip(np.round(rows / scale[:, None]), -127, 127).astype(np.int8)  # (N, D)
-    return table, scale
 
 
 def extend(lexicon: Lexicon, new: list[tuple[str, float]], teacher, sif: float = 1e-3) -> Lexicon:
