@@ -235,15 +235,17 @@ def saved_seq(path: Path, store_id: str) -> int | None:
     return f.seq if f.store_id == store_id else None
 
 
-def due(db_path: str, *, facts: int, seq: int, store_id: str) -> bool:
+def due(db_path: str, *, facts: int, seq: int, store_id: str, force: bool = False) -> bool:
     """Whether the file of the store at `db_path` (its facts, change seq and store_id as the caller read them)
-    should be written: at least MIN_FACTS facts, and no file of this store, or one REFRESH_AFTER
+    should be written: at least MIN_FACTS facts, and `force`, no file of this store, or one REFRESH_AFTER
     changes behind. A store too small for one loses a file left from when it was larger."""
     path = path_for(db_path)
     if facts < MIN_FACTS:
         if path.exists():
             path.unlink(missing_ok=True)
         return False
+    if force:
+        return True
     old = saved_seq(path, store_id)
     return old is None or not 0 <= seq - old < REFRESH_AFTER
 

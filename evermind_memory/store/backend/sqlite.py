@@ -463,8 +463,7 @@ class SQLiteBackend:
 
         with self.reading() as session:
             facts, seq, store_id = session.count(), session.max_seq(), session.meta("store_id") or ""
-        due = postings_file.due(self.path, facts=facts, seq=seq, store_id=store_id)
-        if not (due or (force and facts >= postings_file.MIN_FACTS)) or not claim():
+        if not postings_file.due(self.path, facts=facts, seq=seq, store_id=store_id, force=force) or not claim():
             return False
         postings_file.refresh(self.path)
         return True
