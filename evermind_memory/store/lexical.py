@@ -226,14 +226,16 @@ def bm25_scores(tf: dict[int, list[int]], lengths: dict[int, int], df: list[int]
     """BM25 (FTS5's formula, higher is better) of each fact in `tf` over the words at positions `keep`, with the
     statistics of a selection of `n` facts holding `total_tokens` tokens."""
     avg = max(1.0, total_tokens / max(1, n))
-    weights = [(i, idf(df[i], n)) for i in keep]
-    out = {}
-    for rid, freqs in tf.items():
-        norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths.get(rid, 1) / avg)
-        score = sum(w * freqs[i] * (BM25_K1 + 1) / (freqs[i] + norm) for i, w in weights if freqs[i])
-        if score > 0:
-            out[rid] = score
-    return out
+    rids = np.fromiter(tf, dtype=np.int64, count=len(tf))  # (R,)
+    if not len(rids):
+        return {}
+    freqs = np.array(list(tf.values()), dtype=np.int32).reshape(len(rids), -1)  # (R, Q)
+    sizes = np.fromiter((lengths.get(rid, 1) for rid in tf), dtype=np.int32, count=len(rids))  # (R,)
+    total = np.zeros(len(rids), dtype=np.float64)  # (R,) each term's part added in query order, as FTS5 sums
+    for i in keep:  # query words, not facts
+        hit = np.flatnonzero(freqs[:, i])  # (H,)
+        total[hit] += _contributions(TermPostings(rids[hit], freqs[hit, i], sizes[hit]), idf(df[i], n), avg)
+    return {rid: score for rid, score in zip(rids.tolist(), total.tolist()) if score > 0}
 
 
 class TermPostings(NamedTuple):
