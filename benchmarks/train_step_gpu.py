@@ -85,20 +85,22 @@ def time_variant(name: str, spec: dict, cfg: LMConfig, init: dict, data, args, d
     rng = np.random.default_rng(args.seed)
     B = args.batch
 
-    def one() -> tuple[float, int]:
+    def one() -> tuple[torch.Tensor, int]:
+        """One training step; its loss stays on the device (reading it would wait for the step, as the recipe's
+        loop does only every 100 steps)."""
         q, d, p = rng.choice(short, B), rng.choice(long, B), rng.choice(long, B)
         loss, _ = step_loss(embed, head, teach, q, d, p, None, step_args, dev)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        return float(loss.detach()), int(lengths[q].sum() + lengths[d].sum() + lengths[p].sum())
+        return loss.detach().clone(), int(lengths[q].sum() + lengths[d].sum() + lengths[p].sum())
 
     t0 = time.perf_counter()
-    step1_loss, _ = one()  # the same first batch and weights in every variant: the same loss up to rounding
+    step1_loss = float(one()[0])  # the same first batch and weights in every variant: the same loss up to rounding
     first_loss = step1_loss
     for _ in range(args.warmup - 1):
-        first_loss, _ = one()
+        first_loss = float(one()[0])
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     tokens = 0

@@ -164,23 +164,40 @@ def bucket_plan(lengths: np.ndarray, buckets: int, multiple: int = 16) -> list[t
     return out
 
 
-def embed_bucketed(pooled_fn, tok_mat: torch.Tensor, tok_len: torch.Tensor, ids: torch.Tensor, lengths: np.ndarray,
-                   buckets: int) -> torch.Tensor:
-    """Unnormalised pooled vectors (B, C) of texts `ids` (rows of tok_mat / tok_len), in the order given.
+def to_device(arrays: list[np.ndarray], dev: torch.device) -> list[torch.Tensor]:
+    """Host integer arrays on the device as int64, in one pinned, non-blocking copy. A plain copy from pageable host
+    memory waits until the device has finished everything queued before it, so a step that copied its ids that way
+    could not queue its launches while the device ran the previous step's kernels."""
+    sizes = [len(a) for a in arrays]
+    host = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for a in arrays]))
+    if dev.type == "cuda":
+        host = host.pin_memory()  # the caching host allocator keeps the block until the copy has completed
+    return list(torch.split(host.to(dev, non_blocking=True), sizes))
+
+
+def embed_bucketed(pooled_fn, tok_mat: torch.Tensor, tok_len: torch.Tensor, ids: np.ndarray, lengths: np.ndarray,
+                   buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalised pooled vectors (B, C) of texts `ids` (host array of rows of tok_mat / tok_len), in the order given,
+    and `ids` on the device.
 
     `lengths` (B,) are the same rows' token counts on the host (to plan without a device sync); `pooled_fn` is
     MirrorLM.pooled or a compiled copy of it. With buckets <= 1, one batch padded to the longest row (the old step).
+    The ids, their bucket order and its inverse reach the device in one copy that does not wait for the device.
     """
+    ids = np.asarray(ids, dtype=np.int64)
     if buckets <= 1:
+        (ids_t,) = to_device([ids], tok_mat.device)
         T = int(lengths.max())
-        return pooled_fn(tok_mat[ids, :T], tok_len[ids])
-    parts, outs = [], []
-    for pos, T in bucket_plan(lengths, buckets):
-        sel = ids[torch.as_tensor(pos, device=ids.device)]
+        return pooled_fn(tok_mat[ids_t, :T], tok_len[ids_t]), ids_t
+    plan = bucket_plan(lengths, buckets)
+    order = np.concatenate([pos for pos, _ in plan])
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.arange(len(order))
+    ids_t, sorted_t, inverse_t = to_device([ids, ids[order], inverse], tok_mat.device)
+    outs, start = [], 0
+    for pos, T in plan:
+        sel = sorted_t[start:start + len(pos)]
+        start += len(pos)
         T = min(T, tok_mat.shape[1])
         outs.append(pooled_fn(tok_mat[sel, :T], tok_len[sel]))
-        parts.append(pos)
-    out = torch.cat(outs)
-    inverse = np.empty(len(lengths), dtype=np.int64)
-    inverse[np.concatenate(parts)] = np.arange(len(lengths))
-    return out[torch.as_tensor(inverse, device=out.device)]
+    return torch.cat(outs)[inverse_t], ids_t

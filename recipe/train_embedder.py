@@ -347,15 +347,15 @@ def main() -> None:
 
     embed = Embed(model, tok_mat_t, tok_len_t, tok_len, args, dev, join)
 
-    def embed_ids(ids: torch.Tensor) -> torch.Tensor:  # float32 (eval, head fit: uncompiled); unit with a lexicon
-        v = embed_bucketed(model.pooled, tok_mat_t, tok_len_t, ids, tok_len[ids.cpu().numpy()], args.buckets)
-        return join(F.normalize(v, dim=-1), ids) if join.dims else v
+    def embed_ids(ids: np.ndarray) -> torch.Tensor:  # float32 (eval, head fit: uncompiled); unit with a lexicon
+        v, ids_t = embed_bucketed(model.pooled, tok_mat_t, tok_len_t, ids, tok_len[ids], args.buckets)
+        return join(F.normalize(v, dim=-1), ids_t) if join.dims else v
 
     @torch.no_grad()
     def embed_np(ids: np.ndarray) -> np.ndarray:
         out_v = []
         for i in range(0, len(ids), 2048):
-            out_v.append(F.normalize(embed_ids(torch.tensor(ids[i: i + 2048], device=dev)), dim=-1).cpu().numpy())
+            out_v.append(F.normalize(embed_ids(ids[i: i + 2048]), dim=-1).cpu().numpy())
         return np.concatenate(out_v)
 
     def teacher_np(ids: np.ndarray) -> np.ndarray:
@@ -613,11 +613,15 @@ class Embed:
 
     def __call__(self, ids: np.ndarray) -> torch.Tensor:
         """(B, C) unit vectors of the texts `ids` (host array of text ids); (B, C + D) joined with a lexicon."""
-        ids_t = torch.as_tensor(ids, device=self.dev)
+        return self.vectors(ids)[0]
+
+    def vectors(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """As calling it, and `ids` on the device (copied once, without waiting for the device)."""
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
-            v = embed_bucketed(self.pooled, self.tok_mat_t, self.tok_len_t, ids_t, self.tok_len[ids], self.buckets)
+            v, ids_t = embed_bucketed(self.pooled, self.tok_mat_t, self.tok_len_t, ids, self.tok_len[ids],
+                                      self.buckets)
         v = F.normalize(v.float(), dim=-1)
-        return v if self.join is None else self.join(v, ids_t)
+        return (v if self.join is None else self.join(v, ids_t)), ids_t
 
 
 class LexiconJoin:
@@ -664,8 +668,8 @@ def step_loss(embed: Embed, head: torch.nn.Linear, teach_t: torch.Tensor, q_np: 
     ids = np.concatenate(groups)
     # every text of the step in one call: its length buckets span queries, docs and passages alike (fewer,
     # fuller forward passes: the step's cost is mostly kernel launches, not arithmetic)
-    vecs = embed(ids)
-    return embed.loss_tail(vecs, torch.as_tensor(ids, device=dev), teach_t, head.weight, len(q_np), h_np is not None,
+    vecs, ids_t = embed.vectors(ids)
+    return embed.loss_tail(vecs, ids_t, teach_t, head.weight, len(q_np), h_np is not None,
                            args.tau, args.kd_tau or args.tau, float(args.kd_weight), float(args.distill_weight),
                            float(args.simmat_weight))
 
@@ -784,7 +788,7 @@ def fit_head(head: torch.nn.Linear, embed_ids, teach_t: torch.Tensor, ids: np.nd
     on a sample of texts, so a warm start does not push a random head's gradients into trained weights."""
     ids = np.unique(ids)
     ids = rng.choice(ids, size=min(n, len(ids)), replace=False)
-    x = torch.cat([F.normalize(embed_ids(torch.tensor(ids[i: i + 2048], device=teach_t.device)), dim=-1)
+    x = torch.cat([F.normalize(embed_ids(ids[i: i + 2048]), dim=-1)
                    for i in range(0, len(ids), 2048)]).double()  # (n, C)
     t = teach_t[torch.tensor(ids, device=teach_t.device)].double()  # (n, D)
     gram = x.T @ x + ridge * torch.eye(x.shape[1], dtype=x.dtype, device=x.device)  # (C, C)

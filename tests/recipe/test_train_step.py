@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "recipe"))
 # a plain import: the module test_train_embedder_lexicon.py registers, if it ran first (a second copy of the module
 # would break the pickling of its functions there)
 import train_embedder as te  # noqa: E402
-from mirror import MirrorLM, top_k_first  # noqa: E402
+from mirror import MirrorLM, embed_bucketed, top_k_first  # noqa: E402
 
 from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes  # noqa: E402
 
@@ -96,3 +96,24 @@ def test_step_loss_is_its_definition_and_trains(negatives):
     grads = [prm.grad for prm in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert head.weight.grad is not None and float(head.weight.grad.abs().sum()) > 0
+
+
+def test_buckets_embed_each_text_as_alone():
+    """Length buckets (each padded to its own longest text) give every text the vector it has in one padded batch,
+    in the order asked, and hand back the ids on the device."""
+    rng = np.random.default_rng(3)
+    cfg = LMConfig(vocab_size=300, d_model=32, n_layers=2, conv_kernel=4, hidden_dim=32, n_experts=4, top_k=2,
+                   attn_heads=4)
+    model = MirrorLM(cfg.to_dict(), param_shapes(cfg), EvermindLM(cfg, seed=0).params)
+    n_texts, T = 30, 40
+    lengths = rng.integers(2, T + 1, n_texts)
+    mat = rng.integers(1, cfg.vocab_size, (n_texts, T))
+    mat[np.arange(T)[None, :] >= lengths[:, None]] = 0
+    mat_t, len_t = torch.as_tensor(mat), torch.as_tensor(lengths)
+    ids = rng.choice(n_texts, 17)
+    with torch.no_grad():
+        one, ids_one = embed_bucketed(model.pooled, mat_t, len_t, ids, lengths[ids], 1)
+        three, ids_three = embed_bucketed(model.pooled, mat_t, len_t, ids, lengths[ids], 3)
+    assert ids_one.tolist() == ids.tolist() == ids_three.tolist()
+    assert len({int(lengths[i]) for i in ids}) > 3  # the buckets differ in length
+    np.testing.assert_allclose(three.numpy(), one.numpy(), rtol=1e-4, atol=1e-5)
