@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mirror import MirrorLM  # noqa: E402
+from mirror import MirrorLM, to_device  # noqa: E402
 from train_embedder import mine_hard_negatives, ndcg_at_10, prepare_data  # noqa: E402
 
 from evermind_memory.lm.model import LMConfig, load_model, param_shapes, save_model  # noqa: E402
@@ -84,11 +84,32 @@ class Reranker(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)  # every candidate starts level; the first steps set the direction
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The head's score of each row "question <sep> doc" (B,): the correction to the embedder's cosine / tau."""
-        T = int(lengths.max())
-        v = F.normalize(self.lm.pooled(tokens[:, :T], lengths), dim=-1)
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, trim: bool = True) -> torch.Tensor:
+        """The head's score of each row "question <sep> doc" (B,): the correction to the embedder's cosine / tau.
+        trim cuts the rows to the longest one (a device sync and a new shape a step); False keeps the full width, as a
+        CUDA graph needs."""
+        if trim:
+            tokens = tokens[:, :int(lengths.max())]
+        v = F.normalize(self.lm.pooled(tokens, lengths), dim=-1)
         return self.head(v).squeeze(-1)  # (B,)
+
+
+def list_loss(model: Reranker, tok_mat: torch.Tensor, tok_len: torch.Tensor, emb: torch.Tensor, teach: torch.Tensor,
+              q: torch.Tensor, d: torch.Tensor, sep: int, batch: int, k1: int, q_max: int, d_max: int,
+              residual_tau: float, kd_tau: float, kd_weight: float, trim: bool = True):
+    """One step's loss over `batch` lists of k1 candidates (q, d: (batch * k1,) text ids, each list's positive
+    first): the listwise cross-entropy of the positive plus kd_weight x the KL divergence from the teacher's softmax
+    over the same list. Returns (loss, cross-entropy, KL, scores (batch, k1)). Static shapes when trim is False
+    (`--compile graphs` captures the whole of it)."""
+    tokens, lengths = join_pairs(tok_mat, tok_len, q, d, sep, q_max, d_max)
+    scores = model(tokens, lengths, trim).float().view(batch, k1)  # (B, K1), the positive first
+    if residual_tau:
+        scores = scores + (emb[q] * emb[d]).sum(-1).view(batch, k1) / residual_tau
+    target = torch.zeros(batch, dtype=torch.long, device=scores.device)
+    loss_ce = F.cross_entropy(scores, target)
+    t_scores = (teach[q] * teach[d]).sum(-1).view(batch, k1) / kd_tau
+    loss_kd = F.kl_div(F.log_softmax(scores, -1), F.log_softmax(t_scores, -1), log_target=True, reduction="batchmean")
+    return loss_ce + kd_weight * loss_kd, loss_ce, loss_kd, scores
 
 
 def main() -> None:
@@ -127,6 +148,8 @@ def main() -> None:
     ap.add_argument("--passages", action="store_true", help="read the corpus passages too (only pairs are used)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--compile", choices=("off", "graphs"), default="off",
+                    help="graphs: the step's loss compiled at the full list width and replayed as CUDA graphs")
     args = ap.parse_args()
     args.no_passages = not args.passages
     t_start = time.time()
@@ -154,10 +177,14 @@ def main() -> None:
         raise SystemExit("no question kept its hard negatives: a larger corpus (or fewer --negatives) is needed")
 
     model = Reranker(cfg, params).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    amp = dev.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01, fused=amp)
     rng = np.random.default_rng(args.seed)
     sep, K1 = tok.bos_id, args.negatives + 1
-    amp = dev.type == "cuda"
+    graphs = args.compile == "graphs" and amp
+    # graphs: every step has the same shapes (the lists padded to the full width), so the whole loss is one compiled
+    # forward and backward replayed as CUDA graphs (the embedder's --compile graphs)
+    step_fn = torch.compile(list_loss, dynamic=False, mode="reduce-overhead") if graphs else list_loss
 
     def lr_at(s: int) -> float:
         if s < args.warmup:
@@ -172,19 +199,12 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         rows = rng.integers(len(pair_q), size=args.batch)
-        q = torch.as_tensor(np.repeat(pair_q[rows], K1), device=dev)  # (B*K1,)
-        d = torch.as_tensor(np.concatenate([pair_d[rows, None], hard[rows]], axis=1).reshape(-1), device=dev)
-        tokens, lengths = join_pairs(tok_mat, tok_len, q, d, sep, args.q_tokens, args.d_tokens)
+        q, d = to_device([np.repeat(pair_q[rows], K1),  # (B*K1,) each list: the positive, then its negatives
+                          np.concatenate([pair_d[rows, None], hard[rows]], axis=1).reshape(-1)], dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            scores = model(tokens, lengths).float().view(args.batch, K1)  # (B, K1), the positive first
-        if args.residual_tau:
-            scores = scores + (emb[q] * emb[d]).sum(-1).view(args.batch, K1) / args.residual_tau
-        target = torch.zeros(args.batch, dtype=torch.long, device=dev)
-        loss_ce = F.cross_entropy(scores, target)
-        t_scores = (teach[q] * teach[d]).sum(-1).view(args.batch, K1) / args.kd_tau
-        loss_kd = F.kl_div(F.log_softmax(scores, -1), F.log_softmax(t_scores, -1), log_target=True,
-                           reduction="batchmean")
-        loss = loss_ce + args.kd_weight * loss_kd
+            loss, loss_ce, loss_kd, scores = step_fn(
+                model, tok_mat, tok_len, emb, teach, q, d, sep, args.batch, K1, args.q_tokens, args.d_tokens,
+                float(args.residual_tau), float(args.kd_tau), float(args.kd_weight), not graphs)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
