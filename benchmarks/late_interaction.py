@@ -14,7 +14,14 @@ reader sees whether one weight helps everywhere (it does not need choosing on th
 
 Vector ranking only (the store's hybrid already holds the lexical evidence this partly duplicates).
 
-    python benchmarks/late_interaction.py [--dev-dir DIR] [--sources apache,gimp,...] [--json out.json]
+--tokens lexicon ranks by the shipped vector instead (the model's part joined with the lexicon's, as the store
+embeds) and takes the lexicon's word vectors as the tokens (each known word's row, unit length; a query word's best
+cosine counts by the word's lexicon weight, the frequency weight that sums rows into a text's lexicon vector):
+MaxSim then asks, for each word of the question, how close the memory's nearest word is ("migraines" and "headache"),
+which the summed lexicon vector blurs.
+
+    python benchmarks/late_interaction.py [--dev-dir DIR] [--sources apache,gimp,...] [--tokens model|lexicon]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -69,9 +76,38 @@ class TokenStates:
         return pooled / np.linalg.norm(pooled), z / np.linalg.norm(z, axis=1, keepdims=True)
 
 
+class LexiconStates:
+    """The shipped embedder's vector of a text (model and lexicon joined) and its known words' unit lexicon rows; as
+    a query (`query`), each row is scaled by the word's weight over the text's mean weight, so the mean over the
+    query's rows in `rerank` is the weighted mean of its words' best cosines."""
+
+    def __init__(self) -> None:
+        from evermind_memory import default_embedder
+
+        self.embedder = default_embedder()
+        self.lex = self.embedder.lexicon
+        rows = self.lex.table.astype(np.float32)  # (V, D)
+        self.unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)  # (V, D)
+
+    def __call__(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        vec = self.embedder.embed_many([text])[0]  # (C + D,)
+        ids = self.lex.word_ids(text)
+        if not ids:
+            return vec, np.zeros((1, self.unit.shape[1]), dtype=np.float32)  # (1, D): MaxSim 0
+        return vec, self.unit[ids]  # (T, D)
+
+    def query(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        vec, rows = self(text)
+        ids = self.lex.word_ids(text)
+        if not ids:
+            return vec, rows
+        w = self.lex.weight[ids]  # (T,)
+        return vec, rows * (w / max(float(w.mean()), 1e-12))[:, None]  # (T, D)
+
+
 def rerank(states: TokenStates, query: str, cand_vecs: np.ndarray, cand_toks: list[np.ndarray]) -> dict[float, int]:
     """For each weight, the candidates (indices into cand_vecs) in reranked order: {w: order (P,)}."""
-    qv, qt = states(query)
+    qv, qt = states.query(query) if hasattr(states, "query") else states(query)
     cos = cand_vecs @ qv  # (N,)
     top = np.argsort(-cos, kind="stable")[:POOL]  # (P,)
     maxsim = np.array([(qt @ cand_toks[j].T).max(1).mean() for j in top.tolist()])  # (P,)
@@ -110,11 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dev-dir", type=Path, default=ROOT / "data" / "dev")
     ap.add_argument("--sources", default="apache,gimp,libreoffice,lilypond,maxima,nodejs,octave,rust,statsmodels")
+    ap.add_argument("--tokens", choices=("model", "lexicon"), default="model",
+                    help="model: the shipped model's vector and token states; lexicon: the shipped vector and the "
+                         "lexicon's word vectors")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     import personal_data
 
-    states = TokenStates()
+    states = TokenStates() if args.tokens == "model" else LexiconStates()
     rows: dict[str, dict] = {}
     for source in args.sources.split(","):
         rows[f"manual {source} (ndcg@10)"] = manual(states, args.dev_dir, source)
