@@ -1,0 +1,160 @@
+"""A training-free second stage on hybrid recall: the store's hybrid top 30 reranked by its own score plus w x MaxSim
+over the lexicon's word vectors (issue 36), on the personal-memory protocol, the validation set and the dev manuals.
+
+MaxSim is `late_interaction.py --tokens lexicon`'s: each question word's best cosine with the memory's words (the
+lexicon's unit rows), weighted by the word's lexicon weight. The hybrid score is min-max scaled over the 30 (its scale
+changes with the store), so a candidate's new score is scaled score + w x MaxSim. Nothing is fitted here: every
+weight is shown, and w = 0 is the store's own hybrid ranking. The store's fusion rule was fitted on these sources
+(the shipped rule), so the w = 0 column is in-sample, in hybrid's favour.
+
+- personal: benchmarks/personal_data.py's protocol through personal_recall.build (each fact in its user's scope),
+  every answerable ask in the person's scope and store-wide (third-person questions): right first and MRR@10;
+- validation: personal_data.validation_set(), the same;
+- manual: the first 120 questions of each dev source among their gold docs and the source's other docs up to 600
+  (as late_interaction.py), one store each: ndcg@10.
+
+    python benchmarks/rerank_lexicon.py [--dev-dir DIR] [--sources apache,...] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import numpy as np  # noqa: E402
+
+WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
+POOL = 30
+
+
+class WordVectors:
+    """Unit lexicon rows of a text's known words; a question's scaled by weight over its mean weight."""
+
+    def __init__(self, lexicon) -> None:
+        self.lex = lexicon
+        rows = lexicon.table.astype(np.float32)  # (V, D)
+        self.unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)  # (V, D)
+        self.cache: dict[str, np.ndarray] = {}
+
+    def doc(self, text: str) -> np.ndarray:
+        if text not in self.cache:
+            ids = self.lex.word_ids(text)
+            self.cache[text] = self.unit[ids] if ids else np.zeros((1, self.unit.shape[1]), np.float32)  # (T, D)
+        return self.cache[text]
+
+    def query(self, text: str) -> np.ndarray:
+        ids = self.lex.word_ids(text)
+        if not ids:
+            return np.zeros((1, self.unit.shape[1]), np.float32)
+        w = self.lex.weight[ids]  # (T,)
+        return self.unit[ids] * (w / max(float(w.mean()), 1e-12))[:, None]  # (T, D)
+
+
+def reranked(view, question: str, words: WordVectors) -> dict[float, list[str]]:
+    """{w: fact ids in reranked order} of the hybrid top POOL."""
+    hits = view.recall(question, k=POOL, mode="hybrid")
+    if not hits:
+        return {w: [] for w in WEIGHTS}
+    s = np.array([h.score for h in hits], dtype=np.float64)  # (P,)
+    span = s.max() - s.min()
+    base = (s - s.min()) / span if span > 0 else np.zeros_like(s)
+    q = words.query(question)
+    maxsim = np.array([(q @ words.doc(h.text).T).max(1).mean() for h in hits])  # (P,)
+    ids = [h.id for h in hits]
+    return {w: [ids[i] for i in np.argsort(-(base + w * maxsim), kind="stable")] for w in WEIGHTS}
+
+
+def personal(embedder, ps, words: WordVectors) -> dict[str, dict[float, tuple[int, float]]]:
+    """{"scoped" | "store-wide": {w: (right first, MRR@10)}} over the answerable asks."""
+    from personal_recall import build
+
+    out = {"scoped": {w: [0, 0.0] for w in WEIGHTS}, "store-wide": {w: [0, 0.0] for w in WEIGHTS}}
+    with tempfile.TemporaryDirectory(prefix="rerank_") as tmp:
+        store, ids = build(Path(tmp) / "p.db", embedder, ps)
+        try:
+            for q in ps.questions:
+                if q.fact is None:
+                    continue
+                for part in ("scoped", "store-wide"):
+                    if part == "store-wide" and q.first_person:
+                        continue
+                    view = store.scope(user=q.user) if part == "scoped" else store
+                    for w, order in reranked(view, q.text, words).items():
+                        top = order[:10]
+                        if ids[q.fact] in top:
+                            rank = top.index(ids[q.fact]) + 1
+                            out[part][w][0] += rank == 1
+                            out[part][w][1] += 1.0 / rank
+        finally:
+            store.close()
+    return {p: {w: (int(v[0]), float(v[1])) for w, v in r.items()} for p, r in out.items()}
+
+
+def manual(embedder, dev: Path, source: str, words: WordVectors) -> dict[float, float]:
+    from evermind_memory import MemoryStore
+
+    rows = [json.loads(line) for line in open(dev / f"{source}.jsonl")][:120]
+    extra = [json.loads(line)["doc"] for line in open(dev / f"{source}.docs.jsonl")]
+    docs = list(dict.fromkeys([r["doc"] for r in rows] + extra))[:600]
+    gains: dict[float, list[float]] = {w: [] for w in WEIGHTS}
+    with tempfile.TemporaryDirectory(prefix="rerank_") as tmp, MemoryStore(Path(tmp) / "m.db", embedder) as store:
+        ids = store.remember_many(docs)
+        for r in rows:
+            gold = ids[docs.index(r["doc"])]
+            for w, order in reranked(store, r["query"], words).items():
+                top = order[:10]
+                gains[w].append(1 / np.log2(top.index(gold) + 2) if gold in top else 0.0)
+    return {w: float(np.mean(g)) for w, g in gains.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dev-dir", type=Path, default=ROOT / "data" / "dev")
+    ap.add_argument("--sources", default="apache,gimp,libreoffice,lilypond,maxima,nodejs,octave,rust,statsmodels")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    from personal_data import personal_set, validation_set
+
+    from evermind_memory import default_embedder
+
+    embedder = default_embedder()
+    words = WordVectors(embedder.lexicon)
+    table: dict[str, dict[float, str]] = {}
+    raw: dict[str, dict] = {}
+    for name, ps in (("personal", personal_set()), ("validation", validation_set())):
+        res = personal(embedder, ps, words)
+        raw[name] = res
+        for part, by_w in res.items():
+            table[f"{name} {part}: right first / MRR@10"] = {w: f"{a} / {b:.1f}" for w, (a, b) in by_w.items()}
+        print(name, res, flush=True)
+    means = {w: [] for w in WEIGHTS}
+    for source in [s for s in args.sources.split(",") if s]:
+        res = manual(embedder, args.dev_dir, source, words)
+        raw[source] = res
+        table[f"manual {source} (ndcg@10)"] = {w: f"{v:.4f}" for w, v in res.items()}
+        for w, v in res.items():
+            means[w].append(v)
+        print(source, res, flush=True)
+    if any(means.values()):
+        table["manual mean"] = {w: f"{np.mean(v):.4f}" for w, v in means.items()}
+    print(f"\n| set | {' | '.join(f'w={w}' for w in WEIGHTS)} |")
+    print(f"|---|{'---|' * len(WEIGHTS)}")
+    for name, by_w in table.items():
+        print(f"| {name} | " + " | ".join(by_w[w] for w in WEIGHTS) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({n: {str(w): v for w, v in r.items()} for n, r in raw.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
