@@ -4,7 +4,8 @@ over the lexicon's word vectors (issue 36), on the personal-memory protocol, the
 MaxSim is `late_interaction.py --tokens lexicon`'s: each question word's best cosine with the memory's words (the
 lexicon's unit rows), weighted by the word's lexicon weight. The hybrid score is min-max scaled over the 30 (its scale
 changes with the store), so a candidate's new score is scaled score + w x MaxSim. Nothing is fitted here: every
-weight is shown, and w = 0 is the store's own hybrid ranking. The store's fusion rule was fitted on these sources
+weight is shown, and w = 0 is the store's own hybrid ranking; the last column is `recall(..., rerank=True)` itself
+(store/rerank.py, w = 0.5), which must equal the w = 0.5 column. The store's fusion rule was fitted on these sources
 (the shipped rule), so the w = 0 column is in-sample, in hybrid's favour.
 
 - personal: benchmarks/personal_data.py's protocol through personal_recall.build (each fact in its user's scope),
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
+COLUMNS = (*WEIGHTS, "store")
 POOL = 30
 
 
@@ -60,25 +62,27 @@ class WordVectors:
         return self.unit[ids] * (w / max(float(w.mean()), 1e-12))[:, None]  # (T, D)
 
 
-def reranked(view, question: str, words: WordVectors) -> dict[float, list[str]]:
-    """{w: fact ids in reranked order} of the hybrid top POOL."""
+def reranked(view, question: str, words: WordVectors) -> dict[object, list[str]]:
+    """{w: fact ids in reranked order} of the hybrid top POOL, and {"store": the same by recall(rerank=True)}."""
     hits = view.recall(question, k=POOL, mode="hybrid")
     if not hits:
-        return {w: [] for w in WEIGHTS}
+        return {w: [] for w in COLUMNS}
     s = np.array([h.score for h in hits], dtype=np.float64)  # (P,)
     span = s.max() - s.min()
     base = (s - s.min()) / span if span > 0 else np.zeros_like(s)
     q = words.query(question)
     maxsim = np.array([(q @ words.doc(h.text).T).max(1).mean() for h in hits])  # (P,)
     ids = [h.id for h in hits]
-    return {w: [ids[i] for i in np.argsort(-(base + w * maxsim), kind="stable")] for w in WEIGHTS}
+    out = {w: [ids[i] for i in np.argsort(-(base + w * maxsim), kind="stable")] for w in WEIGHTS}
+    out["store"] = [h.id for h in view.recall(question, k=POOL, rerank=True)]  # the product's path (w 0.5)
+    return out
 
 
 def personal(embedder, ps, words: WordVectors) -> dict[str, dict[float, tuple[int, float]]]:
     """{"scoped" | "store-wide": {w: (right first, MRR@10)}} over the answerable asks."""
     from personal_recall import build
 
-    out = {"scoped": {w: [0, 0.0] for w in WEIGHTS}, "store-wide": {w: [0, 0.0] for w in WEIGHTS}}
+    out = {"scoped": {w: [0, 0.0] for w in COLUMNS}, "store-wide": {w: [0, 0.0] for w in COLUMNS}}
     with tempfile.TemporaryDirectory(prefix="rerank_") as tmp:
         store, ids = build(Path(tmp) / "p.db", embedder, ps)
         try:
@@ -106,7 +110,7 @@ def manual(embedder, dev: Path, source: str, words: WordVectors) -> dict[float, 
     rows = [json.loads(line) for line in open(dev / f"{source}.jsonl")][:120]
     extra = [json.loads(line)["doc"] for line in open(dev / f"{source}.docs.jsonl")]
     docs = list(dict.fromkeys([r["doc"] for r in rows] + extra))[:600]
-    gains: dict[float, list[float]] = {w: [] for w in WEIGHTS}
+    gains: dict[object, list[float]] = {w: [] for w in COLUMNS}
     with tempfile.TemporaryDirectory(prefix="rerank_") as tmp, MemoryStore(Path(tmp) / "m.db", embedder) as store:
         ids = store.remember_many(docs)
         for r in rows:
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     embedder = default_embedder()
     words = WordVectors(embedder.lexicon)
-    table: dict[str, dict[float, str]] = {}
+    table: dict[str, dict[object, str]] = {}
     raw: dict[str, dict] = {}
     for name, ps in (("personal", personal_set()), ("validation", validation_set())):
         res = personal(embedder, ps, words)
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         for part, by_w in res.items():
             table[f"{name} {part}: right first / MRR@10"] = {w: f"{a} / {b:.1f}" for w, (a, b) in by_w.items()}
         print(name, res, flush=True)
-    means = {w: [] for w in WEIGHTS}
+    means: dict[object, list[float]] = {w: [] for w in COLUMNS}
     for source in [s for s in args.sources.split(",") if s]:
         res = manual(embedder, args.dev_dir, source, words)
         raw[source] = res
@@ -147,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         print(source, res, flush=True)
     if any(means.values()):
         table["manual mean"] = {w: f"{np.mean(v):.4f}" for w, v in means.items()}
-    print(f"\n| set | {' | '.join(f'w={w}' for w in WEIGHTS)} |")
-    print(f"|---|{'---|' * len(WEIGHTS)}")
+    print(f"\n| set | {' | '.join(f'w={w}' for w in WEIGHTS)} | recall(rerank=True) |")
+    print(f"|---|{'---|' * len(COLUMNS)}")
     for name, by_w in table.items():
-        print(f"| {name} | " + " | ".join(by_w[w] for w in WEIGHTS) + " |")
+        print(f"| {name} | " + " | ".join(by_w[w] for w in COLUMNS) + " |")
     if args.json:
         args.json.write_text(json.dumps({n: {str(w): v for w, v in r.items()} for n, r in raw.items()}, indent=1))
     return 0

@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the query's time words ('yesterday', 'last week', 'in May') and put facts from then "
                         "first")
     p.add_argument("--now", default=None, metavar="TIME", help="with --time-words: count from this time (ISO 8601)")
+    p.add_argument("--rerank", action="store_true",
+                   help="(hybrid) reorder the best 30 by reading the query's words against each fact's words: helps "
+                        "short personal facts, can cost on manuals (default: off)")
 
     p = add("get", "show one fact")
     p.add_argument("id", help="the fact's id")
@@ -466,7 +469,8 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "recall":
         hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
-                            context=args.context, time_words=args.time_words, now=args.now, **_filter_args(args))
+                            context=args.context, time_words=args.time_words, now=args.now, rerank=args.rerank,
+                            **_filter_args(args))
         emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h),
                                                     *(f"         | {f.text}" for f in h.context)]])
     elif cmd == "get":

@@ -64,6 +64,8 @@ def test_recall_explains_and_refuses_min_relevance_without_a_fitted_rule(embedde
     assert hit["relevance"] is None and hit["explain"]["fused"] == pytest.approx(hit["score"])
     code, _ = run(embedder, db, "recall", "green tea", "--min-relevance", "0.1")
     assert code == cli.EXIT_USAGE and "fitted fusion rule" in capsys.readouterr().err
+    code, _ = run(embedder, db, "recall", "green tea", "--rerank")  # the test model has no lexicon to read
+    assert code == cli.EXIT_USAGE and "lexicon" in capsys.readouterr().err
 
 
 def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Path):

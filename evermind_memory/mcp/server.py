@@ -475,16 +475,20 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                time_words: Annotated[bool,
                                      Field(description="read the query's time words ('yesterday', 'last week', 'in "
                                                        "May') and return memories from then first")] = False,
+               rerank: Annotated[bool,
+                                 Field(description="hybrid only: reorder the best 30 by reading the query's words "
+                                                   "against each memory's words (helps short personal facts)")
+                                 ] = False,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None
         try:
             hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
-                                context=context, time_words=time_words, **_filters(tags, where))
+                                context=context, time_words=time_words, rerank=rerank, **_filters(tags, where))
         except EmbedderOutputInvalid as exc:  # a remembered fact could not be embedded: reported once, then served
             warning = f"{exc} That memory is found by lexical recall only."
             hits = store.recall(query, k, mode=mode, min_score=min_score, min_relevance=min_relevance,
-                                context=context, time_words=time_words, **_filters(tags, where))
+                                context=context, time_words=time_words, rerank=rerank, **_filters(tags, where))
         envelope = {"query": query, "mode": mode, "memories": [], "omitted": 0, "notice": NOTICE}
         if warning is not None:
             envelope["warning"] = warning

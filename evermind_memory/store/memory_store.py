@@ -496,7 +496,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                source: str | None = None, since: TimeArg | None = None, until: TimeArg | None = None,
                recency: DurationArg | None = None, mode: str = "hybrid", min_score: float | None = None,
                fusion: str = "score", min_relevance: float | None = None, explain: bool = False, context: int = 0,
-               time_words: bool = False, now: TimeArg | None = None) -> builtins.list[Recall]:
+               time_words: bool = False, now: TimeArg | None = None, rerank: bool = False) -> builtins.list[Recall]:
         """The facts of this scope that best match `query`, best first. Thread-safe.
 
             store.scope(user="ada").recall("Ada's travel plans", k=3, where={"year": {"$gte": 2025}})
@@ -521,6 +521,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 store/timewords.py) against `now` (default: the clock) and put the facts created in that span
                 first: the best of them, then, if fewer than k, the best of the rest. Off by default.
             now: the time time_words count from (an aware datetime or ISO 8601 text); only with time_words.
+            rerank: (hybrid, an embedder with a lexicon: the shipped one) reorder the best 30 hits by reading the
+                query's words against each fact's words (store/rerank.py); each hit's score becomes the reranked
+                score. Helps short personal facts, costs some manual sources: off by default.
         Returns:
             list of Recall (never an expired fact); `relevance` (0..1) is set in hybrid mode with a fitted rule.
         Raises:
@@ -534,13 +537,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         q = self._parts.search.query(self._scope, query, k, tags=tags, where=where, source=source, since=since,
                                      until=until,
                                recency=recency, mode=mode, min_score=min_score, fusion=fusion,
-                               min_relevance=min_relevance, explain=explain)
+                               min_relevance=min_relevance, explain=explain, rerank=rerank)
         if check_flag(time_words, "time_words", "recall") or now is not None or context:
             from .conversation import recall_around  # a plain recall (or several) with turns and time spans added
 
             return recall_around(self, query, k, dict(tags=tags, where=where, source=source, since=since, until=until,
                                                       recency=recency, mode=mode, min_score=min_score, fusion=fusion,
-                                                      min_relevance=min_relevance, explain=explain),
+                                                      min_relevance=min_relevance, explain=explain, rerank=rerank),
                                  context=context, time_words=time_words, now=now)
         if q.mode != "lexical" and not self._parts.vectors.loaded:
             load_model_aside(self._parts.vectors.model.embedder)

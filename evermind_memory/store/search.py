@@ -69,6 +69,7 @@ class Query(NamedTuple):
     min_score: float | None
     min_relevance: float | None
     explain: bool
+    rerank: bool = False  # (hybrid) the second stage of store/rerank.py over the best hits
 
 
 class Detail(NamedTuple):
@@ -107,11 +108,12 @@ class Search:
 
     def query(self, scope: str, text: object, k: object, *, tags: object, where: object, source: object, since: object,
               until: object, recency: object, mode: object, min_score: object, fusion: object, min_relevance: object,
-              explain: object) -> Query:
+              explain: object, rerank: object = False) -> Query:
         """MemoryStore.recall()'s arguments checked, the filters made one Selection in `scope`.
 
         Raises:
-            InvalidInput: bad query, k, filter, recency, mode, fusion, min_score, min_relevance or explain.
+            InvalidInput: bad query, k, filter, recency, mode, fusion, min_score, min_relevance, explain or rerank
+                (a flag, for hybrid mode only).
         """
         text = check_text(text, "query")
         k = check_k(k)
@@ -120,18 +122,30 @@ class Search:
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score, min_relevance = check_min_score(min_score), self.relevance_floor(min_relevance, mode)
+        if check_flag(rerank, "rerank", "recall") and mode != "hybrid":
+            raise InvalidInput(f"recall: rerank reorders hybrid recall's best hits; mode is {mode!r}.")
         return Query(text, k, sel, half_life, mode, fusion, min_score, min_relevance,
-                     check_flag(explain, "explain", "recall"))
+                     check_flag(explain, "explain", "recall"), bool(rerank))
 
     def recall(self, gen: Generation, q: Query, weight: float) -> list[tuple[FactRow, float, Detail]]:
         """The hits of a checked recall in generation `gen` (held by the caller), best first: at most q.k before
         the recency weight (a pool of candidate_pool(k) with it), above both floors."""
         want = q.k if q.half_life is None else candidate_pool(q.k)
+        lexicon = None
+        if q.rerank:
+            from .rerank import RERANK_POOL, lexicon_of
+
+            lexicon, want = lexicon_of(gen.embedder), max(want, RERANK_POOL)
         qv = None if q.mode == "lexical" else embed_query(gen.embedder, q.text, self._dim)  # (D,)
         scored, detail = self.run(gen, q.text, qv, want, q.sel, q.mode, q.fusion, weight, q.explain)
         if q.half_life is not None:
             scored = rerank_by_recency(scored, q.sel.now, q.half_life)
-        return above(scored, detail, q.min_score, q.min_relevance)
+        hits = above(scored, detail, q.min_score, q.min_relevance)
+        if lexicon is not None:
+            from .rerank import rerank
+
+            hits = rerank(hits, q.text, lexicon)
+        return hits
 
     @single_blas
     def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, sel: Selection, mode: str,

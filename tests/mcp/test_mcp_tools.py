@@ -61,6 +61,9 @@ async def test_remember_then_recall_with_provenance(store):
                                                      "min_relevance": top["relevance"] + 1e-3}))
         assert ada["id"] not in [m["id"] for m in above["memories"]]
         assert all(m["relevance"] >= top["relevance"] + 1e-3 for m in above["memories"])
+        reranked = payload(await c.call_tool("recall", {"query": "what does Ada drink?", "k": 2, "rerank": True}))
+        assert {m["id"] for m in reranked["memories"]} == {m["id"] for m in out["memories"]}
+        assert reranked["memories"][0]["score"] >= reranked["memories"][1]["score"]
         only_bob = payload(await c.call_tool("recall",
                                              {"query": "drink", "tags": {"person": "ada"}, "mode": "lexical"}))
         assert [m["id"] for m in only_bob["memories"]] == []  # tags filter exactly: "drink" alone is Bob's word

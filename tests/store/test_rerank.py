@@ -1,0 +1,89 @@
+"""recall(..., rerank=True): the hybrid top 30 reordered by the lexicon word match (store/rerank.py), on both
+backends, with the shipped embedder (the one with a lexicon); refused where it cannot apply."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evermind_memory import InvalidInput, MemoryStore, default_embedder
+from evermind_memory.store.rerank import RERANK_POOL, RERANK_WEIGHT
+
+FACTS = ["Ada gets migraines every spring", "Ada visits her sister every spring", "Ada plays squash on Fridays",
+         "Bob keeps a headache cream in the cupboard", "Ada drinks green tea", "Ada's dog is called Rex",
+         "Ada works as a pharmacist in Leeds", "Ada's car needs new brake pads"]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return default_embedder()
+
+
+def _match(lexicon, query: str, text: str) -> float:
+    """The word match written out: each query word's best cosine with the text's words, by lexicon weight."""
+    def unit(i: int) -> list[float]:
+        row = [float(x) for x in lexicon.table[i]]
+        norm = math.sqrt(sum(x * x for x in row))
+        return [x / norm for x in row]
+
+    q_ids, d_ids = lexicon.word_ids(query), lexicon.word_ids(text)
+    if not q_ids or not d_ids:
+        return 0.0
+    total = sum(float(lexicon.weight[i]) for i in q_ids)
+    best = [max(sum(a * b for a, b in zip(unit(i), unit(j))) for j in d_ids) for i in q_ids]
+    return sum(float(lexicon.weight[i]) * b for i, b in zip(q_ids, best)) / total
+
+
+def test_rerank_orders_the_hybrid_pool_by_scaled_score_plus_word_match(target, shipped):
+    query = "what gives Ada headaches?"
+    with MemoryStore(target, shipped) as store:
+        store.remember_many(FACTS)
+        plain = store.recall(query, k=len(FACTS))
+        hits = store.recall(query, k=len(FACTS), rerank=True)
+        top3 = store.recall(query, k=3, rerank=True)
+    assert {h.id for h in hits} == {h.id for h in plain}  # the same pool, reordered
+    low, high = min(h.score for h in plain), max(h.score for h in plain)
+    want = {h.id: (h.score - low) / (high - low) + RERANK_WEIGHT * _match(shipped.lexicon, query, h.text)
+            for h in plain}
+    for h in hits:
+        assert h.score == pytest.approx(want[h.id], abs=1e-6)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert [h.id for h in top3] == [h.id for h in hits[:3]]  # k below the pool: the same order, cut
+    # the word match reads "headaches" against "migraines", which the summed vectors did not put first
+    assert plain[0].text != FACTS[0] and hits[0].text == FACTS[0]
+
+
+def test_rerank_keeps_hits_past_the_pool_below_it(db_path, shipped):
+    facts = [f"note {i}: Ada keeps item {i} in box {i % 7}" for i in range(RERANK_POOL + 12)]
+    with MemoryStore(db_path, shipped) as store:
+        store.remember_many(facts)
+        hits = store.recall("where does Ada keep item 3?", k=RERANK_POOL + 10, rerank=True)
+    assert len(hits) == RERANK_POOL + 10
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True) and max(scores[RERANK_POOL:]) <= 0.0 <= min(scores[:RERANK_POOL])
+
+
+def test_rerank_is_refused_outside_hybrid_and_without_a_lexicon(db_path, embedder, shipped):
+    with MemoryStore(db_path, shipped) as store:
+        store.remember_many(FACTS)
+        for mode in ("vector", "lexical"):
+            with pytest.raises(InvalidInput, match="hybrid"):
+                store.recall("tea", mode=mode, rerank=True)
+        with pytest.raises(InvalidInput, match="rerank"):
+            store.recall("tea", rerank="yes")
+    with MemoryStore(db_path.with_name("plain.db"), embedder) as store:  # the test model has no lexicon
+        store.remember_many(FACTS)
+        assert store.recall("tea", k=2)
+        with pytest.raises(InvalidInput, match="lexicon"):
+            store.recall("tea", rerank=True)
+
+
+def test_rerank_word_match_is_zero_without_known_words(shipped):
+    from evermind_memory.store.rerank import word_match
+
+    got = word_match(shipped.lexicon, "zzqx vvbn", ["Ada drinks green tea", "zzqx"])
+    np.testing.assert_array_equal(got, [0.0, 0.0])
+    got = word_match(shipped.lexicon, "tea", ["Ada drinks green tea", "qqzz", "coffee"])
+    assert got[0] == pytest.approx(1.0, abs=1e-6) and got[1] == 0.0 and 0.0 < got[2] < 1.0
