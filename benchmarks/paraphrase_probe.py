@@ -34,6 +34,8 @@ from recall_quality import load_embedder  # noqa: E402
 
 PROBE = REPO / "tests" / "data" / "paraphrase_probe.jsonl"
 MODES = (("hybrid", "score"), ("hybrid", "rrf"), ("vector", "score"), ("lexical", "score"))
+# with an embedder that has a lexicon (the shipped one), hybrid with the opt-in second stage too (store/rerank.py)
+RERANK = ("hybrid", "score", True)
 
 
 def run_probe(embedder: object, pairs: Sequence[dict]) -> dict:
@@ -41,12 +43,15 @@ def run_probe(embedder: object, pairs: Sequence[dict]) -> dict:
     out = {}
     with tempfile.TemporaryDirectory(prefix="probe_") as tmp, MemoryStore(Path(tmp) / "p.db", embedder) as store:
         ids = store.remember_many([p["fact"] for p in pairs])
-        for mode, fusion in MODES:
+        runs = [(mode, fusion, False) for mode, fusion in MODES]
+        if getattr(embedder, "lexicon", None) is not None:
+            runs.append(RERANK)
+        for mode, fusion, rerank in runs:
             ranks = []
             for i, p in enumerate(pairs):
-                hits = [h.id for h in store.recall(p["question"], k=10, mode=mode, fusion=fusion)]
+                hits = [h.id for h in store.recall(p["question"], k=10, mode=mode, fusion=fusion, rerank=rerank)]
                 ranks.append(hits.index(ids[i]) + 1 if ids[i] in hits else 0)
-            name = mode if mode != "hybrid" else f"hybrid {fusion}"
+            name = "hybrid rerank" if rerank else mode if mode != "hybrid" else f"hybrid {fusion}"
             out[name] = {"first": sum(r == 1 for r in ranks), "top3": sum(1 <= r <= 3 for r in ranks), "ranks": ranks}
         out["info"] = {"fingerprint": store.fingerprint, "facts": len(ids)}
     return out
