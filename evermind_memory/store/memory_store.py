@@ -523,7 +523,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             now: the time time_words count from (an aware datetime or ISO 8601 text); only with time_words.
             rerank: (hybrid, an embedder with a lexicon: the shipped one) reorder the best 30 hits by reading the
                 query's words against each fact's words (store/rerank.py); each hit's score becomes the reranked
-                score. Helps short personal facts, costs some manual sources: off by default.
+                score (min_score, min_relevance and explain still judge and show the hybrid score). Helps short
+                personal facts, costs some manual sources: off by default.
         Returns:
             list of Recall (never an expired fact); `relevance` (0..1) is set in hybrid mode with a fitted rule.
         Raises:
