@@ -83,15 +83,9 @@ def main() -> None:
     save_model(args.out, new_cfg, new_params, fp16=True)
     print(f"{cfg.n_layers} -> {new_cfg.n_layers} layers (new after old {plan(cfg.n_layers, args.layers)}): {args.out}")
     if args.check:
-        from evermind_memory.embedder import LMEmbedder
-        from evermind_memory.lm.model import EvermindLM
-        from evermind_memory.lm.tokenizer import BPETokenizer
+        from widen import embed_both  # (its neighbour in recipe/, on the path as the script's own folder)
 
-        tok = BPETokenizer.load(args.check)
-        texts = ["Ada takes her tea with lemon.", "what does Ada drink?", "The quick brown fox jumps over the dog.",
-                 "sqlite3.connect(database, timeout=5.0) opens a connection to the SQLite database file."]
-        a = LMEmbedder(EvermindLM.load(args.model), tok).embed_many(texts)
-        b = LMEmbedder(EvermindLM.load(args.out), tok).embed_many(texts)
+        a, b = embed_both(args.model, args.out, args.check)
         print(f"max |diff| {np.abs(a - b).max():.2e}")
 
 

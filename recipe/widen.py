@@ -95,6 +95,21 @@ def widen(cfg: LMConfig, params: dict[str, np.ndarray], d_model: int, attn_heads
     return new, out
 
 
+CHECK_TEXTS = ["Ada takes her tea with lemon.", "what does Ada drink?", "The quick brown fox jumps over the dog.",
+               "sqlite3.connect(database, timeout=5.0) opens a connection to the SQLite database file."]
+
+
+def embed_both(old: str, new: str, tokenizer: str) -> tuple[np.ndarray, np.ndarray]:
+    """CHECK_TEXTS embedded by two checkpoints with one tokenizer (numpy, CPU): `--check` of widen.py and deepen.py."""
+    from evermind_memory.embedder import LMEmbedder
+    from evermind_memory.lm.model import EvermindLM
+    from evermind_memory.lm.tokenizer import BPETokenizer
+
+    tok = BPETokenizer.load(tokenizer)
+    return (LMEmbedder(EvermindLM.load(old), tok).embed_many(CHECK_TEXTS),
+            LMEmbedder(EvermindLM.load(new), tok).embed_many(CHECK_TEXTS))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -111,15 +126,7 @@ def main() -> None:
     save_model(args.out, new_cfg, new_params, fp16=True)
     print(f"{cfg.to_dict()} -> {new_cfg.to_dict()}: {args.out}")
     if args.check:
-        from evermind_memory.embedder import LMEmbedder
-        from evermind_memory.lm.model import EvermindLM
-        from evermind_memory.lm.tokenizer import BPETokenizer
-
-        tok = BPETokenizer.load(args.check)
-        texts = ["Ada takes her tea with lemon.", "what does Ada drink?", "The quick brown fox jumps over the dog.",
-                 "sqlite3.connect(database, timeout=5.0) opens a connection to the SQLite database file."]
-        a = LMEmbedder(EvermindLM.load(args.model), tok).embed_many(texts)
-        b = LMEmbedder(EvermindLM.load(args.out), tok).embed_many(texts)
+        a, b = embed_both(args.model, args.out, args.check)
         print(f"old channels: max |diff| {np.abs(a - b[:, : a.shape[1]]).max():.2e}; "
               f"new channels: max |value| {np.abs(b[:, a.shape[1]:]).max():.2e}")
 
