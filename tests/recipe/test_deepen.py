@@ -17,17 +17,6 @@ _spec = importlib.util.spec_from_file_location("deepen", SCRIPT)
 dp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dp)
 
-TEXTS = ["Ada takes her tea with lemon.", "what does Ada drink?", "Bob's flight to Lisbon leaves on Tuesday.",
-         "sqlite3.connect(database, timeout=5.0) opens a connection."]
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    from evermind_memory import default_embedder
-
-    emb = default_embedder()
-    return emb.model.config, dict(emb.model.params), emb.tokenizer
-
 
 def test_plan_keeps_the_old_layers_in_order_and_spreads_the_new():
     assert dp.plan(4, 6) == [0, 1, None, 2, None, 3]
@@ -38,13 +27,13 @@ def test_plan_keeps_the_old_layers_in_order_and_spreads_the_new():
         dp.plan(4, 3)
 
 
-def test_deepened_model_embeds_as_the_trained_one(shipped):
+def test_deepened_model_embeds_as_the_trained_one(shipped, grow_texts):
     cfg, params, tok = shipped
     new_cfg, new_params = dp.deepen(cfg, params, cfg.n_layers + 2)
     assert new_cfg.n_layers == cfg.n_layers + 2
     assert {k: v.shape for k, v in new_params.items()} == param_shapes(new_cfg)
-    old = LMEmbedder(EvermindLM.from_params(cfg, params), tok).embed_many(TEXTS)
-    new = LMEmbedder(EvermindLM.from_params(new_cfg, new_params), tok).embed_many(TEXTS)
+    old = LMEmbedder(EvermindLM.from_params(cfg, params), tok).embed_many(grow_texts)
+    new = LMEmbedder(EvermindLM.from_params(new_cfg, new_params), tok).embed_many(grow_texts)
     np.testing.assert_allclose(new, old, atol=1e-5)
 
 

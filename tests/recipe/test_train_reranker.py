@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "recipe"))
 
 import train_reranker as tr  # noqa: E402
 
-from evermind_memory.lm.model import EvermindLM, LMConfig  # noqa: E402
+from evermind_memory.lm.model import EvermindLM  # noqa: E402
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -28,16 +28,13 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("residual_tau", [0.0, 0.05])
-def test_list_loss_is_its_definition_at_both_widths(residual_tau):
+def test_list_loss_is_its_definition_at_both_widths(residual_tau, tiny_cfg, token_rows):
     rng = np.random.default_rng(4)
-    cfg = LMConfig(vocab_size=300, d_model=32, n_layers=2, conv_kernel=4, hidden_dim=32, n_experts=4, top_k=2,
-                   attn_heads=4)
+    cfg = tiny_cfg
     model = tr.Reranker(cfg, EvermindLM(cfg, seed=0).params)
     torch.nn.init.normal_(model.head.weight, std=0.5)  # a trained-looking head: scores differ between candidates
     n_texts, T = 40, 20
-    lengths = rng.integers(2, T + 1, n_texts)
-    mat = rng.integers(1, cfg.vocab_size, (n_texts, T))
-    mat[np.arange(T)[None, :] >= lengths[:, None]] = 0
+    mat, lengths = token_rows(rng, n_texts, T, cfg.vocab_size)
     tok_mat, tok_len = torch.as_tensor(mat), torch.as_tensor(lengths)
     emb = torch.nn.functional.normalize(torch.randn(n_texts, 16, generator=torch.Generator().manual_seed(1)), dim=-1)
     teach = torch.nn.functional.normalize(torch.randn(n_texts, 12, generator=torch.Generator().manual_seed(2)), dim=-1)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "recipe"))
 import train_embedder as te  # noqa: E402
 from mirror import MirrorLM, embed_bucketed, top_k_first  # noqa: E402
 
-from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes  # noqa: E402
+from evermind_memory.lm.model import EvermindLM, param_shapes  # noqa: E402
 
 
 def test_top_k_first_is_the_numpy_models_choice_ties_included():
@@ -66,15 +66,12 @@ def _reference_loss(v, ids, teach, head_w, B, negatives, tau, kd_w, dis_w, sim_w
 
 
 @pytest.mark.parametrize("negatives", [False, True])
-def test_step_loss_is_its_definition_and_trains(negatives):
+def test_step_loss_is_its_definition_and_trains(negatives, tiny_cfg, token_rows):
     rng = np.random.default_rng(1)
-    cfg = LMConfig(vocab_size=300, d_model=32, n_layers=2, conv_kernel=4, hidden_dim=32, n_experts=4, top_k=2,
-                   attn_heads=4)
+    cfg = tiny_cfg
     model = MirrorLM(cfg.to_dict(), param_shapes(cfg), EvermindLM(cfg, seed=0).params)
     n_texts, T = 40, 12
-    lengths = rng.integers(2, T + 1, n_texts)
-    mat = rng.integers(1, cfg.vocab_size, (n_texts, T))
-    mat[np.arange(T)[None, :] >= lengths[:, None]] = 0
+    mat, lengths = token_rows(rng, n_texts, T, cfg.vocab_size)
     args = Namespace(precision="fp32", compile="off", buckets=2, tau=0.05, kd_weight=4.0, kd_tau=None,
                      distill_weight=4.0, simmat_weight=1.0)
     dev = torch.device("cpu")
@@ -98,17 +95,14 @@ def test_step_loss_is_its_definition_and_trains(negatives):
     assert head.weight.grad is not None and float(head.weight.grad.abs().sum()) > 0
 
 
-def test_buckets_embed_each_text_as_alone():
+def test_buckets_embed_each_text_as_alone(tiny_cfg, token_rows):
     """Length buckets (each padded to its own longest text) give every text the vector it has in one padded batch,
     in the order asked, and hand back the ids on the device."""
     rng = np.random.default_rng(3)
-    cfg = LMConfig(vocab_size=300, d_model=32, n_layers=2, conv_kernel=4, hidden_dim=32, n_experts=4, top_k=2,
-                   attn_heads=4)
+    cfg = tiny_cfg
     model = MirrorLM(cfg.to_dict(), param_shapes(cfg), EvermindLM(cfg, seed=0).params)
     n_texts, T = 30, 40
-    lengths = rng.integers(2, T + 1, n_texts)
-    mat = rng.integers(1, cfg.vocab_size, (n_texts, T))
-    mat[np.arange(T)[None, :] >= lengths[:, None]] = 0
+    mat, lengths = token_rows(rng, n_texts, T, cfg.vocab_size)
     mat_t, len_t = torch.as_tensor(mat), torch.as_tensor(lengths)
     ids = rng.choice(n_texts, 17)
     with torch.no_grad():

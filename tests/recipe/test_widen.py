@@ -17,27 +17,16 @@ _spec = importlib.util.spec_from_file_location("widen", SCRIPT)
 wd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(wd)
 
-TEXTS = ["Ada takes her tea with lemon.", "what does Ada drink?", "Bob's flight to Lisbon leaves on Tuesday.",
-         "sqlite3.connect(database, timeout=5.0) opens a connection."]
 
-
-@pytest.fixture(scope="module")
-def shipped():
-    from evermind_memory import default_embedder
-
-    emb = default_embedder()
-    return emb.model.config, dict(emb.model.params), emb.tokenizer
-
-
-def test_widened_model_embeds_as_the_trained_one_with_new_channels_zero(shipped):
+def test_widened_model_embeds_as_the_trained_one_with_new_channels_zero(shipped, grow_texts):
     cfg, params, tok = shipped
     new_cfg, new_params = wd.widen(cfg, params, d_model=cfg.d_model + 128, hidden=cfg.hidden_dim + 64)
     assert new_cfg.d_model == cfg.d_model + 128 and new_cfg.hidden_dim == cfg.hidden_dim + 64
     assert new_cfg.attn_heads == cfg.attn_heads * (cfg.d_model + 128) // cfg.d_model  # head width kept
     assert {k: v.shape for k, v in new_params.items()} == param_shapes(new_cfg)
-    old = LMEmbedder(EvermindLM.from_params(cfg, params), tok).embed_many(TEXTS)
-    new = LMEmbedder(EvermindLM.from_params(new_cfg, new_params), tok).embed_many(TEXTS)
-    assert new.shape == (len(TEXTS), new_cfg.d_model)
+    old = LMEmbedder(EvermindLM.from_params(cfg, params), tok).embed_many(grow_texts)
+    new = LMEmbedder(EvermindLM.from_params(new_cfg, new_params), tok).embed_many(grow_texts)
+    assert new.shape == (len(grow_texts), new_cfg.d_model)
     np.testing.assert_allclose(new[:, : cfg.d_model], old, atol=1e-4)
     assert np.abs(new[:, cfg.d_model:]).max() == 0.0
 
