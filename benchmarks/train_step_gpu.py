@@ -89,7 +89,7 @@ def time_variant(name: str, spec: dict, cfg: LMConfig, init: dict, data, args, d
         """One training step; its loss stays on the device (reading it would wait for the step, as the recipe's
         loop does only every 100 steps)."""
         q, d, p = rng.choice(short, B), rng.choice(long, B), rng.choice(long, B)
-        loss, _ = step_loss(embed, head, teach, q, d, p, None, step_args, dev)
+        loss, _ = step_loss(embed, head, teach, q, d, p, None, step_args)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

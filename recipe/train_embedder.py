@@ -429,12 +429,12 @@ def main() -> None:
             h_np[empty] = pair_d[rng.integers(len(pair_d), size=int(empty.sum()))]
         p_np = passage_ids[rng.integers(len(passage_ids), size=B)]
         try:
-            loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args, dev)
+            loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args)
         except Exception as exc:  # a compiler failure shows at the first steps: train on, uncompiled
             if not embed.uncompile():
                 raise
             print(f"torch.compile failed ({type(exc).__name__}: {str(exc)[:300]}); continuing uncompiled", flush=True)
-            loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args, dev)
+            loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args)
         l_con, l_dis, l_sim, l_kd = parts
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -660,7 +660,7 @@ class LexiconJoin:
 
 
 def step_loss(embed: Embed, head: torch.nn.Linear, teach_t: torch.Tensor, q_np: np.ndarray, d_np: np.ndarray,
-              p_np: np.ndarray, h_np: np.ndarray | None, args, dev: torch.device):
+              p_np: np.ndarray, h_np: np.ndarray | None, args):
     """The recipe's loss for one batch: query->doc InfoNCE (both directions; over hard negatives too when h_np is
     given), the teacher-vector head, the passages' similarity matrix against the teacher's and, with --kd-weight,
     in-batch ranking distillation. Returns (loss, (contrastive, distill, simmat, kd))."""

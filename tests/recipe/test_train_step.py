@@ -82,7 +82,7 @@ def test_step_loss_is_its_definition_and_trains(negatives, tiny_cfg, token_rows)
     q, d, p = rng.choice(20, B, replace=False), rng.choice(np.arange(20, 40), B, replace=False), rng.choice(40, B)
     d[1] = d[0]  # a duplicate doc: masked out of the other row's negatives
     h = rng.choice(40, B) if negatives else None
-    loss, parts = te.step_loss(embed, head, teach, q, d, p, h, args, dev)
+    loss, parts = te.step_loss(embed, head, teach, q, d, p, h, args)
     ids = np.concatenate([q, d, p] + ([h] if negatives else []))
     with torch.no_grad():
         v = embed(ids).numpy()
