@@ -86,15 +86,15 @@ class LexiconStates:
 
         self.embedder = default_embedder()
         self.lex = self.embedder.lexicon
-        rows = self.lex.table.astype(np.float32)  # (V, D)
-        self.unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)  # (V, D)
 
     def __call__(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        from evermind_memory.store.rerank import unit_rows
+
         vec = self.embedder.embed_many([text])[0]  # (C + D,)
         ids = self.lex.word_ids(text)
         if not ids:
-            return vec, np.zeros((1, self.unit.shape[1]), dtype=np.float32)  # (1, D): MaxSim 0
-        return vec, self.unit[ids]  # (T, D)
+            return vec, np.zeros((1, self.lex.dims), dtype=np.float32)  # (1, D): MaxSim 0
+        return vec, unit_rows(self.lex, ids)  # (T, D)
 
     def query(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         vec, rows = self(text)

@@ -1,12 +1,13 @@
 """A training-free second stage on hybrid recall: the store's hybrid top 30 reranked by its own score plus w x MaxSim
 over the lexicon's word vectors (issue 36), on the personal-memory protocol, the validation set and the dev manuals.
 
-MaxSim is `late_interaction.py --tokens lexicon`'s: each question word's best cosine with the memory's words (the
-lexicon's unit rows), weighted by the word's lexicon weight. The hybrid score is min-max scaled over the 30 (its scale
-changes with the store), so a candidate's new score is scaled score + w x MaxSim. Nothing is fitted here: every
-weight is shown, and w = 0 is the store's own hybrid ranking; the last column is `recall(..., rerank=True)` itself
-(store/rerank.py, w = 0.5), which must equal the w = 0.5 column. The store's fusion rule was fitted on these sources
-(the shipped rule), so the w = 0 column is in-sample, in hybrid's favour.
+MaxSim is the store's own (store/rerank.py word_match, as `late_interaction.py --tokens lexicon` computes it): each
+question word's best cosine with the memory's words (the lexicon's unit rows), weighted by the word's lexicon weight.
+The hybrid score is min-max scaled over the 30 (its scale changes with the store), so a candidate's new score is
+scaled score + w x MaxSim. Nothing is fitted here: every weight is shown, and w = 0 is the store's own hybrid
+ranking; the last column is `recall(..., rerank=True)` itself (store/rerank.py, w = 0.5), which must equal the w = 0.5
+column. The store's fusion rule was fitted on these sources (the shipped rule), so the w = 0 column is in-sample, in
+hybrid's favour.
 
 - personal: benchmarks/personal_data.py's protocol through personal_recall.build (each fact in its user's scope),
   every answerable ask in the person's scope and store-wide (third-person questions): right first and MRR@10;
@@ -34,35 +35,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 
+from evermind_memory.store.rerank import word_match  # noqa: E402
+
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
 COLUMNS = (*WEIGHTS, "store")
 POOL = 30
 
 
-class WordVectors:
-    """Unit lexicon rows of a text's known words; a question's scaled by weight over its mean weight."""
-
-    def __init__(self, lexicon) -> None:
-        self.lex = lexicon
-        rows = lexicon.table.astype(np.float32)  # (V, D)
-        self.unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)  # (V, D)
-        self.cache: dict[str, np.ndarray] = {}
-
-    def doc(self, text: str) -> np.ndarray:
-        if text not in self.cache:
-            ids = self.lex.word_ids(text)
-            self.cache[text] = self.unit[ids] if ids else np.zeros((1, self.unit.shape[1]), np.float32)  # (T, D)
-        return self.cache[text]
-
-    def query(self, text: str) -> np.ndarray:
-        ids = self.lex.word_ids(text)
-        if not ids:
-            return np.zeros((1, self.unit.shape[1]), np.float32)
-        w = self.lex.weight[ids]  # (T,)
-        return self.unit[ids] * (w / max(float(w.mean()), 1e-12))[:, None]  # (T, D)
-
-
-def reranked(view, question: str, words: WordVectors) -> dict[object, list[str]]:
+def reranked(view, question: str, lexicon) -> dict[object, list[str]]:
     """{w: fact ids in reranked order} of the hybrid top POOL, and {"store": the same by recall(rerank=True)}."""
     hits = view.recall(question, k=POOL, mode="hybrid")
     if not hits:
@@ -70,15 +50,14 @@ def reranked(view, question: str, words: WordVectors) -> dict[object, list[str]]
     s = np.array([h.score for h in hits], dtype=np.float64)  # (P,)
     span = s.max() - s.min()
     base = (s - s.min()) / span if span > 0 else np.zeros_like(s)
-    q = words.query(question)
-    maxsim = np.array([(q @ words.doc(h.text).T).max(1).mean() for h in hits])  # (P,)
+    maxsim = word_match(lexicon, question, [h.text for h in hits])  # (P,) the store's own word match
     ids = [h.id for h in hits]
     out = {w: [ids[i] for i in np.argsort(-(base + w * maxsim), kind="stable")] for w in WEIGHTS}
     out["store"] = [h.id for h in view.recall(question, k=POOL, rerank=True)]  # the product's path (w 0.5)
     return out
 
 
-def personal(embedder, ps, words: WordVectors) -> dict[str, dict[float, tuple[int, float]]]:
+def personal(embedder, ps, lexicon) -> dict[str, dict[float, tuple[int, float]]]:
     """{"scoped" | "store-wide": {w: (right first, MRR@10)}} over the answerable asks."""
     from personal_recall import build
 
@@ -93,7 +72,7 @@ def personal(embedder, ps, words: WordVectors) -> dict[str, dict[float, tuple[in
                     if part == "store-wide" and q.first_person:
                         continue
                     view = store.scope(user=q.user) if part == "scoped" else store
-                    for w, order in reranked(view, q.text, words).items():
+                    for w, order in reranked(view, q.text, lexicon).items():
                         top = order[:10]
                         if ids[q.fact] in top:
                             rank = top.index(ids[q.fact]) + 1
@@ -104,7 +83,7 @@ def personal(embedder, ps, words: WordVectors) -> dict[str, dict[float, tuple[in
     return {p: {w: (int(v[0]), float(v[1])) for w, v in r.items()} for p, r in out.items()}
 
 
-def manual(embedder, dev: Path, source: str, words: WordVectors) -> dict[float, float]:
+def manual(embedder, dev: Path, source: str, lexicon) -> dict[float, float]:
     from evermind_memory import MemoryStore
 
     rows = [json.loads(line) for line in open(dev / f"{source}.jsonl")][:120]
@@ -115,7 +94,7 @@ def manual(embedder, dev: Path, source: str, words: WordVectors) -> dict[float, 
         ids = store.remember_many(docs)
         for r in rows:
             gold = ids[docs.index(r["doc"])]
-            for w, order in reranked(store, r["query"], words).items():
+            for w, order in reranked(store, r["query"], lexicon).items():
                 top = order[:10]
                 gains[w].append(1 / np.log2(top.index(gold) + 2) if gold in top else 0.0)
     return {w: float(np.mean(g)) for w, g in gains.items()}
@@ -132,18 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     from evermind_memory import default_embedder
 
     embedder = default_embedder()
-    words = WordVectors(embedder.lexicon)
+    lexicon = embedder.lexicon
     table: dict[str, dict[object, str]] = {}
     raw: dict[str, dict] = {}
     for name, ps in (("personal", personal_set()), ("validation", validation_set())):
-        res = personal(embedder, ps, words)
+        res = personal(embedder, ps, lexicon)
         raw[name] = res
         for part, by_w in res.items():
             table[f"{name} {part}: right first / MRR@10"] = {w: f"{a} / {b:.1f}" for w, (a, b) in by_w.items()}
         print(name, res, flush=True)
     means: dict[object, list[float]] = {w: [] for w in COLUMNS}
     for source in [s for s in args.sources.split(",") if s]:
-        res = manual(embedder, args.dev_dir, source, words)
+        res = manual(embedder, args.dev_dir, source, lexicon)
         raw[source] = res
         table[f"manual {source} (ndcg@10)"] = {w: f"{v:.4f}" for w, v in res.items()}
         for w, v in res.items():

@@ -40,7 +40,7 @@ def lexicon_of(embedder: object) -> Any:
     return lexicon
 
 
-def _unit_rows(lexicon: Any, ids: Sequence[int]) -> np.ndarray:
+def unit_rows(lexicon: Any, ids: Sequence[int]) -> np.ndarray:
     """(n, D) float32 unit rows of the lexicon's words `ids`."""
     rows = lexicon.table[np.asarray(ids, dtype=np.intp)].astype(np.float32)  # (n, D)
     rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
@@ -62,8 +62,8 @@ def word_match(lexicon: Any, query: str, texts: Sequence[str]) -> np.ndarray:
     has = counts > 0
     if not has.any():
         return out
-    words = _unit_rows(lexicon, list(chain.from_iterable(per_text)))  # (W, D) every text's words, text after text
-    sims = _unit_rows(lexicon, q_ids) @ words.T  # (Q, W)
+    words = unit_rows(lexicon, list(chain.from_iterable(per_text)))  # (W, D) every text's words, text after text
+    sims = unit_rows(lexicon, q_ids) @ words.T  # (Q, W)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[has]  # (n,) each text's first word
     best = np.maximum.reduceat(sims, starts, axis=1)  # (Q, n) each query word's best match in each text
     out[has] = (weight / weight.sum()) @ best  # (n,)

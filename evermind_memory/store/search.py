@@ -133,18 +133,16 @@ class Search:
         want = q.k if q.half_life is None else candidate_pool(q.k)
         lexicon = None
         if q.rerank:
-            from .rerank import RERANK_POOL, lexicon_of
+            from . import rerank  # (only a reranked recall reads it)
 
-            lexicon, want = lexicon_of(gen.embedder), max(want, RERANK_POOL)
+            lexicon, want = rerank.lexicon_of(gen.embedder), max(want, rerank.RERANK_POOL)
         qv = None if q.mode == "lexical" else embed_query(gen.embedder, q.text, self._dim)  # (D,)
         scored, detail = self.run(gen, q.text, qv, want, q.sel, q.mode, q.fusion, weight, q.explain)
         if q.half_life is not None:
             scored = rerank_by_recency(scored, q.sel.now, q.half_life)
         hits = above(scored, detail, q.min_score, q.min_relevance)
         if lexicon is not None:
-            from .rerank import rerank
-
-            hits = rerank(hits, q.text, lexicon)
+            hits = rerank.rerank(hits, q.text, lexicon)
         return hits
 
     @single_blas
