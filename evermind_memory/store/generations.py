@@ -345,7 +345,12 @@ class Generations(AdapterState):
         if stored_fp is None or stored_fp == cache.model.fingerprint:
             return
         with cache.swapping():
-            if stored_fp == cache.model.fingerprint:
+            # Read the name again under the lock: a swap of our own (adaptation in another thread) commits and
+            # installs inside swapping(), so the name read above may predate a swap that has installed since; kept,
+            # it would "follow" back to the model just replaced.
+            with self._db.reading() as r:
+                stored_fp = r.meta("fingerprint")
+            if stored_fp is None or stored_fp == cache.model.fingerprint:
                 return  # another thread of ours switched first
             base = self.base_embedder
             embedder = base if stored_fp == getattr(base, "fingerprint", None) else None
