@@ -31,6 +31,8 @@ from pathlib import Path
 
 HAND_FILE = Path(__file__).resolve().parent / "data" / "personal_hand.jsonl"
 VALIDATION_FILE = Path(__file__).resolve().parent / "data" / "personal_val.jsonl"
+# A test set: read by benchmarks/relevance_heldout.py only (never fitted, chosen or trained on).
+TEST_FILE = Path(__file__).resolve().parent / "data" / "personal_test.jsonl"
 
 DEV_PEOPLE = (
     "Ingrid", "Tomasz", "Priya", "Mateo", "Yuki", "Olusegun", "Freya", "Rafael", "Amara", "Henrik", "Leilani",
@@ -389,7 +391,7 @@ def reserved_words() -> set[str]:
         words.update(g.lower() for g in group)
     for group in (CITIES, JOBS, PETS, CONDITIONS, SPORTS, DISLIKES):
         words.update(g[0].lower() for g in group)
-    for path in (HAND_FILE, VALIDATION_FILE):
+    for path in (HAND_FILE, VALIDATION_FILE, TEST_FILE):
         with open(path, encoding="utf-8") as fh:
             words.update(json.loads(line)["user"] for line in fh if line.strip())
     return words

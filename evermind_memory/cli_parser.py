@@ -189,9 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the query's time words ('yesterday', 'last week', 'in May') and put facts from then "
                         "first")
     p.add_argument("--now", default=None, metavar="TIME", help="with --time-words: count from this time (ISO 8601)")
-    p.add_argument("--rerank", action="store_true",
+    p.add_argument("--rerank", action=argparse.BooleanOptionalAction, default=None,
                    help="(hybrid) reorder the best 30 by reading the query's words against each fact's words: helps "
-                        "short personal facts, can cost on manuals (default: off)")
+                        "short personal facts, can cost on manuals (default: only when the hits are short notes)")
 
     p = add("get", "show one fact")
     p.add_argument("id", help="the fact's id")

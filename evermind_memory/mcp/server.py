@@ -475,10 +475,11 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                time_words: Annotated[bool,
                                      Field(description="read the query's time words ('yesterday', 'last week', 'in "
                                                        "May') and return memories from then first")] = False,
-               rerank: Annotated[bool,
+               rerank: Annotated[bool | None,
                                  Field(description="hybrid only: reorder the best 30 by reading the query's words "
-                                                   "against each memory's words (helps short personal facts)")
-                                 ] = False,
+                                                   "against each memory's words (helps short personal facts); "
+                                                   "default: only when the memories found are short notes")
+                                 ] = None,
                max_chars: MaxChars = 4000) -> Annotated[CallToolResult, RecallResult]:
         """MemoryStore.recall (thread-safe; vector and hybrid recalls first wait for pending vectors)."""
         warning = None

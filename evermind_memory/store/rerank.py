@@ -1,4 +1,4 @@
-"""recall(..., rerank=True): an opt-in second stage for hybrid recall that rereads the best hits word by word.
+"""The second stage of hybrid recall: the best hits reread word by word. On by default for short notes.
 
 A text's vector sums its words into one direction, which blurs a question's words against a memory's ("what gives
 Ada headaches?" against "Ada gets migraines every spring"). The second stage takes the hybrid top RERANK_POOL and,
@@ -8,10 +8,14 @@ lexicon weights (frequent words count less): MaxSim, as late-interaction rankers
 score is its hybrid score min-max scaled over the pool (its scale moves with the store) plus RERANK_WEIGHT x that
 match, and the pool is ordered by it. Nothing is trained; it costs microseconds a candidate.
 
-Measured through the store (benchmarks/rerank_lexicon.py, benchmarks/results/rerank_lexicon.txt): with the weight
-chosen on the personal-memory dev protocol (right first 568 -> 594 of 820 questions), the validation set it was not
-chosen on goes from 131 to 138 of 180; on manual sections the mean is flat but single sources lose up to 0.014
-ndcg@10 (statsmodels, nodejs). Hence opt-in, for stores of short notes.
+`recall(rerank=None)`, the default, reranks when the hits are short notes (their median under NOTES_CHARS: what
+agents store) and the store's embedder has a lexicon and its fitted rule fuses; True always (an error where it
+cannot), False never. Measured through the store (benchmarks/rerank_lexicon.py, benchmarks/results/
+rerank_lexicon.txt): with the weight chosen on the personal-memory dev protocol (right first 568 -> 594 of 820
+questions), the validation set it was not chosen on goes from 131 to 138 of 180; on manual sections the mean is flat
+but single sources lose up to 0.014 ndcg@10 (statsmodels, nodejs). Their hybrid pools' median length is 182
+characters or more (every dev question), personal facts' at most 76: the default gate at NOTES_CHARS never fires on
+the manuals (benchmarks/rerank_gate.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,20 @@ else:
 
 RERANK_POOL = 30  # hybrid hits the second stage reorders
 RERANK_WEIGHT = 0.5  # the word match's weight against the scaled hybrid score (chosen on the personal dev protocol)
+NOTES_CHARS = 150  # a pool of hits whose median length is under this is reranked by default (a sentence or two)
+
+
+def auto_lexicon(embedder: object, fusion: str) -> Any:
+    """The lexicon a default recall (rerank=None) may rerank with: the embedder's, when it has one and `fusion` is
+    the fitted rule's "score"; else None (no second stage)."""
+    return getattr(embedder, "lexicon", None) if fusion == "score" else None
+
+
+def short_notes(hits: Sequence) -> bool:
+    """Whether hits (FactRow, score, detail) are short notes: the median length of the first RERANK_POOL under
+    NOTES_CHARS."""
+    pool = hits[:RERANK_POOL]
+    return bool(pool) and float(np.median([len(hit[0].text) for hit in pool])) < NOTES_CHARS
 
 
 def lexicon_of(embedder: object) -> Any:

@@ -69,7 +69,7 @@ class Query(NamedTuple):
     min_score: float | None
     min_relevance: float | None
     explain: bool
-    rerank: bool = False  # (hybrid) the second stage of store/rerank.py over the best hits
+    rerank: bool | None = None  # (hybrid) the second stage of store/rerank.py: True, False, None (short notes)
 
 
 class Detail(NamedTuple):
@@ -108,12 +108,12 @@ class Search:
 
     def query(self, scope: str, text: object, k: object, *, tags: object, where: object, source: object, since: object,
               until: object, recency: object, mode: object, min_score: object, fusion: object, min_relevance: object,
-              explain: object, rerank: object = False) -> Query:
+              explain: object, rerank: object = None) -> Query:
         """MemoryStore.recall()'s arguments checked, the filters made one Selection in `scope`.
 
         Raises:
             InvalidInput: bad query, k, filter, recency, mode, fusion, min_score, min_relevance, explain or rerank
-                (a flag, for hybrid mode only).
+                (None, or a flag; True for hybrid mode only).
         """
         text = check_text(text, "query")
         k = check_k(k)
@@ -122,40 +122,44 @@ class Search:
         mode = check_choice(mode, "mode", MODES, "recall")
         fusion = check_choice(fusion, "fusion", FUSIONS, "recall")
         min_score, min_relevance = check_min_score(min_score), self.relevance_floor(min_relevance, mode)
-        if check_flag(rerank, "rerank", "recall") and mode != "hybrid":
+        second = None if rerank is None else check_flag(rerank, "rerank", "recall")
+        if second and mode != "hybrid":
             raise InvalidInput(f"recall: rerank reorders hybrid recall's best hits; mode is {mode!r}.")
         return Query(text, k, sel, half_life, mode, fusion, min_score, min_relevance,
-                     check_flag(explain, "explain", "recall"), bool(rerank))
+                     check_flag(explain, "explain", "recall"), second)
 
     def recall(self, gen: Generation, q: Query, weight: float) -> list[tuple[FactRow, float, Detail]]:
         """The hits of a checked recall in generation `gen` (held by the caller), best first: at most q.k before
         the recency weight (a pool of candidate_pool(k) with it), above both floors."""
         want = q.k if q.half_life is None else candidate_pool(q.k)
-        lexicon = None
-        if q.rerank:
-            from . import rerank  # (only a reranked recall reads it)
+        lexicon, keep = None, None
+        if q.mode == "hybrid" and q.rerank is not False:
+            from . import rerank
 
-            lexicon, want = rerank.lexicon_of(gen.embedder), max(want, rerank.RERANK_POOL)
+            lexicon = rerank.lexicon_of(gen.embedder) if q.rerank else rerank.auto_lexicon(gen.embedder, q.fusion)
+            if lexicon is not None:  # the second stage reads the best RERANK_POOL of the same candidate pool
+                keep = max(want, rerank.RERANK_POOL)
         qv = None if q.mode == "lexical" else embed_query(gen.embedder, q.text, self._dim)  # (D,)
-        scored, detail = self.run(gen, q.text, qv, want, q.sel, q.mode, q.fusion, weight, q.explain)
+        scored, detail = self.run(gen, q.text, qv, want, q.sel, q.mode, q.fusion, weight, q.explain, keep)
         if q.half_life is not None:
             scored = rerank_by_recency(scored, q.sel.now, q.half_life)
         hits = above(scored, detail, q.min_score, q.min_relevance)
-        if lexicon is not None:
+        if lexicon is not None and (q.rerank or rerank.short_notes(hits)):
             hits = rerank.rerank(hits, q.text, lexicon)
         return hits
 
     @single_blas
     def run(self, gen: Generation, query: str, qv: np.ndarray | None, k: int, sel: Selection, mode: str,
-            fusion: str, weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:
+            fusion: str, weight: float, explain: bool = False,
+            keep: int | None = None) -> tuple[list[Hit], dict[int, Detail]]:
         """((row, score) best first, at most k; rid -> Detail, hybrid only) for validated arguments (qv (D,) is
-        None for lexical mode)."""
+        None for lexical mode; `keep`: see hybrid)."""
         if mode == "lexical":
             return self.lexical(query, k, sel), {}
         assert qv is not None, "vector and hybrid recall embed the query"
         if mode == "vector":
             return self.rows_for(self.vector(gen, qv, k, sel)), {}
-        return self.hybrid(gen, query, qv, k, sel, fusion, weight, explain)
+        return self.hybrid(gen, query, qv, k, sel, fusion, weight, explain, keep)
 
     def lexical(self, query: str, k: int, sel: Selection) -> list[Hit]:
         """FTS5 BM25 over the words of `query` (see store/lexical.py for which words are matched)."""
@@ -279,7 +283,7 @@ class Search:
         return None
 
     def hybrid(self, gen: Generation, query: str, qv: np.ndarray, k: int, sel: Selection, fusion: str,
-               weight: float, explain: bool = False) -> tuple[list[Hit], dict[int, Detail]]:
+               weight: float, explain: bool = False, keep: int | None = None) -> tuple[list[Hit], dict[int, Detail]]:
         """Lexical and vector candidates fused by `fusion` ("score": the embedder's fitted rule, or BM25 over the
         best plus weight x cosine without one; "rrf"): store/fusion.py fuse_pool. The pool is the fitted rule's
         (at least 2k) or max(50, 4k) without one.
@@ -289,7 +293,8 @@ class Search:
         one, an exact match on a rare word fell out of the top k for as long as its vector was pending.
 
         Returns:
-            ((row, score) best first, at most k; rid -> Detail (relevance, and an Explain when `explain`)).
+            ((row, score) best first, at most k (at most `keep` when given: more of the same pool, which k sizes);
+            rid -> Detail (relevance, and an Explain when `explain`)).
         """
         from .fusion import fuse_pool
 
@@ -297,7 +302,7 @@ class Search:
         size = candidate_pool(k) if params is None else min(K_MAX, max(params.pool, 2 * k))
         rows, pool = self.pool(gen, query, qv, size, sel, stats=params is not None)
         rule, fused = fuse_pool(pool, fusion, params, weight)
-        order = sorted(range(len(pool.ids)), key=lambda i: (-fused.score[i], pool.ids[i]))[:k]
+        order = sorted(range(len(pool.ids)), key=lambda i: (-fused.score[i], pool.ids[i]))[:keep or k]
         hits, details = [], {}
         for i in order:
             rid = pool.ids[i]

@@ -1,5 +1,6 @@
-"""recall(..., rerank=True): the hybrid top 30 reordered by the lexicon word match (store/rerank.py), on both
-backends, with the shipped embedder (the one with a lexicon); refused where it cannot apply."""
+"""recall(..., rerank=...): the hybrid top 30 reordered by the lexicon word match (store/rerank.py), on both
+backends, with the shipped embedder (the one with a lexicon): always with True, never with False, for short notes
+only by default; refused where True cannot apply."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from evermind_memory import InvalidInput, MemoryStore, default_embedder
-from evermind_memory.store.rerank import RERANK_POOL, RERANK_WEIGHT
+from evermind_memory.store.rerank import NOTES_CHARS, RERANK_POOL, RERANK_WEIGHT
 
 FACTS = ["Ada gets migraines every spring", "Ada visits her sister every spring", "Ada plays squash on Fridays",
          "Bob keeps a headache cream in the cupboard", "Ada drinks green tea", "Ada's dog is called Rex",
@@ -40,7 +41,7 @@ def test_rerank_orders_the_hybrid_pool_by_scaled_score_plus_word_match(target, s
     query = "what gives Ada headaches?"
     with MemoryStore(target, shipped) as store:
         store.remember_many(FACTS)
-        plain = store.recall(query, k=len(FACTS))
+        plain = store.recall(query, k=len(FACTS), rerank=False)
         hits = store.recall(query, k=len(FACTS), rerank=True)
         top3 = store.recall(query, k=3, rerank=True)
     assert {h.id for h in hits} == {h.id for h in plain}  # the same pool, reordered
@@ -71,11 +72,12 @@ def test_rerank_is_refused_outside_hybrid_and_without_a_lexicon(db_path, embedde
         for mode in ("vector", "lexical"):
             with pytest.raises(InvalidInput, match="hybrid"):
                 store.recall("tea", mode=mode, rerank=True)
+            assert store.recall("tea", mode=mode)  # the default (None) asks for nothing outside hybrid
         with pytest.raises(InvalidInput, match="rerank"):
             store.recall("tea", rerank="yes")
     with MemoryStore(db_path.with_name("plain.db"), embedder) as store:  # the test model has no lexicon
         store.remember_many(FACTS)
-        assert store.recall("tea", k=2)
+        assert [h.id for h in store.recall("tea", k=2)] == [h.id for h in store.recall("tea", k=2, rerank=False)]
         with pytest.raises(InvalidInput, match="lexicon"):
             store.recall("tea", rerank=True)
 
@@ -87,3 +89,23 @@ def test_rerank_word_match_is_zero_without_known_words(shipped):
     np.testing.assert_array_equal(got, [0.0, 0.0])
     got = word_match(shipped.lexicon, "tea", ["Ada drinks green tea", "qqzz", "coffee"])
     assert got[0] == pytest.approx(1.0, abs=1e-6) and got[1] == 0.0 and 0.0 < got[2] < 1.0
+
+
+def test_the_default_reranks_short_notes_only(target, shipped):
+    query = "what gives Ada headaches?"
+    padding = " She wrote it down in the notebook she keeps on the kitchen shelf beside the radio, as usual."
+    long_facts = [f + padding * 2 for f in FACTS]
+    assert min(len(f) for f in long_facts) >= NOTES_CHARS > max(len(f) for f in FACTS)
+
+    def ranked(view, **kw):
+        return [(h.id, h.score) for h in view.recall(query, k=5, **kw)]
+
+    with MemoryStore(target, shipped) as store:
+        short, long = store.scope(user="short"), store.scope(user="long")
+        short.remember_many(FACTS)
+        long.remember_many(long_facts)
+        assert ranked(short) == ranked(short, rerank=True) != ranked(short, rerank=False)
+        assert short.recall(query, k=1)[0].text == FACTS[0]
+        assert ranked(long) == ranked(long, rerank=False) != ranked(long, rerank=True)
+        # only the fitted rule's fusion is reranked by default
+        assert ranked(short, fusion="rrf") == ranked(short, fusion="rrf", rerank=False)
