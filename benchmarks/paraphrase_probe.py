@@ -34,7 +34,8 @@ from recall_quality import load_embedder  # noqa: E402
 
 PROBE = REPO / "tests" / "data" / "paraphrase_probe.jsonl"
 MODES = (("hybrid", "score"), ("hybrid", "rrf"), ("vector", "score"), ("lexical", "score"))
-# with an embedder that has a lexicon (the shipped one), hybrid with the opt-in second stage too (store/rerank.py)
+# with an embedder that has a lexicon (the shipped one), hybrid with the second stage too (store/rerank.py: what
+# recall does by default for short facts like these; the other rows pass rerank=False)
 RERANK = ("hybrid", "score", True)
 
 

@@ -44,7 +44,7 @@ POOL = 30
 
 def reranked(view, question: str, lexicon) -> dict[object, list[str]]:
     """{w: fact ids in reranked order} of the hybrid top POOL, and {"store": the same by recall(rerank=True)}."""
-    hits = view.recall(question, k=POOL, mode="hybrid")
+    hits = view.recall(question, k=POOL, mode="hybrid", rerank=False)
     if not hits:
         return {w: [] for w in COLUMNS}
     s = np.array([h.score for h in hits], dtype=np.float64)  # (P,)
@@ -105,13 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dev-dir", type=Path, default=ROOT / "data" / "dev")
     ap.add_argument("--sources", default="apache,gimp,libreoffice,lilypond,maxima,nodejs,octave,rust,statsmodels")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--word-vectors", type=Path, default=None,
+                    help="a lexicon file whose word vectors the w columns match with (recipe/train_word_rerank.py); "
+                         "default: the embedder's lexicon. The last column stays the store's own rerank")
     args = ap.parse_args(argv)
     from personal_data import personal_set, validation_set
 
     from evermind_memory import default_embedder
 
     embedder = default_embedder()
-    lexicon = embedder.lexicon
+    if args.word_vectors is not None:
+        from evermind_memory.lm.lexicon import Lexicon
+
+        lexicon = Lexicon.load(args.word_vectors)
+    else:
+        lexicon = embedder.lexicon
     table: dict[str, dict[object, str]] = {}
     raw: dict[str, dict] = {}
     for name, ps in (("personal", personal_set()), ("validation", validation_set())):
