@@ -394,6 +394,10 @@ def reserved_words() -> set[str]:
     for path in (HAND_FILE, VALIDATION_FILE, TEST_FILE):
         with open(path, encoding="utf-8") as fh:
             words.update(json.loads(line)["user"] for line in fh if line.strip())
+    from conversation_recall import NEWS, PAIRS  # the conversational dev set's names and values too
+
+    words.update(name.lower() for pair in PAIRS for name in pair)
+    words.update(v.lower() for _, _, slots in NEWS.values() for values in slots.values() for v in values)
     return words
 
 

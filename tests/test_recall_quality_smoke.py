@@ -253,6 +253,33 @@ def test_validation_set_is_apart_from_the_dev_protocol_and_pools_as_its_own_sour
     assert sorted(set(d["gold"].tolist())) == list(range(100))  # every fact answers one question
 
 
+def test_conversation_protocol_asks_about_what_a_speaker_said(embedder: LMEmbedder) -> None:
+    """benchmarks/conversation_recall.py: seeded conversations whose questions name the speaker of their evidence
+    turn (a piece of news, not small talk), its names reserved from the training generator, and every question
+    asked in every way, in its pair's scope and store-wide, through a real store."""
+    import conversation_recall as cr
+    import personal_data
+
+    convs = cr.generate(0, conversations=2)
+    assert [(c.pair, c.sessions, c.questions) for c in convs] == [(c.pair, c.sessions, c.questions)
+                                                                  for c in cr.generate(0, conversations=2)]
+    assert len(convs) == 2 and all(len(c.sessions) == cr.SESSIONS for c in convs)
+    for conv in convs:
+        assert len(conv.questions) == cr.SESSIONS * cr.NEWS_PER_SESSION
+        for question, (s, t) in conv.questions:
+            speaker, text = conv.sessions[s][t]
+            assert speaker in question and text not in cr.SMALL_TALK + cr.REACTIONS
+    assert {n.lower() for pair in cr.PAIRS for n in pair} <= personal_data.reserved_words()
+    res = cr.run(embedder, convs)
+    n = sum(len(c.questions) for c in convs)
+    assert set(res) == set(cr.WAYS)
+    for by_scope in res.values():
+        for row in by_scope.values():
+            assert row["asks"] == n and 0 <= row["first"] <= row["top10"] <= n and 0 <= row["mrr"] <= row["top10"]
+    assert res["lexical"]["scoped"]["top10"] > 0  # the questions name their speaker, whose turns hold the name
+    assert "store-wide" in cr.table("x", res)
+
+
 def test_rerank_speed_times_each_shape_on_question_memory_pairs(tmp_path: Path) -> None:
     """benchmarks/rerank_speed.py with two tiny shapes: each question's batch holds its own fact first and N pairs,
     every shape and N gets a p50 <= p99, and --json writes what it printed."""
