@@ -1,0 +1,145 @@
+"""A vector index that stores compact vectors, weighed against hnswlib on a store's own vectors (issue 34 item 3).
+
+The store keeps each vector as float16 in its row and float32 in hnswlib's graph, whose snapshot is most of a
+store's bytes (2 KB a distinct vector at 512 dimensions). usearch (Unum, Apache-2.0, one C++ header with Python
+wheels) builds the same kind of HNSW graph over float16 or int8 vectors and can serve a saved index from a memory
+map (`Index.restore(path, view=True)`) that processes share. This script takes the distinct vectors of a store,
+holds out some as queries, and reports for hnswlib (float32, the store's M, ef_construction and ef) and usearch
+(float32, float16, int8; the same graph parameters): build seconds, saved bytes a vector, open seconds, query p50 /
+p99 ms for k = 10 (one thread), and recall@10 against exact search over the float32 vectors. Nothing in the store
+changes.
+
+    python benchmarks/index_library.py --db STORE.db [--queries 1000] [--ef 96] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__":
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "2")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sqlite3  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from evermind_memory.store.backend import vector_blobs  # noqa: E402
+from evermind_memory.store.index import IndexConfig  # noqa: E402
+
+K = 10
+
+
+def store_vectors(db: Path, dim: int) -> np.ndarray:
+    """(N, D) float32: the distinct vectors of an SQLite store, as a read of the store gives them back."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        blobs = [r[0] for r in conn.execute("SELECT DISTINCT vector FROM facts WHERE vector IS NOT NULL")]
+    finally:
+        conn.close()
+    ok, matrix = vector_blobs.read(blobs, dim)
+    return matrix[ok]
+
+
+def _timed(fn, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(labels (Q, K), ms (Q,)) of one query at a time."""
+    out, ms = [], []
+    for q in queries:
+        t = time.perf_counter()
+        out.append(fn(q))
+        ms.append((time.perf_counter() - t) * 1000.0)
+    return np.array(out), np.array(ms)
+
+
+def run_hnswlib(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, tmp: Path) -> dict:
+    import hnswlib
+
+    t = time.perf_counter()
+    index = hnswlib.Index(space="ip", dim=base.shape[1])
+    index.init_index(max_elements=len(base), M=cfg.M, ef_construction=cfg.ef_construction, random_seed=cfg.seed)
+    index.set_num_threads(2)
+    index.add_items(base, np.arange(len(base)))
+    build = time.perf_counter() - t
+    path = tmp / "h.bin"
+    index.save_index(str(path))
+    t = time.perf_counter()
+    loaded = hnswlib.Index(space="ip", dim=base.shape[1])
+    loaded.load_index(str(path), max_elements=len(base))
+    opened = time.perf_counter() - t
+    loaded.set_ef(ef)
+    loaded.set_num_threads(1)
+    labels, ms = _timed(lambda q: loaded.knn_query(q, k=K)[0][0], queries)
+    return {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened,
+            "labels": labels, "ms": ms}
+
+
+def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, dtype: str, tmp: Path,
+                view: bool) -> dict:
+    from usearch.index import Index
+
+    t = time.perf_counter()
+    index = Index(ndim=base.shape[1], metric="ip", dtype=dtype, connectivity=cfg.M,
+                  expansion_add=cfg.ef_construction, expansion_search=ef)
+    index.add(np.arange(len(base)), base, threads=2)
+    build = time.perf_counter() - t
+    path = tmp / f"u_{dtype}.usearch"
+    index.save(str(path))
+    t = time.perf_counter()
+    loaded = Index.restore(str(path), view=view)
+    opened = time.perf_counter() - t
+    loaded.expansion_search = ef
+    labels, ms = _timed(lambda q: loaded.search(q, K, threads=1).keys, queries)
+    return {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened,
+            "labels": labels, "ms": ms}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", type=Path, required=True, help="an SQLite store (benchmarks/scale.py --dir keeps them)")
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--ef", type=int, default=96, help="query beam width for both (the store's at ~100k vectors)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    vectors = store_vectors(args.db, args.dim)
+    rng = np.random.default_rng(args.seed)
+    order = rng.permutation(len(vectors))
+    queries, base = vectors[order[:args.queries]], vectors[order[args.queries:]]
+    truth = np.argsort(-(queries @ base.T), axis=1)[:, :K]  # (Q, K) exact float32
+    cfg = IndexConfig()
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="index_library_") as tmp_name:
+        tmp = Path(tmp_name)
+        rows["hnswlib f32 (the store's)"] = run_hnswlib(base, queries, cfg, args.ef, tmp)
+        for dtype in ("f32", "f16", "i8"):
+            rows[f"usearch {dtype}, view"] = run_usearch(base, queries, cfg, args.ef, dtype, tmp, view=True)
+    out = {"vectors": len(base), "queries": len(queries), "dim": int(base.shape[1]), "ef": args.ef, "M": cfg.M,
+           "ef_construction": cfg.ef_construction, "rows": {}}
+    print(f"{len(base):,} distinct vectors of {args.db.name} ({base.shape[1]} dims), {len(queries)} held-out "
+          f"queries, M {cfg.M}, ef_construction {cfg.ef_construction}, ef {args.ef}, k {K}")
+    print("| index | build s (2 threads) | bytes a vector | open s | query p50 / p99 ms | recall@10 |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        recall = float(np.mean([len(set(a.tolist()) & set(b.tolist())) / K for a, b in zip(r["labels"], truth)]))
+        p50, p99 = float(np.percentile(r["ms"], 50)), float(np.percentile(r["ms"], 99))
+        out["rows"][name] = {"build_s": r["build_s"], "bytes_per_vector": r["bytes_per_vector"], "open_s": r["open_s"],
+                             "p50_ms": p50, "p99_ms": p99, "recall_at_10": recall}
+        print(f"| {name} | {r['build_s']:.1f} | {r['bytes_per_vector']:,.0f} | {r['open_s']:.3f} | {p50:.2f} / "
+              f"{p99:.2f} | {recall:.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
