@@ -19,6 +19,7 @@ from evermind_memory import MemoryStore
 from evermind_memory.adaptation import AdaptationHooks, AdaptationPolicy
 from evermind_memory.errors import EmbedderMismatch, EvermindError, InvalidInput
 from evermind_memory.lm.adapter import LoRAWeights
+from evermind_memory.store.backend import vector_blobs
 from store_helpers import CHILD_PRELUDE, PYTHON, child_env, recall_at_k, stored_rows
 
 WHO = ["Ada", "Bob", "Cyd", "Dee", "Eve", "Fay"]
@@ -237,7 +238,7 @@ def test_recalls_in_four_threads_during_a_round(filled: MemoryStore, db_path: Pa
         scores = np.array([s for _, s in hits])
         matches = []
         for name, model in (("old", old), ("new", new)):
-            cos = model.embed_many([t for t, _ in hits]) @ model.embed(query)
+            cos = vector_blobs.as_stored(model.embed_many([t for t, _ in hits])) @ model.embed(query)  # as stored
             if np.allclose(cos, scores, atol=2e-4):
                 matches.append(name)
         assert matches, f"recall of {query!r} matches neither model: {hits}"

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from evermind_memory import FactNotFound, MemoryStore
+from evermind_memory.store.backend import vector_blobs
 from store_helpers import build_embedder
 
 EMBEDDERS = {}
@@ -91,7 +92,9 @@ class StoreMachine(RuleBasedStateMachine):
         if allowed:
             ids_ = sorted(allowed)
             emb = embedder(self.seed)
-            exact = emb.embed_many([self.model[i][0] for i in ids_]) @ emb.embed(query)
+            # the model's facts as a row stores them (float16, backend/vector_blobs.py): the store scores those
+            stored = vector_blobs.as_stored(emb.embed_many([self.model[i][0] for i in ids_]))
+            exact = stored @ emb.embed(query)
             kth = np.sort(exact)[::-1][: len(hits)][-1]
             assert all(h.score >= kth - 1e-4 for h in hits)  # exactly the best (ties allowed)
             assert abs(hits[0].score - exact.max()) < 1e-4
