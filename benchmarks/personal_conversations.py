@@ -147,12 +147,13 @@ def run(embedder: object, contexts: Sequence[int], seed: int = 0) -> dict:
         ids = _store(store, sessions)
         res = {"turns": len(ids), "questions": len(questions), "results": {}}
         for scope in ("scoped", "all"):
-            for mode in ("lexical", "vector", "hybrid"):
+            for mode in ("lexical", "vector", "hybrid", "hybrid-no-rerank"):  # hybrid: recall's default
                 for n in contexts:
                     first = top = reach = 0
                     for q in questions:
                         view = store.scope(user=q["user"]) if scope == "scoped" else store
-                        hits = view.recall(q["question"], k=K, mode=mode, context=n)
+                        hits = view.recall(q["question"], k=K, mode=mode.split("-")[0], context=n,
+                                           rerank=False if mode == "hybrid-no-rerank" else None)
                         want = ids[q["session"], q["turn"]]
                         got = [h.id for h in hits]
                         first += bool(got) and got[0] == want
