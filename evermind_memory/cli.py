@@ -61,7 +61,9 @@ def _why(hit: Any) -> list[str]:
     rel = "" if hit.relevance is None else f"relevance {hit.relevance:.3f}; "
     bm25 = "-" if e.bm25 is None else f"{e.bm25:.3f} (#{e.lexical_rank})"
     cos = "-" if e.cosine is None else f"{e.cosine:.3f}" + ("" if e.vector_rank is None else f" (#{e.vector_rank})")
-    return [f"         {rel}{e.rule}: lexical {e.lexical:.3f} + vector {e.vector:.3f}; bm25 {bm25}, cosine {cos}"]
+    reranked = "" if e.word_match is None else f"; reranked, word match {e.word_match:.3f}"
+    return [f"         {rel}{e.rule}: lexical {e.lexical:.3f} + vector {e.vector:.3f}; bm25 {bm25}, cosine {cos}"
+            f"{reranked}"]
 
 
 def _jsonable(value: Any) -> Any:

@@ -68,6 +68,18 @@ def test_recall_explains_and_refuses_min_relevance_without_a_fitted_rule(embedde
     assert code == cli.EXIT_USAGE and "lexicon" in capsys.readouterr().err
 
 
+def test_recall_reranks_short_notes_by_default_and_says_so_under_explain(tmp_path: Path):
+    from evermind_memory import default_embedder
+
+    shipped, db = default_embedder(), tmp_path / "cli.db"
+    for text in ("Ada gets migraines every spring", "Ada plays squash on Fridays", "Ada drinks green tea"):
+        assert run(shipped, db, "remember", text)[0] == 0
+    code, out = run(shipped, db, "recall", "what gives Ada headaches?", "-k", "1", "--explain")
+    assert code == 0 and "migraines" in out.splitlines()[0] and "reranked, word match " in out
+    code, out = run(shipped, db, "recall", "what gives Ada headaches?", "-k", "1", "--explain", "--no-rerank")
+    assert code == 0 and "learned: lexical " in out and "reranked" not in out
+
+
 def test_remember_leaves_the_vector_embedded_and_indexed(embedder, tmp_path: Path):
     db = tmp_path / "cli.db"
     fid = run(embedder, db, "remember", "Ada prefers green tea")[1].strip()

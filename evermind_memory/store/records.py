@@ -48,6 +48,9 @@ class Explain:
         bm25: the fact's BM25 for the query (FTS5's rank negated), None when it was not in the lexical list.
         cosine: the cosine of the fact's vector to the query's, None when it has no vector.
         lexical_rank, vector_rank: 1-based rank in each list, None when not in it.
+        word_match: when the hit was reranked (store/rerank.py), its word match; its `score` is then `fused` min-max
+            scaled over the reranked hits plus 0.5 x this. None when it was not reranked (a hit past the reranked
+            ones keeps its place, its score scaled the same way).
     """
 
     rule: str
@@ -58,6 +61,7 @@ class Explain:
     cosine: float | None
     lexical_rank: int | None
     vector_rank: int | None
+    word_match: float | None = None
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,17 @@ def rerank(hits: list, query: str, lexicon: Any) -> list:
     low = scores[:len(pool)].min()
     span = scores[:len(pool)].max() - low
     scaled = (scores - low) / (span if span > 0 else 1.0)  # (H,) the pool in [0, 1], the rest at most 0
-    new = scaled[:len(pool)] + RERANK_WEIGHT * word_match(lexicon, query, [hit[0].text for hit in pool])  # (P,)
+    match = word_match(lexicon, query, [hit[0].text for hit in pool])  # (P,)
+    new = scaled[:len(pool)] + RERANK_WEIGHT * match  # (P,)
     order = np.argsort(-new, kind="stable").tolist()  # ties keep the hybrid order
-    return ([(pool[i][0], float(new[i]), pool[i][2]) for i in order]
+    return ([(pool[i][0], float(new[i]), _explained(pool[i][2], float(match[i]))) for i in order]
             + [(row, float(s), detail) for (row, _, detail), s in zip(hits[len(pool):], scaled[len(pool):].tolist())])
+
+
+def _explained(detail: Any, match: float) -> Any:
+    """A reranked hit's Detail (relevance, explain): its Explain, when asked for, with the word match filled in."""
+    if getattr(detail, "explain", None) is None:
+        return detail
+    from dataclasses import replace
+
+    return detail._replace(explain=replace(detail.explain, word_match=match))

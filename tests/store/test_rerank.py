@@ -109,3 +109,17 @@ def test_the_default_reranks_short_notes_only(target, shipped):
         assert ranked(long) == ranked(long, rerank=False) != ranked(long, rerank=True)
         # only the fitted rule's fusion is reranked by default
         assert ranked(short, fusion="rrf") == ranked(short, fusion="rrf", rerank=False)
+
+
+def test_explain_shows_the_word_match_of_a_reranked_hit(target, shipped):
+    query = "what gives Ada headaches?"
+    with MemoryStore(target, shipped) as store:
+        store.remember_many(FACTS)
+        plain = store.recall(query, k=len(FACTS), rerank=False, explain=True)
+        hits = store.recall(query, k=len(FACTS), explain=True)  # short notes: reranked by default
+    assert all(h.explain.word_match is None for h in plain)
+    low, high = min(h.explain.fused for h in hits), max(h.explain.fused for h in hits)
+    for h in hits:
+        assert h.explain.word_match == pytest.approx(_match(shipped.lexicon, query, h.text), abs=1e-6)
+        assert h.score == pytest.approx((h.explain.fused - low) / (high - low) + RERANK_WEIGHT * h.explain.word_match,
+                                        abs=1e-6)
