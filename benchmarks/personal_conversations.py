@@ -140,8 +140,8 @@ def run_time(embedder: object, seed: int = 0) -> dict:
     return out
 
 
-def run(embedder: object, contexts: Sequence[int], seed: int = 0) -> dict:
-    sessions, questions = conversations(seed)
+def run(embedder: object, contexts: Sequence[int], seed: int = 0, people: int = 20) -> dict:
+    sessions, questions = conversations(seed, people=people)
     with tempfile.TemporaryDirectory(prefix="conversations_") as tmp, \
             MemoryStore(Path(tmp) / "c.db", embedder) as store:
         ids = _store(store, sessions)

@@ -280,6 +280,25 @@ def test_conversation_protocol_asks_about_what_a_speaker_said(embedder: LMEmbedd
     assert "store-wide" in cr.table("x", res)
 
 
+def test_personal_conversations_reach_the_answer_turn_or_its_neighbours(embedder: LMEmbedder) -> None:
+    """benchmarks/personal_conversations.py with the tiny model on three people: every question asked in every
+    scope, mode and context width; a turn in the top 5 is reachable, and context=1 reaches at least as many."""
+    import personal_conversations as pc
+
+    res = pc.run(embedder, (0, 1), people=3)
+    assert res["questions"] > 0 and res["turns"] > res["questions"]
+    modes = ("lexical", "vector", "hybrid", "hybrid-no-rerank")
+    assert set(res["results"]) == {f"{s}/{m}/context={n}" for s in ("scoped", "all") for m in modes for n in (0, 1)}
+    for name, r in res["results"].items():
+        assert r["of"] == res["questions"] and 0 <= r["first"] <= r["top5"] <= r["reachable"] <= r["of"]
+        if name.endswith("context=0"):
+            assert r["reachable"] == r["top5"]
+            assert res["results"][name.replace("context=0", "context=1")]["reachable"] >= r["reachable"]
+    # the tiny model has no lexicon: recall's default is plain hybrid there
+    assert all(res["results"][f"{s}/hybrid/context=0"] == res["results"][f"{s}/hybrid-no-rerank/context=0"]
+               for s in ("scoped", "all"))
+
+
 def test_rerank_speed_times_each_shape_on_question_memory_pairs(tmp_path: Path) -> None:
     """benchmarks/rerank_speed.py with two tiny shapes: each question's batch holds its own fact first and N pairs,
     every shape and N gets a p50 <= p99, and --json writes what it printed."""
