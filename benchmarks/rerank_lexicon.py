@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -39,7 +40,8 @@ from evermind_memory.store.rerank import word_match  # noqa: E402
 
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
 COLUMNS = (*WEIGHTS, "store")
-POOL = 30
+POOL = 30  # the hybrid hits reranked (--pool; the store's own rerank, the last column, reads RERANK_POOL = 30)
+MATCH_SECONDS: list[float] = []  # the word match's time, a question at a time
 
 
 def reranked(view, question: str, lexicon) -> dict[object, list[str]]:
@@ -50,7 +52,9 @@ def reranked(view, question: str, lexicon) -> dict[object, list[str]]:
     s = np.array([h.score for h in hits], dtype=np.float64)  # (P,)
     span = s.max() - s.min()
     base = (s - s.min()) / span if span > 0 else np.zeros_like(s)
+    t0 = time.perf_counter()
     maxsim = word_match(lexicon, question, [h.text for h in hits])  # (P,) the store's own word match
+    MATCH_SECONDS.append(time.perf_counter() - t0)
     ids = [h.id for h in hits]
     out = {w: [ids[i] for i in np.argsort(-(base + w * maxsim), kind="stable")] for w in WEIGHTS}
     out["store"] = [h.id for h in view.recall(question, k=POOL, rerank=True)]  # the product's path (w 0.5)
@@ -108,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--word-vectors", type=Path, default=None,
                     help="a lexicon file whose word vectors the w columns match with (recipe/train_word_rerank.py); "
                          "default: the embedder's lexicon. The last column stays the store's own rerank")
+    ap.add_argument("--pool", type=int, default=POOL, help="rerank this many hybrid hits (the curve over N)")
     args = ap.parse_args(argv)
+    globals()["POOL"] = args.pool
     from personal_data import personal_set, validation_set
 
     from evermind_memory import default_embedder
@@ -138,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(source, res, flush=True)
     if any(means.values()):
         table["manual mean"] = {w: f"{np.mean(v):.4f}" for w, v in means.items()}
+    print(f"\npool {POOL}: the word match took {1000 * np.mean(MATCH_SECONDS):.2f} ms a question (p99 "
+          f"{1000 * np.percentile(MATCH_SECONDS, 99):.2f}) over {len(MATCH_SECONDS)} questions")
     print(f"\n| set | {' | '.join(f'w={w}' for w in WEIGHTS)} | recall(rerank=True) |")
     print(f"|---|{'---|' * len(COLUMNS)}")
     for name, by_w in table.items():
