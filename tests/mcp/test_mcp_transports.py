@@ -25,7 +25,8 @@ from evermind_memory.errors import InvalidInput
 from mcp_helpers import error_text, payload
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
+# PYTHONFAULTHANDLER: a server that hangs on shutdown prints every thread's stack on SIGABRT (see stop())
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 @pytest.mark.anyio
@@ -62,8 +63,19 @@ def start_http(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
 
 
 def stop(proc: subprocess.Popen) -> int:
+    """SIGTERM, then the exit status; a server still running 30 s later is made to dump its threads' stacks
+    (faulthandler, on SIGABRT), which the failure shows."""
     proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=30)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        raise AssertionError(f"the server did not stop within 30 s of SIGTERM; its threads:\n{err[-8000:]}") from None
 
 
 @pytest.mark.anyio
