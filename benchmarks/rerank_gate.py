@@ -9,8 +9,10 @@ length of each question's hybrid top 30 (the gate's input), so that the gate is 
 - personal: benchmarks/personal_data.py's dev protocol (personal_recall.build: each fact in its user's scope), every
   answerable ask in the person's scope and store-wide (third-person questions): right first and MRR@10;
 - validation: personal_data.validation_set(), the same;
-- manual: the first 120 questions of each dev source among their gold docs and the source's other docs up to 600
-  (as rerank_lexicon.py), one store each: ndcg@10.
+- manual: the first 120 questions of each dev source among their gold docs and the source's other docs up to 600,
+  one store each: ndcg@10.
+
+The stores and the scoring are rerank_lexicon.py's (`personal`, `manual`); only the ranking differs.
 
     python benchmarks/rerank_gate.py [--dev-dir DIR] [--sources apache,...] [--json out.json]
 """
@@ -21,7 +23,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -32,63 +33,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 
+from rerank_lexicon import manual, personal  # noqa: E402
+
 WAYS = {"off": False, "default": None, "always": True}
 SOURCES = "apache,gimp,libreoffice,lilypond,maxima,nodejs,octave,rust,statsmodels"
 
 
-def ranked(view, question: str) -> tuple[dict[str, list[str]], float]:
-    """({way: the top 10 ids}, the median length of the hybrid top 30)."""
-    pool = view.recall(question, k=30, rerank=False)
-    median = float(np.median([len(h.text) for h in pool])) if pool else 0.0
-    return {way: [h.id for h in view.recall(question, k=10, rerank=flag)] for way, flag in WAYS.items()}, median
+def ranker(medians: list[float]):
+    """rank(view, question) -> {way: the top 10 ids} for rerank_lexicon.py's personal() and manual(), which appends
+    the median length of each question's hybrid top 30 (the gate's input) to `medians`."""
+    def rank(view, question: str) -> dict[str, list[str]]:
+        pool = view.recall(question, k=30, rerank=False)
+        medians.append(float(np.median([len(h.text) for h in pool])) if pool else 0.0)
+        return {way: [h.id for h in view.recall(question, k=10, rerank=flag)] for way, flag in WAYS.items()}
 
-
-def personal(embedder, ps) -> dict:
-    """{"scoped" | "store-wide": {way: [right first, MRR@10 summed]}, "medians": [...]} over the answerable asks."""
-    from personal_recall import build
-
-    out: dict = {part: {way: [0, 0.0] for way in WAYS} for part in ("scoped", "store-wide")}
-    medians = []
-    with tempfile.TemporaryDirectory(prefix="rerank_gate_") as tmp:
-        store, ids = build(Path(tmp) / "p.db", embedder, ps)
-        try:
-            for q in ps.questions:
-                if q.fact is None:
-                    continue
-                for part in ("scoped", "store-wide"):
-                    if part == "store-wide" and q.first_person:
-                        continue
-                    orders, median = ranked(store.scope(user=q.user) if part == "scoped" else store, q.text)
-                    medians.append(median)
-                    for way, top in orders.items():
-                        if ids[q.fact] in top:
-                            rank = top.index(ids[q.fact]) + 1
-                            out[part][way][0] += rank == 1
-                            out[part][way][1] += 1.0 / rank
-        finally:
-            store.close()
-    out["medians"] = medians
-    return out
-
-
-def manual(embedder, dev: Path, source: str) -> dict:
-    """{way: ndcg@10, "medians": [...]}."""
-    from evermind_memory import MemoryStore
-
-    rows = [json.loads(line) for line in open(dev / f"{source}.jsonl")][:120]
-    extra = [json.loads(line)["doc"] for line in open(dev / f"{source}.docs.jsonl")]
-    docs = list(dict.fromkeys([r["doc"] for r in rows] + extra))[:600]
-    gains: dict[str, list[float]] = {way: [] for way in WAYS}
-    medians = []
-    with tempfile.TemporaryDirectory(prefix="rerank_gate_") as tmp, MemoryStore(Path(tmp) / "m.db", embedder) as store:
-        ids = store.remember_many(docs)
-        for r in rows:
-            gold = ids[docs.index(r["doc"])]
-            orders, median = ranked(store, r["query"])
-            medians.append(median)
-            for way, top in orders.items():
-                gains[way].append(1 / np.log2(top.index(gold) + 2) if gold in top else 0.0)
-    return {**{way: float(np.mean(g)) for way, g in gains.items()}, "medians": medians}
+    return rank
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     embedder = default_embedder()
     lines, raw = [], {}
     for name, ps in (("personal", personal_set()), ("validation", validation_set())):
-        res = personal(embedder, ps)
+        m: list[float] = []
+        res = {**personal(embedder, ps, ranker(m), WAYS), "medians": m}
         raw[name] = res
-        m = res["medians"]
         for part in ("scoped", "store-wide"):
             cells = [f"{res[part][w][0]} / {res[part][w][1]:.1f}" for w in WAYS]
             lines.append(f"| {name} {part}: right first / MRR@10 summed | " + " | ".join(cells)
@@ -115,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         print(name, {p: res[p] for p in ("scoped", "store-wide")}, flush=True)
     means: dict[str, list[float]] = {w: [] for w in WAYS}
     for source in [s for s in args.sources.split(",") if s]:
-        res = manual(embedder, args.dev_dir, source)
+        m = []
+        res = {**manual(embedder, args.dev_dir, source, ranker(m), WAYS), "medians": m}
         raw[source] = res
         for w in WAYS:
             means[w].append(res[w])
-        m = res["medians"]
         lines.append(f"| manual {source}: ndcg@10 | " + " | ".join(f"{res[w]:.4f}" for w in WAYS)
                      + f" | {min(m):.0f} to {max(m):.0f} |")
         print(source, {w: res[w] for w in WAYS}, flush=True)

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -61,11 +62,12 @@ def reranked(view, question: str, lexicon) -> dict[object, list[str]]:
     return out
 
 
-def personal(embedder, ps, lexicon) -> dict[str, dict[float, tuple[int, float]]]:
-    """{"scoped" | "store-wide": {w: (right first, MRR@10)}} over the answerable asks."""
+def personal(embedder, ps, rank: Callable, columns: Sequence) -> dict[str, dict[object, tuple[int, float]]]:
+    """{"scoped" | "store-wide": {column: (right first, MRR@10)}} over the answerable asks, each ranked by
+    rank(view, question) -> {column: fact ids, best first} (reranked(), or rerank_gate.py's ways)."""
     from personal_recall import build
 
-    out = {"scoped": {w: [0, 0.0] for w in COLUMNS}, "store-wide": {w: [0, 0.0] for w in COLUMNS}}
+    out = {"scoped": {c: [0, 0.0] for c in columns}, "store-wide": {c: [0, 0.0] for c in columns}}
     with tempfile.TemporaryDirectory(prefix="rerank_") as tmp:
         store, ids = build(Path(tmp) / "p.db", embedder, ps)
         try:
@@ -76,32 +78,34 @@ def personal(embedder, ps, lexicon) -> dict[str, dict[float, tuple[int, float]]]
                     if part == "store-wide" and q.first_person:
                         continue
                     view = store.scope(user=q.user) if part == "scoped" else store
-                    for w, order in reranked(view, q.text, lexicon).items():
+                    for c, order in rank(view, q.text).items():
                         top = order[:10]
                         if ids[q.fact] in top:
-                            rank = top.index(ids[q.fact]) + 1
-                            out[part][w][0] += rank == 1
-                            out[part][w][1] += 1.0 / rank
+                            at = top.index(ids[q.fact]) + 1
+                            out[part][c][0] += at == 1
+                            out[part][c][1] += 1.0 / at
         finally:
             store.close()
-    return {p: {w: (int(v[0]), float(v[1])) for w, v in r.items()} for p, r in out.items()}
+    return {p: {c: (int(v[0]), float(v[1])) for c, v in r.items()} for p, r in out.items()}
 
 
-def manual(embedder, dev: Path, source: str, lexicon) -> dict[float, float]:
+def manual(embedder, dev: Path, source: str, rank: Callable, columns: Sequence) -> dict[object, float]:
+    """{column: ndcg@10} over the first 120 questions of a dev source among its gold docs and its other docs up
+    to 600, one store, each ranked by rank(view, question) as in personal()."""
     from evermind_memory import MemoryStore
 
     rows = [json.loads(line) for line in open(dev / f"{source}.jsonl")][:120]
     extra = [json.loads(line)["doc"] for line in open(dev / f"{source}.docs.jsonl")]
     docs = list(dict.fromkeys([r["doc"] for r in rows] + extra))[:600]
-    gains: dict[object, list[float]] = {w: [] for w in COLUMNS}
+    gains: dict[object, list[float]] = {c: [] for c in columns}
     with tempfile.TemporaryDirectory(prefix="rerank_") as tmp, MemoryStore(Path(tmp) / "m.db", embedder) as store:
         ids = store.remember_many(docs)
         for r in rows:
             gold = ids[docs.index(r["doc"])]
-            for w, order in reranked(store, r["query"], lexicon).items():
+            for c, order in rank(store, r["query"]).items():
                 top = order[:10]
-                gains[w].append(1 / np.log2(top.index(gold) + 2) if gold in top else 0.0)
-    return {w: float(np.mean(g)) for w, g in gains.items()}
+                gains[c].append(1 / np.log2(top.index(gold) + 2) if gold in top else 0.0)
+    return {c: float(np.mean(g)) for c, g in gains.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,17 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         lexicon = Lexicon.load(args.word_vectors)
     else:
         lexicon = embedder.lexicon
+
+    def rank(view, question: str) -> dict[object, list[str]]:
+        return reranked(view, question, lexicon)
     table: dict[str, dict[object, str]] = {}
     raw: dict[str, dict] = {}
     for name, ps in (("personal", personal_set()), ("validation", validation_set())):
-        res = personal(embedder, ps, lexicon)
+        res = personal(embedder, ps, rank, COLUMNS)
         raw[name] = res
         for part, by_w in res.items():
             table[f"{name} {part}: right first / MRR@10"] = {w: f"{a} / {b:.1f}" for w, (a, b) in by_w.items()}
         print(name, res, flush=True)
     means: dict[object, list[float]] = {w: [] for w in COLUMNS}
     for source in [s for s in args.sources.split(",") if s]:
-        res = manual(embedder, args.dev_dir, source, lexicon)
+        res = manual(embedder, args.dev_dir, source, rank, COLUMNS)
         raw[source] = res
         table[f"manual {source} (ndcg@10)"] = {w: f"{v:.4f}" for w, v in res.items()}
         for w, v in res.items():
