@@ -227,12 +227,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"{len(convs)} conversations, {turns} turns, {questions} questions (each asked in its scope and store-wide)")
     embedders = [("ours", load_embedder(None, None))]
     if args.minilm:
-        from personal_recall import MINILM_FUSION
+        from personal_recall import minilm_embedder
 
-        minilm = load_embedder("minilm", None)
-        if MINILM_FUSION.is_file():
-            minilm.fusion_params = str(MINILM_FUSION)
-        embedders.append(("MiniLM in our store", minilm))
+        embedders.append(("MiniLM in our store", minilm_embedder()))
     out = {}
     for label, emb in embedders:
         res = run(emb, convs)

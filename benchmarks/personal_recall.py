@@ -331,6 +331,17 @@ def _minilm_rankings(ps: PersonalSet, all_asks: list[tuple[int, str]], minilm: o
     return out
 
 
+def minilm_embedder() -> object:
+    """The reference row's embedder: all-MiniLM-L6-v2 in our store, with its rule fitted by the same left-out
+    protocol (MINILM_FUSION) when that file is there."""
+    from recall_quality import load_embedder
+
+    minilm = load_embedder("minilm", None)
+    if MINILM_FUSION.is_file():
+        minilm.fusion_params = str(MINILM_FUSION)
+    return minilm
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Command line: see the module docstring."""
     from recall_quality import load_embedder
@@ -354,10 +365,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.fusion:
         embedders[0][1].fusion_params = args.fusion
     if args.minilm:
-        minilm = load_embedder("minilm", None)
-        if MINILM_FUSION.is_file():
-            minilm.fusion_params = str(MINILM_FUSION)
-        embedders.append(("MiniLM in our store", minilm))
+        embedders.append(("MiniLM in our store", minilm_embedder()))
     out = {}
     for label, emb in embedders:
         t0 = time.perf_counter()
