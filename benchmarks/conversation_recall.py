@@ -156,22 +156,19 @@ def generate(seed: int = 0, conversations: int = CONVERSATIONS) -> list[Conversa
 START = datetime(2026, 3, 2, 19, 0, tzinfo=timezone.utc)
 
 
+def session_id(conv: Conversation, s: int) -> str:
+    return f"{conv.pair}-{s}"
+
+
 def build(path: Path, embedder: object, convs: Sequence[Conversation]):
-    """A store at `path` with every conversation's sessions in its pair's scope. Returns (store, {(pair, session,
-    turn): fact id})."""
+    """A store at `path` with every conversation's sessions in its pair's scope, a week apart. Returns (store,
+    {(session id, turn): fact id})."""
     from evermind_memory import MemoryStore
+    from personal_conversations import store_sessions
 
     store = MemoryStore(path, embedder)
-    ids = {}
-    for conv in convs:
-        view = store.scope(user=conv.pair)
-        for s, turns in enumerate(conv.sessions):
-            at = START + timedelta(days=7 * s)
-            rows = [{"speaker": who, "text": text, "at": (at + timedelta(minutes=i)).isoformat()}
-                    for i, (who, text) in enumerate(turns)]
-            for t, fid in enumerate(view.remember_conversation(rows, session=f"{conv.pair}-{s}")):
-                ids[(conv.pair, s, t)] = fid
-    return store, ids
+    return store, store_sessions(store, [(conv.pair, session_id(conv, s), START + timedelta(days=7 * s), turns)
+                                 for conv in convs for s, turns in enumerate(conv.sessions)])
 
 
 WAYS = {"lexical": {"mode": "lexical"}, "vector": {"mode": "vector"},
@@ -187,7 +184,7 @@ def run(embedder: object, convs: Sequence[Conversation]) -> dict:
         try:
             for conv in convs:
                 for question, (s, t) in conv.questions:
-                    gold = ids[(conv.pair, s, t)]
+                    gold = ids[(session_id(conv, s), t)]
                     for scope, view in (("scoped", store.scope(user=conv.pair)), ("store-wide", store)):
                         for way, kw in WAYS.items():
                             found = [h.id for h in view.recall(question, k=K, **kw)]

@@ -111,7 +111,9 @@ def time_conversations(seed: int = 0, people: int = 20):
     return out, questions
 
 
-def _store(store, sessions) -> dict:
+def store_sessions(store, sessions) -> dict:
+    """Each session (user, session id, day, [(speaker, text)]) remembered as a conversation in the user's scope, a
+    minute a turn from `day`. Returns {(session id, turn): fact id}."""
     ids = {}
     for user, sid, day, turns in sessions:
         rows = [{"speaker": sp, "text": tx, "at": day + timedelta(minutes=i)} for i, (sp, tx) in enumerate(turns)]
@@ -125,7 +127,7 @@ def run_time(embedder: object, seed: int = 0) -> dict:
     out = {}
     with tempfile.TemporaryDirectory(prefix="conversations_t_") as tmp, \
             MemoryStore(Path(tmp) / "t.db", embedder) as store:
-        ids = _store(store, sessions)
+        ids = store_sessions(store, sessions)
         for mode in ("lexical", "vector", "hybrid"):
             for words in (False, True):
                 first = top = 0
@@ -144,7 +146,7 @@ def run(embedder: object, contexts: Sequence[int], seed: int = 0, people: int = 
     sessions, questions = conversations(seed, people=people)
     with tempfile.TemporaryDirectory(prefix="conversations_") as tmp, \
             MemoryStore(Path(tmp) / "c.db", embedder) as store:
-        ids = _store(store, sessions)
+        ids = store_sessions(store, sessions)
         res = {"turns": len(ids), "questions": len(questions), "results": {}}
         for scope in ("scoped", "all"):
             for mode in ("lexical", "vector", "hybrid", "hybrid-no-rerank"):  # hybrid: recall's default
