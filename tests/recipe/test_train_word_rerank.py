@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipe"))
+SCRIPT = Path(__file__).resolve().parents[2] / "recipe" / "train_word_rerank.py"
+sys.path.insert(0, str(SCRIPT.parent))
 
 torch = pytest.importorskip("torch", reason="recipe/train_word_rerank.py needs torch (a dev-time tool)")
 
@@ -52,12 +54,21 @@ def test_prepare_keeps_pairs_with_known_words_and_numbers_each_memory(tiny, tmp_
     assert ["what", "does", "ada", "drink"] in queries and ["ada", "drinks", "green", "tea"] in docs
 
 
+def train(tmp_path: Path, out: str, *flags: str) -> dict:
+    """`train_word_rerank.py train` on the CPU in a process of its own (torch's optimiser loads triton, which
+    crashes a process that has loaded wgpu, as the GPU tests do); returns the run's summary."""
+    subprocess.run([sys.executable, str(SCRIPT), "train", "--lexicon", str(tmp_path / "lex.evlx"), "--data",
+                    str(tmp_path / "ids.npz"), "--out", str(tmp_path / out), "--device", "cpu", "--batch", "4",
+                    "--tau", "0.05", "--seed", "0", *flags], check=True, capture_output=True, timeout=300)
+    return json.loads((tmp_path / f"{out}.json").read_text())
+
+
 def test_train_exports_a_lexicon_of_the_same_words(tiny, tmp_path: Path) -> None:
     lexicon, pairs = tiny
+    lexicon.save(tmp_path / "lex.evlx")
     twr.prepare(lexicon, [str(pairs)], [100], tmp_path / "ids.npz", seed=0)
     # lr 0: the export is the lexicon's own rows (unit, re-quantised) and weights
-    twr.train(lexicon, tmp_path / "ids.npz", tmp_path / "same.evlx", steps=2, batch=4, lr=0.0, anchor=1.0, tau=0.05,
-              device="cpu", seed=0)
+    train(tmp_path, "same.evlx", "--steps", "2", "--lr", "0", "--anchor", "1")
     same = Lexicon.load(tmp_path / "same.evlx")
     base = lexicon.table.astype(np.float64)
     got = same.table.astype(np.float64) * same.scale[:, None]
@@ -65,8 +76,7 @@ def test_train_exports_a_lexicon_of_the_same_words(tiny, tmp_path: Path) -> None
     assert same.words == lexicon.words and cos.min() > 0.999
     np.testing.assert_allclose(same.weight, lexicon.weight, rtol=1e-4)
     # trained: the rows it read moved, the others did not
-    summary = twr.train(lexicon, tmp_path / "ids.npz", tmp_path / "moved.evlx", steps=20, batch=4, lr=0.05,
-                        anchor=0.0, tau=0.05, device="cpu", seed=0)
+    summary = train(tmp_path, "moved.evlx", "--steps", "20", "--lr", "0.05", "--anchor", "0")
     moved = Lexicon.load(tmp_path / "moved.evlx")
     rows = moved.table.astype(np.float64) * moved.scale[:, None]
     cos = np.sum(base * rows, axis=1) / (np.linalg.norm(base, axis=1) * np.linalg.norm(rows, axis=1))
