@@ -1,15 +1,15 @@
-"""What storing vectors as float16 (schema 5, issue 34 item 3) costs in recall: exact vs stored ranking.
+"""What storing vectors compactly (issue 34 item 3) costs in recall: exact vs stored ranking.
 
 For every dev source (/work/data/dev, recipe/build_devsets.py), the corpus's held-out eval sets and the personal
 dev set (benchmarks/personal_data.py: every fact, store-wide questions with an answer), the shipped model embeds
 docs and queries once; each query's top 10 is ranked by exact cosine over the docs' float32 vectors (what a row
-held before) and over the vectors a row holds now (backend/vector_blobs.as_stored: float16, read back at unit
-length), the query in float32 both times. Reported per set: ndcg@10 of each, their difference, and how many
-top-10 lists differ at all. Vector ranking only: lexical recall does not read vectors, and hybrid recall fuses the
-same cosine.
+held up to schema 4), over float16 rows (schemas 5 and 6) and over the vectors a row holds now
+(backend/vector_blobs.as_stored: int8 components and a float32 scale a row, read back at unit length), the query in
+float32 every time. Reported per set: ndcg@10 of each, the stored rows' difference from float32, and how many top-10
+lists differ at all. Vector ranking only: lexical recall does not read vectors, and hybrid recall fuses the same
+cosine.
 
-    python benchmarks/compact_vectors.py [--dev /work/data/dev] [--corpus /work/corpus] [--limit 0] [--int8]
-                                         [--json out.json]
+    python benchmarks/compact_vectors.py [--dev /work/data/dev] [--corpus /work/corpus] [--limit 0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -57,15 +57,9 @@ def sets(dev: Path, corpus: Path, limit: int) -> list[tuple[str, list[str], list
     return out
 
 
-def int8_rows(vectors: np.ndarray, parts: int = 1) -> np.ndarray:
-    """(N, D) unit vectors as int8 rows would give them back: each row cut into `parts` equal blocks, each block
-    stored as int8 with a float32 scale (its largest magnitude / 127), read back, the row scaled to unit length.
-    Not the product's format (rows hold float16): what int8 would cost, for the choice."""
-    n, d = vectors.shape
-    blocks = vectors.reshape(n, parts, d // parts)  # (N, P, D/P)
-    scale = np.abs(blocks).max(axis=2, keepdims=True) / 127.0  # (N, P, 1)
-    scale[scale == 0] = 1.0
-    back = (np.round(blocks / scale).clip(-127, 127) * scale).reshape(n, d).astype(np.float32)  # (N, D)
+def float16_rows(vectors: np.ndarray) -> np.ndarray:
+    """(N, D) unit vectors as the float16 rows of schemas 5 and 6 gave them back: rounded, scaled to unit length."""
+    back = np.asarray(vectors, dtype=np.float32).astype("<f2").astype(np.float32)  # (N, D)
     return back / np.linalg.norm(back, axis=1, keepdims=True)
 
 
@@ -75,39 +69,29 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=Path("/work/corpus"))
     parser.add_argument("--limit", type=int, default=0, help="at most this many queries a set (0: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--int8", action="store_true",
-                        help="also rank over int8 rows (one float32 scale a row; and one a half-row: model part and "
-                             "lexicon part), for the choice of a smaller row")
     args = parser.parse_args()
     embedder = default_embedder()
     rows = []
     for name, queries, docs, gold in sets(args.dev, args.corpus, args.limit):
         d32 = np.asarray(embedder.embed_many(docs), dtype=np.float32)  # (N, D)
-        d16 = vector_blobs.as_stored(d32)  # (N, D)
+        d16 = float16_rows(d32)  # (N, D)
+        d8 = vector_blobs.as_stored(d32)  # (N, D)
         q = np.asarray(embedder.embed_many(queries), dtype=np.float32)  # (Q, D)
-        exact, stored = exact_rankings(q, d32), exact_rankings(q, d16)
-        a, b = rank_metrics(exact, gold)["ndcg@10"], rank_metrics(stored, gold)["ndcg@10"]
+        exact, half, stored = exact_rankings(q, d32), exact_rankings(q, d16), exact_rankings(q, d8)
+        a, h, b = (rank_metrics(r, gold)["ndcg@10"] for r in (exact, half, stored))
         changed = sum(x != y for x, y in zip(exact, stored))
         rows.append({"set": name, "queries": len(queries), "docs": len(docs), "ndcg@10_float32": a,
-                     "ndcg@10_float16": b, "delta": b - a, "top10_lists_changed": changed,
-                     "max_abs_component_error": float(np.abs(d16 - d32).max())})
-        for label, parts in (("int8", 1), ("int8x2", 2)) if args.int8 else ():
-            c = rank_metrics(exact_rankings(q, int8_rows(d32, parts)), gold)["ndcg@10"]
-            rows[-1][f"ndcg@10_{label}"], rows[-1][f"delta_{label}"] = c, c - a
+                     "ndcg@10_float16": h, "ndcg@10_stored": b, "delta_float16": h - a, "delta": b - a,
+                     "top10_lists_changed": changed, "max_abs_component_error": float(np.abs(d8 - d32).max())})
         print(json.dumps(rows[-1]), file=sys.stderr)
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("ndcg@10_float32", "ndcg@10_float16", "delta")}
-    print(f"{'set':<16} {'queries':>7} {'docs':>6} | {'ndcg@10 f32':>11} {'f16 stored':>10} {'delta':>8} | top-10 "
-          "changed")
-    for r in rows:
+    keys = ("ndcg@10_float32", "ndcg@10_float16", "ndcg@10_stored", "delta_float16", "delta")
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    print(f"{'set':<16} {'queries':>7} {'docs':>6} | {'ndcg@10 f32':>11} {'f16':>7} {'int8 (stored)':>13} "
+          f"{'delta':>8} | stored top-10 changed")
+    for r in rows + [{"set": "mean", "queries": "", "docs": "", **mean, "top10_lists_changed": None}]:
+        changed = "" if r["top10_lists_changed"] is None else f"{r['top10_lists_changed']}/{r['queries']}"
         print(f"{r['set']:<16} {r['queries']:>7} {r['docs']:>6} | {r['ndcg@10_float32']:11.4f} "
-              f"{r['ndcg@10_float16']:10.4f} {r['delta']:+8.4f} | {r['top10_lists_changed']}/{r['queries']}")
-    print(f"{'mean':<16} {'':>7} {'':>6} | {mean['ndcg@10_float32']:11.4f} {mean['ndcg@10_float16']:10.4f} "
-          f"{mean['delta']:+8.4f} |")
-    if args.int8:
-        for label in ("int8", "int8x2"):
-            mean[f"delta_{label}"] = float(np.mean([r[f"delta_{label}"] for r in rows]))
-            print(f"{label}: " + ", ".join(f"{r['set']} {r[f'delta_{label}']:+.4f}" for r in rows)
-                  + f"; mean {mean[f'delta_{label}']:+.4f}")
+              f"{r['ndcg@10_float16']:7.4f} {r['ndcg@10_stored']:13.4f} {r['delta']:+8.4f} | {changed}")
     if args.json:
         meta = {"python": platform.python_version(), "model": embedder.fingerprint, "limit": args.limit}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows, "mean": mean}, indent=2))

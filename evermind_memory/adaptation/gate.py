@@ -5,7 +5,7 @@ no worse at recall@k, and the candidate's vectors must be finite and not collaps
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -61,7 +61,8 @@ def _mean_cosine(vectors: np.ndarray, limit: int = 512) -> float:
 
 def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], distractor_texts: Sequence[str],
                    policy: AdaptationPolicy, *, current_doc_vectors: np.ndarray | None = None,
-                   corpus_labels: np.ndarray | None = None) -> GateResult:
+                   corpus_labels: np.ndarray | None = None,
+                   round_docs: Callable[[np.ndarray], np.ndarray] | None = None) -> GateResult:
     """Decide whether a candidate embedder may replace the current one.
 
     The corpus is the probe memories followed by the distractors; each probe is queried by policy.probe_views
@@ -80,6 +81,9 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
         policy: probe_k, gate_tolerance, max_mean_cosine, seed.
         current_doc_vectors: (N, D) the current model's vectors of the corpus if already known (e.g. stored).
         corpus_labels: (N,) store labels of the corpus, kept in the result with the candidate's vectors.
+        round_docs: applied to the candidate's corpus vectors, so that they compare with current_doc_vectors as
+            a database row rounds them (the store passes backend/vector_blobs.as_stored: a candidate with the
+            current model's weights then ties exactly).
     Returns:
         GateResult.
     """
@@ -93,6 +97,8 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     result.queries = len(queries)
     with np.errstate(all="ignore"):
         cand_docs = np.asarray(candidate.embed_many(corpus), dtype=np.float32)  # (N, D)
+        if round_docs is not None and np.isfinite(cand_docs).all():
+            cand_docs = round_docs(cand_docs)
         cand_q = np.asarray(candidate.embed_many(queries), dtype=np.float32)  # (Q, D)
         finite = bool(np.isfinite(cand_docs).all() and np.isfinite(cand_q).all())
         norms_ok = finite and bool((np.linalg.norm(cand_docs, axis=1) > 1e-6).all()

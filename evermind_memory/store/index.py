@@ -605,8 +605,8 @@ class VectorIndex:
         manifest = read_manifest(directory / f"{stem}.json")
         want = {"format": INDEX_FORMAT, "space": SPACE, "M": config.M, "ef_construction": config.ef_construction,
                 **expect}
-        for key, value in want.items():
-            if manifest.get(key) != value:
+        for key, value in want.items():  # (a tuple: any of these values)
+            if manifest.get(key) not in (value if isinstance(value, tuple) else (value,)):
                 raise IndexRejected(f"manifest {key} is {manifest.get(key)!r:.80}, expected {value!r:.80}")
         for key in ("watermark", "count", "live", "max_elements", "size", "groups_size"):
             if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:

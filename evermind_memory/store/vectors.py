@@ -632,9 +632,10 @@ class VectorCache:
     # ---- snapshots on disk ---------------------------------------------------------------------------------
     def expect(self, fingerprint: str | None = None) -> dict:
         """The manifest fields a snapshot must carry to be this store's, of this generation (or of the generation
-        with `fingerprint`)."""
+        with `fingerprint`); a tuple names the values any of which will do."""
         return {"store_id": self.store_id, "fingerprint": fingerprint or self._gen.fingerprint, "dim": self.dim,
-                "vectors": vector_blobs.FORMAT}  # (a snapshot of float32 rows, before schema 5, is rebuilt once)
+                # a snapshot of float32 rows (before schema 5) is rebuilt once; one of float16 rows is kept
+                "vectors": vector_blobs.COMPATIBLE_FORMATS}
 
     def _files(self) -> tuple[Path, str]:
         path = Path(self._access.path)
@@ -674,7 +675,8 @@ class VectorCache:
                     return  # a newer snapshot is already saved: never regress the index (R13)
             except IndexRejected:
                 pass
-            gen.index.save(directory, stem, {**self.expect(), "watermark": gen.watermark})
+            gen.index.save(directory, stem,
+                           {**self.expect(), "vectors": vector_blobs.FORMAT, "watermark": gen.watermark})
             self._saved_watermark = gen.watermark
 
     @property

@@ -120,4 +120,5 @@ def test_query_search_ranks_and_scores_as_the_reference_store_on_our_model() -> 
                                       ("coffee", ("notes", "other"), {}), ("Zurich", (), {"limit": 13})]:
             got, want = ours.search(prefix, query=query, **kwargs), ref.search(prefix, query=query, **kwargs)
             assert [(i.namespace, i.key) for i in got] == [(i.namespace, i.key) for i in want], query
-            assert [i.score for i in got] == pytest.approx([i.score for i in want], abs=1e-4), query
+            # (our rows hold int8 vectors, the reference float32 ones: a cosine moves by a few 1e-4)
+            assert [i.score for i in got] == pytest.approx([i.score for i in want], abs=2e-3), query

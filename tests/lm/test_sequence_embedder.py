@@ -127,7 +127,7 @@ def test_store_round_trip_and_reembed_on_a_changed_weight(tokenizer, tmp_path: P
         # a new model is a generation swap, not a change of the fact
         assert [c.op for c in store.history(ids[0])] == ["remember"]
         hit = store.recall(facts[1], k=1, mode="vector")[0]
-        assert hit.id == ids[1] and hit.score == pytest.approx(1.0, abs=1e-5)
+        assert hit.id == ids[1] and hit.score == pytest.approx(1.0, abs=1e-3)
         assert store.check().ok
 
 

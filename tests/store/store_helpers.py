@@ -100,6 +100,27 @@ def as_schema_5(db) -> None:
     execute(db, SCHEMA_5)
 
 
+def row_vector(blob: bytes, dim: int):
+    """A stored row's vector as float32, before the unit scaling (read here without evermind_memory's decoder):
+    int8 components times the float32 scale before them (schema 7), float16 (schemas 5 and 6) or float32."""
+    import numpy as np
+
+    if len(blob) == dim + 4:
+        return np.frombuffer(blob[4:], np.int8).astype(np.float32) * np.frombuffer(blob[:4], "<f4")[0]
+    return np.frombuffer(blob, np.float16 if len(blob) == 2 * dim else np.float32).astype(np.float32)
+
+
+def as_rows_hold(vectors):
+    """(N, D) unit vectors as a row holds them and a read gives them back (schema 7, emulated here without
+    evermind_memory): int8 steps of each row's largest magnitude / 127, scaled back to unit length."""
+    import numpy as np
+
+    x = np.asarray(vectors, dtype=np.float32)
+    scale = np.abs(x).max(axis=1, keepdims=True) / 127
+    back = np.rint(x / scale) * scale
+    return (back / np.linalg.norm(back, axis=1, keepdims=True)).astype(np.float32)
+
+
 def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
     """recall@k of store.recall(mode="vector") against exact search over the vectors stored in the database
     (`db`: an SQLite file, or a postgresql:// URL, read straight with the driver).
@@ -116,9 +137,7 @@ def recall_at_k(store, db: Path, queries: list[str], k: int = 10) -> float:
     if not rows:
         return 1.0
     dim = store.embedder.dimensions
-    # rows hold float16 (schema 5; float32 before), read back at unit length
-    vec_of = {fid: np.frombuffer(blob, np.float16 if len(blob) == 2 * dim else np.float32).astype(np.float32)
-              for fid, blob in rows}
+    vec_of = {fid: row_vector(blob, dim) for fid, blob in rows}
     vec_of = {fid: v / np.linalg.norm(v) for fid, v in vec_of.items()}
     matrix = np.stack(list(vec_of.values()))
     hits = total = 0

@@ -200,5 +200,5 @@ def test_kill_during_reembed_resumes(model_files, other_model_files, embedder, o
     with MemoryStore(db, other_embedder) as store:  # resumes from the third batch and swaps
         assert all(f.fingerprint == other_embedder.fingerprint for f in store.list(limit=1000))
         hit = store.recall("fact 7 about tea", k=1, mode="vector")[0]
-        assert hit.score == pytest.approx(1.0, abs=1e-5)
+        assert hit.score == pytest.approx(1.0, abs=1e-3)
     assert_healthy(db, other_embedder, set(ids), set())

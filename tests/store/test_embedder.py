@@ -20,7 +20,7 @@ def test_protocol_and_shapes(embedder: LMEmbedder):
     assert isinstance(embedder, Embedder)
     assert check_embedder(embedder) == (32, embedder.fingerprint)
     v = embedder.embed("hello")
-    assert v.shape == (32,) and v.dtype == np.float32 and np.linalg.norm(v) == pytest.approx(1.0, abs=1e-5)
+    assert v.shape == (32,) and v.dtype == np.float32 and np.linalg.norm(v) == pytest.approx(1.0, abs=1e-3)
     m = embedder.embed_many(TEXTS)
     assert m.shape == (len(TEXTS), 32) and m.dtype == np.float32
     assert embedder.embed_many([]).shape == (0, 32)

@@ -97,7 +97,7 @@ def test_a_first_release_store_migrates_to_the_current_schema(db_path: Path, emb
     with pytest.raises(EvermindError, match="schema version 1"):
         MemoryStore(db_path, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(db_path, embedder) as store:
-        assert store.info()["schema_version"] == SCHEMA_VERSION == 6
+        assert store.info()["schema_version"] == SCHEMA_VERSION == 7
         assert store.get(fid).text == "Ada drinks green tea"
         store.feedback("tea", fid)
         assert store.info()["feedback"] == 1 and store.check().ok

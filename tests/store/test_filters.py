@@ -448,7 +448,7 @@ def test_a_schema_2_store_opens_migrated_with_its_facts_and_history(tmp_path: Pa
     with pytest.raises(EvermindError, match="schema version 2"):
         MemoryStore(path, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(path, embedder) as s:
-        assert s.info()["schema_version"] == SCHEMA_VERSION == 6
+        assert s.info()["schema_version"] == SCHEMA_VERSION == 7
         fact = s.get(fid)
         assert ((fact.tags, fact.source, fact.expires_at, fact.pinned, fact.scope)
                 == ({"person": "ada"}, "chat", None, False, {}))

@@ -26,7 +26,7 @@ print("never", flush=True)
 def test_each_fingerprint_is_stored_once(target, embedder, other_embedder):
     with MemoryStore(target, embedder) as store:
         store.remember_many(TEXTS)
-        assert store.info()["schema_version"] == 6
+        assert store.info()["schema_version"] == 7
     assert stored_rows(target, "SELECT fingerprint FROM fingerprints") == [(embedder.fingerprint,)]
     assert stored_rows(target, BY_STRING, (embedder.fingerprint,)) == [(len(TEXTS),)]
     with MemoryStore(target, other_embedder) as store:  # another model: its vectors reference a second row
@@ -47,7 +47,7 @@ def test_a_schema_5_store_is_migrated_by_its_first_writer(target, embedder):
     with pytest.raises(EvermindError, match="schema version 5"):
         MemoryStore(target, embedder, read_only=True)  # a reader never migrates
     with MemoryStore(target, embedder) as store:
-        assert store.info()["schema_version"] == 6
+        assert store.info()["schema_version"] == 7
         assert {q: [h.id for h in store.recall(q, k=3, mode="hybrid")] for q in QUERIES} == before
         new = store.remember("fact 99: Ada keeps a kite in the attic")
         assert store.recall("Ada's kite", k=3, mode="vector")[0].id == new
@@ -69,7 +69,7 @@ def test_a_writer_killed_inside_the_migration_leaves_schema_5_whole(target, embe
     assert stored_rows(target, "SELECT COUNT(*) FROM facts WHERE fingerprint = ?", (embedder.fingerprint,)) == [
         (len(TEXTS),)]
     with MemoryStore(target, embedder) as store:  # the next writer migrates it from the start
-        assert store.info()["schema_version"] == 6
+        assert store.info()["schema_version"] == 7
         assert [store.get(i).text for i in ids] == TEXTS
         assert recall_at_k(store, target, QUERIES) >= 0.95 and store.check().ok
     assert stored_rows(target, BY_STRING, (embedder.fingerprint,)) == [(len(TEXTS),)]

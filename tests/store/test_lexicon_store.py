@@ -30,7 +30,7 @@ def test_hybrid_reads_both_cosines_on_either_backend(target, embedder):
     q = embedder.embed("which sport does Bob play")
     d = embedder.embed_many([rows[rid].text for rid in pool.ids])
     assert pool.cos_model is not None
-    np.testing.assert_allclose(pool.cos_model, d @ q, atol=2e-3)  # the stored vectors are float16
+    np.testing.assert_allclose(pool.cos_model, d @ q, atol=5e-3)  # the stored vectors are int8 (the row's scale)
     full = mixed.embed_many([rows[rid].text for rid in pool.ids]) @ mixed.embed("which sport does Bob play")
     np.testing.assert_allclose(pool.cos, full, atol=2e-3)
     assert len(hits) == 4 and {h.text for h in hits} == set(FACTS)

@@ -190,7 +190,7 @@ def test_waiting_facts_of_a_killed_writer_are_embedded_by_another(model_files, e
         survivor.flush()  # adopts the dead writer's fact and embeds it
         assert survivor.info()["waiting_vectors"] == 0
         hit = survivor.recall("the dying writer remembered zebras", k=1, mode="vector")[0]
-        assert hit.text == "the dying writer remembered zebras" and hit.score == pytest.approx(1.0, abs=1e-5)
+        assert hit.text == "the dying writer remembered zebras" and hit.score == pytest.approx(1.0, abs=1e-3)
         assert survivor.check().ok
 
 
@@ -221,7 +221,7 @@ def test_a_killed_rebuild_keeps_the_old_generation_and_is_taken_over(model_files
             assert taker.fingerprint == other_embedder.fingerprint
             assert taker.check().building is None
             hit = taker.recall("fact 7 about tea", k=1, mode="vector")[0]
-            assert hit.score == pytest.approx(1.0, abs=1e-5)
+            assert hit.score == pytest.approx(1.0, abs=1e-3)
         assert fingerprints(db_path) == {other_embedder.fingerprint}
         with pytest.raises(EmbedderMismatch, match="now serves"):  # the follower cannot build the new model
             follower.recall("fact 7 about tea", k=1)

@@ -62,7 +62,7 @@ def test_recall_modes_find_the_exact_text(store: MemoryStore):
         assert isinstance(hits[0], Recall) and hits[0].id == ids[3], mode
         assert all(a.score >= b.score for a, b in zip(hits, hits[1:])), mode
     top = store.recall("Paris is the capital of France", k=1, mode="vector")[0]
-    assert top.score == pytest.approx(1.0, abs=1e-5)
+    assert top.score == pytest.approx(1.0, abs=1e-3)
     assert store.recall("capital France", mode="hybrid", fusion="rrf")[0].id == ids[3]
 
 
@@ -151,7 +151,7 @@ def test_update_text_tags_source(store: MemoryStore):
     assert store.recall("green tea", mode="lexical") == []
     assert store.recall("black coffee", mode="lexical")[0].id == fid
     hits = store.recall("Ada prefers black coffee", k=5, mode="vector")
-    assert [h.id for h in hits].count(fid) == 1 and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert [h.id for h in hits].count(fid) == 1 and hits[0].score == pytest.approx(1.0, abs=1e-3)
     assert store.update(fid, tags={"person": "bob"}).tags == {"person": "bob"}
     assert store.list(tags={"person": "ada"}) == []
     assert store.update(fid, source="import").source == "import"
@@ -284,10 +284,10 @@ def test_fingerprint_change_reembeds_without_mixing(target, embedder, other_embe
         assert store.fingerprint == other_embedder.fingerprint
         assert all(f.fingerprint == other_embedder.fingerprint for f in store.list())
         top = store.recall(TEXTS[5], k=6, mode="vector")
-        assert top[0].id == ids[5] and top[0].score == pytest.approx(1.0, abs=1e-5)
+        assert top[0].id == ids[5] and top[0].score == pytest.approx(1.0, abs=1e-3)
         want = other_embedder.embed_many([store.get(h.id).text for h in top]) @ other_embedder.embed(TEXTS[5])
-        # every score from the new model (stored vectors are float16: a score moves by less than 1e-3)
-        assert np.allclose([h.score for h in top], want, atol=1e-3)
+        # every score from the new model (stored vectors are int8: a score moves by less than 5e-3)
+        assert np.allclose([h.score for h in top], want, atol=5e-3)
         assert [c.op for c in store.history(ids[0])] == ["remember"]  # a model swap changes no fact
         assert store.check().ok
 
@@ -397,7 +397,7 @@ def test_info_reports_sqlite_and_durability(tmp_path: Path, embedder):
     with MemoryStore(tmp_path / "f.db", embedder, durability="full") as store:
         info = store.info()
         assert info["durability"] == "full" and info["sqlite_version"] == sqlite3.sqlite_version
-        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 6
+        assert info["fingerprint"] == embedder.fingerprint and info["schema_version"] == SCHEMA_VERSION == 7
 
 
 def test_not_a_store_and_newer_schema_are_refused(tmp_path: Path, embedder):

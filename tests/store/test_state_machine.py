@@ -92,7 +92,7 @@ class StoreMachine(RuleBasedStateMachine):
         if allowed:
             ids_ = sorted(allowed)
             emb = embedder(self.seed)
-            # the model's facts as a row stores them (float16, backend/vector_blobs.py): the store scores those
+            # the model's facts as a row stores them (int8, backend/vector_blobs.py): the store scores those
             stored = vector_blobs.as_stored(emb.embed_many([self.model[i][0] for i in ids_]))
             exact = stored @ emb.embed(query)
             kth = np.sort(exact)[::-1][: len(hits)][-1]

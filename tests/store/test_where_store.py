@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from evermind_memory import InvalidInput, MemoryStore
 from evermind_memory.store.filters import parse_where
 from evermind_memory.store.search import EXACT_FILTER_MAX
+from store_helpers import as_rows_hold
 
 COLOURS = ["red", "green", "blue", "amber"]
 
@@ -39,8 +40,7 @@ def brute_force(store: MemoryStore, embedder, query: str, where: dict, k: int,
         vecs = np.asarray(embedder.embed_many([fact.text for fact in kept]), dtype=np.float32)  # (N, D)
     else:
         vecs = np.stack([vectors[fact.id] for fact in kept])  # (N, D)
-    vecs = vecs.astype(np.float16).astype(np.float32)  # (N, D) as a row stores them (float16), read back at unit length
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    vecs = as_rows_hold(vecs)  # (N, D) as a row stores them (int8 and a scale), read back at unit length
     scores = vecs @ np.asarray(embedder.embed(query), dtype=np.float32)  # (N,)
     order = np.lexsort((np.arange(len(kept)), -scores))[:k]
     return [(kept[i].id, float(scores[i])) for i in order]

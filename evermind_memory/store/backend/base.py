@@ -235,7 +235,7 @@ class Integrity(NamedTuple):
 
     messages: list[str]  # the engine's integrity check; ["ok"] when clean
     foreign_key_violations: int
-    bad_vectors: int  # vectors whose byte length is neither 2 * dim (float16) nor 4 * dim (float32, before schema 5)
+    bad_vectors: int  # vectors of no readable byte length (vector_blobs.blob_lengths: int8, float16 or float32)
     fts_rows: int  # rows in the full-text index (must equal the facts)
     tags_out_of_sync: int  # facts whose tag rows disagree with their tags JSON
 

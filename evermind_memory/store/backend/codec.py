@@ -1,8 +1,8 @@
 """How a fact row's fields are written and checked, the same for both engines (neither owns this module): the
 canonical tag JSON, the checks repair runs on a raw field, and the counts a repair reports.
 
-How a vector is stored and read back (float16 rows, the length and unit-norm checks) is backend/vector_blobs.py,
-shared the same way.
+How a vector is stored and read back (int8 rows with a scale, the length and unit-norm checks) is
+backend/vector_blobs.py, shared the same way.
 """
 
 from __future__ import annotations

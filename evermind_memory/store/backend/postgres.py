@@ -55,10 +55,10 @@ if TYPE_CHECKING:  # (psycopg is imported when a postgresql:// store opens: _imp
 
     from .postgres_adapters import DatabaseAdapters
 
-SCHEMA_VERSION = 6  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases;
+SCHEMA_VERSION = 7  # the SQLite schema's number: the same tables and meanings (typed tags, expiry, scopes, leases;
 # 5: vectors stored as float16, migrated from 4 by the first writer to open the store; 6: fingerprints stored once
-# and referenced by id, migrated from 5 the same way)
-COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
+# and referenced by id, migrated from 5 the same way; 7: vectors stored as int8 with a scale, migrated from 6)
+COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 and 7 migrations
 LOCK_KEY = 0x45564D44  # "EVMD": the first half of the store's advisory lock (the second: its schema)
 CHANNEL = "evermind_changes"
 POLL_S = 1.0  # the follower's fallback poll when no notification came
@@ -435,16 +435,20 @@ class PostgresBackend:
                               "created_at", utc_now()))
             raw = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if raw is not None and raw[0] == "4":
-                self._compact_vectors(conn)
+                self._compact_vectors(conn, to=5)
                 raw = ("5",)
             if raw is not None and raw[0] == "5":
                 self._reference_fingerprints(conn)
+                raw = ("6",)
+            if raw is not None and raw[0] == "6":
+                self._compact_vectors(conn, to=7)
             self._check_version(conn)
 
     @staticmethod
-    def _compact_vectors(conn: Connection) -> None:
-        """Schema 4 -> 5 (inside _ensure_schema's transaction): every float32 vector rewritten as float16
-        (backend/vector_blobs.py), the facts' and those of a generation being built, a batch at a time."""
+    def _compact_vectors(conn: Connection, to: int) -> None:
+        """Schema 4 -> 5 and 6 -> 7 (inside _ensure_schema's transaction): every float32 or float16 vector rewritten
+        in the row format of backend/vector_blobs.py (int8 and a scale), the facts' and those of a generation being
+        built, a batch at a time; records schema version `to`."""
         for table, key in (("facts", "rid"), (GEN_TABLE, "label")):  # (names from this list, never from data)
             last = -1
             while True:
@@ -456,7 +460,7 @@ class PostgresBackend:
                 with conn.cursor() as cur:
                     cur.executemany(f"UPDATE {table} SET vector = %s WHERE {key} = %s", vector_blobs.compact_rows(rows))
                 last = rows[-1][0]
-        conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(to),))
 
     @staticmethod
     def _reference_fingerprints(conn: Connection) -> None:
@@ -472,7 +476,7 @@ class PostgresBackend:
         conn.execute("DROP INDEX IF EXISTS facts_fingerprint")
         conn.execute("ALTER TABLE facts DROP COLUMN fingerprint")
         conn.execute(FINGERPRINT_INDEX_SQL)
-        conn.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
         crash_point("migrate.fingerprints")  # (before the transaction commits: tests/store/test_fingerprint_ids.py)
 
 

@@ -1,7 +1,7 @@
 """The PostgreSQL schema of a store: the SQLite schema 5 tables with PostgreSQL types, the full-text column and
 its statistics (kept by triggers), and the adapters table. Run once, in one transaction, by the first writer.
 
-Types: times are `timestamptz`, vectors `bytea` (little-endian float16, as in SQLite: no extension needed),
+Types: times are `timestamptz`, vectors `bytea` (int8 components and a scale, as in SQLite: no extension needed),
 `num` a double. Strings that filters order (scope, tag values, source) compare under COLLATE "C" in the
 compiled filters (backend/filter_sql.py), so the scope index is built under that collation too.
 """

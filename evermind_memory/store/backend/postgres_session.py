@@ -3,8 +3,8 @@ backend.Writes, the queries both engines share through backend/session.py and th
 
 Plain parameterised SQL (psycopg `%s`; R19); lists travel as one array parameter (`= ANY(%s)`). Times are
 `timestamptz` columns, read back as the canonical UTC text every FactRow holds (the Dialect's `time_column`), so the
-front parses one format whatever the backend. Vectors are little-endian float16 `bytea` (backend/vector_blobs.py), as in
-SQLite, read with binary cursors.
+front parses one format whatever the backend. Vectors are int8 components and a float32 scale in a `bytea`
+(backend/vector_blobs.py), as in SQLite, read with binary cursors.
 
 Full-text search. `facts.tsv` is the fact's text through the `evermind` text search configuration (English
 Snowball stems, no stop words: like FTS5's `porter unicode61`, which indexes every word), after ASCII
@@ -236,7 +236,7 @@ class PostgresSession(Session):
             messages=messages,
             foreign_key_violations=0,  # enforced by the server on every write
             bad_vectors=self._scalar("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND octet_length(vector) "
-                                     "NOT IN (%s, %s)", vector_blobs.blob_lengths(dim)),
+                                     "NOT IN (%s, %s, %s)", vector_blobs.blob_lengths(dim)),
             fts_rows=self._scalar("SELECT COUNT(*) FROM facts WHERE tsv IS NOT NULL"),
             tags_out_of_sync=self._scalar(
                 "SELECT COUNT(*) FROM facts f WHERE (SELECT COUNT(*) FROM fact_tags t WHERE t.fact_id = f.id) != "

@@ -39,8 +39,9 @@ from .sqlite_session import GEN_TABLE, SQLiteSession
 # 1: the first release; 2: + feedback (query -> fact judged useful or not, for adaptation); 3: many writer
 # processes: + leases, + facts.owner (who embeds a waiting fact); 4: typed tags, expires_at, pinned, scopes,
 # history links (issue 20); 5: vectors stored as float16 (issue 34: half the bytes of a row's vector); 6: each
-# embedder fingerprint stored once, in `fingerprints`, and referenced by id from facts.fingerprint_id (issue 34)
-SCHEMA_VERSION = 6
+# embedder fingerprint stored once, in `fingerprints`, and referenced by id from facts.fingerprint_id (issue 34);
+# 7: vectors stored as int8 with a scale a row (issue 34: a quarter of float32's bytes)
+SCHEMA_VERSION = 7
 FTS_TABLE_SQL = ("CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='rid', "
                  "tokenize='porter unicode61')")
 FTS_CHECK_SQL = "INSERT INTO facts_fts (facts_fts, rank) VALUES ('integrity-check', 1)"  # FTS5's deep check
@@ -74,10 +75,12 @@ def _add_owners(conn: sqlite3.Connection) -> None:
 
 
 def _compact_vectors(conn: sqlite3.Connection) -> None:
-    """Schema 5: every float32 vector rewritten as float16 (backend/vector_blobs.py), the facts' and those of a
-    generation being built, a batch of rows at a time. The pages freed are reused by later writes (VACUUM returns
-    them to the file system: `evermind compact`, which vacuums unless --no-vacuum). Saved index snapshots name the old
-    format and are rebuilt once, at the next vector use."""
+    """Schemas 5 and 7: every float32 (schema 4) or float16 (schemas 5 and 6) vector rewritten in the row format of
+    backend/vector_blobs.py (float16 then, int8 and a scale now), the facts' and those of a generation being built, a
+    batch of rows at a time. The pages freed are reused by later writes (VACUUM returns them to the file system:
+    `evermind compact`, which vacuums unless --no-vacuum). A saved index snapshot of float32 rows names that format
+    and is rebuilt once, at the next vector use; one of float16 rows is kept (its nodes are within NEAR_TOL of the
+    int8 rows, which its background check compares)."""
     tables = [("facts", "rid")]
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (GEN_TABLE,)).fetchone():
         tables.append((GEN_TABLE, "label"))
@@ -112,11 +115,12 @@ def _reference_fingerprints(conn: sqlite3.Connection) -> None:
     crash_point("migrate.fingerprints")  # (before the transaction commits: tests/store/test_fingerprint_ids.py)
 
 
-COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 migration
+COMPACT_BATCH = 5000  # rows read and rewritten at a time by the schema 5 and 7 migrations
 # Migrations: MIGRATIONS[v] upgrades a store from schema v to v + 1 inside one transaction.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _create_feedback, 2: _add_owners,
                                                                3: migrate_typed_tags,
-                                                              4: _compact_vectors, 5: _reference_fingerprints}
+                                                              4: _compact_vectors, 5: _reference_fingerprints,
+                                                              6: _compact_vectors}
 
 
 def sqlite_has_wal_reset_fix(version: str = sqlite3.sqlite_version) -> bool:

@@ -460,7 +460,7 @@ class SQLiteSession(Session):
             messages=[r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()],
             foreign_key_violations=len(conn.execute("PRAGMA foreign_key_check").fetchall()),
             bad_vectors=conn.execute("SELECT COUNT(*) FROM facts WHERE vector IS NOT NULL AND length(vector) NOT IN "
-                                     "(?, ?)", vector_blobs.blob_lengths(dim)).fetchone()[0],
+                                     "(?, ?, ?)", vector_blobs.blob_lengths(dim)).fetchone()[0],
             fts_rows=conn.execute("SELECT COUNT(*) FROM facts_fts_docsize").fetchone()[0],
             tags_out_of_sync=conn.execute(  # (unreadable tags JSON counts as out of sync, without failing the query)
                 "SELECT COUNT(*) FROM facts f WHERE NOT json_valid(f.tags) OR (SELECT COUNT(*) FROM fact_tags t "

@@ -1,11 +1,13 @@
-"""How a vector is stored in a database row, for both engines: little-endian float16 (2 bytes a component; schema
-5, issue 34), read back as float32, in which every score is computed.
+"""How a vector is stored in a database row, for both engines: int8 components with one little-endian float32 scale
+(D + 4 bytes; schema 7, issue 34), read back as float32, in which every score is computed.
 
-A model's unit vector loses at most 2**-11 of each component to float16 (4.9e-4 below 1.0), and is scaled back to
-unit length when read. The vectors a process embeds are rounded by `as_stored` before anything sees them, so its
-own index holds the very values any other process reads from the database. Stores of schema 4 and earlier held float32
-(4 bytes a component): `compact_rows` rewrites them at migration, and a float32 row met later (a process of the previous
-version still writing) is read as well.
+A row is the scale s = max |x_i| / 127 of the unit vector x, then round(x_i / s) for each component: each component
+loses at most s / 2 (6e-4 for the shipped model's rows, whose largest component is 0.12 to 0.30; cosine to the
+float32 vector at least 0.9998), and the vector is scaled back to unit length when read. The vectors a process embeds
+are rounded by `as_stored` before anything sees them, so its own index holds the very values any other process reads
+from the database. Rows of earlier schemas are read as well: float16 (2 bytes a component, schemas 5 and 6) and
+float32 (4 bytes, schema 4 and earlier); `compact_rows` rewrites both at migration. The three lengths differ for
+every D >= 5, so a row's length says how to read it.
 """
 
 from __future__ import annotations
@@ -19,27 +21,55 @@ if TYPE_CHECKING:
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
-STORED = "<f2"  # what a row holds
+SCALE = "<f4"  # a row's first 4 bytes: the scale of its int8 components
+HALF = "<f2"  # what rows held in schemas 5 and 6
 LEGACY = "<f4"  # what rows held before schema 5
-FORMAT = "float16"  # named in an index manifest: a snapshot of float32 rows is not this store's
-# a stored vector's squared norm is 1 within float16 rounding (~1e-3); one damaged value moves it more
+FORMAT = "int8"  # named in an index manifest (a snapshot of float32 rows, before schema 5, is rebuilt once)
+# snapshots whose nodes are within NEAR_TOL (index_nodes.py) of this format's rows: kept across the migration
+COMPATIBLE_FORMATS = (FORMAT, "float16")
+LEVELS = 127  # int8 steps on each side of 0
+# a stored vector's squared norm is 1 within int8 rounding (~1e-4); one damaged value or scale moves it more
 UNIT_TOLERANCE = 0.02
 
 
-def blob_lengths(dim: int) -> tuple[int, int]:
-    """The byte lengths a readable vector of `dim` components has: (stored, legacy)."""
-    return 2 * dim, 4 * dim
+def blob_lengths(dim: int) -> tuple[int, int, int]:
+    """The byte lengths a readable vector of `dim` components has: (stored int8, float16, float32)."""
+    return dim + 4, 2 * dim, 4 * dim
+
+
+def _quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, D) float32 -> (scales (N,) float32, components (N, D) int8): per row, its largest magnitude / LEVELS."""
+    x = np.asarray(vectors, dtype=np.float32)  # (N, D)
+    top = np.abs(x).max(axis=1, initial=0.0)  # (N,)
+    scale = np.where(top > 0, top / LEVELS, 1.0).astype(np.float32)  # (N,) (an all-zero row: scale 1, zeros)
+    q = np.clip(np.rint(x / scale[:, None]), -LEVELS, LEVELS).astype(np.int8)  # (N, D)
+    return scale, q
 
 
 def encode(vector: np.ndarray) -> bytes:
-    """One (D,) vector as the bytes of its row."""
-    return np.asarray(vector, dtype=np.float32).astype(STORED).tobytes()
+    """One (D,) vector as the bytes of its row: its float32 scale, then its D int8 components."""
+    return encode_many(np.asarray(vector, dtype=np.float32)[None, :])[0]
+
+
+def encode_many(vectors: np.ndarray) -> list[bytes]:
+    """(N, D) vectors as the bytes of their N rows (encode's, row by row)."""
+    scale, q = _quantize(vectors)
+    packed = np.empty((len(q), q.shape[1] + 4), dtype=np.uint8)  # (N, D + 4)
+    packed[:, :4] = scale.astype(SCALE).view(np.uint8).reshape(len(q), 4)
+    packed[:, 4:] = q.view(np.uint8)
+    return [row.tobytes() for row in packed]
 
 
 def as_stored(vectors: np.ndarray) -> np.ndarray:
-    """(N, D) float32 unit vectors as a read of their rows gives them back: rounded to float16, then scaled back
-    to unit length in float32 (bit for bit what decode() returns for encode()'s bytes)."""
-    return _unit(np.asarray(vectors, dtype=np.float32).astype(STORED).astype(np.float32))  # (N, D)
+    """(N, D) float32 unit vectors as a read of their rows gives them back: rounded to int8 steps of their scale,
+    then scaled back to unit length in float32 (bit for bit what decode() returns for encode()'s bytes)."""
+    scale, q = _quantize(vectors)
+    return _unit(_expand(scale, q))  # (N, D)
+
+
+def _expand(scale: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """(N,) float32 scales and (N, D) int8 components -> (N, D) float32 (before the unit scaling)."""
+    return q.astype(np.float32) * scale.astype(np.float32)[:, None]
 
 
 def _unit(raw: np.ndarray) -> np.ndarray:
@@ -90,39 +120,53 @@ def intact(blob: object, dim: int) -> bool:
 
 
 def decode(blobs: Sequence[bytes], dim: int) -> np.ndarray:
-    """(N, D) float32 from N row vectors, each of a readable length (stored or legacy); unit rows (see _unit)."""
+    """(N, D) float32 from N row vectors, each of a readable length (blob_lengths); unit rows (see _unit)."""
     if not blobs:
         return np.zeros((0, dim), dtype=np.float32)  # (0, D)
-    small = 2 * dim
-    if all(len(b) == small for b in blobs):  # (every row of a store of schema 5)
-        return _unit(np.frombuffer(b"".join(blobs), dtype=STORED).reshape(len(blobs), dim).astype(np.float32))  # (N, D)
+    packed = dim + 4
+    if all(len(b) == packed for b in blobs):  # (every row of a store of schema 7)
+        return _unit(_unpack(b"".join(blobs), len(blobs), dim))  # (N, D)
     out = np.zeros((len(blobs), dim), dtype=np.float32)  # (N, D)
-    short = [i for i, b in enumerate(blobs) if len(b) == small]
-    wide = [i for i, b in enumerate(blobs) if len(b) != small]
-    if short:
-        out[short] = np.frombuffer(b"".join(blobs[i] for i in short), dtype=STORED).reshape(len(short), dim)
-    out[wide] = np.frombuffer(b"".join(blobs[i] for i in wide), dtype=LEGACY).reshape(len(wide), dim)
+    for length, dtype in ((packed, None), (2 * dim, HALF), (4 * dim, LEGACY)):
+        rows = [i for i, b in enumerate(blobs) if len(b) == length]
+        if not rows:
+            continue
+        raw = b"".join(blobs[i] for i in rows)
+        out[rows] = (_unpack(raw, len(rows), dim) if dtype is None
+                     else np.frombuffer(raw, dtype=dtype).reshape(len(rows), dim))
     return _unit(out)
 
 
-def compact_rows(rows: Sequence[tuple[object, bytes]]) -> list[tuple[bytes, object]]:
-    """(key, vector) rows of a store before schema 5 -> (float16 vector, key) for the rows to rewrite.
+def _unpack(raw: bytes, n: int, dim: int) -> np.ndarray:
+    """(n, D) float32 from n int8 rows (scale, components) joined in `raw`, before the unit scaling."""
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, dim + 4)  # (n, D + 4)
+    scale = np.ascontiguousarray(rows[:, :4]).view(SCALE)[:, 0]  # (n,)
+    return _expand(scale, rows[:, 4:].view(np.int8))  # (n, D)
 
-    A row is rewritten when its bytes read as float32 make a unit vector: what every earlier version stored. A
-    damaged one stays as it was (read as legacy float32 and found damaged, as before), and so does a row that
-    is float16 already (read as float32 its values are ~1e-14: no unit vector), so the step can run twice.
+
+def compact_rows(rows: Sequence[tuple[object, bytes]]) -> list[tuple[bytes, object]]:
+    """(key, vector) rows of a store before schema 7 -> (int8 row, key) for the rows to rewrite.
+
+    A row is rewritten when its bytes read as float32 (what schema 4 and earlier stored), else as float16 (schemas 5
+    and 6), make a unit vector. A damaged one stays as it was (read by its length and found damaged, as before), and
+    so does a row that is int8 already (its scale and components read as floats make no unit vector), so the step
+    can run twice. The generation table may hold another model's vectors, of another length: every length is tried.
     """
     out: list[tuple[bytes, object]] = []
     by_length: dict[int, list[tuple[object, bytes]]] = {}
     for key, blob in rows:
-        if isinstance(blob, (bytes, bytearray, memoryview)) and len(blob) and len(blob) % 4 == 0:
+        if isinstance(blob, (bytes, bytearray, memoryview)) and len(blob) and len(blob) % 2 == 0:
             by_length.setdefault(len(blob), []).append((key, bytes(blob)))
     for length, group in by_length.items():
-        wide = np.frombuffer(b"".join(b for _, b in group), dtype=LEGACY).reshape(len(group), length // 4)  # (n, d)
-        with np.errstate(over="ignore", invalid="ignore"):
-            sq = np.einsum("nd,nd->n", wide, wide, dtype=np.float64)  # (n,)
-        unit = np.isfinite(sq) & (np.abs(sq - 1.0) < UNIT_TOLERANCE)  # (n,)
-        packed = wide[unit].astype(STORED)  # (u, d)
-        keys = [key for (key, _), ok in zip(group, unit.tolist()) if ok]
-        out.extend((row.tobytes(), key) for key, row in zip(keys, packed))
+        raw = b"".join(b for _, b in group)
+        todo = np.ones(len(group), dtype=bool)  # (n,) rows not rewritten yet
+        for dtype, width in ((LEGACY, 4), (HALF, 2)):
+            if length % width:
+                continue
+            wide = np.frombuffer(raw, dtype=dtype).reshape(len(group), length // width).astype(np.float32)  # (n, d)
+            unit = todo & usable(wide)  # (n,)
+            if unit.any():
+                keys = [key for (key, _), ok in zip(group, unit.tolist()) if ok]
+                out.extend(zip(encode_many(_unit(wide[unit])), keys))
+                todo &= ~unit
     return out
