@@ -351,6 +351,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--tokenizer", default=None, help="its tokenizer.json")
     ap.add_argument("--fusion", default=None, help="fitted fusion parameters for --model (calibrate_fusion.py)")
     ap.add_argument("--minilm", action="store_true", help="add all-MiniLM-L6-v2 in our store as the reference row")
+    ap.add_argument("--st-model", default=None, metavar="DIR",
+                    help="add this sentence-transformers model directory in our store as a reference row (vector "
+                         "mode is its fair figure: hybrid uses the unfitted weight rule)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
 
@@ -366,6 +369,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         embedders[0][1].fusion_params = args.fusion
     if args.minilm:
         embedders.append(("MiniLM in our store", minilm_embedder()))
+    if args.st_model:
+        from recall_quality import MiniLMEmbedder, load_minilm
+
+        name = Path(args.st_model).name
+        embedders.append((f"{name} in our store", MiniLMEmbedder(load_minilm(args.st_model, 2), name)))
     out = {}
     for label, emb in embedders:
         t0 = time.perf_counter()

