@@ -21,7 +21,6 @@ from .fit import fit_adapter
 from .gate import gate_candidate, split_probe, too_small_to_judge
 from .policy import AdaptationHooks, AdaptationPolicy
 from .report import AdaptationReport, GateResult
-from ..store.backend import vector_blobs
 
 
 def save_candidate(gens: Any, weights: LoRAWeights, report: AdaptationReport) -> dict:
@@ -173,7 +172,7 @@ def run_round(gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, ro
             gate = gate_candidate(
                 gens.embedder, candidate, [texts[i] for i in probe_idx], [texts[i] for i in distract], policy,
                 current_doc_vectors=stored[corpus_idx], corpus_labels=labels[corpus_idx],
-                round_docs=vector_blobs.as_stored,
+                round_docs=gens.as_stored,
             )
             report.gate = gate
             report.fingerprint_after = candidate.fingerprint

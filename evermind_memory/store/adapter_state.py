@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_import
 from ..embedder.base import Adaptable, Embedder, is_adaptable
 from ..errors import CheckpointError, InvalidInput
+from .backend import vector_blobs
 from .backend.base import Backend
 from .vectors import VectorCache
 
@@ -157,6 +158,12 @@ class AdapterState:
                 labels, texts = labels[keep], [texts[i] for i in keep.tolist()]  # (N,)
             got, vectors = r.vectors(gen.fingerprint, dim, labels=labels.tolist())
         return labels, texts, vectors[np.argsort(got)]  # (N,), N, (N, D) in label order
+
+    @staticmethod
+    def as_stored(vectors: np.ndarray) -> np.ndarray:
+        """(N, D) vectors as a database row rounds them (backend/vector_blobs.py): how `memories()` returns the
+        current model's, so a round's gate compares a candidate's the same way."""
+        return vector_blobs.as_stored(vectors)
 
     def feedback_pairs(self, labels: np.ndarray) -> list[tuple[str, int, float]]:
         """(query, row in `labels`, weight 1.0) for every standing "useful" judgement of those memories."""

@@ -183,6 +183,7 @@ class VectorIndex:
         self._loaded: LoadedNodes | None = None
         self._maps_lock = threading.Lock()  # one thread builds the dicts from _loaded
         self.unhashed: tuple[Path, str] | None = None  # (file, sha256) of a load that left the hash to file_agrees()
+        self.hash_agreed = True  # what file_agrees() found once it hashed
         self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
 
     # ---- state -------------------------------------------------------------------------------------------
@@ -501,19 +502,19 @@ class VectorIndex:
         pending, or the file was replaced by a newer save since: it cannot be read any more and the graph in
         memory was validated structurally). Read in chunks, not mapped: hashing must not add the file to RSS."""
         pending = self.unhashed
-        if pending is None:
-            return True
+        if pending is None:  # (hashed already: the same answer to every caller, e.g. check() racing the pass)
+            return self.hash_agreed
         path, want = pending
         digest = hashlib.sha256()
         try:
             with path.open("rb") as f:
                 while chunk := f.read(8 << 20):
                     digest.update(chunk)
+            agreed = digest.hexdigest() == want
         except FileNotFoundError:
-            self.unhashed = None
-            return True
-        self.unhashed = None
-        return digest.hexdigest() == want
+            agreed = True
+        self.hash_agreed, self.unhashed = agreed, None
+        return agreed
 
     def save(self, directory: Path, stem: str, meta: dict) -> dict:
         """Save atomically: index temp file + fsync + rename, verify, the groups file (label -> node) likewise,
