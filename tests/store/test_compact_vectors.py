@@ -4,11 +4,14 @@ and recall that answers like exact search over what the database holds."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import numpy as np
 import pytest
 
 from evermind_memory import EvermindError, MemoryStore
-from store_helpers import SCHEMA_5, execute, recall_at_k, row_vector, stored_rows
+from store_helpers import CHILD_PRELUDE, PYTHON, SCHEMA_5, child_env, execute, recall_at_k, row_vector, stored_rows
 
 TEXTS = [f"fact {i}: {name} keeps {thing} in the {room}" for i, (name, thing, room) in enumerate(
     (n, t, r) for n in ("Ada", "Bob", "Carol", "Dmitri") for t in ("tea", "maps", "keys", "books", "plants")
@@ -27,13 +30,14 @@ def _as_schema_6(db, dim: int) -> None:
     execute(db, _rewritten(db, dim, "<f2") + [("UPDATE meta SET value = '6' WHERE key = 'schema_version'", ())])
 
 
-def _rewritten(db, dim: int, dtype: str) -> list[tuple[str, tuple]]:
-    """Statements that rewrite every fact's vector as unit rows of `dtype`."""
+def _rewritten(db, dim: int, dtype: str, table: str = "facts", key: str = "rid") -> list[tuple[str, tuple]]:
+    """Statements that rewrite every vector of `table` (facts, or adapt_vectors: a generation being built) as unit
+    rows of `dtype`."""
     updates = []
-    for rid, blob in stored_rows(db, "SELECT rid, vector FROM facts WHERE vector IS NOT NULL"):
+    for k, blob in stored_rows(db, f"SELECT {key}, vector FROM {table} WHERE vector IS NOT NULL"):
         v = row_vector(bytes(blob), dim)
-        updates.append(("UPDATE facts SET vector = ? WHERE rid = ?", ((v / np.linalg.norm(v)).astype(dtype).tobytes(),
-                                                                      rid)))
+        updates.append((f"UPDATE {table} SET vector = ? WHERE {key} = ?",
+                        ((v / np.linalg.norm(v)).astype(dtype).tobytes(), k)))
     return updates
 
 
@@ -105,3 +109,29 @@ def test_a_schema_6_store_is_migrated_and_keeps_its_index(target, embedder):
         assert all(after[q][0] == before[q][0] for q in QUERIES)
         assert recall_at_k(store, target, QUERIES) >= 0.95
         assert store.check().ok and store.get(ids[5]).text == TEXTS[5]  # the float16 nodes agree with the int8 rows
+
+
+REEMBED_SCRIPT = CHILD_PRELUDE + """
+store = MemoryStore(db, emb)  # another embedder: builds its generation in batches of 256, dies after the 2nd
+"""
+
+
+def test_a_generation_half_built_by_the_previous_release_is_migrated_and_finished(db_path, embedder, other_embedder,
+                                                                                   other_model_files):
+    with MemoryStore(db_path, embedder) as store:
+        ids = store.remember_many([f"fact {i} about tea" for i in range(600)])
+    proc = subprocess.run([PYTHON, "-c", REEMBED_SCRIPT, *map(str, other_model_files), str(db_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**child_env(), "EVERMIND_CRASH_AT": "adapt.reembed.batch:2"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    dim = embedder.dimensions
+    execute(db_path, _rewritten(db_path, dim, "<f2") + _rewritten(db_path, dim, "<f2", "adapt_vectors", "label")
+            + [("UPDATE meta SET value = '6' WHERE key = 'schema_version'", ())])
+    assert {len(bytes(r[0])) for r in stored_rows(db_path, "SELECT vector FROM adapt_vectors")} == {2 * dim}
+    with MemoryStore(db_path, other_embedder) as store:  # migrates both tables, resumes the build and swaps
+        assert store.info()["schema_version"] == 7 and store.fingerprint == other_embedder.fingerprint
+        assert _lengths(db_path) == {dim + 4}
+        hit = store.recall("fact 7 about tea", k=1, mode="vector")[0]
+        assert hit.score == pytest.approx(1.0, abs=1e-3)  # the text itself, from a migrated row
+        assert sorted(f.id for f in store.list(limit=1000)) == sorted(ids)
+        assert recall_at_k(store, db_path, QUERIES) >= 0.95 and store.check().ok
