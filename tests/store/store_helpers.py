@@ -112,11 +112,12 @@ def row_vector(blob: bytes, dim: int):
 
 def as_rows_hold(vectors):
     """(N, D) unit vectors as a row holds them and a read gives them back (schema 7, emulated here without
-    evermind_memory): int8 steps of each row's largest magnitude / 127, scaled back to unit length."""
+    evermind_memory): int8 steps of each row's largest magnitude / 127 (at float16's precision), scaled back to unit
+    length."""
     import numpy as np
 
     x = np.asarray(vectors, dtype=np.float32)
-    scale = np.abs(x).max(axis=1, keepdims=True) / 127
+    scale = (np.abs(x).max(axis=1, keepdims=True) / 127).astype(np.float16).astype(np.float32)
     back = np.rint(x / scale) * scale
     return (back / np.linalg.norm(back, axis=1, keepdims=True)).astype(np.float32)
 

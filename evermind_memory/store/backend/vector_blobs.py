@@ -38,10 +38,14 @@ def blob_lengths(dim: int) -> tuple[int, int, int]:
 
 
 def _quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(N, D) float32 -> (scales (N,) float32, components (N, D) int8): per row, its largest magnitude / LEVELS."""
+    """(N, D) float32 -> (scales (N,) float32, components (N, D) int8): per row, its largest magnitude / LEVELS,
+    rounded to float16's precision. The rounding costs nothing (a row's scale only sets its length, which the read
+    normalises away) and makes the row repeatable: the same text embedded in two batches differs by ~1e-7, which a
+    full-precision scale carries into every component, so the two rows would never be bit-identical (index_nodes.py
+    then finds their shared node by a search instead of by its key)."""
     x = np.asarray(vectors, dtype=np.float32)  # (N, D)
     top = np.abs(x).max(axis=1, initial=0.0)  # (N,)
-    scale = np.where(top > 0, top / LEVELS, 1.0).astype(np.float32)  # (N,) (an all-zero row: scale 1, zeros)
+    scale = np.where(top > 0, top / LEVELS, 1.0).astype(np.float16).astype(np.float32)  # (N,) (zero row: 1, zeros)
     q = np.clip(np.rint(x / scale[:, None]), -LEVELS, LEVELS).astype(np.int8)  # (N, D)
     return scale, q
 
