@@ -60,7 +60,7 @@ def checked(vectors: object, count: int, dim: int, *, what: str = "embed_many") 
 
 @single_blas
 def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarray:
-    """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK, rounded as a row stores them (float16 values).
+    """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK, rounded as a row stores them (int8 steps).
 
     Raises:
         EmbedderOutputInvalid: a bad vector. Any exception of the embedder itself.
