@@ -250,14 +250,14 @@ class PostgresSession(Session):
         cols: list[list] = [[] for _ in range(11)]  # the columns of _INSERT's `n`, one list each
         tag_cols: list[list] = [[] for _ in range(5)]
         tag_texts: dict[int, str] = {}
-        for i, item in enumerate(items):
+        blobs = vector_blobs.encode_many(vectors) if vectors is not None else [None] * len(items)  # (one pass)
+        for item, blob in zip(items, blobs):
             fid, text, tags, source, created, updated, expires, pinned, scope, replaces = item
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
-            for col, value in zip(cols, (fid, text, tj, source, when(created), when(updated),
-                                         None if vectors is None else _blob(vectors[i]), when(expires), int(pinned),
-                                         scope, replaces)):
+            for col, value in zip(cols, (fid, text, tj, source, when(created), when(updated), blob, when(expires),
+                                         int(pinned), scope, replaces)):
                 col.append(value)
             for k, v in tags.items():
                 for col, part in zip(tag_cols, tag_row(fid, k, v)):
@@ -275,7 +275,7 @@ class PostgresSession(Session):
         ids = [fid for _, fid, _ in rows]
         old = [None if label is None else int(label) for _, _, label in rows]
         head = self._scalar(_SET_VECTORS,
-                            (rids, ids, old, [_blob(v) for v in vectors], self._fingerprint_id(fingerprint),
+                            (rids, ids, old, vector_blobs.encode_many(vectors), self._fingerprint_id(fingerprint),
                                             when(now)))
         self.changed = True
         return [(head + i, label) for i, label in enumerate(old, start=1)]

@@ -481,12 +481,12 @@ class SQLiteSession(Session):
         tag_texts: dict[int, str] = {}  # one JSON text per tags dict (remember_many shares one among all items)
         has_vec = vectors is not None
         fp = self._fingerprint_id(fingerprint) if has_vec and fingerprint is not None else None
-        for i, (seq, item) in enumerate(zip(seqs, items)):
+        blobs = vector_blobs.encode_many(vectors) if vectors is not None else [None] * len(items)  # (one pass)
+        for seq, item, blob in zip(seqs, items, blobs):
             fid, text, tags, source, created, updated, expires, pinned, scope, replaces = item
             tj = tag_texts.get(id(tags))
             if tj is None:
                 tj = tag_texts[id(tags)] = tags_json(tags) if tags else "{}"
-            blob = None if vectors is None else _blob(vectors[i])
             fact_rows.append((fid, text, tj, source, created, updated, blob, fp, seq if has_vec else None, seq,
                               expires, int(pinned), scope, None if has_vec else owner))
             change_rows.append((seq, fid, "remember", updated, text, tj, source, int(has_vec), None, scope, replaces))
