@@ -97,8 +97,6 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     result.queries = len(queries)
     with np.errstate(all="ignore"):
         cand_docs = np.asarray(candidate.embed_many(corpus), dtype=np.float32)  # (N, D)
-        if round_docs is not None and np.isfinite(cand_docs).all():
-            cand_docs = round_docs(cand_docs)
         cand_q = np.asarray(candidate.embed_many(queries), dtype=np.float32)  # (Q, D)
         finite = bool(np.isfinite(cand_docs).all() and np.isfinite(cand_q).all())
         norms_ok = finite and bool((np.linalg.norm(cand_docs, axis=1) > 1e-6).all()
@@ -110,6 +108,8 @@ def gate_candidate(current: Any, candidate: Any, probe_texts: Sequence[str], dis
     if not norms_ok:
         result.reason = "the candidate produced zero vectors"
         return result
+    if round_docs is not None:  # (only finite, non-zero vectors reach the rounding)
+        cand_docs = round_docs(cand_docs)
     cur_docs = (np.asarray(current.embed_many(corpus), dtype=np.float32) if current_doc_vectors is None
                 else np.asarray(current_doc_vectors, dtype=np.float32))  # (N, D)
     cur_q = np.asarray(current.embed_many(queries), dtype=np.float32)  # (Q, D)

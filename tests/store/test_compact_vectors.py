@@ -45,6 +45,25 @@ def _lengths(db) -> set[int]:
     return {len(bytes(r[0])) for r in stored_rows(db, "SELECT vector FROM facts")}
 
 
+def _migrated(target, embedder, version: int, before: dict) -> MemoryStore:
+    """A store of schema `version`, refused to a reader and opened by a writer, which migrates it: schema 7, int8
+    rows, the same best vector answer to every query as `before` (query -> ids), recall like exact search over what
+    the rows hold. Returns the writer, open."""
+    with pytest.raises(EvermindError, match=f"schema version {version}"):
+        MemoryStore(target, embedder, read_only=True)  # a reader never migrates
+    store = MemoryStore(target, embedder)
+    try:
+        assert store.info()["schema_version"] == 7
+        assert _lengths(target) == {embedder.dimensions + 4}
+        after = {q: [h.id for h in store.recall(q, k=5, mode="vector")] for q in QUERIES}
+        assert all(after[q][0] == before[q][0] for q in QUERIES)  # the same best answer
+        assert recall_at_k(store, target, QUERIES) >= 0.95
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
 def test_a_row_holds_one_byte_a_component_and_a_scale(target, embedder):
     with MemoryStore(target, embedder) as store:
         store.remember_many(TEXTS)
@@ -60,14 +79,7 @@ def test_a_schema_4_store_is_migrated_by_its_first_writer(target, embedder):
         before = {q: [h.id for h in store.recall(q, k=5, mode="vector")] for q in QUERIES}
     _as_schema_4(target, embedder.dimensions)
     assert _lengths(target) == {4 * embedder.dimensions}
-    with pytest.raises(EvermindError, match="schema version 4"):
-        MemoryStore(target, embedder, read_only=True)  # a reader never migrates
-    with MemoryStore(target, embedder) as store:
-        assert store.info()["schema_version"] == 7
-        assert _lengths(target) == {embedder.dimensions + 4}
-        after = {q: [h.id for h in store.recall(q, k=5, mode="vector")] for q in QUERIES}
-        assert all(after[q][0] == before[q][0] for q in QUERIES)  # the same best answer
-        assert recall_at_k(store, target, QUERIES) >= 0.95
+    with _migrated(target, embedder, 4, before) as store:
         new = store.remember("fact 99: Ada keeps a kite in the attic")
         assert store.recall("Ada's kite", k=3, mode="hybrid")[0].id == new
         assert store.check().ok and store.get(ids[3]).text == TEXTS[3]
@@ -98,16 +110,9 @@ def test_a_schema_6_store_is_migrated_and_keeps_its_index(target, embedder):
         manifest = target.with_name(target.name + ".json")
         manifest.write_text(manifest.read_text().replace('"vectors": "int8"', '"vectors": "float16"'))
     assert _lengths(target) == {2 * embedder.dimensions}
-    with pytest.raises(EvermindError, match="schema version 6"):
-        MemoryStore(target, embedder, read_only=True)  # a reader never migrates
-    with MemoryStore(target, embedder) as store:
-        assert store.info()["schema_version"] == 7
-        assert _lengths(target) == {embedder.dimensions + 4}
-        after = {q: [h.id for h in store.recall(q, k=5, mode="vector")] for q in QUERIES}
+    with _migrated(target, embedder, 6, before) as store:
         status = store.info()["index_status"]
         assert status.startswith("loaded") if str(target).endswith(".db") else "built from the database" in status
-        assert all(after[q][0] == before[q][0] for q in QUERIES)
-        assert recall_at_k(store, target, QUERIES) >= 0.95
         assert store.check().ok and store.get(ids[5]).text == TEXTS[5]  # the float16 nodes agree with the int8 rows
 
 

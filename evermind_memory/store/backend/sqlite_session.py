@@ -514,11 +514,11 @@ class SQLiteSession(Session):
         for cond, params in SQLITE.in_list("rid", [rid for rid, _, _ in rows]):
             scopes.update(self._all(f"SELECT rid, scope FROM facts WHERE {cond}", params))
         out, changes = [], []
-        for (rid, fid, old_label), vec in zip(rows, vectors):
+        for (rid, fid, old_label), blob in zip(rows, vector_blobs.encode_many(vectors)):
             seq += 1
             self.conn.execute("UPDATE facts SET vector = ?, fingerprint_id = ?, label = ?, seq = ?, owner = NULL WHERE "
                               "rid = ?",
-                              (_blob(vec), fp, seq, seq, rid))
+                              (blob, fp, seq, seq, rid))
             changes.append((seq, fid, "reembed", now, None, None, None, 1, old_label, scopes.get(rid, ""), None))
             out.append((seq, old_label))
         self.log_changes(changes)
