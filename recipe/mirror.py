@@ -131,6 +131,13 @@ class MirrorLM(torch.nn.Module):
 
     def pooled(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Unnormalised pooled vector (B, C); `embed` L2-normalises it."""
+        h, real = self.token_states(tokens, lengths)
+        m = real[..., None].to(h.dtype)
+        return (h * m).sum(dim=1) / lengths[:, None].to(h.dtype)
+
+    def token_states(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(states (B, T, C) float32, real (B, T) bool): each position's output of the pooling block, the vectors
+        `pooled` averages over the real positions."""
         h = self.hidden(tokens)
         B, T, C = h.shape
         real = torch.arange(T, device=h.device)[None, :] < lengths[:, None]  # (B, T)
@@ -144,9 +151,7 @@ class MirrorLM(torch.nn.Module):
             o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
             h = h + (o @ self.w("pool.wo")).float()
             h = rmsnorm(h, self.w("pool.out_norm"))
-        h = h.float()
-        m = real[..., None].to(h.dtype)
-        return (h * m).sum(dim=1) / lengths[:, None].to(h.dtype)
+        return h.float(), real
 
     def embed(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.pooled(tokens, lengths), dim=-1, eps=1e-12)

@@ -34,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mirror import MirrorLM, embed_bucketed  # noqa: E402
+from mirror import MirrorLM, embed_bucketed, to_device  # noqa: E402
 
 from evermind_memory.lm.model import EvermindLM, LMConfig, param_shapes  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
@@ -245,6 +246,11 @@ def main() -> None:
                     help="weight of the in-batch ranking distillation: KL from the teacher's softmax over the "
                          "batch's query->doc cosines to the student's (0: off)")
     ap.add_argument("--kd-tau", type=float, default=None, help="the teacher's temperature there (default: --tau)")
+    ap.add_argument("--token-distill", type=float, default=0.0, metavar="W",
+                    help="weight of the words-in-context loss (recipe/token_distill.py): each word's student states "
+                         "against the teacher's state of that word in the same text; 0: off")
+    ap.add_argument("--token-batch", type=int, default=512,
+                    help="texts a step distils word by word (half the step's queries, half its docs)")
     ap.add_argument("--time-budget", type=float, default=480.0, help="seconds of training in this call")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
@@ -319,6 +325,19 @@ def main() -> None:
     model = MirrorLM(cfg.to_dict(), shapes, init).to(dev)
     head = torch.nn.Linear(args.d_model + join.dims, teach.shape[1], bias=False).to(dev)  # training-only, distillation
     params = list(model.parameters()) + list(head.parameters())
+    words = None
+    if args.token_distill:  # the teacher itself on the device, and a map from our channels to its (training-only)
+        from token_distill import STUDENT_TOKENS, WordTeacher, word_loss
+
+        model_dir = unpack_teacher(args.teacher)
+        words = WordTeacher(model_dir, texts, tok_mat, tok_len, tok, dev, Path(args.cache or args.state))
+        if model_dir != args.teacher:
+            shutil.rmtree(model_dir, ignore_errors=True)
+        word_head = torch.nn.Linear(cfg.d_model, words.dims, bias=False).to(dev)
+        params += list(word_head.parameters())
+        word_states = model.token_states
+        if args.compile != "off" and dev.type == "cuda":
+            word_states = torch.compile(model.token_states, dynamic=False)  # lengths rounded to 16: a few shapes
     # the fused kernel: one launch for every tensor's update (the step is launch-bound: 48.8 -> 35.5 ms, H100)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01, fused=dev.type == "cuda")
     step = 0
@@ -436,6 +455,17 @@ def main() -> None:
             print(f"torch.compile failed ({type(exc).__name__}: {str(exc)[:300]}); continuing uncompiled", flush=True)
             loss, parts = step_loss(embed, head, teach_t, pair_q[rows], pair_d[rows], p_np, h_np, args)
         l_con, l_dis, l_sim, l_kd = parts
+        l_words = torch.zeros((), device=dev)
+        if words is not None:
+            half = args.token_batch // 2
+            w_ids = np.concatenate([pair_q[rows][:half], pair_d[rows][:half]])
+            t_means, t_counts, s_word = words.targets(w_ids)
+            width = min(STUDENT_TOKENS, -(-int(tok_len[w_ids].max()) // 16) * 16)
+            (w_ids_t,) = to_device([w_ids], dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16" and dev.type == "cuda"):
+                states, _ = word_states(tok_mat_t[w_ids_t, :width], tok_len_t[w_ids_t].clamp(max=width))
+            l_words = word_loss(states.float(), s_word[:, :width], t_means, t_counts, word_head.weight.T)
+            loss = loss + args.token_distill * l_words
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -461,7 +491,7 @@ def main() -> None:
                 args.steps = min(args.steps, fits)
         if step % 100 == 0:
             rec = {"step": step, "loss": loss.item(), "contrastive": l_con.item(), "distill": l_dis.item(),
-                   "simmat": l_sim.item(), "kd": l_kd.item(), "lr": lr_at(step),
+                   "simmat": l_sim.item(), "kd": l_kd.item(), "words": l_words.item(), "lr": lr_at(step),
                    "elapsed": round(time.time() - t_start, 1)}
             history.append(rec)
             print(json.dumps(rec), flush=True)
