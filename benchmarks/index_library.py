@@ -40,7 +40,8 @@ K = 10
 
 
 def store_vectors(db: Path, dim: int) -> np.ndarray:
-    """(N, D) float32: the distinct vectors of an SQLite store, as a read of the store gives them back."""
+    """(N, D) float32: the distinct vectors of an SQLite store, as a read of the store gives them back (the rows of
+    an older store may be float16)."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         blobs = [r[0] for r in conn.execute("SELECT DISTINCT vector FROM facts WHERE vector IS NOT NULL")]
@@ -83,7 +84,10 @@ def run_hnswlib(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
 
 
 def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, dtype: str, tmp: Path,
-                view: bool) -> dict:
+                view: bool, rescore: tuple[int, ...] = ()) -> dict[str, dict]:
+    """{row name: figures} for usearch at `dtype`, and for each factor R in `rescore` the same graph asked for R x k
+    candidates that are then ranked exactly against the rows' int8 vectors (what a store would hold beside the graph:
+    the candidates' rows gathered, scaled back to float32 and scored)."""
     from usearch.index import Index
 
     t = time.perf_counter()
@@ -97,9 +101,22 @@ def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
     loaded = Index.restore(str(path), view=view)
     opened = time.perf_counter() - t
     loaded.expansion_search = ef
+    common = {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened}
     labels, ms = _timed(lambda q: loaded.search(q, K, threads=1).keys, queries)
-    return {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened,
-            "labels": labels, "ms": ms}
+    rows = {f"usearch {dtype}{', view' if view else ''}": {**common, "labels": labels, "ms": ms}}
+    _, steps = vector_blobs._quantize(base)  # (N, D) int8: the rows as the store keeps them (their scale only
+    inv_norm = 1.0 / np.linalg.norm(steps.astype(np.float32), axis=1)  # sets a length, which a read divides out)
+
+    def rescored(q: np.ndarray, r: int) -> np.ndarray:
+        keys = loaded.search(q, r * K, threads=1).keys.astype(np.int64)  # (rK,)
+        exact = (steps[keys].astype(np.float32) @ q) * inv_norm[keys]  # (rK,) the rows' own cosines
+        return keys[np.argsort(-exact, kind="stable")[:K]]
+
+    for r in rescore:
+        loaded.expansion_search = max(ef, r * K)
+        labels, ms = _timed(lambda q, r=r: rescored(q, r), queries)
+        rows[f"usearch {dtype}, view, {r * K} rescored from int8 rows"] = {**common, "labels": labels, "ms": ms}
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -108,10 +125,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--ef", type=int, default=96, help="query beam width for both (the store's at ~100k vectors)")
+    ap.add_argument("--rescore", default="2,4", type=lambda v: tuple(int(x) for x in v.split(",") if x),
+                    help="int8 graph asked for R x k candidates ranked exactly from the rows, for each R")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    vectors = store_vectors(args.db, args.dim)
+    vectors = vector_blobs.as_stored(store_vectors(args.db, args.dim))  # as int8 rows give them back
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(vectors))
     queries, base = vectors[order[:args.queries]], vectors[order[args.queries:]]
@@ -122,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
         tmp = Path(tmp_name)
         rows["hnswlib f32 (the store's)"] = run_hnswlib(base, queries, cfg, args.ef, tmp)
         for dtype in ("f32", "f16", "i8"):
-            rows[f"usearch {dtype}, view"] = run_usearch(base, queries, cfg, args.ef, dtype, tmp, view=True)
+            rows.update(run_usearch(base, queries, cfg, args.ef, dtype, tmp, view=True,
+                                    rescore=args.rescore if dtype == "i8" else ()))
     out = {"vectors": len(base), "queries": len(queries), "dim": int(base.shape[1]), "ef": args.ef, "M": cfg.M,
            "ef_construction": cfg.ef_construction, "rows": {}}
     print(f"{len(base):,} distinct vectors of {args.db.name} ({base.shape[1]} dims), {len(queries)} held-out "
