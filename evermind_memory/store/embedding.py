@@ -62,9 +62,21 @@ def checked(vectors: object, count: int, dim: int, *, what: str = "embed_many") 
 def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarray:
     """(N, D) checked vectors of `texts`, in chunks of EMBED_CHUNK, rounded as a row stores them (int8 steps).
 
+    A text given more than once is embedded once (the same note remembered again, a re-embedding of a store full of
+    copies), and its copies get the same vector.
+
     Raises:
         EmbedderOutputInvalid: a bad vector. Any exception of the embedder itself.
     """
+    distinct = list(dict.fromkeys(texts))
+    if len(distinct) == len(texts):
+        return _embed_chunks(embedder, texts, dim)
+    at = {text: i for i, text in enumerate(distinct)}
+    return _embed_chunks(embedder, distinct, dim)[[at[text] for text in texts]]  # (N, D)
+
+
+def _embed_chunks(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarray:
+    """embed_texts without the copies: every text embedded, EMBED_CHUNK at a time."""
     out = np.zeros((len(texts), dim), dtype=np.float32)  # (N, D)
     for start in range(0, len(texts), EMBED_CHUNK):
         chunk = list(texts[start : start + EMBED_CHUNK])
