@@ -80,7 +80,7 @@ def run_hnswlib(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
     loaded.set_num_threads(1)
     labels, ms = _timed(lambda q: loaded.knn_query(q, k=K)[0][0], queries)
     return {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened,
-            "labels": labels, "ms": ms}
+            "labels": labels, "ms": ms, "index": loaded}
 
 
 def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, dtype: str, tmp: Path,
@@ -116,7 +116,48 @@ def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
         loaded.expansion_search = max(ef, r * K)
         labels, ms = _timed(lambda q, r=r: rescored(q, r), queries)
         rows[f"usearch {dtype}, view, {r * K} rescored from int8 rows"] = {**common, "labels": labels, "ms": ms}
+    rows[f"usearch {dtype}, view"]["search"] = (loaded, steps, inv_norm)
     return rows
+
+
+def selections(hnsw, usearch: tuple, base: np.ndarray, queries: np.ndarray, fractions: tuple[float, ...], ef: int,
+               rng: np.random.Generator) -> dict[str, dict]:
+    """Vector search among a random share `f` of the vectors, as a scope or a filter selects them (the store searches
+    a selection exactly below a tenth of the index, so f >= 0.1 is what reaches the graph): hnswlib's filtered search
+    (the store's way: the walk skips what the predicate refuses), and the int8 graph, which takes no predicate, asked
+    for 2k / f candidates, those outside the selection dropped and the rest ranked exactly from the rows (exact
+    search over the selection when fewer than k are left). Recall@10 against exact search within the selection."""
+    u_index, steps, inv_norm = usearch
+    out = {}
+    for f in fractions:
+        mask = rng.random(len(base)) < f
+        allowed = np.flatnonzero(mask)
+        allow_set = set(allowed.tolist())
+        truth = allowed[np.argsort(-(queries @ base[allowed].T), axis=1)[:, :K]]  # (Q, K)
+        hnsw.set_ef(ef)
+        h_labels, h_ms = _timed(lambda q: hnsw.knn_query(q, k=K, filter=allow_set.__contains__)[0][0], queries)
+        count = int(np.ceil(2 * K / f))
+        u_index.expansion_search = max(ef, count)
+        fallbacks = []
+
+        def filtered(q: np.ndarray) -> np.ndarray:
+            keys = u_index.search(q, count, threads=1).keys.astype(np.int64)
+            keys = keys[mask[keys]]
+            if len(keys) < K:  # the store would search the selection exactly
+                fallbacks.append(1)
+                keys = allowed
+            exact = (steps[keys].astype(np.float32) @ q) * inv_norm[keys]
+            return keys[np.argsort(-exact, kind="stable")[:K]]
+
+        u_labels, u_ms = _timed(filtered, queries)
+        for name, labels, ms in (("hnswlib f32, predicate", h_labels, h_ms),
+                                 (f"usearch i8, {count} candidates filtered, rescored", u_labels, u_ms)):
+            out[f"selection {f:.0%}: {name}"] = {
+                "recall_at_10": float(np.mean([len(set(a.tolist()) & set(b.tolist())) / K
+                                               for a, b in zip(labels, truth)])),
+                "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+                "exact_fallbacks": len(fallbacks) if name.startswith("usearch") else 0}
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -127,6 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ef", type=int, default=96, help="query beam width for both (the store's at ~100k vectors)")
     ap.add_argument("--rescore", default="2,4", type=lambda v: tuple(int(x) for x in v.split(",") if x),
                     help="int8 graph asked for R x k candidates ranked exactly from the rows, for each R")
+    ap.add_argument("--selections", default="0.1,0.5", type=lambda v: tuple(float(x) for x in v.split(",") if x),
+                    help="also search among a random share of the vectors (a scope, a filter), for each share")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -143,6 +186,10 @@ def main(argv: list[str] | None = None) -> dict:
         for dtype in ("f32", "f16", "i8"):
             rows.update(run_usearch(base, queries, cfg, args.ef, dtype, tmp, view=True,
                                     rescore=args.rescore if dtype == "i8" else ()))
+        chosen = selections(rows["hnswlib f32 (the store's)"].pop("index"), rows["usearch i8, view"].pop("search"),
+                            base, queries, args.selections, args.ef, rng) if args.selections else {}
+        for r in rows.values():
+            r.pop("search", None)
     out = {"vectors": len(base), "queries": len(queries), "dim": int(base.shape[1]), "ef": args.ef, "M": cfg.M,
            "ef_construction": cfg.ef_construction, "rows": {}}
     print(f"{len(base):,} distinct vectors of {args.db.name} ({base.shape[1]} dims), {len(queries)} held-out "
@@ -156,6 +203,13 @@ def main(argv: list[str] | None = None) -> dict:
                              "p50_ms": p50, "p99_ms": p99, "recall_at_10": recall}
         print(f"| {name} | {r['build_s']:.1f} | {r['bytes_per_vector']:,.0f} | {r['open_s']:.3f} | {p50:.2f} / "
               f"{p99:.2f} | {recall:.3f} |")
+    if chosen:
+        print("\n| among a share of the vectors | recall@10 in it | query p50 / p99 ms | exact fallbacks |")
+        print("|---|---|---|---|")
+        for name, r in chosen.items():
+            print(f"| {name} | {r['recall_at_10']:.3f} | {r['p50_ms']:.2f} / {r['p99_ms']:.2f} | "
+                  f"{r['exact_fallbacks']} |")
+        out["selections"] = chosen
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return out
