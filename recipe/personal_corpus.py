@@ -10,9 +10,12 @@ Marek going to Portugal?"). The corpus the shipped model was distilled on holds 
 corpus layout that `pack_corpus.py --add-corpus` reads (every source starts with `personal-`):
 
 - `personal-qa` pairs: a question about a person <-> the fact that answers it (third person, first person, an
-  agent's note about "the user"; questions with and without the name, keyword queries);
+  agent's note about "the user"; questions with and without the name, keyword queries), labelled with the person
+  (a number) and the kind of fact, so that a trainer can take the person's other facts as negatives that are
+  surely not the answer (`train_reranker.py --labelled`);
 - `personal-para` pairs: the same fact in two wordings (paraphrase);
-- `personal-chat` pairs: a question about what was said <-> the chat turn that said it, and a turn <-> the reply;
+- `personal-chat` pairs: a question about what was said <-> the chat turn that said it (labelled as above), and a
+  turn <-> the reply;
 - passages: every fact and turn, and the English dialogue lines of PyPI `chatterbot-corpus` (BSD-3-Clause), for
   distillation (the teacher's vectors need no labels).
 
@@ -553,7 +556,7 @@ def build(vocab: dict, people: int, seed: int) -> tuple[list[dict], list[dict], 
     rng = random.Random(f"personal-corpus-{seed}")
     pairs, passages, counts = [], [], collections.Counter()
     kinds = list(KINDS)
-    for _ in range(people):
+    for person in range(people):
         name = rng.choice(vocab["name"])
         slots = _fill(rng, vocab, name)
         form = rng.random()  # third person 60%, first person 25%, an agent's note 15%
@@ -573,9 +576,11 @@ def build(vocab: dict, people: int, seed: int) -> tuple[list[dict], list[dict], 
             else:
                 who = "the user" if style == "note" else rng.choice(THEY_FORMS)
                 ask = rng.choice(spec["asks"]).format(**{**slots, "P": who}).replace(f"{who}'s", "their")
-            pairs.append({"query": ask, "doc": fact, "source": "personal-qa"})
+            label = {"person": person, "kind": kind}  # another fact of this person is surely not the answer
+            pairs.append({"query": ask, "doc": fact, "source": "personal-qa", **label})
             if rng.random() < 0.25:
-                pairs.append({"query": rng.choice(spec["keys"]).format(**slots), "doc": fact, "source": "personal-qa"})
+                pairs.append({"query": rng.choice(spec["keys"]).format(**slots), "doc": fact, "source": "personal-qa",
+                              **label})
             # the same fact in another wording: only templates that state the same slots say the same thing
             if rng.random() < 0.5:
                 said = _fields(template) - {"P"}
@@ -592,7 +597,7 @@ def build(vocab: dict, people: int, seed: int) -> tuple[list[dict], list[dict], 
             passages.append({"text": f"Assistant: {opener}\n{turn}\nAssistant: {rng.choice(CHAT_REPLIES)}",
                              "source": "personal-chat"})
             pairs.append({"query": rng.choice(KINDS[kind]["asks"]).format(**slots), "doc": turn,
-                          "source": "personal-chat"})
+                          "source": "personal-chat", "person": person, "kind": kind})
             pairs.append({"query": opener, "doc": turn, "source": "personal-chat"})
     counts.update(p["source"] for p in pairs)
     counts["passages"] = len(passages)

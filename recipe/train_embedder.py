@@ -534,6 +534,8 @@ class TrainingData:
     tok_mat: np.ndarray  # (T, max_tokens) token ids, 0-padded
     tok_len: np.ndarray  # (T,) token counts
     teach: np.ndarray  # (T, 384) the teacher's unit vectors
+    pair_person: np.ndarray  # (P,) the generator's person of a pair (personal_corpus.py), -1 where it names none
+    pair_kind: np.ndarray  # (P,) the kind of fact it asks about, -1 where none
 
 
 def prepare_data(args) -> TrainingData:
@@ -548,8 +550,11 @@ def prepare_data(args) -> TrainingData:
         pairs = [p for p in pairs if p["query"] not in held and p["doc"] not in held]
         passages = [p for p in passages if p["text"] not in held]
         print(f"excluded {before - len(pairs)} pairs held out by {args.exclude}", flush=True)
-    for extra in args.extra_corpus:
+    for n_extra, extra in enumerate(args.extra_corpus, 1):
         more_pairs = read_jsonl(Path(extra) / "pairs.jsonl")
+        for row in more_pairs:  # a person's number is its corpus's own
+            if "person" in row:
+                row["person"] = f"{n_extra}:{row['person']}"
         more_passages = [] if getattr(args, "no_passages", False) else read_jsonl(Path(extra) / "passages.jsonl")
         if args.extra_passages and len(more_passages) > args.extra_passages:
             keep = np.random.default_rng(args.seed).choice(len(more_passages), args.extra_passages, replace=False)
@@ -576,6 +581,12 @@ def prepare_data(args) -> TrainingData:
     pair_src_names = sorted({p["source"] for p in pairs})
     pair_src = np.array([pair_src_names.index(p["source"]) for p in pairs])
     passage_ids = np.array([tid(p["text"]) for p in passages], dtype=np.int64)
+    people: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    pair_person = np.array([people.setdefault(str(p["person"]), len(people)) if "person" in p else -1 for p in pairs],
+                           dtype=np.int64)
+    pair_kind = np.array([kinds.setdefault(str(p["kind"]), len(kinds)) if "kind" in p else -1 for p in pairs],
+                         dtype=np.int64)
     eval_sets = {}
     for name, rows in eval_sets_raw.items():
         docs = sorted({r["doc"] for r in rows})
@@ -609,7 +620,7 @@ def prepare_data(args) -> TrainingData:
         print(f"teacher vectors for {len(texts)} texts in {time.time() - t0:.0f}s", flush=True)
 
     return TrainingData(texts, pair_q, pair_d, pair_src, pair_src_names, passage_ids, eval_sets, tok_mat, tok_len,
-                        teach)
+                        teach, pair_person, pair_kind)
 
 
 class Embed:

@@ -13,7 +13,9 @@ default) a candidate's score is the frozen embedder's cosine / T plus that corre
 debian eval set to 0.30 ndcg@10 from the embedder's 0.84). The separator is the tokenizer's BOS id, which no text
 contains mid-sequence. Each training row is one question with its positive and --negatives hard negatives: by
 default the ones the embedder ranks highest (what the store will hand the reranker), with likely unlabelled
-positives (teacher cosine >= 0.95 x the positive's) dropped; `--mine teacher` ranks by the teacher instead. The loss
+positives (teacher cosine >= 0.95 x the positive's) dropped; `--mine teacher` ranks by the teacher instead;
+`--labelled L` takes up to L of them from the personal corpus's labels first (the same person's facts of other
+kinds, which are surely not the answer). The loss
 is the listwise cross-entropy of the positive plus --kd-weight x the KL divergence from the teacher's softmax over
 the same list (cosines / --kd-tau). The data (texts, tokens, teacher vectors, with their caches) is
 train_embedder.prepare_data's, without passages unless --passages (a reranker reads only pairs). The eval reranks
@@ -71,6 +73,35 @@ def join_pairs(tok_mat: torch.Tensor, tok_len: torch.Tensor, q: torch.Tensor, d:
     rows = torch.where(j < lq[:, None], from_q, torch.where(j == lq[:, None], torch.full_like(from_q, sep), from_d))
     rows = torch.where(j < lengths[:, None], rows, torch.zeros_like(rows))
     return rows, lengths
+
+
+def labelled_negatives(pair_d: np.ndarray, person: np.ndarray, kind: np.ndarray, k: int,
+                       rng: np.random.Generator) -> np.ndarray:
+    """Per pair, up to k docs of the same person's pairs about another kind of fact, drawn at random: negatives the
+    generator's labels say are not the answer (a fact about "the user" that a teacher scores high is often a second
+    answer, so mined negatives of personal text are unsure). (P, k) int64, -1 where fewer exist or the pair names no
+    person. Data preparation: one pass over the labelled pairs."""
+    out = np.full((len(pair_d), k), -1, dtype=np.int64)
+    labelled = np.flatnonzero(person >= 0)
+    order = labelled[np.argsort(person[labelled], kind="stable")]
+    starts = np.flatnonzero(np.r_[True, person[order][1:] != person[order][:-1]])
+    for rows in np.split(order, starts[1:]):  # one person's pairs
+        for i in rows:
+            other = np.unique(pair_d[rows[(kind[rows] != kind[i]) & (pair_d[rows] != pair_d[i])]])
+            pick = rng.permutation(other)[:k]
+            out[i, : len(pick)] = pick
+    return out
+
+
+def merge_negatives(first: np.ndarray, then: np.ndarray) -> np.ndarray:
+    """(P, K): each row's ids of `first` (P, L <= K), then those of `then` (P, K) not already taken, -1 after them."""
+    k = then.shape[1]
+    out = then.copy()
+    for i in np.flatnonzero((first >= 0).any(axis=1)):  # rows without a labelled one keep `then` as it is
+        out[i] = -1
+        taken = list(dict.fromkeys(int(x) for x in np.concatenate([first[i], then[i]]) if x >= 0))[:k]
+        out[i, : len(taken)] = taken
+    return out
 
 
 class Reranker(torch.nn.Module):
@@ -145,6 +176,9 @@ def main() -> None:
                     help="score = embedder cosine / this + the head's correction (0: the head alone)")
     ap.add_argument("--mine", choices=("embedder", "teacher"), default="embedder",
                     help="whose ranking picks the hard negatives")
+    ap.add_argument("--labelled", type=int, default=0, metavar="L",
+                    help="up to L of each question's negatives from the generator's labels: the same person's "
+                         "facts of other kinds (personal_corpus.py), the rest mined as --mine says")
     ap.add_argument("--passages", action="store_true", help="read the corpus passages too (only pairs are used)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
@@ -169,6 +203,12 @@ def main() -> None:
     hard = mine_hard_negatives(data.pair_q, data.pair_d, teach, args.negatives,
                                rank_t=emb if args.mine == "embedder" else None)  # (P, K), -1 where none survived
     print(f"mined by the {args.mine} in {time.time() - t0:.0f}s", flush=True)
+    if args.labelled:
+        labelled = labelled_negatives(data.pair_d, data.pair_person, data.pair_kind, min(args.labelled, args.negatives),
+                                      np.random.default_rng(args.seed))
+        hard = merge_negatives(labelled, hard)
+        print(f"labelled negatives: {(labelled >= 0).sum(axis=1).mean():.2f} a question on average "
+              f"({(data.pair_person >= 0).mean():.3f} of questions name a person)", flush=True)
     usable = (hard >= 0).all(axis=1)
     pair_q, pair_d, hard = data.pair_q[usable], data.pair_d[usable], hard[usable]
     print(f"{len(pair_q)} questions with {args.negatives} hard negatives each ({(~usable).sum()} with fewer left out)",

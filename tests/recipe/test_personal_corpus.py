@@ -44,3 +44,25 @@ def test_names_are_the_proper_members_by_their_full_name(tmp_path: Path):
     wn = pc.WordNet(write_wordnet(tmp_path))
     assert wn.names("writer", "writes (books") == ["Charles Dickens", "Jane Austen"]
     assert wn.names("sport", "active diversion") == ["Olympics"]
+
+
+def test_question_pairs_carry_their_person_and_kind():
+    vocab = {key: [f"{key}{i}" for i in range(6)] for key in (
+        "name", "job", "dish", "drink", "dog", "instrument", "language", "sport", "allergen", "hobby", "vehicle",
+        "petname", "subject", "author", "genre", "team", "relation", "dislike")}
+    for key in ("city", "condition", "appointment", "event"):
+        vocab[key] = [(f"{key}{i}", f"{key}-b{i}") for i in range(6)]
+    pairs, _, _ = pc.build(vocab, people=40, seed=0)
+    labelled = [p for p in pairs if "person" in p]
+    assert {p["source"] for p in labelled} == {"personal-qa", "personal-chat"}
+    assert all(p["kind"] in pc.KINDS for p in labelled)
+    assert all("person" in p for p in pairs if p["source"] == "personal-qa")
+    assert not any("person" in p for p in pairs if p["source"] == "personal-para")
+    # a person's facts of different kinds are different texts: one of them is never the answer to another's question
+    by_person: dict[int, dict[str, set[str]]] = {}
+    for p in labelled:
+        by_person.setdefault(p["person"], {}).setdefault(p["kind"], set()).add(p["doc"])
+    assert len(by_person) > 20
+    for kinds in by_person.values():
+        docs = list(kinds.values())
+        assert all(not (a & b) for i, a in enumerate(docs) for b in docs[i + 1:])

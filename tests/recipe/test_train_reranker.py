@@ -64,3 +64,22 @@ def test_list_loss_is_its_definition_at_both_widths(residual_tau, tiny_cfg, toke
     loss.backward()
     assert model.head.weight.grad is not None and float(model.head.weight.grad.abs().sum()) > 0
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.lm.parameters())
+
+
+def test_labelled_negatives_are_the_same_persons_other_kinds_of_fact():
+    # pairs: (doc, person, kind); person -1 names nobody
+    rows = [(10, 0, 0), (11, 0, 1), (12, 0, 2), (10, 0, 0), (20, 1, 0), (21, 1, 0), (30, -1, -1), (13, 0, 1)]
+    pair_d, person, kind = (np.array(col, dtype=np.int64) for col in zip(*rows))
+    out = tr.labelled_negatives(pair_d, person, kind, 3, np.random.default_rng(0))
+    assert out.shape == (len(rows), 3)
+    for i, (doc, who, what) in enumerate(rows):
+        got = out[i][out[i] >= 0].tolist()
+        want = {d for d, p, kd in rows if p == who and kd != what and d != doc} if who >= 0 else set()
+        assert len(got) == len(set(got)) == min(3, len(want)) and set(got) <= want, (i, got, want)
+    assert sorted(out[0][out[0] >= 0].tolist()) == [11, 12, 13]  # every other fact of person 0
+
+
+def test_merge_takes_the_labelled_first_then_mined_ones_not_taken():
+    first = np.array([[5, 6], [-1, -1], [7, -1]])
+    then = np.array([[6, 8, 9], [1, 2, 3], [4, 7, -1]])
+    np.testing.assert_array_equal(tr.merge_negatives(first, then), [[5, 6, 8], [1, 2, 3], [7, 4, -1]])
