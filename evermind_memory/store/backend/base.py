@@ -32,6 +32,8 @@ such a transaction; `follow()` wakes each node's cache through LISTEN/NOTIFY; `c
 from __future__ import annotations
 
 import json
+import os
+import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 
@@ -56,10 +58,13 @@ def utc_now() -> str:
 
 
 def new_id() -> str:
-    """A fresh opaque fact id (uuid4 hex)."""
-    import uuid  # (here: uuid imports platform, ~3 ms that a command reading rows does not need)
+    """A fresh opaque fact id: 32 hex digits, the milliseconds since the epoch (12) then 80 random bits (20).
 
-    return uuid.uuid4().hex
+    Ids made one after another sort by time, as UUIDv7's do, so an insert lands at the end of the id indexes (the
+    facts' and the change log's) instead of on a random page of them: at a million facts a random id (uuid4) made
+    each insert read and dirty a page that had left SQLite's cache (benchmarks/fact_ids.py: the last 100,000 of a
+    million inserts 9.7 s with uuid4 ids, 1.5 s with these)."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def _tags(text: str) -> dict[str, str | int | float | bool]:
