@@ -8,7 +8,8 @@ import codecs
 from collections.abc import Mapping
 from heapq import heapify, heappop, heappush
 
-__all__ = ["BYTE_TO_CHAR", "CHAR_TO_BYTE", "DECODE_ERRORS", "text_bytes", "merge_pair", "learn_merges"]
+__all__ = ["BYTE_TO_CHAR", "CHAR_TO_BYTE", "DECODE_ERRORS", "bytes_to_unicode", "learn_merges", "merge_pair",
+           "text_bytes", "unicode_to_bytes"]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -25,6 +26,24 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 BYTE_TO_CHAR = _bytes_to_unicode()
 CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+# the same maps as str.translate tables: a whole token converts at C speed (a tokenizer file holds 16,000 of them);
+# a character below 256 that is not one of the 256 becomes U+FFFF, which latin-1 cannot encode
+_CHARS_TO_LATIN1 = str.maketrans({**{c: chr(b) for c, b in CHAR_TO_BYTE.items()},
+                                  **{chr(i): "\uffff" for i in range(256) if chr(i) not in CHAR_TO_BYTE}})
+_LATIN1_TO_CHARS = str.maketrans({chr(b): c for b, c in BYTE_TO_CHAR.items()})
+
+
+def unicode_to_bytes(text: str) -> bytes | None:
+    """The bytes a string of BYTE_TO_CHAR characters stands for; None if a character is not one of them."""
+    try:
+        return text.translate(_CHARS_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+
+
+def bytes_to_unicode(data: bytes) -> str:
+    """`data` as BYTE_TO_CHAR characters (the inverse of unicode_to_bytes)."""
+    return data.decode("latin-1").translate(_LATIN1_TO_CHARS)
 
 
 def _surrogatepass_or_replace(exc: UnicodeError) -> tuple[str, int]:

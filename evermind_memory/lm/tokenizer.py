@@ -20,7 +20,7 @@ import regex
 
 from .._atomic import write_atomic
 from ..errors import InvalidInput, TokenizerError
-from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE, DECODE_ERRORS, learn_merges, text_bytes
+from .bpe import CHAR_TO_BYTE, DECODE_ERRORS, bytes_to_unicode, learn_merges, text_bytes, unicode_to_bytes
 
 __all__ = ["BPETokenizer", "FORMAT", "GPT2_PATTERN", "MAX_FILE_BYTES"]
 
@@ -162,7 +162,14 @@ class BPETokenizer:
         ranks: dict[tuple[int, int], int] = {}
         merge_out: list[int] = []
         for rank, merge in enumerate(merges):
-            if (
+            # (the common case checked inline, without a generator: three plain ints in range; anything else takes
+            # the general test, which says what is wrong)
+            plain = False
+            if type(merge) in (tuple, list) and len(merge) == 3:
+                a, b, c = merge
+                plain = (type(a) is int and type(b) is int and type(c) is int
+                         and 0 <= a < n and 0 <= b < n and 0 <= c < n)
+            if not plain and (
                 not isinstance(merge, (tuple, list))
                 or len(merge) != 3
                 or not all(_is_int(x) and 0 <= x < n for x in merge)
@@ -302,12 +309,10 @@ class BPETokenizer:
                 continue
             if not isinstance(tok, str) or not tok:
                 raise TokenizerError(f"tokenizer dict: token {i} is {tok!r}; expected a non-empty str.")
-            try:
-                pieces.append(bytes(CHAR_TO_BYTE[c] for c in tok))
-            except KeyError:
-                raise TokenizerError(
-                    f"tokenizer dict: token {i} {tok!r} is not in GPT-2 byte-to-unicode form."
-                ) from None
+            piece = unicode_to_bytes(tok)
+            if piece is None:
+                raise TokenizerError(f"tokenizer dict: token {i} {tok!r} is not in GPT-2 byte-to-unicode form.")
+            pieces.append(piece)
         return cls(pieces, [tuple(m) if isinstance(m, list) else m for m in merges], specials, roles)
 
     @classmethod
@@ -455,10 +460,7 @@ class BPETokenizer:
             "roles": role -> content}.
         """
         special_ids = set(self._specials.values())
-        tokens = [
-            None if i in special_ids else "".join(BYTE_TO_CHAR[b] for b in piece)
-            for i, piece in enumerate(self._pieces)
-        ]
+        tokens = [None if i in special_ids else bytes_to_unicode(piece) for i, piece in enumerate(self._pieces)]
         return {
             "format": FORMAT,
             "pre_tokenizer": "gpt2",

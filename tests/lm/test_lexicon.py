@@ -74,6 +74,11 @@ def test_a_lexicon_round_trips_through_its_file_and_a_damaged_file_is_refused(tm
 @pytest.mark.parametrize("change, match", [
     (lambda w, t, s, x: (w[:-1] + ["ada"], t, s, x), "distinct"),
     (lambda w, t, s, x: (w[:-1] + ["Tea"], t, s, x), "not a run"),
+    # the words are checked joined by newlines first: a newline or an empty word must still be refused
+    (lambda w, t, s, x: (w[:-1] + ["ada\nbob"], t, s, x), "not a run"),
+    (lambda w, t, s, x: (w[:-1] + [""], t, s, x), "not a run"),
+    (lambda w, t, s, x: (w[:-1] + ["a" * 65], t, s, x), "not a run"),
+    (lambda w, t, s, x: (w[:-1] + [b"tea"], t, s, x), "not a run"),
     (lambda w, t, s, x: (w, t.astype(np.float32), s, x), "int8"),
     (lambda w, t, s, x: (w, t, s[:-1], x), "shape"),
     (lambda w, t, s, x: (w, t, s, -x), "non-negative"),

@@ -382,6 +382,10 @@ def test_load_refuses_missing_file(tmp_path):
         (lambda d: d["merges"].append(d["merges"][0]), "repeats the pair"),
         (lambda d: d["merges"].append([0, 1, 99999]), r"expected \[left id, right id, result id\] in \[0, 380\)"),
         (lambda d: d["tokens"].__setitem__(65, "\u4e2d"), "not in GPT-2 byte-to-unicode form"),
+        # characters below 256 that are not GPT-2's stand-ins for bytes (a raw space, a NUL)
+        (lambda d: d["tokens"].__setitem__(65, "a b"), "not in GPT-2 byte-to-unicode form"),
+        (lambda d: d["tokens"].__setitem__(65, "\x00"), "not in GPT-2 byte-to-unicode form"),
+        (lambda d: d["merges"].append([True, 1, 2]), r"expected \[left id, right id, result id\]"),
         (lambda d: d["tokens"].__setitem__(65, ""), "expected a non-empty str"),
         (lambda d: d["tokens"].__setitem__(65, "B"), r"256 bytes; 1 are missing \(first: 0x41\)"),
         (lambda d: d["tokens"].__setitem__(376, "x"), "its entry must be null"),
