@@ -164,7 +164,7 @@ class LMEmbedder:
         for name in sorted(self.model.params):
             tensor = np.ascontiguousarray(self.model.params[name], dtype="<f4")
             h.update(f"\n{name}:{tensor.shape}:".encode())
-            h.update(tensor.tobytes())
+            h.update(tensor.reshape(-1).view(np.uint8).data)  # its bytes, hashed in place (no copy)
         h.update(f"\ntokenizer:{self.tokenizer.digest()}".encode())
         h.update(f"\npooling:{POOLING}\nmax_tokens:{self.max_tokens}".encode())
         if self.max_chunks > 1:  # absent for one window, so truncating embedders keep their fingerprints

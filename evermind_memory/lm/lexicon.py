@@ -113,7 +113,7 @@ class Lexicon:
             h.update("\n".join(self.words).encode("utf-8"))
             for arr in (self.table, self.scale.astype("<f4"), self.weight.astype("<f4")):
                 h.update(f"\n{arr.dtype.str}{arr.shape}:".encode())
-                h.update(np.ascontiguousarray(arr).tobytes())
+                h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)  # its bytes, hashed in place
             self._digest = h.hexdigest()
         return self._digest
 
