@@ -20,7 +20,7 @@ import regex
 
 from .._atomic import write_atomic
 from ..errors import InvalidInput, TokenizerError
-from .bpe import CHAR_TO_BYTE, DECODE_ERRORS, bytes_to_unicode, learn_merges, text_bytes, unicode_to_bytes
+from .bpe import DECODE_ERRORS, bytes_to_unicode, learn_merges, text_bytes, unicode_to_bytes
 
 __all__ = ["BPETokenizer", "FORMAT", "GPT2_PATTERN", "MAX_FILE_BYTES"]
 
@@ -397,13 +397,13 @@ class BPETokenizer:
                 if ids[i] is None:
                     continue  # a special token that is also in the vocab: the special wins
                 raise TokenizerError(f"{path}: id {i} is given to two vocab entries.")
-            try:
-                ids[i] = bytes(CHAR_TO_BYTE[c] for c in tok_str)
-            except KeyError:
+            piece = unicode_to_bytes(tok_str)
+            if piece is None:
                 raise TokenizerError(
                     f"{path}: vocab entry {tok_str!r} (id {i}) is not in GPT-2 byte-to-unicode form; only "
                     "byte-level BPE tokenizers can be imported (not SentencePiece/Metaspace ones)."
-                ) from None
+                )
+            ids[i] = piece
         for tok in added:
             if not tok.get("special", False) and tok["id"] not in ids:
                 ids[tok["id"]] = text_bytes(tok["content"])
