@@ -475,6 +475,8 @@ def test_hf_import_refuses_other_models(tmp_path):
         BPETokenizer.from_hf_tokenizer_json(write_hf_json(tmp_path, model_type="WordPiece"))
     with pytest.raises(TokenizerError, match="not in GPT-2 byte-to-unicode form"):
         BPETokenizer.from_hf_tokenizer_json(write_hf_json(tmp_path, extra_vocab={"▁the": 262}))
+    with pytest.raises(TokenizerError, match="not in GPT-2 byte-to-unicode form"):  # a raw space: below 256, not one
+        BPETokenizer.from_hf_tokenizer_json(write_hf_json(tmp_path, extra_vocab={"a b": 262}))
     with pytest.raises(TokenizerError, match="ids must run from 0 without gaps; id 262 is missing"):
         BPETokenizer.from_hf_tokenizer_json(write_hf_json(tmp_path, extra_vocab={"zz": 263}))
     with pytest.raises(TokenizerError, match="has no 'model' object"):
