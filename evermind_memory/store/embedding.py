@@ -68,11 +68,11 @@ def embed_texts(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarra
     Raises:
         EmbedderOutputInvalid: a bad vector. Any exception of the embedder itself.
     """
-    distinct = list(dict.fromkeys(texts))
-    if len(distinct) == len(texts):
+    at: dict[str, int] = {}  # each distinct text's row, in order of first appearance
+    rows = [at.setdefault(text, len(at)) for text in texts]  # (N,)
+    if len(at) == len(texts):
         return _embed_chunks(embedder, texts, dim)
-    at = {text: i for i, text in enumerate(distinct)}
-    return _embed_chunks(embedder, distinct, dim)[[at[text] for text in texts]]  # (N, D)
+    return _embed_chunks(embedder, list(at), dim)[rows]  # (N, D)
 
 
 def _embed_chunks(embedder: Embedder, texts: Sequence[str], dim: int) -> np.ndarray:
