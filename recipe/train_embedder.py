@@ -37,9 +37,11 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -130,8 +132,6 @@ def pack_teacher(src: str, dst: str) -> None:
     Symmetric round-to-nearest per output row (per token for the embeddings); 1-D tensors as fp16; the other
     files as they are. Halves the fp16 teacher (45 -> 23 MB) so it travels beside the shipped checkpoint.
     """
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     src_p, dst_p = Path(src), Path(dst)
@@ -153,7 +153,6 @@ def pack_teacher(src: str, dst: str) -> None:
 def unpack_teacher(teacher_dir: str) -> str:
     """A directory sentence-transformers can load: teacher_dir itself, or for a packed teacher (pack_teacher)
     an fp16 copy with the int8 weights dequantised, in a temporary directory."""
-    import shutil
     import tempfile
 
     from safetensors.torch import load_file, save_file
@@ -173,15 +172,23 @@ def unpack_teacher(teacher_dir: str) -> str:
     return str(dst)
 
 
+@contextmanager
+def teacher_model_dir(teacher_dir: str) -> Iterator[str]:
+    """unpack_teacher's directory while the block reads the model from it; a dequantised temporary copy is removed
+    after (the model is in memory by then)."""
+    model_dir = unpack_teacher(teacher_dir)
+    try:
+        yield model_dir
+    finally:
+        if model_dir != teacher_dir:
+            shutil.rmtree(model_dir, ignore_errors=True)
+
+
 def teacher_vectors(texts: list[str], teacher_dir: str, device: str) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 
-    model_dir = unpack_teacher(teacher_dir)
-    model = SentenceTransformer(model_dir, device=device)
-    if model_dir != teacher_dir:  # the dequantised copy is in memory now
-        import shutil
-
-        shutil.rmtree(model_dir, ignore_errors=True)
+    with teacher_model_dir(teacher_dir) as model_dir:
+        model = SentenceTransformer(model_dir, device=device)
     model.half() if device == "cuda" else model.float()
     vec = model.encode(texts, batch_size=1024, convert_to_numpy=True, normalize_embeddings=True,
                        show_progress_bar=False)
@@ -329,10 +336,8 @@ def main() -> None:
     if args.token_distill:  # the teacher itself on the device, and a map from our channels to its (training-only)
         from token_distill import STUDENT_TOKENS, WordTeacher, word_loss
 
-        model_dir = unpack_teacher(args.teacher)
-        words = WordTeacher(model_dir, texts, tok_mat, tok_len, tok, dev, Path(args.cache or args.state))
-        if model_dir != args.teacher:
-            shutil.rmtree(model_dir, ignore_errors=True)
+        with teacher_model_dir(args.teacher) as model_dir:
+            words = WordTeacher(model_dir, texts, tok_mat, tok_len, tok, dev, Path(args.cache or args.state))
         word_head = torch.nn.Linear(cfg.d_model, words.dims, bias=False).to(dev)
         params += list(word_head.parameters())
         word_states = model.token_states
