@@ -61,6 +61,17 @@ def _timed(fn, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(out), np.array(ms)
 
 
+def recall_at_k(labels: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each query's true top K (truth (Q, K)) among its found K (labels (Q, K))."""
+    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / K for a, b in zip(labels, truth)]))
+
+
+def rank_exactly(keys: np.ndarray, q: np.ndarray, steps: np.ndarray, inv_norm: np.ndarray) -> np.ndarray:
+    """The best K of candidate `keys` by their rows' own cosines with q (int8 steps (N, D), 1 / their norms (N,))."""
+    exact = (steps[keys].astype(np.float32) @ q) * inv_norm[keys]  # (len(keys),)
+    return keys[np.argsort(-exact, kind="stable")[:K]]
+
+
 def run_hnswlib(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, tmp: Path) -> dict:
     import hnswlib
 
@@ -108,9 +119,7 @@ def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
     inv_norm = 1.0 / np.linalg.norm(steps.astype(np.float32), axis=1)  # sets a length, which a read divides out)
 
     def rescored(q: np.ndarray, r: int) -> np.ndarray:
-        keys = loaded.search(q, r * K, threads=1).keys.astype(np.int64)  # (rK,)
-        exact = (steps[keys].astype(np.float32) @ q) * inv_norm[keys]  # (rK,) the rows' own cosines
-        return keys[np.argsort(-exact, kind="stable")[:K]]
+        return rank_exactly(loaded.search(q, r * K, threads=1).keys.astype(np.int64), q, steps, inv_norm)
 
     for r in rescore:
         loaded.expansion_search = max(ef, r * K)
@@ -146,15 +155,13 @@ def selections(hnsw, usearch: tuple, base: np.ndarray, queries: np.ndarray, frac
             if len(keys) < K:  # the store would search the selection exactly
                 fallbacks.append(1)
                 keys = allowed
-            exact = (steps[keys].astype(np.float32) @ q) * inv_norm[keys]
-            return keys[np.argsort(-exact, kind="stable")[:K]]
+            return rank_exactly(keys, q, steps, inv_norm)
 
         u_labels, u_ms = _timed(filtered, queries)
         for name, labels, ms in (("hnswlib f32, predicate", h_labels, h_ms),
                                  (f"usearch i8, {count} candidates filtered, rescored", u_labels, u_ms)):
             out[f"selection {f:.0%}: {name}"] = {
-                "recall_at_10": float(np.mean([len(set(a.tolist()) & set(b.tolist())) / K
-                                               for a, b in zip(labels, truth)])),
+                "recall_at_10": recall_at_k(labels, truth),
                 "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
                 "exact_fallbacks": len(fallbacks) if name.startswith("usearch") else 0}
     return out
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("| index | build s (2 threads) | bytes a vector | open s | query p50 / p99 ms | recall@10 |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
-        recall = float(np.mean([len(set(a.tolist()) & set(b.tolist())) / K for a, b in zip(r["labels"], truth)]))
+        recall = recall_at_k(r["labels"], truth)
         p50, p99 = float(np.percentile(r["ms"], 50)), float(np.percentile(r["ms"], 99))
         out["rows"][name] = {"build_s": r["build_s"], "bytes_per_vector": r["bytes_per_vector"], "open_s": r["open_s"],
                              "p50_ms": p50, "p99_ms": p99, "recall_at_10": recall}
