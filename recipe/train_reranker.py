@@ -180,6 +180,8 @@ def main() -> None:
                     help="up to L of each question's negatives from the generator's labels: the same person's "
                          "facts of other kinds (personal_corpus.py), the rest mined as --mine says")
     ap.add_argument("--passages", action="store_true", help="read the corpus passages too (only pairs are used)")
+    ap.add_argument("--eval-personal", action="store_true",
+                    help="also rerank on the personal dev protocol and its validation set (benchmarks/personal_data)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--compile", choices=("off", "graphs"), default="off",
@@ -193,6 +195,8 @@ def main() -> None:
     full_cfg, full_params = load_model(args.init)
     cfg, params = truncate_layers(full_cfg, full_params, args.layers)
     data = prepare_data(args)
+    if args.eval_personal:
+        data.tok_mat, data.tok_len = add_personal_sets(data.eval_sets, data.tok_mat, data.tok_len, tok)
     tok_mat = torch.tensor(data.tok_mat, device=dev, dtype=torch.long)
     tok_len = torch.tensor(data.tok_len, device=dev, dtype=torch.long)
     teach = torch.tensor(data.teach, device=dev, dtype=torch.float32)
@@ -277,15 +281,50 @@ def embed_all(cfg: LMConfig, params: dict, tok_mat: torch.Tensor, tok_len: torch
     return out
 
 
+def add_personal_sets(eval_sets: dict, tok_mat: np.ndarray, tok_len: np.ndarray,
+                      tok: BPETokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Add the personal dev protocol and its validation set as eval sets (their texts appended to the token matrix):
+    each answerable question against every fact ("... wide") and against its person's facts only ("... scoped",
+    the other facts masked out). Neither is trained on; the reranker is judged here, the store's protocol is
+    benchmarks/personal_recall.py. Returns the grown (tok_mat, tok_len)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from personal_data import personal_set, validation_set
+
+    mats, lens, base = [tok_mat], [tok_len], len(tok_mat)
+    for name, ps in (("personal", personal_set()), ("validation", validation_set())):
+        asked = [q for q in ps.questions if q.fact is not None]
+        texts = [f.text for f in ps.facts] + [q.text for q in asked]
+        ids = tok.encode_batch(texts)
+        mat = np.zeros((len(texts), tok_mat.shape[1]), dtype=tok_mat.dtype)
+        for i, row in enumerate(ids):
+            row = row[: tok_mat.shape[1]] or [0]
+            mat[i, : len(row)] = row
+        mats.append(mat)
+        lens.append(np.array([max(1, min(len(r), tok_mat.shape[1])) for r in ids], dtype=tok_len.dtype))
+        d_ids = base + np.arange(len(ps.facts))
+        q_ids = base + len(ps.facts) + np.arange(len(asked))
+        gold = np.array([q.fact for q in asked])
+        users = np.array([f.user or "" for f in ps.facts])
+        scope = users[None, :] == np.array([q.user for q in asked])[:, None]  # (Q, F)
+        eval_sets[f"{name} wide"] = (q_ids, d_ids, gold)
+        eval_sets[f"{name} scoped"] = (q_ids, d_ids, gold, scope)
+        base += len(texts)
+    return np.concatenate(mats), np.concatenate(lens)
+
+
 @torch.no_grad()
 def evaluate(model: Reranker, data, emb: torch.Tensor, tok_mat: torch.Tensor, tok_len: torch.Tensor, sep: int,
              args) -> dict[str, dict[str, float]]:
-    """Per eval set: ndcg@10 of the embedder's ranking and of its top --eval-pool reranked."""
+    """Per eval set: ndcg@10 (and the right text first) of the embedder's ranking and of its top --eval-pool
+    reranked; a set with a mask (Q, D) ranks only the texts it allows."""
     model.eval()
     out = {}
-    for name, (q_ids, d_ids, gold) in data.eval_sets.items():
+    for name, (q_ids, d_ids, gold, *mask) in data.eval_sets.items():
         dev = emb.device
         sim = emb[torch.as_tensor(q_ids, device=dev)] @ emb[torch.as_tensor(d_ids, device=dev)].T  # (Q, D)
+        allowed = torch.as_tensor(mask[0], device=dev) if mask else None
+        if allowed is not None:
+            sim = sim.masked_fill(~allowed, -1e9)
         n = min(args.eval_pool, sim.shape[1])
         top_sim, top = torch.topk(sim, n, dim=1)  # (Q, n) columns
         q = torch.as_tensor(np.repeat(q_ids, n), device=dev)
@@ -295,8 +334,14 @@ def evaluate(model: Reranker, data, emb: torch.Tensor, tok_mat: torch.Tensor, to
         if args.residual_tau:
             scores = scores + top_sim / args.residual_tau
         reranked = torch.full_like(sim, -1e9).scatter(1, top, scores)  # outside the pool: last
+        if allowed is not None:
+            reranked = reranked.masked_fill(~allowed, -2e9)
         out[name] = {"embedder": ndcg_at_10(sim.cpu().numpy(), gold),
                      "reranked": ndcg_at_10(reranked.cpu().numpy(), gold)}
+        if mask or name.startswith(("personal", "validation")):
+            out[name].update({"embedder_first": int((sim.argmax(1).cpu().numpy() == gold).sum()),
+                              "reranked_first": int((reranked.argmax(1).cpu().numpy() == gold).sum()),
+                              "questions": len(gold)})
     model.train()
     return out
 
