@@ -33,7 +33,7 @@ _LAZY = {"MemoryStore": "store", "Fact": "store", "Recall": "store", "default_em
 
 
 def __getattr__(name: str):
-    # The store pulls in sqlite-utils and hnswlib; importing it lazily keeps `import evermind_memory.lm`
+    # The store pulls in sqlite-utils and usearch; importing it lazily keeps `import evermind_memory.lm`
     # (the model alone, e.g. in a training job) free of them.
     if name in _LAZY:
         from importlib import import_module

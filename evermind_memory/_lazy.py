@@ -1,8 +1,8 @@
 """Third-party modules imported on first use, so commands that never need them start without them (issue 19).
 
-numpy and hnswlib cost ~0.1 s of a CLI start-up; `evermind get`, `list`, `count`, `history`, `export` and a
-lexical recall read rows only and never touch a vector. A module that needs numpy only inside its functions
-writes
+numpy and the vector graph (usearch) cost ~0.1-0.2 s of a CLI start-up; `evermind get`, `list`, `count`, `history`,
+`export` and a lexical recall read rows only and never touch a vector. A module that needs numpy only inside its
+functions writes
 
     np = lazy_import("numpy", globals(), "np")
 

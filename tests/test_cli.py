@@ -251,7 +251,7 @@ def test_paths_expand_tilde_and_the_default_db_follows_evermind_db(embedder, tmp
 
 def test_importing_the_cli_loads_no_heavy_code():
     code = ("import sys, evermind_memory.cli as c; c.build_parser().parse_args(['list']); "
-            "print(sorted(m for m in ('numpy', 'hnswlib', 'wgpu', 'mcp', 'sqlite_utils', 'evermind_memory.store', "
+            "print(sorted(m for m in ('numpy', 'usearch', 'wgpu', 'mcp', 'sqlite_utils', 'evermind_memory.store', "
             "'evermind_memory.lm', 'evermind_memory.training', 'evermind_memory.embedder') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -20,7 +20,7 @@ HEAVY = ("evermind_memory.training", "evermind_memory.adaptation", "evermind_mem
 # fresh set of our modules each time, without paying start-up and numpy per module); prints the ones that failed.
 FORK_EACH = """
 import os, sys, traceback
-import hnswlib, numpy, regex, sqlite_utils
+import numpy, regex, sqlite_utils, usearch.index
 failed = []
 for name in sys.argv[1:]:
     pid = os.fork()
@@ -96,10 +96,12 @@ def test_opening_a_store_and_model_free_commands_read_no_weights(tmp_path: Path)
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
     # sqlite_utils: only to create a new store's schema; the PostgreSQL backend: only for a server URL; numpy.ma
     # (~20 ms, which np.unique imports) and importlib.resources (~15 ms; the shipped files are plain paths): nothing
-    # on the open path may need them (issue 19, start-up under 0.3 s)
+    # on the open path may need them (issue 19, start-up under 0.3 s). `check` reads the vector graph, and the graph
+    # library (usearch.index) imports tqdm, whose version lookup loads importlib.resources: only with it.
     heavy = HEAVY + ("evermind_memory.lm", "sqlite_utils", "evermind_memory.store.backend.postgres",
-                     "numpy.ma.", "importlib.resources")  # (numpy.ma with the dot: numpy.matrixlib is not it)
+                     "numpy.ma.")  # (numpy.ma with the dot: numpy.matrixlib is not it)
     assert sorted(m for m in result["loaded"] if m.startswith(heavy)) == []
+    assert "importlib.resources" not in result["loaded"] or "usearch.index" in result["loaded"]
     model_files = {"model.evlm", "tokenizer.json"}
     assert [p for p in result["opened"] if Path(p).name in model_files] == []
     assert any(Path(p).name == "model.json" for p in result["opened"])  # the card: what the model is, no weights
@@ -125,7 +127,7 @@ def test_every_store_and_adaptation_module_imports_alone() -> None:
     assert run.stdout.split() == [], run.stderr[-4000:]
 
 
-# The commands that read rows only: they must not import numpy or hnswlib (~0.1 s of start-up), nor read the
+# The commands that read rows only: they must not import numpy or usearch (~0.1-0.2 s of start-up), nor read the
 # index snapshot; the first vector recall of the same process then loads both and answers (issue 19).
 ROW_ONLY = """
 import io, json, os, sys
@@ -143,21 +145,21 @@ for name, command in (("get", ["get", first]), ("list", ["list"]), ("history", [
     out = io.StringIO()
     codes[name] = main(["--db", db, *command], out=out)
     outs[name] = out.getvalue()
-row_only = {"numpy": "numpy" in sys.modules, "hnswlib": "hnswlib" in sys.modules,
-            "snapshot_read": [p for p in opened if p.endswith((".hnsw", ".db.json"))]}
+row_only = {"numpy": "numpy" in sys.modules, "usearch": "usearch" in sys.modules,
+            "snapshot_read": [p for p in opened if p.endswith((".usearch", ".db.json"))]}
 out = io.StringIO()
 codes["recall vector"] = main(["--db", db, "recall", "flight Tuesday", "--mode", "vector", "--json"], out=out)
 print(json.dumps({"codes": codes, "lexical": json.loads(outs["recall"]), "count": outs["count"].strip(),
                   "row_only": row_only, "vector": json.loads(out.getvalue()),
-                  "after_vector": {"numpy": "numpy" in sys.modules, "hnswlib": "hnswlib" in sys.modules}}))
+                  "after_vector": {"numpy": "numpy" in sys.modules, "usearch": "usearch" in sys.modules}}))
 """
 
 
-def test_row_only_commands_import_no_numpy_nor_hnswlib(tmp_path: Path) -> None:
+def test_row_only_commands_import_no_numpy_nor_the_graph(tmp_path: Path) -> None:
     db = tmp_path / "m.db"
     with MemoryStore(db) as store:
         ids = store.remember_many(["Ada's flight is on Tuesday", "Bob drinks black coffee", "the server restarts at 3"])
-    assert list(tmp_path.glob("m.db.*.hnsw")), "the writer left an index snapshot"
+    assert list(tmp_path.glob("m.db.*.usearch")), "the writer left an index snapshot"
     run = subprocess.run([sys.executable, "-c", ROW_ONLY, str(db), ids[0], str(tmp_path / "out.jsonl")],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -167,6 +169,6 @@ def test_row_only_commands_import_no_numpy_nor_hnswlib(tmp_path: Path) -> None:
                                "scoped get": 3, "recall vector": 0}
     assert result["count"] == "3" and result["lexical"][0]["id"] == ids[0]
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
-    assert result["row_only"] == {"numpy": False, "hnswlib": False, "snapshot_read": []}
-    # the first vector recall of the same process loads the index (and numpy, hnswlib) and finds the fact
-    assert result["vector"][0]["id"] == ids[0] and result["after_vector"] == {"numpy": True, "hnswlib": True}
+    assert result["row_only"] == {"numpy": False, "usearch": False, "snapshot_read": []}
+    # the first vector recall of the same process loads the index (and numpy, usearch) and finds the fact
+    assert result["vector"][0]["id"] == ids[0] and result["after_vector"] == {"numpy": True, "usearch": True}

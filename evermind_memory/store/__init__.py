@@ -12,7 +12,7 @@ study.py (recall's candidate pools, for offline study); embedding.py (the backgr
 stats); checkpoints.py (WAL checkpoints: every write passes through); repair.py (repair_store: by path) and
 salvage.py (rebuilding a damaged file), damage.py (reads skip damaged rows); closing.py (close, finaliser, atexit);
 access.py (who may write); leases.py (which process runs a job now); identity.py (one file, one canonical name);
-index.py (the hnswlib wrapper); index_feed.py (the change feed and SQLite set against an index); lock.py,
+index.py (the usearch graph wrapper); index_feed.py (the change feed and SQLite set against an index); lock.py,
 records.py, validate.py.
 """
 

@@ -1,18 +1,26 @@
-"""The HNSW index: a disposable cache of the vectors in SQLite, wrapped so hnswlib cannot hurt us.
+"""The HNSW index: a disposable cache of the vectors in SQLite, wrapped so the graph library cannot hurt us.
 
-Every hnswlib call runs under one readers-writer lock (R7); capacity doubles before an overflowing add (R8);
-`k` is clamped and a failed search is retried, then reported so the caller can search exactly (R9). Files are
-saved with temp + fsync + rename and a manifest written last (R4, R5), and a file is parsed and checked by us
-(sha256, header, link lists, labels) before hnswlib is allowed to read it (R6).
+The graph is usearch's (Unum, Apache-2.0) over the rows' own int8 components: a row stores int8 steps of its
+largest component / 127 (backend/vector_blobs.py) and the graph holds exactly those steps under the cosine metric,
+which ignores the per-row scale, so the graph ranks by the stored vectors' own cosines (to the int8 rounding of the
+query) at 661 bytes a vector where hnswlib's float32 graph took 2,196 (benchmarks/index_library.py), and the
+candidates it returns are scored again exactly against the float32 query. A saved graph is read as a shared
+read-only map (a process that only recalls reads no copy of it; processes share its pages) until the process
+first changes the index, which then loads a copy it can change.
 
-One graph node per distinct vector: facts whose vectors are bit-identical (templated or repeated memories; the
-tiny model maps many texts to one vector) share a node, and a search expands each node it finds into its facts.
-hnswlib's neighbour heuristic keeps a candidate only when it is closer to the new node than to every neighbour
-already kept, so among exact duplicates (distance 0 to each other) each node kept a single link, and groups of
-duplicates came loose from the graph: recall@10 fell to 0.75-0.9 against exact search. The node -> facts table
-is saved beside the graph (`<file>.groups`, checked like it). While the graph holds at most
-IndexConfig.exact_max nodes, a search is exact instead (a matrix product over the nodes' vectors, kept in
-memory up to that size): as fast or faster there (benchmarks/exact_vs_hnsw.py) and never misses a fact.
+Every graph call runs under one readers-writer lock (R7); `k` is clamped and a failed search is retried, then
+reported so the caller can search exactly (R9). Files are saved with temp + fsync + rename and a manifest written
+last (R4, R5), and a file is parsed and checked by us (sha256, headers, levels, neighbour lists, keys:
+usearch_file.py) before usearch is allowed to read it (R6).
+
+One graph node per distinct vector: facts whose vectors are bit-identical (templated or repeated memories; the tiny
+model maps many texts to one vector) share a node, and a search expands each node it finds into its facts. An HNSW
+neighbour heuristic (hnswlib's, which served before usearch) keeps a candidate only when it is closer to the new
+node than to every neighbour already kept, so among exact duplicates (distance 0 to each other) each node kept a
+single link, and groups of duplicates came loose from the graph: recall@10 fell to 0.75-0.9 against exact search.
+The node -> facts table is saved beside the graph (`<file>.groups`, checked like it). While the graph holds at most
+IndexConfig.exact_max nodes, a search is exact instead (a matrix product over the nodes' vectors, kept in memory up
+to that size): as fast or faster there (benchmarks/exact_vs_hnsw.py) and never misses a fact.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import re
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -33,23 +42,29 @@ from .._atomic import fsync_path, write_atomic
 from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
+from .backend.vector_blobs import steps_of, unit_steps
 from .index_files import (
-    IndexRejected, element_layout, manifest_names, groups_name, map_file, parse_hnsw_file, read_groups, read_manifest,
+    GRAPH_SUFFIX, IndexRejected, index_files_of, manifest_names, groups_name, map_file, read_groups, read_manifest,
 )
-from .index_nodes import NEAR_TOL, LoadedNodes, NodeMaps, NodeMatrix, near_duplicates, vector_keys
+from .index_nodes import NEAR_TOL, LoadedNodes, NodeMaps, NodeMatrix, near_duplicates, step_keys
 from .lock import RWLock
+from .usearch_file import parse_usearch_file
 
-hnswlib = lazy_import("hnswlib", globals(), "hnswlib")
+usearch = lazy_import("usearch.index", globals(), "usearch")
 if TYPE_CHECKING:
     import numpy as np
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
-INDEX_FORMAT = "evermind-hnsw 2"  # 2: one node per distinct vector, with a groups file
-SPACE = "ip"  # vectors are unit length, so inner product == cosine and hnswlib stores our exact floats
+INDEX_FORMAT = "evermind-usearch 1"  # (before: "evermind-hnsw 2", hnswlib's float32 graph: rebuilt once)
+SPACE = "cos-i8"  # usearch's cosine over the rows' int8 steps
 EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py, shipped model (256-d), 2 cores:
 # exact p50 0.07 / 0.14 / 0.50 / 7.0 ms at 1k / 2k / 5k / 20k vectors, the graph 0.08 / 0.13 / 0.27 / 0.63 ms
-_FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.hnsw$")
+_FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.usearch$")
+FILTER_CANDIDATES = 200  # nodes a filtered search asks the graph for at first (it takes no predicate): among a
+# tenth of the nodes (the smallest selection the store hands the graph) 200 rescored found 0.997 of the selection's
+# exact top 10 (benchmarks/index_library.py --selections); fewer found than wanted: 4x more, up to FILTER_WIDEST
+FILTER_WIDEST = 12_800
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ class IndexConfig:
 
     Args:
         M: graph degree (2..256).
-        ef_construction: build-time beam width (M..10,000).
+        ef_construction: build-time beam width (M..10,000; usearch's expansion_add).
         ef_search: query-time beam width up to ef_base_size vectors in the graph; above that it grows by
             ef_growth per 10x vectors (see VectorIndex.search_ef). Changed only under the exclusive lock.
         ef_base_size: graph size up to which ef_search is used as it is.
@@ -70,8 +85,8 @@ class IndexConfig:
             the vectors kept in memory (0: always the graph; at most 2**20). Default EXACT_MAX (2048): up to 2k
             256-d vectors exact search is as fast as the graph's, at 5k twice as slow (benchmarks/exact_vs_hnsw.py).
         rebuild_deleted_ratio: rebuild once deleted/total exceeds this (R8).
-        threads: hnswlib threads for bulk adds (1..256).
-        seed: hnswlib's level-generator seed (0..2**63 - 1).
+        threads: graph threads for bulk adds of 256 vectors or more (1..256; one thread adds deterministically).
+        seed: kept so configurations stay valid (0..2**63 - 1); usearch draws node levels from its own generator.
     Raises:
         InvalidInput: a value of the wrong type or out of its range (every value here reopens: see _INT_BOUNDS).
     """
@@ -105,21 +120,21 @@ class IndexConfig:
                                    f"{' (above 0)' if name == 'rebuild_deleted_ratio' else ''}, got {value!r:.40}.")
             object.__setattr__(self, name, float(value))
         if self.ef_construction < self.M:
-            raise InvalidInput(f"IndexConfig expected ef_construction >= M (hnswlib raises it to M otherwise, and the "
-                               f"saved index would never match this configuration), got ef_construction="
+            raise InvalidInput(f"IndexConfig expected ef_construction >= M (a beam narrower than the graph degree "
+                               f"cannot fill a node's links), got ef_construction="
                                f"{self.ef_construction}, M={self.M}.")
 
 
-# The bounds keep every configuration openable again: a saved index must pass parse_hnsw_file (M and
-# ef_construction are in its header; max_elements at most 2 * count + 2**20), and no allocation is absurd.
+# The bounds keep every configuration openable again (a saved index must pass parse_usearch_file: M is in its
+# header) and no allocation absurd.
 _INT_BOUNDS = {"M": (2, 256), "ef_construction": (2, 10_000), "ef_search": (1, 100_000), "ef_base_size": (1, 10**9),
                "initial_capacity": (1, 1 << 20), "exact_max": (0, 1 << 20), "threads": (1, 256), "seed": (0, 2**63 - 1)}
-_INT_WHY = {"M": " (hnswlib's graph degree; 2 to 100 is its documented range)",
+_INT_WHY = {"M": " (the graph degree; 2 to 100 is the usual range)",
             "initial_capacity": " (elements allocated before the first add; the index doubles on demand)"}
 _REAL_BOUNDS = {"ef_growth": (1.0, 10.0), "rebuild_deleted_ratio": (0.0, 1.0)}
 
 
-MAX_INITIAL_BYTES = 1 << 30  # what an index may allocate before its first add (hnswlib allocates capacity up front)
+MAX_INITIAL_BYTES = 1 << 30  # what an index may reserve before its first add
 
 
 def check_index_memory(config: IndexConfig, dim: int) -> None:
@@ -128,19 +143,19 @@ def check_index_memory(config: IndexConfig, dim: int) -> None:
     Raises:
         InvalidInput: initial_capacity x bytes per element exceeds MAX_INITIAL_BYTES.
     """
-    per = (2 * config.M * 4 + 4) + dim * 4 + 8 + config.M * 4  # level 0 links, vector, label; upper links, roughly
-    if config.initial_capacity * per > MAX_INITIAL_BYTES:
+    per = 10 + (2 * config.M * 4 + 4) + dim + config.M * 4 + 16  # node head, level-0 links, int8 vector, upper
+    if config.initial_capacity * per > MAX_INITIAL_BYTES:  # links (about one level in M) and bookkeeping, roughly
         raise InvalidInput(
             f"IndexConfig(initial_capacity={config.initial_capacity}, M={config.M}) would allocate "
             f"{config.initial_capacity * per / 2**30:.1f} GiB for {dim}-dimensional vectors before the first fact; "
-            f"expected at most {MAX_INITIAL_BYTES / 2**30:.0f} GiB. Lower initial_capacity (the index doubles on "
+            f"expected at most {MAX_INITIAL_BYTES / 2**30:.0f} GiB. Lower initial_capacity (the index grows on "
             "demand).")
 
 
 def search_ef(config: IndexConfig, elements: int) -> int:
-    """The beam width for a graph of `elements` vectors (deleted ones too: search walks through them).
+    """The beam width for a graph of `elements` vectors (removed ones too: search walks through them).
 
-    ef_search up to config.ef_base_size, then times ef_growth per 10x; hnswlib itself widens the beam to k
+    ef_search up to config.ef_base_size, then times ef_growth per 10x; the graph itself widens the beam to k
     for a query asking for more than ef neighbours.
     """
     if elements <= config.ef_base_size:
@@ -149,11 +164,26 @@ def search_ef(config: IndexConfig, elements: int) -> int:
 
 
 class SearchFailed(Exception):
-    """hnswlib could not return the requested neighbours even after a retry; search exactly instead."""
+    """The graph could not return the requested neighbours even after a retry; search exactly instead."""
+
+
+def _new_graph(dim: int, config: IndexConfig):
+    """An empty usearch graph of our kind: cosine over int8 vectors, one vector a key."""
+    graph = usearch.Index(ndim=dim, metric="cos", dtype="i8", connectivity=config.M,
+                          expansion_add=config.ef_construction, expansion_search=config.ef_search)
+    return graph
+
+
+def _rows_of(found, dim: int) -> np.ndarray:
+    """usearch's get() answer as an (N, D) int8 matrix (it answers a tuple, with None for a key it lacks: zeros)."""
+    if isinstance(found, np.ndarray):
+        return found.reshape(-1, dim)
+    return np.stack([np.zeros(dim, np.int8) if row is None else row for row in found]) if len(found) else \
+        np.zeros((0, dim), np.int8)
 
 
 class VectorIndex:
-    """An hnswlib index over unit float32 vectors with integer labels; thread-safe for all methods.
+    """A usearch graph over the int8 steps of unit vectors, with integer labels; thread-safe for all methods.
 
     The graph holds one node per distinct vector, named by the first label that carried it; a node lives while
     any of its labels does (see the module docstring). While the graph has at most config.exact_max nodes, their
@@ -162,23 +192,18 @@ class VectorIndex:
     Args:
         dim: vector length.
         config: HNSW parameters.
-        capacity: elements to allocate at first (default: config.initial_capacity).
+        capacity: elements to reserve at first (default: config.initial_capacity).
     """
 
     def __init__(self, dim: int, config: IndexConfig = IndexConfig(), capacity: int | None = None) -> None:
         self.dim = int(dim)
         self.config = config
         self._lock = RWLock()
-        self._hnsw = hnswlib.Index(space=SPACE, dim=self.dim)
-        self._hnsw.init_index(
-            max_elements=max(1, capacity or config.initial_capacity), ef_construction=config.ef_construction,
-                              M=config.M,
-            random_seed=config.seed,
-        )
+        self._graph = _new_graph(self.dim, config)
+        self._mapped: mmap.mmap | bytes | None = None  # the saved file a loaded graph views (None: it owns a copy)
         self._ef = search_ef(config, 0)
-        self._hnsw.set_ef(self._ef)
-        self._hnsw.set_num_threads(1)
-        self._elements = 0  # graph nodes ever added, deleted ones included
+        self._graph.expansion_search = self._ef
+        self._elements = 0  # graph slots: nodes added, removed ones not yet reused included
         self._maps: NodeMaps | None = NodeMaps({}, {}, {}, {})  # None while a loaded snapshot's arrays stand for it
         self._loaded: LoadedNodes | None = None
         self._maps_lock = threading.Lock()  # one thread builds the dicts from _loaded
@@ -233,7 +258,7 @@ class VectorIndex:
 
     @property
     def element_count(self) -> int:
-        """Graph nodes ever added to this index, deleted ones included."""
+        """Graph slots: nodes ever added to this index, removed ones not yet reused by an add included."""
         return self._elements
 
     @property
@@ -247,10 +272,15 @@ class VectorIndex:
         return self._matrix is not None
 
     @property
+    def mapped(self) -> bool:
+        """Whether the graph is a read-only map of its saved file (shared with other processes), not a copy."""
+        return self._mapped is not None
+
+    @property
     def capacity(self) -> int:
-        """Elements allocated now."""
+        """Elements reserved now."""
         with self._lock.read():
-            return int(self._hnsw.get_max_elements())
+            return max(int(self._graph.capacity), self._elements)
 
     @property
     def ef(self) -> int:
@@ -277,8 +307,8 @@ class VectorIndex:
             return np.sort(np.fromiter(self._node_of, dtype=np.int64, count=len(self._node_of)))
 
     def settle(self) -> None:
-        """Hash a loaded snapshot's node vectors now and close its file (the background pass calls it, so that a
-        process that never changes the index does not hold a snapshot another process has replaced)."""
+        """Hash a loaded snapshot's node vectors now (the background pass calls it, so that the first change of a
+        process that loaded a large snapshot does not pay for it)."""
         loaded = self._loaded
         if loaded is not None:
             loaded.keys()
@@ -300,23 +330,41 @@ class VectorIndex:
         return int(label) in self._node_of
 
     def get_vectors(self, labels: list[int]) -> np.ndarray:
-        """The stored vectors of live labels, (N, D) float32 (for spot checks against SQLite)."""
+        """The stored vectors of live labels, (N, D) float32 unit rows of the graph's int8 steps (for spot checks
+        against SQLite: within 1e-6 of what a read of the same row gives); a label not live reads as zeros."""
         with self._lock.read():
             if not labels:
                 return np.zeros((0, self.dim), dtype=np.float32)  # (0, D)
             loaded = self._loaded if self._maps is None else None
             if loaded is not None:
                 asked = np.array(labels, dtype=np.int64)  # (N,)
-                nodes = np.where((found := loaded.node_of(asked)) >= 0, found, asked).tolist()
+                nodes = np.where((found := loaded.node_of(asked)) >= 0, found, asked)
             else:
-                nodes = [self._node_of.get(int(label), int(label)) for label in labels]
-            return np.asarray(self._hnsw.get_items(nodes, return_type="numpy"), dtype=np.float32)  # (N, D)
+                nodes = np.array([self._node_of.get(int(label), int(label)) for label in labels], dtype=np.int64)
+            return self._node_vectors(nodes)
 
     # ---- writes (exclusive) --------------------------------------------------------------------------------
+    def _own(self) -> None:
+        """Trade a mapped graph for a copy this process can change (the caller holds the exclusive lock): the
+        nodes' hashes are read from the map first, then the map is let go."""
+        mapped = self._mapped
+        if mapped is None:
+            return
+        self._dicts()
+        graph = _new_graph(self.dim, self.config)
+        graph.load(mapped)  # a copy of the bytes parse_usearch_file checked
+        graph.expansion_search = self._ef
+        self._graph, self._mapped = graph, None  # (the viewing graph goes with its last reference, before the map)
+        if isinstance(mapped, mmap.mmap):
+            try:
+                mapped.close()
+            except BufferError:  # a view of it is still held somewhere: its finaliser closes it
+                pass
+
     def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
-        """Add vectors under new labels, doubling capacity first if needed; a vector the index already holds (the
-        same up to NEAR_TOL in every component: the same text embedded in another batch differs in the last bits)
-        joins that vector's node instead of getting one of its own, and so do near-identical rows of one batch.
+        """Add vectors under new labels; a vector the index already holds (the same int8 steps, or within NEAR_TOL
+        in every component: a text embedded in another batch differs in the last bits) joins that vector's node
+        instead of getting one of its own, and so do near-identical rows of one batch.
 
         Args:
             labels: (N,) distinct ints never used in this index before.
@@ -330,10 +378,12 @@ class VectorIndex:
             return
         if len(set(labels.tolist())) != len(labels) or (labels < 0).any():
             raise InvalidInput("VectorIndex.add expected distinct non-negative labels.")
-        keys = vector_keys(vectors)
+        steps = steps_of(vectors)  # (N, D) int8: what the graph holds
+        keys = step_keys(steps)
         with self._lock.write():
             if any(int(label) in self._node_of for label in labels):
                 raise InvalidInput("VectorIndex.add got a label that is already in the index.")
+            self._own()
             node = np.array([self._node_key.get(key, -1) for key in keys], dtype=np.int64)  # (N,) -1: none yet
             hit = np.flatnonzero(node >= 0)  # (H,) rows whose hash names a live node: is it their vector?
             if len(hit):
@@ -341,23 +391,15 @@ class VectorIndex:
                 node[hit[differ]] = -1
             rest = np.flatnonzero(node < 0)  # (R,)
             if len(rest) and self._members:  # the nearest live node, if it is this vector
-                near, same = self._nearest_nodes(vectors[rest])  # (R,), (R,)
+                near, same = self._nearest_nodes(vectors[rest], steps[rest])  # (R,), (R,)
                 node[rest[same]] = near[same]
                 rest = rest[~same]
             first = rest[near_duplicates(vectors[rest])]  # (R,) the batch row whose node each row joins
             node[rest] = labels[first]
             rest = rest[first == rest]  # the rows that make new nodes
             if len(rest):
-                needed = self._elements + len(rest)
-                cap = int(self._hnsw.get_max_elements())
-                if needed > cap:
-                    new_cap = max(cap, 1)
-                    while new_cap < needed:
-                        new_cap *= 2
-                    self._hnsw.resize_index(new_cap)
                 threads = self.config.threads if len(rest) >= 256 else 1
-                self._hnsw.add_items(vectors[rest], labels[rest].astype(np.uint64), num_threads=threads)
-                self._elements += len(rest)
+                self._graph.add(labels[rest].astype(np.uint64), steps[rest], threads=threads)
             for i in rest.tolist():  # the graph took them: record the new nodes, then every label's node
                 new = int(labels[i])
                 self._node_key.setdefault(keys[i], new)
@@ -365,6 +407,7 @@ class VectorIndex:
             for label, n in zip(labels.tolist(), node.tolist()):
                 self._members[n][label] = None
                 self._node_of[label] = n
+            self._elements = max(self._elements, len(self._members))  # (an add fills removed slots first)
             if self._matrix is not None:
                 if self._elements > self.config.exact_max:
                     self._matrix = None  # the graph is faster from here on; a rebuild that shrinks it brings it back
@@ -373,24 +416,36 @@ class VectorIndex:
             self._set_ef()
 
     def _node_vectors(self, nodes: np.ndarray) -> np.ndarray:
-        """The (N, D) vectors of (N,) live nodes; the caller holds the lock."""
+        """The (N, D) float32 vectors of (N,) nodes (zeros for one the graph lacks); the caller holds the lock."""
         if self._matrix is not None:
-            return self._matrix.vectors[[self._matrix.row(int(n)) for n in nodes.tolist()]]
-        return np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
+            rows = [self._matrix.row_or(int(n)) for n in nodes.tolist()]
+            out = self._matrix.vectors[[max(r, 0) for r in rows]]  # (N, D)
+            out[np.array(rows) < 0] = 0.0
+            return out
+        return unit_steps(_rows_of(self._graph.get(nodes.astype(np.uint64), dtype=np.int8), self.dim))
 
-    def _nearest_nodes(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The nearest live node of each (R, D) row (exactly while the matrix is kept, else by the graph), and
-        whether it is that row's vector up to NEAR_TOL: (nodes (R,), same (R,)). The caller holds the lock."""
+    def _nearest_nodes(self, vectors: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The nearest live node of each (R, D) row (exactly while the matrix is kept, else by the graph, asked
+        with the rows' int8 `steps`), and whether it is that row's vector up to NEAR_TOL: (nodes (R,), same (R,)).
+        The caller holds the lock."""
         if self._matrix is not None:
             matrix = self._matrix
             rows = np.argmax(vectors @ matrix.vectors[:matrix.count].T, axis=1)  # (R,)
             nodes, found = matrix.nodes[rows], matrix.vectors[rows]  # (R,), (R, D)
         else:
             try:
-                nodes = self._hnsw.knn_query(vectors, k=1, num_threads=self.config.threads)[0][:, 0].astype(np.int64)
-                found = np.asarray(self._hnsw.get_items(nodes.tolist(), return_type="numpy"), dtype=np.float32)
-            except RuntimeError:  # the graph could not answer: the rows make nodes of their own (still correct)
+                got = self._graph.search(steps, 1, threads=self.config.threads)
+            except (RuntimeError, ValueError):  # the graph could not answer: the rows make nodes of their own
                 return np.zeros(len(vectors), np.int64), np.zeros(len(vectors), bool)
+            if hasattr(got, "counts"):  # (R > 1: one row of keys a query, padded beyond its count)
+                answered = np.asarray(got.counts).reshape(-1) > 0  # (R,)
+                first = np.asarray(got.keys, dtype=np.uint64).reshape(len(vectors), -1)[:, 0]  # (R,)
+            else:  # (one query: its keys, trimmed to what it found)
+                answered = np.array([len(got.keys) > 0])
+                first = np.asarray(got.keys, dtype=np.uint64)[:1] if len(got.keys) else np.zeros(1, np.uint64)
+            nodes = np.where(answered, first.astype(np.int64), 0)  # (R,)
+            found = self._node_vectors(nodes)  # (R, D)
+            found[~answered] = 0.0
         return nodes, np.abs(found - vectors).max(axis=1) <= NEAR_TOL
 
     def mark_deleted(self, labels: Iterable[int]) -> int:
@@ -403,7 +458,10 @@ class VectorIndex:
         """
         wanted = [int(label) for label in np.asarray(list(labels), dtype=np.int64).reshape(-1)]
         with self._lock.write():
-            done = 0
+            if not any(label in self._node_of for label in wanted):
+                return 0
+            self._own()
+            done, gone = 0, []
             for label in wanted:
                 node = self._node_of.pop(label, None)
                 if node is None:
@@ -415,34 +473,38 @@ class VectorIndex:
                     key = self._key_of.pop(node)
                     if self._node_key.get(key) == node:
                         del self._node_key[key]
-                    self._hnsw.mark_deleted(node)
+                    gone.append(node)
                     if self._matrix is not None:
                         self._matrix.delete(node)
                 done += 1
+            if gone:
+                self._graph.remove(np.array(gone, dtype=np.uint64))
             return done
 
     def _set_ef(self) -> None:
         """Match the beam width to the graph size; the caller holds the exclusive lock."""
         self._ef = search_ef(self.config, self._elements)
-        self._hnsw.set_ef(self._ef)
+        self._graph.expansion_search = self._ef
 
     # ---- reads (shared) ------------------------------------------------------------------------------------
     def query(self, vector: np.ndarray, k: int,
               allow: Callable[[int], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k by inner product: exact while the graph is small (see `exact`), else approximate.
+        """Top-k by cosine: exact while the graph is small (see `exact`), else approximate.
 
         Args:
             vector: (D,) float32 unit query.
             k: wanted neighbours (>= 1; clamped to the live count).
-            allow: only labels for which it returns True (hnswlib's filtered search: the graph walk skips the
-                nodes none of whose labels it allows, so k allowed neighbours come back however few the allowed
-                labels are; single-threaded, where the Python callback is cheap).
+            allow: only labels for which it returns True. The graph takes no predicate: it is asked for
+                FILTER_CANDIDATES nodes or 4 x k, those none of whose labels pass are dropped, and while fewer
+                than k pass it is asked for 4x more, up to FILTER_WIDEST (fewer than k come back only then; the
+                store then searches its selection exactly).
         Returns:
-            (labels (k',), scores (k',)) best first, k' = min(k, live).
+            (labels (k',), scores (k',)) best first, k' <= min(k, live); a score is the exact cosine of the
+            query with the node's stored vector.
         Raises:
-            SearchFailed: hnswlib could not return k' results even with a larger ef.
+            SearchFailed: the graph could not return k' results even with a larger ef.
         """
-        q = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)  # (1, D)
+        q = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim)  # (D,)
         with self._lock.read():
             live, node_count = self._counts()
             k_eff = min(int(k), live)
@@ -450,12 +512,11 @@ class VectorIndex:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             node_allow = self._node_filter(allow)
             if self._matrix is not None:
-                return self._expand(*self._matrix.search(q[0], k_eff, node_allow), k_eff, allow)
+                return self._expand(*self._matrix.search(q, k_eff, node_allow), k_eff, allow)
             try:
-                nodes, dist = self._hnsw.knn_query(q, k=min(k_eff, node_count), num_threads=1,
-                                                   filter=node_allow)
-                return self._expand(nodes[0], 1.0 - dist[0], k_eff, allow)
-            except RuntimeError:
+                return self._expand(*self._graph_search(q, min(k_eff, node_count), node_count, node_allow),
+                                    k_eff, allow)
+            except (RuntimeError, _Short):
                 pass
         with self._lock.write():  # retry once with a wider beam (ef changes only under the exclusive lock)
             live, node_count = self._counts()
@@ -463,14 +524,41 @@ class VectorIndex:
             if k_eff <= 0:
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             k_nodes = min(k_eff, node_count)
-            self._hnsw.set_ef(max(self._ef, 4 * k_nodes, min(self._elements, 4 * k_nodes + 256)))
+            self._graph.expansion_search = max(self._ef, 4 * k_nodes, min(self._elements, 4 * k_nodes + 256))
             try:
-                nodes, dist = self._hnsw.knn_query(q, k=k_nodes, num_threads=1, filter=self._node_filter(allow))
-                return self._expand(nodes[0], 1.0 - dist[0], k_eff, allow)
-            except RuntimeError as exc:
-                raise SearchFailed(str(exc)) from None
+                return self._expand(*self._graph_search(q, k_nodes, node_count, self._node_filter(allow)), k_eff,
+                                    allow)
+            except (RuntimeError, _Short) as exc:
+                raise SearchFailed(str(exc) or "the graph returned fewer neighbours than it holds") from None
             finally:
-                self._hnsw.set_ef(self._ef)
+                self._graph.expansion_search = self._ef
+
+    def _graph_search(self, q: np.ndarray, k_nodes: int, node_count: int,
+                      node_allow: Callable[[int], bool] | None) -> tuple[np.ndarray, np.ndarray]:
+        """The best nodes for q by the graph, then scored exactly: (nodes (n,), cosines (n,)) best first. Unfiltered,
+        2 x k_nodes candidates are ranked again; filtered, see query(). The caller holds the lock.
+
+        Raises:
+            _Short: an unfiltered search returned fewer than k_nodes nodes (the graph lost some: retry wider).
+        """
+        q_steps = steps_of(q[None, :])[0]  # (D,) int8
+        want = 2 * k_nodes if node_allow is None else max(FILTER_CANDIDATES, 4 * k_nodes)
+        while True:
+            asked = min(want, node_count)
+            found = self._graph.search(q_steps, asked, threads=1)
+            nodes = np.asarray(found.keys, dtype=np.uint64).astype(np.int64)  # (n,) trimmed to what it found
+            if node_allow is None:
+                if len(nodes) < min(k_nodes, asked):
+                    raise _Short()
+                break
+            nodes = nodes[np.fromiter(map(node_allow, nodes.tolist()), dtype=bool, count=len(nodes))]
+            if len(nodes) >= k_nodes or asked >= node_count or want >= FILTER_WIDEST:
+                break
+            want *= 4
+        steps = _rows_of(self._graph.get(nodes.astype(np.uint64), dtype=np.int8), self.dim)  # (n, D)
+        scores = unit_steps(steps) @ q  # (n,)
+        order = np.argsort(-scores, kind="stable")
+        return nodes[order], scores[order].astype(np.float32)
 
     def _node_filter(self, allow: Callable[[int], bool] | None) -> Callable[[int], bool] | None:
         """`allow` over labels as a filter over nodes: a node passes when any of its labels does."""
@@ -518,7 +606,7 @@ class VectorIndex:
 
     def save(self, directory: Path, stem: str, meta: dict) -> dict:
         """Save atomically: index temp file + fsync + rename, verify, the groups file (label -> node) likewise,
-        then the manifest (the commit point).
+        then the manifest (the commit point). Older snapshot files of the stem (hnswlib's too) are removed.
 
         Args:
             directory: where the store lives.
@@ -530,16 +618,15 @@ class VectorIndex:
             OSError: the disk refused a write; the previous manifest and index stay valid.
         """
         directory = Path(directory)
-        name = f"{stem}.{secrets.token_hex(6)}.hnsw"
+        name = f"{stem}.{secrets.token_hex(6)}{GRAPH_SUFFIX}"
         final, groups_file = directory / name, directory / groups_name(name)
         tmp = directory / (name + ".tmp")
         with self._lock.write():
             try:
-                self._hnsw.save_index(str(tmp))
-            except RuntimeError as exc:  # hnswlib could not open or write the file
+                self._graph.save(str(tmp))
+            except (RuntimeError, ValueError) as exc:  # usearch could not open or write the file
                 tmp.unlink(missing_ok=True)
-                raise OSError(f"hnswlib could not write {tmp.name} ({exc})") from None
-            count, cap = self._elements, int(self._hnsw.get_max_elements())
+                raise OSError(f"usearch could not write {tmp.name} ({exc})") from None
             live, nodes = self._counts()
             loaded = self._loaded if self._maps is None else None
             groups = (loaded.groups.astype("<i8") if loaded is not None else
@@ -549,19 +636,20 @@ class VectorIndex:
             crash_point("index.save.written")
             fsync_path(tmp)
             data = tmp.read_bytes()
+            try:
+                info = parse_usearch_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
+            except IndexRejected as exc:
+                raise OSError(f"index file {tmp.name} was not written whole ({exc}); disk full?") from None
+            if info.live != nodes:
+                raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
+            self._elements = info.count
             manifest = {
                 **meta,
                 "format": INDEX_FORMAT, "space": SPACE, "dim": self.dim, "M": self.config.M,
-                "ef_construction": self.config.ef_construction, "max_elements": cap, "count": count,
+                "ef_construction": self.config.ef_construction, "count": info.count,
                 "live": live, "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                 "groups_size": len(groups_data), "groups_sha256": hashlib.sha256(groups_data).hexdigest(),
             }
-            try:
-                info = parse_hnsw_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
-            except IndexRejected as exc:
-                raise OSError(f"index file {tmp.name} was not written whole ({exc}); disk full?") from None
-            if info.count != count or int((~info.deleted).sum()) != nodes:
-                raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
             write_atomic(groups_file, groups_data)
             os.replace(tmp, final)
             crash_point("index.save.before_manifest")
@@ -572,9 +660,7 @@ class VectorIndex:
                 final.unlink(missing_ok=True)
                 groups_file.unlink(missing_ok=True)
             raise
-        olds = [*directory.glob(f"{stem}.*.hnsw*"), *directory.glob(f"{stem}.*.groups*"),
-                *directory.glob(f"{stem}.json.*.tmp")]
-        for old in olds:
+        for old in index_files_of(directory, stem, leftovers=True):
             if old.name not in (name, groups_file.name):
                 try:
                     old.unlink(missing_ok=True)
@@ -585,12 +671,13 @@ class VectorIndex:
     @classmethod
     def load(cls, directory: Path, stem: str, *, expect: dict, config: IndexConfig,
              max_seq: int, defer_hash: bool = False) -> tuple["VectorIndex", dict]:
-        """Validate the manifest and index file, then load them (R6).
+        """Validate the manifest and index file, then map them (R6): the graph reads the checked file in place,
+        shared with every process that maps it, until this process first changes the index (`_own`).
 
-        With `defer_hash` the file's sha256 is not compared here (0.46 s of a load at a million facts) but by
-        `file_agrees()`, which the store's background pass and check() call: what hnswlib follows (every count,
-        link and size) is bounded by parse_hnsw_file either way, so a damaged file can cost recall until then,
-        never memory safety, and the vectors themselves are compared with SQLite by the same pass.
+        With `defer_hash` the file's sha256 is not compared here (0.1 s of a load at a million facts) but by
+        `file_agrees()`, which the store's background pass and check() call: what usearch follows (every count,
+        level, link and size) is bounded by parse_usearch_file either way, so a damaged file can cost recall until
+        then, never memory safety, and the vectors themselves are compared with SQLite by the same pass.
 
         Args:
             directory: where the store lives.
@@ -609,7 +696,7 @@ class VectorIndex:
         for key, value in want.items():  # (a tuple: any of these values)
             if manifest.get(key) not in (value if isinstance(value, tuple) else (value,)):
                 raise IndexRejected(f"manifest {key} is {manifest.get(key)!r:.80}, expected {value!r:.80}")
-        for key in ("watermark", "count", "live", "max_elements", "size", "groups_size"):
+        for key in ("watermark", "count", "live", "size", "groups_size"):
             if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
                 raise IndexRejected(f"manifest {key} is not a non-negative integer")
         if manifest["watermark"] > max_seq:
@@ -622,22 +709,24 @@ class VectorIndex:
             raise IndexRejected(f"index file {name} is missing")
         if path.stat().st_size != manifest["size"]:
             raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
-        fd = os.open(path, os.O_RDONLY)  # (kept by the loaded index until it has hashed its nodes' vectors)
+        fd = os.open(path, os.O_RDONLY)
         try:
             data = map_file(fd)
+        finally:
+            os.close(fd)  # (a map keeps its own reference to the file)
+        try:
             if not defer_hash and hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
                 raise IndexRejected("index file sha256 does not match the manifest")
             dim = int(expect["dim"])
-            info = parse_hnsw_file(data, dim, config.M)
-            if info.ef_construction != config.ef_construction:
-                raise IndexRejected("index header ef_construction disagrees with the configuration")
-            if info.count != manifest["count"] or info.max_elements != manifest["max_elements"]:
+            info = parse_usearch_file(data, dim, config.M)
+            if info.count != manifest["count"]:
                 raise IndexRejected("index header counts disagree with the manifest")
-            if info.count and int(info.labels.max()) > manifest["watermark"]:
+            live_keys = info.keys[~info.removed]  # (n,) the live nodes, slot order
+            if len(live_keys) and int(live_keys.max()) > manifest["watermark"]:
                 raise IndexRejected("index holds a label newer than its watermark")
             groups = read_groups(Path(directory) / groups_name(name), manifest)  # (live, 2) label, node
-            alive = np.flatnonzero(~info.deleted)  # (n,) rows of live nodes
-            nodes = info.labels[alive].astype(np.int64)  # (n,)
+            alive = np.flatnonzero(~info.removed)  # (n,) slots of live nodes
+            nodes = live_keys.astype(np.int64)  # (n,)
             order = np.argsort(nodes)  # (n,)
             by_node = np.argsort(groups[:, 1], kind="stable")  # (live,) by node, then label (the rows are by label)
             grouped = groups[by_node, 1]  # (live,)
@@ -646,26 +735,38 @@ class VectorIndex:
                 raise IndexRejected("index groups and graph disagree on the live nodes")
             if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
                 raise IndexRejected("index groups hold a label newer than its watermark")
-            if isinstance(data, mmap.mmap):  # the parse touched every page of the map: let them go before hnswlib
-                data.madvise(mmap.MADV_DONTNEED)  # reads its own copy (peak RSS: one copy of the file, not two)
-            self = cls(dim, config)
+            self = cls(dim, config, capacity=1)
             with self._lock.write():
-                hnsw = hnswlib.Index(space=SPACE, dim=dim)
-                hnsw.load_index(str(path), max_elements=info.max_elements)
-                hnsw.set_num_threads(1)
-                self._hnsw = hnsw
+                graph = _new_graph(dim, config)
+                if info.count:
+                    graph.view(data)  # (the map stays referenced by self._mapped for as long as the graph views it)
+                self._graph, self._mapped = graph, data
+                if isinstance(data, mmap.mmap):
+                    weakref.finalize(self, _close_quietly, data)
                 self._elements = info.count
                 self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
                 self._maps, self._loaded = None, LoadedNodes(groups, nodes[order], np.r_[starts, len(groups)],
-                                                             groups[by_node, 0], alive[order], fd, name,
-                                                             element_layout(dim, config.M), dim)
+                                                             groups[by_node, 0], alive[order], info.vectors, name)
                 if self._matrix is not None:
                     if info.count > config.exact_max:
                         self._matrix = None
                     else:
-                        self._matrix.add(nodes, np.array(info.vectors[alive], dtype=np.float32))  # (n, D) a copy
+                        self._matrix.add(nodes, unit_steps(info.vectors[alive]))  # (n, D) a copy
                 self._set_ef()
         except BaseException:
-            os.close(fd)
+            _close_quietly(data)
             raise
         return self, manifest
+
+
+class _Short(Exception):
+    """An unfiltered graph search returned fewer nodes than asked (retried with a wider beam)."""
+
+
+def _close_quietly(data: mmap.mmap | bytes) -> None:
+    """Close a map once nothing views it (a view still held keeps it open: BufferError)."""
+    if isinstance(data, mmap.mmap):
+        try:
+            data.close()
+        except BufferError:
+            pass

@@ -5,9 +5,7 @@ and the label/node bookkeeping, as dicts (NodeMaps) or, for a snapshot just load
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .._lazy import lazy_import
@@ -51,21 +49,21 @@ def exact_search(vectors: np.ndarray, labels: np.ndarray, query: np.ndarray, k: 
     return labels[top].astype(np.int64), scores[top].astype(np.float32)
 
 
-def vector_keys(vectors: np.ndarray, rows: np.ndarray | None = None) -> list[int]:
-    """A 64-bit hash of each (N, D) float32 row's bits (a random linear hash mod 2**64 of KEY_COLUMNS components
-    spread over the row): equal for bit-identical rows. Only a shortcut to a candidate node: add() checks the
-    node's vector before a row joins it, so two rows that agree on those components and differ elsewhere cost a
-    nearest-node search, never a wrong node (hashing every component cost 1 s of an open at 100k vectors).
-    `rows`: hash only these rows (N',) of `vectors` (a view into a file: only their hashed components are copied)."""
-    return key_array(vectors, rows).tolist()
+def step_keys(steps: np.ndarray, rows: np.ndarray | None = None) -> list[int]:
+    """A 64-bit hash of each (N, D) int8 row of steps (a random linear hash mod 2**64 of KEY_COLUMNS components
+    spread over the row): equal for rows whose steps are equal. Only a shortcut to a candidate node: add() checks
+    the node's vector before a row joins it, so two rows that agree on those components and differ elsewhere cost
+    a nearest-node search, never a wrong node (hashing every component cost 1 s of an open at 100k vectors).
+    `rows`: hash only these rows (N',) of `steps` (a view into a file: only their hashed components are copied)."""
+    return key_array(steps, rows).tolist()
 
 
-def key_array(vectors: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """vector_keys as a (N,) uint64 array."""
-    cols = np.arange(0, vectors.shape[1], max(1, vectors.shape[1] // KEY_COLUMNS))[:KEY_COLUMNS]  # (c,)
-    picked = vectors[:, cols] if rows is None else vectors[:, cols][rows]  # (N, c)
-    bits = np.ascontiguousarray(picked, dtype=np.float32).view(np.uint32).astype(np.uint64)  # (N, c)
-    mult = np.random.default_rng(vectors.shape[1]).integers(1, 2**63, size=len(cols), dtype=np.uint64)  # (c,)
+def key_array(steps: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """step_keys as a (N,) uint64 array."""
+    cols = np.arange(0, steps.shape[1], max(1, steps.shape[1] // KEY_COLUMNS))[:KEY_COLUMNS]  # (c,)
+    picked = steps[:, cols] if rows is None else steps[np.ix_(rows, cols)]  # (N, c)
+    bits = np.ascontiguousarray(picked, dtype=np.int8).view(np.uint8).astype(np.uint64)  # (N, c)
+    mult = np.random.default_rng(steps.shape[1]).integers(1, 2**63, size=len(cols), dtype=np.uint64)  # (c,)
     return (bits * (mult | np.uint64(1))).sum(axis=1, dtype=np.uint64)  # (N,) wraps mod 2**64
 
 
@@ -140,6 +138,10 @@ class NodeMatrix:
         """The row holding a live node's vector."""
         return self._row[node]
 
+    def row_or(self, node: int) -> int:
+        """The row holding a node's vector, -1 for a node not live."""
+        return self._row.get(node, -1)
+
     def delete(self, node: int) -> None:
         """Drop a node (its row gets the last row)."""
         row, last = self._row.pop(node), self.count - 1
@@ -173,17 +175,14 @@ class LoadedNodes:
     at a million facts, which an unfiltered search answers from these arrays."""
 
     def __init__(self, groups: np.ndarray, nodes: np.ndarray, starts: np.ndarray, by_node: np.ndarray,
-                 rows: np.ndarray, fd: int, name: str, table: tuple[int, int, int], dim: int) -> None:
+                 rows: np.ndarray, steps: np.ndarray, name: str) -> None:
         self.groups = groups  # (L, 2) label, node: the live labels ascending
         self.nodes = nodes  # (n,) the live nodes ascending
         self.starts = starts  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
         self.by_node = by_node  # (L,) the labels by node, then label
-        self.rows = rows  # (n,) the element row of each of `nodes` in the file
+        self.rows = rows  # (n,) the slot of each of `nodes` in the file
         self.name = name
-        self.close_file = weakref.finalize(self, os.close, fd)  # the snapshot, open until its nodes' vectors are
-        self.fd = fd  # hashed (keys()) or this is dropped
-        self.table = table  # index_files.element_layout: (table start, bytes an element, vector offset in one)
-        self.dim = dim
+        self._steps: np.ndarray | None = steps  # (slots, D) int8, a view into the mapped file until hashed
         self._keys: np.ndarray | None = None
         self._lock = threading.Lock()
 
@@ -200,30 +199,17 @@ class LoadedNodes:
         return np.where(self.groups[at, 0] == labels, self.groups[at, 1], -1)
 
     def keys(self) -> np.ndarray:
-        """(n,) each node's vector hash (vector_keys), read from the snapshot file itself, KEY_CHUNK nodes' rows at a
-        time, into a buffer let go after each chunk; then the file is closed (a newer save may have unlinked it:
-        its space returns then). Reading them back through the map would put the whole file into this process's
-        RSS again, and hnswlib's get_items took 29 us a node (6.8 s at 235,000 nodes)."""
+        """(n,) each node's vector hash (step_keys), read from the mapped snapshot KEY_CHUNK nodes at a time (the
+        pages are the graph's own, shared with other processes); then the view of the file is let go."""
         with self._lock:
             if self._keys is not None:
                 return self._keys
+            steps = self._steps
+            assert steps is not None
             keys = np.zeros(len(self.nodes), dtype=np.uint64)  # (n,)
-            start, size_per, offset = self.table
-            by_row = np.argsort(self.rows)  # (n,)
-            try:
-                for a in range(0, len(by_row), KEY_CHUNK):
-                    idx = by_row[a:a + KEY_CHUNK]  # (c,)
-                    rows = self.rows[idx]  # (c,) ascending
-                    lo, hi = int(rows[0]), int(rows[-1]) + 1
-                    data = os.pread(self.fd, (hi - lo) * size_per, start + lo * size_per)
-                    if len(data) != (hi - lo) * size_per:
-                        raise OSError(f"index file {self.name} was cut short since it was loaded")
-                    table = np.ndarray((hi - lo, self.dim), dtype="<f4", buffer=data, offset=offset,
-                                       strides=(size_per, 4))  # (hi - lo, D) the chunk's element rows' vectors
-                    keys[idx] = key_array(table, rows - lo)
-            finally:
-                self.close_file()
-            self._keys = keys
+            for a in range(0, len(self.rows), KEY_CHUNK):
+                keys[a:a + KEY_CHUNK] = key_array(steps, self.rows[a:a + KEY_CHUNK])
+            self._keys, self._steps = keys, None
             return keys
 
     def maps(self) -> NodeMaps:
@@ -232,4 +218,4 @@ class LoadedNodes:
         labels, bounds = self.by_node.tolist(), self.starts.tolist()
         members = {node: dict.fromkeys(labels[a:b]) for node, a, b in zip(nodes, bounds[:-1], bounds[1:])}
         return NodeMaps(dict(zip(self.groups[:, 0].tolist(), self.groups[:, 1].tolist())), members,
-                     dict(zip(keys, nodes)), dict(zip(nodes, keys)))
+                        dict(zip(keys, nodes)), dict(zip(nodes, keys)))

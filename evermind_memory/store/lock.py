@@ -1,4 +1,4 @@
-"""Locks: the in-process readers-writer lock (around every hnswlib call, R7), and the filesystem check that
+"""Locks: the in-process readers-writer lock (around every graph call, R7), and the filesystem check that
 goes with SQLite's own locking (R14: WAL and its shared memory need a local disk). Across processes the
 database orders writes and leases pick who runs a job (store/leases.py). The named crash points of
 fault-injection tests are in evermind_memory/_crash.py.

@@ -29,6 +29,7 @@ from .damage import readable
 from .embedding import VectorWorker, embed_serving
 from .generations import Generations
 from .index import SearchFailed
+from .index_files import index_files_of
 from .leases import owner_alive
 from . import postings_file
 from .records import CheckReport, DuplicatePair, StoreStats
@@ -425,8 +426,7 @@ def stats(db: Backend, cache: VectorCache, sel: Selection, index_path: Path | No
     files = db.file_bytes()
     index_bytes = 0
     if index_path is not None:
-        files_of_index = [*index_path.parent.glob(f"{index_path.name}.*.hnsw"),
-                          *index_path.parent.glob(f"{index_path.name}.*.groups"),
+        files_of_index = [*index_files_of(index_path.parent, index_path.name),
                           index_path.parent / f"{index_path.name}.json",
                           postings_file.path_for(str(index_path))]
         index_bytes = sum(p.stat().st_size for p in files_of_index if p.is_file())

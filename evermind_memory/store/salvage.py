@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from .._atomic import fsync_dir
 from ..errors import StoreCorrupt, StoreLocked
 from . import postings_file
+from .index_files import index_files_of
 from .records import CheckReport, RepairReport
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def salvage(real: str, embedder: Embedder | None) -> tuple[RepairCounts, Path]:
                 if os.path.exists(real + suffix):
                     os.replace(real + suffix, aside / (p.name + suffix + ".old"))
             for side in [p.with_name(p.name + ".json"), postings_file.path_for(str(p)),
-                         *p.parent.glob(p.name + ".*.hnsw")]:
+                         *index_files_of(p.parent, p.name)]:
                 if side.is_file():
                     os.replace(side, aside / side.name)
             os.replace(new, real)

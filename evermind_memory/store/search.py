@@ -3,12 +3,12 @@ the index cannot answer) and hybrid (both, fused by store/fusion.py), each among
 selects (scope, alive now, where-filter), plus the opt-in recency weight and recall's argument checks
 (Search.query). Everything here reads one generation, passed in by the caller, who holds it for the whole recall.
 
-Vector recall is exact under any selection: a selection of at most EXACT_FILTER_MAX facts (or under a tenth of
-the index) is searched exhaustively; a larger one through hnswlib's filtered search, whose graph walk skips the
-facts the selection leaves out (so none of the k slots goes to them); if that cannot fill k, exhaustively.
-Without a selection, facts that expired but were not swept yet are skipped the same way. The index itself
-searches exactly while it holds at most IndexConfig.exact_max distinct vectors, and its graph holds one node per
-distinct vector, so facts sharing a vector are never stranded (store/index.py).
+Vector recall is exact under any selection: a selection of at most EXACT_FILTER_MAX facts (or under a tenth of the
+index) is searched exhaustively; a larger one through the graph, asked for more candidates than k and filtered,
+which drops the facts the selection leaves out (so none of the k slots goes to them); if that cannot fill k,
+exhaustively. Without a selection, facts that expired but were not swept yet are skipped the same way. The index
+itself searches exactly while it holds at most IndexConfig.exact_max distinct vectors, and its graph holds one node
+per distinct vector, so facts sharing a vector are never stranded (store/index.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ vectors is indexed at once even when others committed first: apply()). Any proce
 changes after its watermark (R3) before it answers, stepping over labels its index already holds; a loaded snapshot
 is validated first (R6) and trusted when its manifest matches the database (issue 34: the comparison of every vector
 with SQLite runs in verify(), from check() and from a background pass), else rebuilt. That load happens on the first
-vector use, not at open (issue 19: commands that only read rows never import numpy or hnswlib, nor read the
+vector use, not at open (issue 19: commands that only read rows never import numpy or usearch, nor read the
 snapshot). A process behind by more changes than a newer saved snapshot costs to load adopts that snapshot, checked
 the same way, instead of replaying; one far behind with no such snapshot rebuilds. A snapshot is saved with
 compare-and-swap on the watermark, so a stale process never overwrites a newer index (R13). Any number of processes
@@ -56,7 +56,7 @@ REBUILD_BEHIND_MIN = 1000
 # the changes it would skip number more than ADOPT_BEHIND_RATIO x the snapshot's vectors: a trusted load costs a
 # few microseconds a vector, a replayed insert about 90 (benchmarks/catch_up.py).
 ADOPT_BEHIND_RATIO = 0.1
-VERIFY_CHUNK = 1024  # vectors compared at a time by verify() (hnswlib's get_items peaks near 10x the rows it returns)
+VERIFY_CHUNK = 1024  # vectors compared at a time by verify() (bounds the rows read back at a time)
 HASH_MISMATCH = "index file sha256 does not match the manifest"
 VERIFY_DELAY = 5.0  # seconds after a trusted load before the background pass compares every vector with SQLite
 VERIFY_PAUSE = 2.0  # the background pass rests this many times as long as each chunk took (a third of one core)
@@ -221,7 +221,7 @@ class VectorCache:
         except IndexRejected as exc:
             self.rebuild(str(exc))
             return
-        except (OSError, RuntimeError, MemoryError) as exc:  # hnswlib refusing a file we validated, or I/O
+        except (OSError, RuntimeError, MemoryError) as exc:  # usearch refusing a file we validated, or I/O
             self.rebuild(f"index could not be loaded ({exc})")
             return
         if self._far_behind(top - manifest["watermark"], index.live_count):

@@ -175,7 +175,8 @@ VARIANTS: dict[str, tuple[Callable[[Path], None], str, int]] = {
     "sidecar_shm_garbage": (_sidecar("-shm", os.urandom(32768)), "closed", FACTS),
     "sidecar_empty_wal_beside_store": (_sidecar("-wal", b""), "closed", FACTS),
     "sidecar_adapter_history_beside_empty_db": (lambda db: (_truncate(0)(db), db.with_name(db.name + ".json").unlink(),
-                                                             [p.unlink() for p in db.parent.glob(db.name + ".*.hnsw*")],
+                                                             [p.unlink()
+                                                              for p in db.parent.glob(db.name + ".*.usearch*")],
                                                              [p.unlink()
                                                               for p in db.parent.glob(db.name + ".*.groups")],
                                                              db.with_name(db.name + ".adapters").mkdir(),

@@ -1,4 +1,4 @@
-"""docs/reliability.md, tests C: 38 corrupted, forged or mismatched index/manifest variants, reopened in a child
+"""docs/reliability.md, tests C: 65 corrupted, forged or mismatched index/manifest variants, reopened in a child
 process.
 
 Every one must be detected and rebuilt (or, for a valid older generation, replayed), never crash the process,

@@ -11,17 +11,20 @@ import numpy as np
 import pytest
 
 from evermind_memory.errors import InvalidInput
+from evermind_memory.store.backend.vector_blobs import as_stored
 from evermind_memory.store.index import (
-    IndexConfig, IndexRejected, VectorIndex, groups_name, parse_hnsw_file, read_manifest, search_ef,
+    IndexConfig, IndexRejected, VectorIndex, groups_name, read_manifest, search_ef,
 )
 from evermind_memory.store.index_nodes import exact_search
+from evermind_memory.store.usearch_file import parse_usearch_file
 
 DIM = 16
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    """(n, dim) random unit vectors as the store hands them to the index: rounded as a row stores them."""
     v = rng.standard_normal((n, dim)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
+    return as_stored(v / np.linalg.norm(v, axis=1, keepdims=True))
 
 
 def recall_at_10(index: VectorIndex, labels: np.ndarray, vecs: np.ndarray, queries: np.ndarray) -> float:
@@ -34,10 +37,13 @@ def recall_at_10(index: VectorIndex, labels: np.ndarray, vecs: np.ndarray, queri
 
 
 @pytest.mark.parametrize("dim, config", [
-    (DIM, IndexConfig(initial_capacity=64, exact_max=0)),
+    # one thread builds the graph the same way every run; at 16 dimensions two threads' graphs vary (recall@10 of the
+    # duplicates test 0.96-1.0 over seeds, one thread 1.0), at the store's 512 no difference (0.993 / 0.994 on the
+    # 100k scale store's vectors)
+    (DIM, IndexConfig(initial_capacity=64, exact_max=0, threads=1)),
     # 32-d random vectors with a base beam of 16 (recall@10 about 0.83 at 3000 if it stayed 16): the beam that
     # grows with the graph (48 at 3000) must reach the target
-    (32, IndexConfig(initial_capacity=64, ef_search=16, ef_base_size=300, ef_growth=3.0, exact_max=0)),
+    (32, IndexConfig(initial_capacity=64, ef_search=16, ef_base_size=300, ef_growth=3.0, exact_max=0, threads=1)),
 ])
 def test_recall_at_10_against_exact(rng, dim, config):  # (exact_max=0: through the graph)
     vecs = unit(rng, 3000, dim)
@@ -67,12 +73,12 @@ def tie_aware_recall(index: VectorIndex, labels: np.ndarray, vecs: np.ndarray, q
 
 def test_duplicate_vectors_share_a_node_and_stay_reachable(rng, tmp_path: Path):
     # 20 groups of 100 bit-identical vectors among 1,000 distinct ones, through the graph (exact_max=0). With one
-    # node per label (hnswlib alone, the same M, ef and seed) recall@10 is 0.87-0.90 on this data (seeds 0-2)
+    # node per label (hnswlib, the same M, ef and seed) recall@10 was 0.87-0.90 on this data (seeds 0-2)
     distinct = unit(rng, 1020)
     vecs = np.concatenate([distinct[:1000], np.repeat(distinct[1000:], 100, axis=0)])  # (3000, D)
     order = rng.permutation(3000)
     vecs, labels = vecs[order], np.arange(1, 3001)
-    index = VectorIndex(DIM, IndexConfig(exact_max=0))
+    index = VectorIndex(DIM, IndexConfig(exact_max=0, threads=1))  # (one thread: the same graph every run)
     index.add(labels[:1000], vecs[:1000])
     index.add(labels[1000:], vecs[1000:])  # a batch joins nodes made by an earlier one
     assert index.live_count == 3000 and index.element_count == 1020 and not index.exact
@@ -101,7 +107,7 @@ def test_duplicate_vectors_share_a_node_and_stay_reachable(rng, tmp_path: Path):
 def test_a_loaded_index_answers_from_its_arrays_then_changes_like_the_one_saved(rng, tmp_path: Path):
     """A loaded snapshot keeps its label/node bookkeeping as arrays until something needs the dicts: unfiltered
     searches answer from them exactly as the saved index does, a save writes the same groups, and the first
-    filtered search, add (a duplicate joins its node by its hash, now taken from hnswlib's copy) or delete builds
+    filtered search, add (a duplicate joins its node by its hash, taken from the mapped file) or delete builds
     them, after which both indexes go on alike."""
     distinct = unit(rng, 300)
     vecs = np.concatenate([distinct, np.repeat(distinct[:10], 5, axis=0)])  # (350, D): ten nodes of 6 labels
@@ -132,7 +138,8 @@ def test_a_loaded_index_answers_from_its_arrays_then_changes_like_the_one_saved(
     for ix in (index, loaded):
         ix.add(np.array([400, 401]), more)
         ix.mark_deleted([1, 2, 400])
-    assert loaded.element_count == index.element_count == 301 and loaded.live_labels() == index.live_labels()
+    assert loaded.element_count == index.element_count == 300 and loaded.live_labels() == index.live_labels()  # (the
+    # new vector took the slot node 30 left)
     for q in queries:
         assert loaded.query(q, 12)[0].tolist() == index.query(q, 12)[0].tolist()
 
@@ -140,15 +147,12 @@ def test_a_loaded_index_answers_from_its_arrays_then_changes_like_the_one_saved(
 def test_a_damaged_file_is_found_by_its_hash_after_a_deferred_load(rng, tmp_path: Path):
     """One low bit of one vector component flipped: the structure stays valid, so a load that defers the hash
     serves the file and file_agrees() finds it (the store then rebuilds); a load that hashes refuses it."""
-    from evermind_memory.store.index_files import element_layout
-
     index = VectorIndex(DIM, IndexConfig(exact_max=0))
     index.add(np.arange(1, 101), unit(rng, 100))
     manifest = index.save(tmp_path, "h.db", {"watermark": 100, "dim": DIM})
     path = tmp_path / manifest["file"]
     data = bytearray(path.read_bytes())
-    start, size_per, vector_at = element_layout(DIM, IndexConfig().M)
-    data[start + 50 * size_per + vector_at + 8] ^= 0x01  # the lowest bit of element 50's third component
+    data[8 + 50 * DIM + 2] ^= 0x01  # the lowest bit of slot 50's third int8 component (after the 8-byte shape)
     path.write_bytes(bytes(data))
     config = IndexConfig(exact_max=0)
     loaded, _ = VectorIndex.load(tmp_path, "h.db", expect={"dim": DIM}, config=config, max_seq=100, defer_hash=True)
@@ -201,14 +205,12 @@ def test_bad_ef_settings_are_refused(field, value):
         IndexConfig(**{field: value})
 
 
-def test_capacity_doubles(rng):
+def test_capacity_grows_with_the_graph(rng):
     index = VectorIndex(DIM, IndexConfig(initial_capacity=8))
     index.add(np.arange(8), unit(rng, 8))
-    assert index.capacity == 8
-    index.add(np.array([100]), unit(rng, 1))
-    assert index.capacity == 16
-    index.add(np.arange(200, 240), unit(rng, 40))
-    assert index.capacity == 64
+    assert index.capacity >= 8
+    index.add(np.arange(100, 140), unit(rng, 40))
+    assert index.capacity >= 48 and index.live_count == 48
 
 
 def test_update_is_delete_plus_new_label(rng):
@@ -219,7 +221,7 @@ def test_update_is_delete_plus_new_label(rng):
     index.add(np.array([20]), vecs[3:4])
     got, scores = index.query(vecs[3], 1)
     assert got.tolist() == [20] and scores[0] == pytest.approx(1.0, abs=1e-5)
-    assert 3 not in index and index.live_count == 20 and index.element_count == 21
+    assert 3 not in index and index.live_count == 20 and index.element_count == 20  # (20 took 3's slot)
     with pytest.raises(InvalidInput, match="already in the index"):
         index.add(np.array([20]), vecs[:1])
 
@@ -260,34 +262,26 @@ def test_save_load_round_trip(tmp_path: Path, rng):
                                                                  "s.db.json"])
 
 
-def test_parse_rejects_bad_headers(tmp_path: Path, rng):
-    index = VectorIndex(DIM, IndexConfig(M=8))
-    index.add(np.arange(50), unit(rng, 50))
-    manifest = index.save(tmp_path, "s.db", {"watermark": 0})
+def test_a_saved_graph_is_parsed_before_usearch_reads_it(tmp_path: Path, rng):
+    """The file a save writes is what parse_usearch_file accepts (tests/store/test_usearch_file.py damages it in
+    every way); a load refuses a graph of another dimension or degree than the store's, as the parse does."""
+    index = VectorIndex(DIM, IndexConfig(M=8, exact_max=0))
+    vecs = unit(rng, 50)
+    index.add(np.arange(50), vecs)
+    index.mark_deleted([7])
+    manifest = index.save(tmp_path, "s.db", {"watermark": 49, "dim": DIM})
     data = (tmp_path / manifest["file"]).read_bytes()
-    info = parse_hnsw_file(data, DIM, 8)
-    assert info.count == 50 and not info.deleted.any()
-    with pytest.raises(IndexRejected, match="size_data_per_element"):
-        parse_hnsw_file(data, DIM * 2, 8)  # a 16-dim index read as 32-dim
-    with pytest.raises(IndexRejected, match="header M is 8, expected 16"):
-        parse_hnsw_file(data, DIM, 16)
-    with pytest.raises(IndexRejected, match="shorter"):
-        parse_hnsw_file(data[:50], DIM, 8)
-    with pytest.raises(IndexRejected):
-        parse_hnsw_file(data[:-3], DIM, 8)
-    with pytest.raises(IndexRejected, match="after the link lists"):
-        parse_hnsw_file(data + b"\0" * 8, DIM, 8)
-    bad = bytearray(data)
-    bad[96 + 4:96 + 8] = (10**6).to_bytes(4, "little")  # first neighbour id of element 0 points far away
-    with pytest.raises(IndexRejected, match="past the element count"):
-        parse_hnsw_file(bytes(bad), DIM, 8)
-    size_per, label_off = 2 * 8 * 4 + 4 + DIM * 4 + 8, 2 * 8 * 4 + 4 + DIM * 4  # the hnswlib layout for M=8
-    twin = bytearray(data)
-    at = lambda i: 96 + i * size_per + label_off  # noqa: E731 (element i's label, after the 96-byte header)
-    twin[at(7):at(7) + 8] = data[at(3):at(3) + 8]  # element 7 carries element 3's label
-    assert int.from_bytes(data[at(3):at(3) + 8], "little") in range(50)
-    with pytest.raises(IndexRejected, match="duplicate labels"):
-        parse_hnsw_file(bytes(twin), DIM, 8)
+    info = parse_usearch_file(data, DIM, 8)
+    assert info.count == 50 and info.live == 49 and info.removed.sum() == 1 and manifest["count"] == 50
+    live = ~info.removed
+    assert sorted(info.keys[live].tolist()) == [i for i in range(50) if i != 7]
+    assert np.allclose(index.get_vectors(info.keys[live].tolist()), vecs[info.keys[live]], atol=1e-6)
+    with pytest.raises(IndexRejected, match="bytes wide"):
+        parse_usearch_file(data, DIM * 2, 8)
+    with pytest.raises(IndexRejected, match="connectivity"):
+        parse_usearch_file(data, DIM, 16)
+    with pytest.raises(IndexRejected, match="manifest M is 8"):
+        VectorIndex.load(tmp_path, "s.db", expect={"dim": DIM}, config=IndexConfig(M=16), max_seq=49)
 
 
 def test_manifest_reader_refuses_junk(tmp_path: Path):

@@ -24,7 +24,7 @@ def test_rows_only_leave_the_snapshot_alone_and_a_later_open_loads_it(db_path: P
     with MemoryStore(db_path, embedder) as s:
         ids = s.remember_many(FACTS)
     saved = snapshot(db_path)
-    assert any(name.endswith(".hnsw") for name in saved) and f"{db_path.name}.json" in saved
+    assert any(name.endswith(".usearch") for name in saved) and f"{db_path.name}.json" in saved
     with MemoryStore(db_path, embedder) as s:  # a writer that only reads rows
         assert s.get(ids[0]).text == FACTS[0] and s.count() == len(FACTS) and len(s.list()) == len(FACTS)
         assert s.recall("kettle", mode="lexical")[0].text.startswith("fact number 3")
@@ -93,7 +93,7 @@ with MemoryStore(db, emb) as store:
     for t in threads: t.start()
     for t in threads: t.join()
     extra = store.recall("written while the index loads 3", k=1, mode="vector")[0].text
-    reads = len([p for p in opened if p.endswith(".hnsw")])  # (before check(), which reads it again for its hash)
+    reads = len([p for p in opened if p.endswith(".usearch")])  # (before check(), which reads it again for its hash)
     print(json.dumps({"found": found, "errors": errors, "extra": extra, "ok": store.check().ok,
                       "status": store.info()["index_status"], "hnsw_reads": reads}))
 """

@@ -266,7 +266,7 @@ def test_rebuild_index(store: MemoryStore):
 def test_deleting_index_files_loses_nothing(db_path: Path, embedder):
     with MemoryStore(db_path, embedder) as store:
         ids = store.remember_many(TEXTS)
-    for p in db_path.parent.glob("memory.db.*hnsw"):
+    for p in db_path.parent.glob("memory.db.*.usearch"):
         p.unlink()
     (db_path.parent / "memory.db.json").unlink()
     with MemoryStore(db_path, embedder) as store:

@@ -103,9 +103,10 @@ def sidecar_evidence(path: str) -> list[str]:
                 found.append(f"{manifest.name} (an index of {data.get('live')} facts, store {data.get('store_id')})")
     except (OSError, ValueError):
         pass
-    hnsw = sorted(x.name for x in p.parent.glob(p.name + ".*.hnsw") if x.is_file())
-    if hnsw:
-        found.append(f"{hnsw[0]} (an index file)")
+    graphs = sorted(x.name for suffix in (".usearch", ".hnsw") for x in p.parent.glob(f"{p.name}.*{suffix}")
+                    if x.is_file())
+    if graphs:
+        found.append(f"{graphs[0]} (an index file)")
     history = p.with_name(p.name + ".adapters") / "index.json"
     if history.is_file():
         found.append(f"{history.parent.name}/index.json (an adapter history)")

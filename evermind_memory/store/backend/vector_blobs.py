@@ -50,6 +50,21 @@ def _quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scale, q
 
 
+def steps_of(vectors: np.ndarray) -> np.ndarray:
+    """(N, D) float32 -> (N, D) int8: the components a row stores (the vector index's graph holds exactly these).
+    A vector read back from its row gives the same steps again (its scale is within float16's precision of the
+    row's, so no component moves by half a step)."""
+    return _quantize(vectors)[1]
+
+
+def unit_steps(steps: np.ndarray) -> np.ndarray:
+    """(N, D) int8 steps -> (N, D) float32 unit rows (an all-zero row stays zero): a row's vector as the graph
+    holds it, within 1e-6 of what a read of the row gives (the same steps, scaled in another order)."""
+    x = steps.astype(np.float32)  # (N, D)
+    norm = np.sqrt(np.einsum("nd,nd->n", x, x))  # (N,)
+    return x * np.where(norm > 0, 1.0 / np.where(norm > 0, norm, 1.0), 0.0).astype(np.float32)[:, None]
+
+
 def encode(vector: np.ndarray) -> bytes:
     """One (D,) vector as the bytes of its row: its float32 scale, then its D int8 components."""
     return encode_many(np.asarray(vector, dtype=np.float32)[None, :])[0]
