@@ -5,8 +5,10 @@ is built by remember_many in batches of 1000 with the shipped model (background 
 includes the embedding); the build's own embedding rate is reported beside it. Then a fresh process (the way
 every CLI call, hook or MCP server starts) opens the store and reports: the open, the first vector recall after
 it (loading the saved HNSW snapshot), then p50/p99 of --queries recalls of each mode (k=10, the query's
-embedding included), its peak RSS, and the store's bytes on disk (database, WAL and index files) per fact; then
---procs such processes at once, and the sum of their peak RSS (each process holds its own model and index).
+embedding included), its peak RSS and, after the queries, its RSS and PSS (its share of pages it shares with other
+processes: the mapped graph file), and the store's bytes on disk (database, WAL and index files) per fact; then
+--procs such processes at once, the sum of their peak RSS and of their PSS (what they take together: each holds
+its own model, and processes that only recall share one mapped copy of the graph).
 
     python benchmarks/scale.py [--sizes 1000,10000,100000] [--queries 200] [--procs 2,4] [--dir DIR] [--reuse]
                                [--cold-opens N] [--first-write] [--json out.json]
@@ -142,9 +144,23 @@ def child(db: str, n_queries: int, seed: int) -> dict:
             times.append(time.perf_counter() - s)
         ms = np.array(times) * 1000.0
         out[f"{mode}_p50_ms"], out[f"{mode}_p99_ms"] = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+    out.update(memory_now())
     store.close()
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return out
+
+
+def memory_now() -> dict:
+    """This process's resident memory now, from /proc/self/smaps_rollup (Linux; {} elsewhere): RSS, and PSS, which
+    splits each page shared with other processes among them (a mapped index file read by four processes counts a
+    quarter in each), so the PSS of processes running at once adds up to what they take together."""
+    try:
+        text = Path("/proc/self/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    kb = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:] if line.endswith("kB")}
+    return {"rss_now_mb": kb.get("Rss", 0) / 1024.0, "pss_now_mb": kb.get("Pss", 0) / 1024.0,
+            "shared_now_mb": (kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0)) / 1024.0}
 
 
 def cold_open(db: str) -> dict:
@@ -253,6 +269,8 @@ def main() -> None:
             for procs in args.procs:  # several processes recalling at once: each holds its own index
                 got = measure(db, args, procs)
                 row[f"rss_{procs}_procs_mb"] = sum(r["peak_rss_mb"] for r in got)
+                if all("pss_now_mb" in r for r in got):  # what they take together while all are running
+                    row[f"pss_{procs}_procs_mb"] = sum(r["pss_now_mb"] for r in got)
             if args.cold_opens:
                 row.update(cold_opens(db, args.cold_opens))
             if args.first_write:
@@ -284,6 +302,11 @@ def main() -> None:
         if "first_remember_s" in r:
             print(f"{r['facts']:,} facts: the first remember of a fresh process, after one vector recall: "
                   f"{r['first_remember_s']:.2f} s")
+        pss = [p for p in args.procs if f"pss_{p}_procs_mb" in r]
+        if pss:
+            print(f"{r['facts']:,} facts: PSS after the queries (shared pages split among the processes): 1 process "
+                  f"{r['pss_now_mb']:.0f} MB (RSS {r['rss_now_mb']:.0f}, of it shared {r['shared_now_mb']:.0f}); "
+                  + "; ".join(f"{p} at once {r[f'pss_{p}_procs_mb']:.0f} MB" for p in pss))
         if "cold_opens" in r:
             print(f"{r['facts']:,} facts: first vector recall in {r['cold_opens']} fresh processes: median "
                   f"{r['cold_first_vector_median_s']:.2f} s (min {r['cold_first_vector_min_s']:.2f}, max "
