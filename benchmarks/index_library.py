@@ -6,8 +6,10 @@ wheels) builds the same kind of HNSW graph over float16 or int8 vectors and can 
 map (`Index.restore(path, view=True)`) that processes share. This script takes the distinct vectors of a store,
 holds out some as queries, and reports for hnswlib (float32, the store's M, ef_construction and ef) and usearch
 (float32, float16, int8; the same graph parameters): build seconds, saved bytes a vector, open seconds, query p50 /
-p99 ms for k = 10 (one thread), and recall@10 against exact search over the float32 vectors. Nothing in the store
-changes.
+p99 ms for k = 10 (one thread), and recall@10 against exact search over the float32 vectors. The store has since
+taken the first row, usearch's cosine over the rows' own int8 steps (store/index.py); hnswlib's row is what it
+used before. The selections are searched by the fixed-step int8 graph with its candidates rescored from the rows
+(the same graph the store's up to the int8 rounding of the vectors).
 
     python benchmarks/index_library.py --db STORE.db [--queries 1000] [--ef 96] [--json out.json]
 """
@@ -129,6 +131,36 @@ def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
     return rows
 
 
+def run_store_graph(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, tmp: Path) -> dict:
+    """The graph the store now keeps (store/index.py): usearch's cosine over the rows' own int8 steps (the per-row
+    scale is ignored by the cosine, so no fixed 1/127 step is imposed), the query's steps searched, the k found
+    scored again exactly against the float32 query; built with the store's two threads, viewed from its file."""
+    from usearch.index import Index
+
+    from evermind_memory.store.backend.vector_blobs import steps_of, unit_steps
+
+    t = time.perf_counter()
+    index = Index(ndim=base.shape[1], metric="cos", dtype="i8", connectivity=cfg.M,
+                  expansion_add=cfg.ef_construction, expansion_search=ef)
+    index.add(np.arange(len(base)), steps_of(base), threads=2)
+    build = time.perf_counter() - t
+    path = tmp / "store_graph.usearch"
+    index.save(str(path))
+    t = time.perf_counter()
+    loaded = Index(ndim=base.shape[1], metric="cos", dtype="i8", connectivity=cfg.M, expansion_search=ef)
+    loaded.view(str(path))
+    opened = time.perf_counter() - t
+
+    def search(q: np.ndarray) -> np.ndarray:
+        keys = loaded.search(steps_of(q[None, :])[0], K, threads=1).keys
+        exact = unit_steps(np.stack(loaded.get(keys, dtype=np.int8))) @ q  # (K,)
+        return keys[np.argsort(-exact, kind="stable")].astype(np.int64)
+
+    labels, ms = _timed(search, queries)
+    return {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened,
+            "labels": labels, "ms": ms}
+
+
 def selections(hnsw, usearch: tuple, base: np.ndarray, queries: np.ndarray, fractions: tuple[float, ...], ef: int,
                rng: np.random.Generator) -> dict[str, dict]:
     """Vector search among a random share `f` of the vectors, as a scope or a filter selects them (the store searches
@@ -189,12 +221,15 @@ def main(argv: list[str] | None = None) -> dict:
     rows = {}
     with tempfile.TemporaryDirectory(prefix="index_library_") as tmp_name:
         tmp = Path(tmp_name)
-        rows["hnswlib f32 (the store's)"] = run_hnswlib(base, queries, cfg, args.ef, tmp)
+        rows["hnswlib f32 (the store's before)"] = run_hnswlib(base, queries, cfg, args.ef, tmp)
+        rows["usearch i8 over the rows' steps, cos (the store's now)"] = run_store_graph(base, queries, cfg, args.ef,
+                                                                                       tmp)
         for dtype in ("f32", "f16", "i8"):
             rows.update(run_usearch(base, queries, cfg, args.ef, dtype, tmp, view=True,
                                     rescore=args.rescore if dtype == "i8" else ()))
-        chosen = selections(rows["hnswlib f32 (the store's)"].pop("index"), rows["usearch i8, view"].pop("search"),
-                            base, queries, args.selections, args.ef, rng) if args.selections else {}
+        chosen = selections(rows["hnswlib f32 (the store's before)"].pop("index"),
+                            rows["usearch i8, view"].pop("search"), base, queries, args.selections, args.ef,
+                            rng) if args.selections else {}
         for r in rows.values():
             r.pop("search", None)
     out = {"vectors": len(base), "queries": len(queries), "dim": int(base.shape[1]), "ef": args.ef, "M": cfg.M,
