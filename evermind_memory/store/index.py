@@ -65,6 +65,7 @@ FILTER_CANDIDATES = 200  # nodes a filtered search asks the graph for at first (
 # tenth of the nodes (the smallest selection the store hands the graph) 200 rescored found 0.997 of the selection's
 # exact top 10 (benchmarks/index_library.py --selections); fewer found than wanted: 4x more, up to FILTER_WIDEST
 FILTER_WIDEST = 12_800
+ADD_CHUNK = 8192  # new nodes handed to the graph at a time when an add reports progress
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,8 @@ class VectorIndex:
             except BufferError:  # a view of it is still held somewhere: its finaliser closes it
                 pass
 
-    def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
+    def add(self, labels: np.ndarray, vectors: np.ndarray,
+            progress: Callable[[int, int], None] | None = None) -> None:
         """Add vectors under new labels; a vector the index already holds (the same int8 steps, or within NEAR_TOL
         in every component: a text embedded in another batch differs in the last bits) joins that vector's node
         instead of getting one of its own, and so do near-identical rows of one batch.
@@ -369,6 +371,8 @@ class VectorIndex:
         Args:
             labels: (N,) distinct ints never used in this index before.
             vectors: (N, D) float32 unit rows (already validated).
+            progress: called with (new nodes added so far, new nodes in all) after each ADD_CHUNK of them (a
+                rebuild of a large store takes a minute: the caller shows it).
         Raises:
             InvalidInput: a label is already present or the shapes disagree.
         """
@@ -397,9 +401,13 @@ class VectorIndex:
             first = rest[near_duplicates(vectors[rest])]  # (R,) the batch row whose node each row joins
             node[rest] = labels[first]
             rest = rest[first == rest]  # the rows that make new nodes
-            if len(rest):
-                threads = self.config.threads if len(rest) >= 256 else 1
-                self._graph.add(labels[rest].astype(np.uint64), steps[rest], threads=threads)
+            threads = self.config.threads if len(rest) >= 256 else 1
+            step = ADD_CHUNK if progress is not None else max(len(rest), 1)
+            for a in range(0, len(rest), step):
+                part = rest[a:a + step]
+                self._graph.add(labels[part].astype(np.uint64), steps[part], threads=threads)
+                if progress is not None:
+                    progress(a + len(part), len(rest))
             for i in rest.tolist():  # the graph took them: record the new nodes, then every label's node
                 new = int(labels[i])
                 self._node_key.setdefault(keys[i], new)

@@ -18,6 +18,7 @@ are in generations.py.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 import weakref
@@ -80,11 +81,25 @@ class Generation:
     watermark: int
 
 
+BUILD_PROGRESS_MIN = 20_000  # vectors from which a build on a terminal shows a progress bar (~5 s and more)
+
+
 def build_index(dim: int, config: IndexConfig, labels: np.ndarray, vectors: np.ndarray) -> VectorIndex:
-    """A new index holding `vectors` (N, D) under `labels` (N,), with room for a quarter more."""
+    """A new index holding `vectors` (N, D) under `labels` (N,), with room for a quarter more. A large build
+    shows a progress bar on a terminal's stderr (89 s at a million facts, on 2 cores)."""
     cap = max(config.initial_capacity, len(labels) + len(labels) // 4)
     index = VectorIndex(dim, config, capacity=cap)
-    index.add(labels, vectors)
+    if len(labels) < BUILD_PROGRESS_MIN or not sys.stderr.isatty():
+        index.add(labels, vectors)
+        return index
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(labels), desc="building the vector index", unit="vector", leave=False) as bar:
+        def shown(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        index.add(labels, vectors, progress=shown)
     return index
 
 

@@ -337,3 +337,24 @@ def test_sha_recorded_in_manifest(tmp_path: Path, rng):
     manifest = index.save(tmp_path, "s.db", {})
     data = (tmp_path / manifest["file"]).read_bytes()
     assert manifest["sha256"] == hashlib.sha256(data).hexdigest() and manifest["size"] == len(data)
+
+
+def test_an_add_reports_its_progress_in_chunks_of_new_nodes(rng, monkeypatch):
+    """A large add (a rebuild) reports (new nodes so far, new nodes in all) after each chunk it hands the graph, so
+    the caller can show a progress bar; labels that join an existing node are not counted, and the index is the
+    same as one added without progress."""
+    import evermind_memory.store.index as index_module
+
+    monkeypatch.setattr(index_module, "ADD_CHUNK", 300)
+    distinct = unit(rng, 1000)
+    vecs = np.concatenate([distinct, distinct[:200]])  # (1200, D): 200 labels join existing nodes
+    labels = np.arange(1200)
+    calls: list[tuple[int, int]] = []
+    index = VectorIndex(DIM, IndexConfig(exact_max=0, threads=1))
+    index.add(labels, vecs, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(300, 1000), (600, 1000), (900, 1000), (1000, 1000)]
+    plain = VectorIndex(DIM, IndexConfig(exact_max=0, threads=1))
+    plain.add(labels, vecs)
+    assert index.live_count == plain.live_count == 1200 and index.element_count == plain.element_count == 1000
+    for q in unit(rng, 10):
+        assert index.query(q, 10)[0].tolist() == plain.query(q, 10)[0].tolist()
