@@ -107,10 +107,16 @@ def merge_negatives(first: np.ndarray, then: np.ndarray) -> np.ndarray:
 class Reranker(torch.nn.Module):
     """The truncated backbone and pooling block (MirrorLM) plus a linear score."""
 
-    def __init__(self, cfg: LMConfig, params: dict[str, np.ndarray]) -> None:
+    def __init__(self, cfg: LMConfig, params: dict[str, np.ndarray], cross_layers: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.lm = MirrorLM(cfg.to_dict(), param_shapes(cfg), params)
+        # --cross-layers: bidirectional attention layers over the joined sequence, between the trunk and a mean
+        # pool, so question and memory attend to each other (the trunk is convolutional and the pooling block has
+        # one attention layer). A training experiment: the numpy model has no such layers, so it exports nothing.
+        self.cross = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(cfg.d_model, 4, 2 * cfg.d_model, dropout=0.0, batch_first=True,
+                                             norm_first=True) for _ in range(cross_layers))
         self.head = torch.nn.Linear(cfg.d_model, 1)
         torch.nn.init.zeros_(self.head.weight)  # every candidate starts level; the first steps set the direction
         torch.nn.init.zeros_(self.head.bias)
@@ -121,7 +127,15 @@ class Reranker(torch.nn.Module):
         CUDA graph needs."""
         if trim:
             tokens = tokens[:, :int(lengths.max())]
-        v = F.normalize(self.lm.pooled(tokens, lengths), dim=-1)
+        if not len(self.cross):
+            v = F.normalize(self.lm.pooled(tokens, lengths), dim=-1)
+            return self.head(v).squeeze(-1)  # (B,)
+        h = self.lm.hidden(tokens)  # (B, T, C)
+        real = torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None]  # (B, T)
+        for layer in self.cross:
+            h = layer(h, src_key_padding_mask=~real)
+        m = real[..., None].to(h.dtype)
+        v = F.normalize((h * m).sum(dim=1) / lengths[:, None].to(h.dtype), dim=-1)  # (B, C)
         return self.head(v).squeeze(-1)  # (B,)
 
 
@@ -180,6 +194,9 @@ def main() -> None:
                     help="up to L of each question's negatives from the generator's labels: the same person's "
                          "facts of other kinds (personal_corpus.py), the rest mined as --mine says")
     ap.add_argument("--passages", action="store_true", help="read the corpus passages too (only pairs are used)")
+    ap.add_argument("--cross-layers", type=int, default=0,
+                    help="an experiment: this many bidirectional attention layers over the joined sequence (not "
+                         "exported: the numpy model has none)")
     ap.add_argument("--eval-personal", action="store_true",
                     help="also rerank on the personal dev protocol and its validation set (benchmarks/personal_data)")
     ap.add_argument("--seed", type=int, default=0)
@@ -220,7 +237,7 @@ def main() -> None:
     if not len(pair_q):
         raise SystemExit("no question kept its hard negatives: a larger corpus (or fewer --negatives) is needed")
 
-    model = Reranker(cfg, params).to(dev)
+    model = Reranker(cfg, params, args.cross_layers).to(dev)
     amp = dev.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01, fused=amp)
     rng = np.random.default_rng(args.seed)
@@ -349,6 +366,11 @@ def evaluate(model: Reranker, data, emb: torch.Tensor, tok_mat: torch.Tensor, to
 def export(model: Reranker, cfg: LMConfig, sep: int, args, history: list[dict]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cross_layers:  # the numpy model cannot run the extra layers: keep the log, write no checkpoint
+        (out / "reranker.json").write_text(json.dumps({"args": vars(args), "history": history,
+                                                       "note": "--cross-layers experiment: no checkpoint"}, indent=1))
+        print(f"log written to {out} (no checkpoint: --cross-layers)", flush=True)
+        return
     params = model.lm.to_numpy_params()
     save_model(out / "reranker.evlm", cfg, params, fp16=True)
     meta = {"format": RERANKER_FORMAT, "init": str(args.init), "layers": cfg.n_layers, "sep_token": int(sep),
