@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mirror import MirrorLM, to_device  # noqa: E402
-from train_embedder import mine_hard_negatives, ndcg_at_10, prepare_data  # noqa: E402
+from train_embedder import mine_hard_negatives, ndcg_at_10, prepare_data, tokenise_all  # noqa: E402
 
 from evermind_memory.lm.model import LMConfig, load_model, param_shapes, save_model  # noqa: E402
 from evermind_memory.lm.tokenizer import BPETokenizer  # noqa: E402
@@ -213,7 +213,7 @@ def main() -> None:
     cfg, params = truncate_layers(full_cfg, full_params, args.layers)
     data = prepare_data(args)
     if args.eval_personal:
-        data.tok_mat, data.tok_len = add_personal_sets(data.eval_sets, data.tok_mat, data.tok_len, tok)
+        data.tok_mat, data.tok_len = add_personal_sets(data.eval_sets, data.tok_mat, data.tok_len, args.tokenizer)
     tok_mat = torch.tensor(data.tok_mat, device=dev, dtype=torch.long)
     tok_len = torch.tensor(data.tok_len, device=dev, dtype=torch.long)
     teach = torch.tensor(data.teach, device=dev, dtype=torch.float32)
@@ -299,7 +299,7 @@ def embed_all(cfg: LMConfig, params: dict, tok_mat: torch.Tensor, tok_len: torch
 
 
 def add_personal_sets(eval_sets: dict, tok_mat: np.ndarray, tok_len: np.ndarray,
-                      tok: BPETokenizer) -> tuple[np.ndarray, np.ndarray]:
+                      tok_path: str) -> tuple[np.ndarray, np.ndarray]:
     """Add the personal dev protocol and its validation set as eval sets (their texts appended to the token matrix):
     each answerable question against every fact ("... wide") and against its person's facts only ("... scoped",
     the other facts masked out). Neither is trained on; the reranker is judged here, the store's protocol is
@@ -311,13 +311,9 @@ def add_personal_sets(eval_sets: dict, tok_mat: np.ndarray, tok_len: np.ndarray,
     for name, ps in (("personal", personal_set()), ("validation", validation_set())):
         asked = [q for q in ps.questions if q.fact is not None]
         texts = [f.text for f in ps.facts] + [q.text for q in asked]
-        ids = tok.encode_batch(texts)
-        mat = np.zeros((len(texts), tok_mat.shape[1]), dtype=tok_mat.dtype)
-        for i, row in enumerate(ids):
-            row = row[: tok_mat.shape[1]] or [0]
-            mat[i, : len(row)] = row
-        mats.append(mat)
-        lens.append(np.array([max(1, min(len(r), tok_mat.shape[1])) for r in ids], dtype=tok_len.dtype))
+        mat, lengths = tokenise_all(texts, tok_path, tok_mat.shape[1])  # (as the corpus texts were)
+        mats.append(mat.astype(tok_mat.dtype))
+        lens.append(lengths.astype(tok_len.dtype))
         d_ids = base + np.arange(len(ps.facts))
         q_ids = base + len(ps.facts) + np.arange(len(asked))
         gold = np.array([q.fact for q in asked])

@@ -81,7 +81,8 @@ class IndexConfig:
         ef_growth: beam width factor per 10x graph size beyond ef_base_size. Measured on store_speed's vectors
             (M=16, ef_construction=100): a fixed ef 64 gives recall@10 0.984 at 10k vectors but 0.941 at 100k;
             ef 96 gives 0.972 at 100k (128: 0.983), so 1.5 keeps recall@10 >= 0.97 as the store grows.
-        initial_capacity: elements allocated at first (1..2**20); doubled on demand.
+        initial_capacity: kept so configurations stay valid, and still bounded (1..2**20, check_index_memory);
+            the graph grows as nodes are added (usearch's Python API takes no reservation).
         exact_max: up to this many graph nodes (distinct vectors, deleted ones included) a search is exact, over
             the vectors kept in memory (0: always the graph; at most 2**20). Default EXACT_MAX (2048): up to 2k
             256-d vectors exact search is as fast as the graph's, at 5k twice as slow (benchmarks/exact_vs_hnsw.py).
@@ -131,7 +132,7 @@ class IndexConfig:
 _INT_BOUNDS = {"M": (2, 256), "ef_construction": (2, 10_000), "ef_search": (1, 100_000), "ef_base_size": (1, 10**9),
                "initial_capacity": (1, 1 << 20), "exact_max": (0, 1 << 20), "threads": (1, 256), "seed": (0, 2**63 - 1)}
 _INT_WHY = {"M": " (the graph degree; 2 to 100 is the usual range)",
-            "initial_capacity": " (elements allocated before the first add; the index doubles on demand)"}
+            "initial_capacity": " (a bound kept for configurations; the graph grows on demand)"}
 _REAL_BOUNDS = {"ef_growth": (1.0, 10.0), "rebuild_deleted_ratio": (0.0, 1.0)}
 
 
@@ -170,9 +171,8 @@ class SearchFailed(Exception):
 
 def _new_graph(dim: int, config: IndexConfig):
     """An empty usearch graph of our kind: cosine over int8 vectors, one vector a key."""
-    graph = usearch.Index(ndim=dim, metric="cos", dtype="i8", connectivity=config.M,
-                          expansion_add=config.ef_construction, expansion_search=config.ef_search)
-    return graph
+    return usearch.Index(ndim=dim, metric="cos", dtype="i8", connectivity=config.M,
+                         expansion_add=config.ef_construction, expansion_search=config.ef_search)
 
 
 def _rows_of(found, dim: int) -> np.ndarray:
@@ -193,10 +193,9 @@ class VectorIndex:
     Args:
         dim: vector length.
         config: HNSW parameters.
-        capacity: elements to reserve at first (default: config.initial_capacity).
     """
 
-    def __init__(self, dim: int, config: IndexConfig = IndexConfig(), capacity: int | None = None) -> None:
+    def __init__(self, dim: int, config: IndexConfig = IndexConfig()) -> None:
         self.dim = int(dim)
         self.config = config
         self._lock = RWLock()
@@ -745,18 +744,19 @@ class VectorIndex:
                 raise IndexRejected("index groups and graph disagree on the live nodes")
             if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
                 raise IndexRejected("index groups hold a label newer than its watermark")
-            self = cls(dim, config, capacity=1)
+            self = cls(dim, config)
             with self._lock.write():
-                graph = _new_graph(dim, config)
-                if info.count:
-                    graph.view(data)  # (the map stays referenced by self._mapped for as long as the graph views it)
-                self._graph, self._mapped = graph, data
-                if isinstance(data, mmap.mmap):
-                    weakref.finalize(self, _close_quietly, data)
+                if info.count:  # (an empty graph stays the new one: nothing to map)
+                    self._graph.view(data)  # (the map stays referenced by self._mapped while the graph views it)
+                    self._mapped = data
+                    if isinstance(data, mmap.mmap):
+                        weakref.finalize(self, _close_quietly, data)
+                else:
+                    _close_quietly(data)
                 self._elements = info.count
                 self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
                 self._maps, self._loaded = None, LoadedNodes(groups, nodes[order], np.r_[starts, len(groups)],
-                                                             groups[by_node, 0], alive[order], info.vectors, name)
+                                                             groups[by_node, 0], alive[order], info.vectors)
                 if self._matrix is not None:
                     if info.count > config.exact_max:
                         self._matrix = None

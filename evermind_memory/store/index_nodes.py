@@ -175,13 +175,12 @@ class LoadedNodes:
     at a million facts, which an unfiltered search answers from these arrays."""
 
     def __init__(self, groups: np.ndarray, nodes: np.ndarray, starts: np.ndarray, by_node: np.ndarray,
-                 rows: np.ndarray, steps: np.ndarray, name: str) -> None:
+                 rows: np.ndarray, steps: np.ndarray) -> None:
         self.groups = groups  # (L, 2) label, node: the live labels ascending
         self.nodes = nodes  # (n,) the live nodes ascending
         self.starts = starts  # (n + 1,) node i's labels are by_node[starts[i]:starts[i + 1]]
         self.by_node = by_node  # (L,) the labels by node, then label
         self.rows = rows  # (n,) the slot of each of `nodes` in the file
-        self.name = name
         self._steps: np.ndarray | None = steps  # (slots, D) int8, a view into the mapped file until hashed
         self._keys: np.ndarray | None = None
         self._lock = threading.Lock()

@@ -85,10 +85,9 @@ BUILD_PROGRESS_MIN = 20_000  # vectors from which a build on a terminal shows a 
 
 
 def build_index(dim: int, config: IndexConfig, labels: np.ndarray, vectors: np.ndarray) -> VectorIndex:
-    """A new index holding `vectors` (N, D) under `labels` (N,), with room for a quarter more. A large build
-    shows a progress bar on a terminal's stderr (89 s at a million facts, on 2 cores)."""
-    cap = max(config.initial_capacity, len(labels) + len(labels) // 4)
-    index = VectorIndex(dim, config, capacity=cap)
+    """A new index holding `vectors` (N, D) under `labels` (N,). A large build shows a progress bar on a
+    terminal's stderr (89 s at a million facts, on 2 cores)."""
+    index = VectorIndex(dim, config)
     if len(labels) < BUILD_PROGRESS_MIN or not sys.stderr.isatty():
         index.add(labels, vectors)
         return index
