@@ -190,21 +190,41 @@ def _embed_bucket(plan: _Plan, seqs: Sequence[np.ndarray], ids: list[int], lens:
     out[ids] = _normalise_rows(_plan_pool(plan, h, len(ids), padded))
 
 
+# The library's own background threads (the store's vector thread, adaptation rounds, these workers) embed on one
+# worker, so that work nobody waits for leaves the other core to a concurrent recall.
+BACKGROUND_THREADS = ("evermind-embed", "evermind-vectors", "evermind-adaptation")
+DEFAULT_EMBED_THREADS = 2  # the most workers a foreground embed_many takes unless EVERMIND_EMBED_THREADS says
+
+
 def embed_threads() -> int:
-    """Worker threads for the buckets of one embed_many: EVERMIND_EMBED_THREADS, default 1.
+    """Worker threads for the buckets of one embed_many: EVERMIND_EMBED_THREADS, else the cores this process may
+    use up to DEFAULT_EMBED_THREADS; 1 in the library's background threads (BACKGROUND_THREADS) unless the
+    variable is set.
 
     Each worker runs whole buckets with single-threaded BLAS (see _blas.py: no spinning threads), and buckets
-    are computed exactly as serially, so the vectors do not depend on the thread count. The default stays 1:
-    on the shared 2-core machine two workers gained 11% at best (benchmarks/results/embed_speed_dev_docs.json,
-    load 8-17), and a background embed on both cores would take the core a concurrent recall needs."""
+    are computed exactly as serially, so the vectors do not depend on the thread count. On 2 quiet cores two
+    workers embed 1.4-1.6x as many texts a second as one (`python benchmarks/embed_threads.py`); under heavy load
+    from other processes they gained 11% (benchmarks/results/embed_speed_dev_docs.json, load 8-17)."""
     raw = os.environ.get(EMBED_THREADS_ENV, "")
+    if not raw.strip():
+        if threading.current_thread().name.startswith(BACKGROUND_THREADS):
+            return 1
+        return max(1, min(DEFAULT_EMBED_THREADS, _usable_cores()))
     try:
-        n = int(raw) if raw.strip() else 1
+        n = int(raw)
     except ValueError:
         raise InvalidInput(f"{EMBED_THREADS_ENV} expected a whole number of threads >= 1, got {raw!r}.") from None
     if n < 1:
         raise InvalidInput(f"{EMBED_THREADS_ENV} expected a whole number of threads >= 1, got {raw!r}.")
     return n
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not on macOS or Windows)
+        return os.cpu_count() or 1
 
 
 _POOL_LOCK = threading.Lock()

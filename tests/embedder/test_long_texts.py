@@ -3,12 +3,15 @@ buckets spread over worker threads giving the same vectors as one thread."""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 
 from evermind_memory.embedder import LMEmbedder, adapted_embedder, embedder_for
 from evermind_memory.errors import InvalidInput
-from evermind_memory.lm.inference import EMBED_THREADS_ENV
+from evermind_memory.lm.inference import EMBED_THREADS_ENV, embed_threads
 from evermind_memory.lm.model import EvermindLM, LMConfig
 from evermind_memory.lm.tokenizer import BPETokenizer
 
@@ -98,6 +101,25 @@ def test_worker_threads_give_the_vectors_of_one_thread(model, tokenizer, monkeyp
         monkeypatch.setenv(EMBED_THREADS_ENV, bad)
         with pytest.raises(InvalidInput, match=EMBED_THREADS_ENV):
             emb.embed_many(texts)
+
+
+def _in_thread(name: str) -> int:
+    got: list[int] = []
+    worker = threading.Thread(target=lambda: got.append(embed_threads()), name=name)
+    worker.start()
+    worker.join()
+    return got[0]
+
+
+def test_default_workers_are_the_usable_cores_up_to_two_and_one_in_the_background(monkeypatch):
+    monkeypatch.delenv(EMBED_THREADS_ENV, raising=False)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert embed_threads() == min(2, cores)  # a caller's bulk write uses the machine
+    assert _in_thread("a user's thread") == min(2, cores)
+    for background in ("evermind-vectors", "evermind-adaptation", "evermind-embed_0"):
+        assert _in_thread(background) == 1  # work nobody waits for leaves a core to recall
+    monkeypatch.setenv(EMBED_THREADS_ENV, "3")  # the variable decides everywhere when set
+    assert embed_threads() == 3 and _in_thread("evermind-vectors") == 3
 
 
 def test_a_forked_child_embeds_with_its_own_workers(model, tokenizer, monkeypatch):
