@@ -172,3 +172,27 @@ def test_row_only_commands_import_no_numpy_nor_the_graph(tmp_path: Path) -> None
     assert result["row_only"] == {"numpy": False, "usearch": False, "snapshot_read": []}
     # the first vector recall of the same process loads the index (and numpy, usearch) and finds the fact
     assert result["vector"][0]["id"] == ids[0] and result["after_vector"] == {"numpy": True, "usearch": True}
+
+
+def test_a_module_another_thread_is_still_importing_is_not_handed_out_half_made(tmp_path: Path, monkeypatch) -> None:
+    # The model loads in a thread of its own while the first vector recall imports what it needs: a lazy numpy
+    # taken while the other thread was inside numpy's import read attributes numpy had not defined yet.
+    import threading
+    import time
+
+    from evermind_memory._lazy import lazy_import
+
+    (tmp_path / "evermind_slow_module.py").write_text("import time\ntime.sleep(0.5)\nvalue = 42\ninteger = int\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "evermind_slow_module", raising=False)
+    importer = threading.Thread(target=__import__, args=("evermind_slow_module",))
+    importer.start()
+    deadline = time.monotonic() + 10
+    while "evermind_slow_module" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.001)
+    namespace: dict = {}
+    module = lazy_import("evermind_slow_module", namespace, "slow")
+    assert module.value == 42  # waits for the other thread's import instead of reading a half-made module
+    assert namespace["slow"] is sys.modules["evermind_slow_module"]
+    importer.join()
+    monkeypatch.delitem(sys.modules, "evermind_slow_module")
