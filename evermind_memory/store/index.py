@@ -11,7 +11,7 @@ first changes the index, which then loads a copy it can change.
 Every graph call runs under one readers-writer lock (R7); `k` is clamped and a failed search is retried, then
 reported so the caller can search exactly (R9). Files are saved with temp + fsync + rename and a manifest written
 last (R4, R5), and a file is parsed and checked by us (sha256, headers, levels, neighbour lists, keys:
-usearch_file.py) before usearch is allowed to read it (R6).
+usearch_file.py) before usearch is allowed to read it (R6): index_files.py writes and reads them.
 
 One graph node per distinct vector: facts whose vectors are bit-identical (templated or repeated memories; the tiny
 model maps many texts to one vector) share a node, and a search expands each node it finds into its facts. An HNSW
@@ -26,29 +26,22 @@ to that size): as fast or faster there (benchmarks/exact_vs_hnsw.py) and never m
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import mmap
-import os
-import re
-import secrets
 import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .._atomic import fsync_path, write_atomic
-from .._crash import crash_point
 from .._lazy import is_numpy, lazy_import
 from ..errors import InvalidInput
 from .backend.vector_blobs import steps_of, unit_steps
-from .index_files import (
-    GRAPH_SUFFIX, IndexRejected, index_files_of, manifest_names, groups_name, map_file, read_groups, read_manifest,
+from .index_files import (  # noqa: F401  (groups_name, read_manifest: imported from here by the store and tests)
+    IndexRejected, close_quietly, groups_name, new_snapshot_name, read_manifest, read_snapshot, write_snapshot,
 )
 from .index_nodes import NEAR_TOL, LoadedNodes, NodeMaps, NodeMatrix, near_duplicates, step_keys
 from .lock import RWLock
-from .usearch_file import parse_usearch_file
 
 usearch = lazy_import("usearch.index", globals(), "usearch")
 if TYPE_CHECKING:
@@ -56,11 +49,8 @@ if TYPE_CHECKING:
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
-INDEX_FORMAT = "evermind-usearch 1"  # (before: "evermind-hnsw 2", hnswlib's float32 graph: rebuilt once)
-SPACE = "cos-i8"  # usearch's cosine over the rows' int8 steps
 EXACT_MAX = 2048  # IndexConfig.exact_max's default: benchmarks/exact_vs_hnsw.py, shipped model (256-d), 2 cores:
 # exact p50 0.07 / 0.14 / 0.50 / 7.0 ms at 1k / 2k / 5k / 20k vectors, the graph 0.08 / 0.13 / 0.27 / 0.63 ms
-_FILE_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\.usearch$")
 FILTER_CANDIDATES = 200  # nodes a filtered search asks the graph for at first (it takes no predicate): among a
 # tenth of the nodes (the smallest selection the store hands the graph) 200 rescored found 0.997 of the selection's
 # exact top 10 (benchmarks/index_library.py --selections); fewer found than wanted: 4x more, up to FILTER_WIDEST
@@ -626,10 +616,7 @@ class VectorIndex:
         Raises:
             OSError: the disk refused a write; the previous manifest and index stay valid.
         """
-        directory = Path(directory)
-        name = f"{stem}.{secrets.token_hex(6)}{GRAPH_SUFFIX}"
-        final, groups_file = directory / name, directory / groups_name(name)
-        tmp = directory / (name + ".tmp")
+        name, tmp = new_snapshot_name(Path(directory), stem)
         with self._lock.write():
             try:
                 self._graph.save(str(tmp))
@@ -638,43 +625,11 @@ class VectorIndex:
                 raise OSError(f"usearch could not write {tmp.name} ({exc})") from None
             live, nodes = self._counts()
             loaded = self._loaded if self._maps is None else None
-            groups = (loaded.groups.astype("<i8") if loaded is not None else
-                      np.array(sorted(self._node_of.items()), dtype="<i8").reshape(-1, 2))  # (live, 2) label, node
-        groups_data = groups.tobytes()
-        try:
-            crash_point("index.save.written")
-            fsync_path(tmp)
-            data = tmp.read_bytes()
-            try:
-                info = parse_usearch_file(data, self.dim, self.config.M)  # a short write shows up here (R4)
-            except IndexRejected as exc:
-                raise OSError(f"index file {tmp.name} was not written whole ({exc}); disk full?") from None
-            if info.live != nodes:
-                raise OSError(f"index file {tmp.name} does not hold what was saved; disk full?")
-            self._elements = info.count
-            manifest = {
-                **meta,
-                "format": INDEX_FORMAT, "space": SPACE, "dim": self.dim, "M": self.config.M,
-                "ef_construction": self.config.ef_construction, "count": info.count,
-                "live": live, "file": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                "groups_size": len(groups_data), "groups_sha256": hashlib.sha256(groups_data).hexdigest(),
-            }
-            write_atomic(groups_file, groups_data)
-            os.replace(tmp, final)
-            crash_point("index.save.before_manifest")
-            write_atomic(directory / f"{stem}.json", json.dumps(manifest, sort_keys=True).encode())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            if name not in manifest_names(directory / f"{stem}.json"):
-                final.unlink(missing_ok=True)
-                groups_file.unlink(missing_ok=True)
-            raise
-        for old in index_files_of(directory, stem, leftovers=True):
-            if old.name not in (name, groups_file.name):
-                try:
-                    old.unlink(missing_ok=True)
-                except OSError:
-                    pass  # best effort: a stray directory or a permission problem must not fail the save
+            groups = (loaded.groups if loaded is not None else
+                      np.array(sorted(self._node_of.items()), dtype=np.int64).reshape(-1, 2))  # (live, 2) label, node
+        manifest = write_snapshot(Path(directory), stem, name, groups, meta, dim=self.dim, M=self.config.M,
+                                  ef_construction=self.config.ef_construction, live=live, nodes=nodes)
+        self._elements = manifest["count"]
         return manifest
 
     @classmethod
@@ -699,84 +654,34 @@ class VectorIndex:
         Raises:
             IndexRejected: anything disagrees; the message says what.
         """
-        manifest = read_manifest(directory / f"{stem}.json")
-        want = {"format": INDEX_FORMAT, "space": SPACE, "M": config.M, "ef_construction": config.ef_construction,
-                **expect}
-        for key, value in want.items():  # (a tuple: any of these values)
-            if manifest.get(key) not in (value if isinstance(value, tuple) else (value,)):
-                raise IndexRejected(f"manifest {key} is {manifest.get(key)!r:.80}, expected {value!r:.80}")
-        for key in ("watermark", "count", "live", "size", "groups_size"):
-            if not isinstance(manifest.get(key), int) or isinstance(manifest.get(key), bool) or manifest[key] < 0:
-                raise IndexRejected(f"manifest {key} is not a non-negative integer")
-        if manifest["watermark"] > max_seq:
-            raise IndexRejected(f"manifest watermark {manifest['watermark']} is newer than the store ({max_seq})")
-        name = manifest.get("file")
-        if not isinstance(name, str) or not _FILE_RE.match(name) or not name.startswith(f"{stem}."):
-            raise IndexRejected(f"manifest names an unexpected index file {name!r:.80}")
-        path = Path(directory) / name
-        if not path.is_file() or path.is_symlink():
-            raise IndexRejected(f"index file {name} is missing")
-        if path.stat().st_size != manifest["size"]:
-            raise IndexRejected(f"index file is {path.stat().st_size} bytes, manifest says {manifest['size']}")
-        fd = os.open(path, os.O_RDONLY)
+        snap = read_snapshot(Path(directory), stem, expect=expect, M=config.M,
+                             ef_construction=config.ef_construction, max_seq=max_seq, defer_hash=defer_hash)
+        data, info = snap.data, snap.info
         try:
-            data = map_file(fd)
-        finally:
-            os.close(fd)  # (a map keeps its own reference to the file)
-        try:
-            if not defer_hash and hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-                raise IndexRejected("index file sha256 does not match the manifest")
             dim = int(expect["dim"])
-            info = parse_usearch_file(data, dim, config.M)
-            if info.count != manifest["count"]:
-                raise IndexRejected("index header counts disagree with the manifest")
-            live_keys = info.keys[~info.removed]  # (n,) the live nodes, slot order
-            if len(live_keys) and int(live_keys.max()) > manifest["watermark"]:
-                raise IndexRejected("index holds a label newer than its watermark")
-            groups = read_groups(Path(directory) / groups_name(name), manifest)  # (live, 2) label, node
-            alive = np.flatnonzero(~info.removed)  # (n,) slots of live nodes
-            nodes = live_keys.astype(np.int64)  # (n,)
-            order = np.argsort(nodes)  # (n,)
-            by_node = np.argsort(groups[:, 1], kind="stable")  # (live,) by node, then label (the rows are by label)
-            grouped = groups[by_node, 1]  # (live,)
-            starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(groups) else by_node  # (n',)
-            if len(starts) != len(nodes) or (grouped[starts] != nodes[order]).any():  # (the groups' nodes: the graph's)
-                raise IndexRejected("index groups and graph disagree on the live nodes")
-            if len(groups) and int(groups[:, 0].max()) > manifest["watermark"]:
-                raise IndexRejected("index groups hold a label newer than its watermark")
             self = cls(dim, config)
             with self._lock.write():
                 if info.count:  # (an empty graph stays the new one: nothing to map)
                     self._graph.view(data)  # (the map stays referenced by self._mapped while the graph views it)
                     self._mapped = data
                     if isinstance(data, mmap.mmap):
-                        weakref.finalize(self, _close_quietly, data)
+                        weakref.finalize(self, close_quietly, data)
                 else:
-                    _close_quietly(data)
+                    close_quietly(data)
                 self._elements = info.count
-                self.unhashed = (path, str(manifest.get("sha256"))) if defer_hash else None
-                self._maps, self._loaded = None, LoadedNodes(groups, nodes[order], np.r_[starts, len(groups)],
-                                                             groups[by_node, 0], alive[order], info.vectors)
+                self.unhashed = (snap.path, str(snap.manifest.get("sha256"))) if defer_hash else None
+                self._maps, self._loaded = None, snap.nodes
                 if self._matrix is not None:
                     if info.count > config.exact_max:
                         self._matrix = None
                     else:
-                        self._matrix.add(nodes, unit_steps(info.vectors[alive]))  # (n, D) a copy
+                        self._matrix.add(snap.nodes.nodes, unit_steps(info.vectors[snap.nodes.rows]))  # (n, D) a copy
                 self._set_ef()
         except BaseException:
-            _close_quietly(data)
+            close_quietly(data)
             raise
-        return self, manifest
+        return self, snap.manifest
 
 
 class _Short(Exception):
     """An unfiltered graph search returned fewer nodes than asked (retried with a wider beam)."""
-
-
-def _close_quietly(data: mmap.mmap | bytes) -> None:
-    """Close a map once nothing views it (a view still held keeps it open: BufferError)."""
-    if isinstance(data, mmap.mmap):
-        try:
-            data.close()
-        except BufferError:
-            pass

@@ -45,12 +45,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_import
-from .index_files import IndexRejected
 
 if TYPE_CHECKING:
     import numpy as np
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
+
+
+class IndexRejected(Exception):
+    """An index file or manifest failed validation; the caller discards it and rebuilds from SQLite."""
+
 
 __all__ = ["IndexRejected", "UsearchInfo", "parse_usearch_file", "VERSION", "FREE_KEY"]
 
