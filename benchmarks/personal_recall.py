@@ -342,6 +342,29 @@ def minilm_embedder() -> object:
     return minilm
 
 
+class QueryMapped:
+    """An embedder whose one-text `embed` (what the store embeds a recall's query with) is mapped by W and
+    normalised, while `embed_many` (what it embeds facts with) is the base's; every other attribute is the base's,
+    its fingerprint too, so the store applies the base model's fusion rule and relevance model unchanged."""
+
+    def __init__(self, base: object, path: str) -> None:
+        import numpy as np
+
+        self._base = base
+        self._map = np.load(path, allow_pickle=False).astype(np.float32)
+        if self._map.shape != (base.dimensions, base.dimensions) or not np.isfinite(self._map).all():
+            raise SystemExit(f"{path}: expected a finite {base.dimensions} x {base.dimensions} map")
+
+    def embed(self, text: str):
+        import numpy as np
+
+        v = np.asarray(self._base.embed(text), dtype=np.float32) @ self._map
+        return v / max(float(np.linalg.norm(v)), 1e-12)
+
+    def __getattr__(self, name: str):
+        return getattr(self._base, name)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Command line: see the module docstring."""
     from recall_quality import load_embedder
@@ -354,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--st-model", default=None, metavar="DIR",
                     help="add this sentence-transformers model directory in our store as a reference row (vector "
                          "mode is its fair figure: hybrid uses the unfitted weight rule)")
+    ap.add_argument("--query-map", default=None, metavar="W.npy",
+                    help="add a row whose queries go through this map (benchmarks/query_map.py --write-map), the "
+                         "stored facts as they are; the fusion rule and relevance of the shipped model, not refitted")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
 
@@ -367,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     embedders = [("ours", load_embedder(args.model, args.tokenizer))]
     if args.fusion:
         embedders[0][1].fusion_params = args.fusion
+    if args.query_map:
+        embedders.append(("ours, queries mapped", QueryMapped(embedders[0][1], args.query_map)))
     if args.minilm:
         embedders.append(("MiniLM in our store", minilm_embedder()))
     if args.st_model:

@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--infonce", default="", help="also fit by InfoNCE: STEPS,TAU,MU,LR[;STEPS,TAU,MU,LR...]")
     ap.add_argument("--dev-dir", type=Path, default=ed.DEV_DIR)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--write-map", type=Path, default=None,
+                    help="save the map of the lambda the validation set picks here (.npy, float32; for "
+                         "benchmarks/personal_recall.py --query-map)")
     args = ap.parse_args(argv)
     for path in (args.personal_pairs, args.manual_pairs):
         if not path.is_file():
@@ -177,8 +180,10 @@ def main(argv: list[str] | None = None) -> dict:
                 "manuals": manuals}
 
     rows = {"shipped (no map)": judge(None)}
+    maps = {}
     for lam in lambdas:
-        rows[f"ridge lambda={lam:g}"] = {**judge(ridge_map(Q, D, lam)), "lambda": lam}
+        maps[f"ridge lambda={lam:g}"] = ridge_map(Q, D, lam)
+        rows[f"ridge lambda={lam:g}"] = {**judge(maps[f"ridge lambda={lam:g}"]), "lambda": lam}
         r = rows[f"ridge lambda={lam:g}"]
         print(f"lambda {lam:g}: personal {r['personal']}, validation {r['validation']}, manual mean "
               f"{np.mean(list(r['manuals'].values())):.4f}", file=sys.stderr, flush=True)
@@ -221,6 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {name} | {r['picked']} | {r['ndcg']:.4f} | {r['no map']:.4f} | {r['ndcg'] - r['no map']:+.4f} |")
     mean_l, mean_b = np.mean([r["ndcg"] for r in loso.values()]), np.mean([r["no map"] for r in loso.values()])
     print(f"| **mean** | | {mean_l:.4f} | {mean_b:.4f} | {mean_l - mean_b:+.4f} |")
+    if args.write_map is not None and pick_p in maps:
+        np.save(args.write_map, maps[pick_p], allow_pickle=False)
+        print(f"\n{pick_p}'s map written to {args.write_map}")
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "fingerprint": shipped.fingerprint, "rows": rows,
            "personal_pick": pick_p, "loso": loso}
     if args.json:
