@@ -242,11 +242,16 @@ class QueryCachingEmbedder:
         return getattr(self.inner, "model_dimensions", None)
 
     def embed(self, text: str) -> np.ndarray:
-        """The inner embedder's vector for text, computed once per text."""
+        """The inner embedder's query vector for text (its embed_query where it has one: a query map), computed
+        once per text."""
         vec = self.cache.get(text)
         if vec is None:
-            vec = self.cache[text] = np.asarray(self.inner.embed(text), dtype=np.float32)  # (D,)
+            query = getattr(self.inner, "embed_query", None)
+            vec = np.asarray(query(text) if callable(query) else self.inner.embed(text), dtype=np.float32)  # (D,)
+            self.cache[text] = vec
         return vec
+
+    embed_query = embed  # (the store asks for this one when an embedder has it)
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
         """The inner embedder's vectors (not cached: these are docs)."""
@@ -257,7 +262,9 @@ class QueryCachingEmbedder:
         todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
         for start in range(0, len(todo), batch):
             part = todo[start : start + batch]
-            vecs = np.asarray(self.inner.embed_many(part), dtype=np.float32)  # (b, D)
+            queries = getattr(self.inner, "embed_queries", None)
+            vecs = np.asarray(queries(part) if callable(queries) else self.inner.embed_many(part),
+                              dtype=np.float32)  # (b, D)
             self.cache.update(zip(part, vecs))
 
 

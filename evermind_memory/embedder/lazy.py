@@ -101,6 +101,23 @@ class LazyEmbedder:
         """Embed many texts (loads the model on first use). Returns (N, C) float32, rows unit length."""
         return self.load().embed_many(texts)
 
+    def embed_query(self, text: str) -> np.ndarray:
+        """Embed one recall query (through the model's query map, if it has one; loads the model)."""
+        inner = self.load()
+        query = getattr(inner, "embed_query", None)
+        return query(text) if callable(query) else inner.embed(text)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed many recall queries (as embed_query; loads the model). Returns (N, C) float32."""
+        inner = self.load()
+        queries = getattr(inner, "embed_queries", None)
+        return queries(texts) if callable(queries) else inner.embed_many(texts)
+
+    @property
+    def query_map(self) -> Any:
+        """The query map of the loaded model, or None (loads the model)."""
+        return getattr(self.load(), "query_map", None)
+
     @property
     def model(self) -> Any:
         """The loaded model (loads it)."""

@@ -10,10 +10,13 @@ vector followed by `lexicon_weight` times the text's unit lexicon vector, L2-nor
 two texts is then (model cosine + lexicon_weight**2 * lexicon cosine) / (1 + lexicon_weight**2). The lexicon reads
 every word of the text, also past the model's truncation.
 
+With a query map (lm.query_map: a D x D matrix fitted on question / answer pairs), `embed_query` returns a query's
+vector times the map, L2-normalised; `embed` and `embed_many`, which make what a store keeps, are unchanged by it.
+
 The fingerprint `evermind-lm/<arch>/<digest8>` (`<arch>+lex<D>` with a lexicon) names the whole function: its
 digest is a sha256 over every parameter tensor (so a merged adapter on any tensor changes it), an optional adapter
-digest, the tokenizer's digest, the lexicon's digest and weight, the pooling, the truncation length and a format
-version (docs/reliability.md R11).
+digest, the tokenizer's digest, the lexicon's digest and weight, the query map's digest, the pooling, the
+truncation length and a format version (docs/reliability.md R11).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
     from ..lm.config import LMConfig
     from ..lm.lexicon import Lexicon
+    from ..lm.query_map import QueryMap
 else:
     np = lazy_import("numpy", globals(), "np")  # imported on first use (_lazy.py)
 
@@ -102,8 +106,10 @@ class LMEmbedder:
         batch_size: rows per `embed_batch` call in `embed_many`.
         lexicon: an lm.lexicon.Lexicon whose vector follows the model's, or None (the model's vector alone).
         lexicon_weight: the lexicon vector's weight against the model's (> 0; used only with a lexicon).
+        query_map: an lm.query_map.QueryMap of this embedder's dimensions for `embed_query`, or None.
     Raises:
-        InvalidInput: max_tokens, max_chunks, first_chunk_weight, batch_size or lexicon_weight out of range.
+        InvalidInput: max_tokens, max_chunks, first_chunk_weight, batch_size or lexicon_weight out of range, or a
+            query map of other dimensions.
     """
 
     def __init__(
@@ -119,6 +125,7 @@ class LMEmbedder:
         batch_size: int = DEFAULT_BATCH,
         lexicon: Lexicon | None = None,
         lexicon_weight: float = 1.0,
+        query_map: QueryMap | None = None,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 65_536:
             raise InvalidInput(f"LMEmbedder expected 1 <= max_tokens <= 65536, got max_tokens={max_tokens!r}.")
@@ -147,6 +154,11 @@ class LMEmbedder:
         self.lexicon_weight = float(lexicon_weight)
         self._model_dims = int(model.config.d_model)
         self._dimensions = self._model_dims + (lexicon.dims if lexicon is not None else 0)
+        if query_map is not None and (not all(hasattr(query_map, a) for a in ("apply", "dims", "digest"))
+                                      or query_map.dims != self._dimensions):
+            raise InvalidInput(f"LMEmbedder expected an lm.query_map.QueryMap of {self._dimensions} dimensions or "
+                               f"None, got {query_map!r:.80}.")
+        self.query_map = query_map
         self.digest = self._compute_digest()
         # A frozen snapshot (EvermindLM.frozen) embeds faster and holds exactly the weights the digest names,
         # so later changes to `model` cannot change vectors under this fingerprint. Other models (a LoRA
@@ -172,6 +184,8 @@ class LMEmbedder:
         h.update(f"\nadapter:{self.adapter_digest or ''}".encode())
         if self.lexicon is not None:  # absent without one, so plain embedders keep their fingerprints
             h.update(f"\nlexicon:{self.lexicon.digest()} weight {self.lexicon_weight!r}".encode())
+        if self.query_map is not None:  # likewise
+            h.update(f"\nquery map:{self.query_map.digest()}".encode())
         return h.hexdigest()
 
     @property
@@ -213,6 +227,22 @@ class LMEmbedder:
                 vec = self._one(ids)
                 return vec if self.lexicon is None else self._with_lexicon(self.lexicon, vec[None, :], [text])[0]
         return self.embed_many([text])[0]
+
+    @single_blas
+    def embed_query(self, text: str) -> np.ndarray:
+        """Embed one recall query: `embed(text)`, then through the query map if there is one.
+
+        Returns:
+            (C,) float32, unit length.
+        """
+        vec = self.embed(text)
+        return vec if self.query_map is None else self.query_map.apply(vec[None, :])[0]
+
+    @single_blas
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed many recall queries at once (the rows `embed_query` gives each). Returns (N, C) float32."""
+        vecs = self.embed_many(texts)
+        return vecs if self.query_map is None else self.query_map.apply(vecs)
 
     @single_blas
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:

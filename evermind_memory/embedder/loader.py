@@ -29,7 +29,7 @@ def _check_tokenizer(tokenizer: Any, where: str) -> None:
 def embedder_for(
     model: Any, tokenizer: Any, *, max_tokens: int = 128, hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
     adapter: Any = None, max_chunks: int = 1, first_chunk_weight: float = 1.0, lexicon: Any = None,
-    lexicon_weight: float = 1.0,
+    lexicon_weight: float = 1.0, query_map: Any = None,
 ) -> LMEmbedder | SequenceEmbedder:
     """Wrap a model already in memory with its tokenizer as an embedder.
 
@@ -43,21 +43,23 @@ def embedder_for(
         first_chunk_weight: the first window's weight in the pooled vector (LMEmbedder).
         lexicon: an lm.lexicon.Lexicon (or its file's path) whose vector follows the model's (LMEmbedder), or None.
         lexicon_weight: the lexicon vector's weight against the model's.
+        query_map: an lm.query_map.QueryMap (or its file's path) for recall queries (LMEmbedder), or None.
     Returns:
         An LMEmbedder (EvermindLM) or a SequenceEmbedder (SequenceBackbone).
     Raises:
-        InvalidInput: an unknown model type, a tokenizer without encode/digest/bos_id, an adapter or a lexicon on
-            a sequence backbone, or an adapter that does not fit the model.
-        CheckpointError: a lexicon file is missing or damaged.
+        InvalidInput: an unknown model type, a tokenizer without encode/digest/bos_id, an adapter, a lexicon or a
+            query map on a sequence backbone, an adapter that does not fit the model, or a query map of other
+            dimensions than the vectors.
+        CheckpointError: a lexicon or query map file is missing or damaged.
     """
     from ..lm.model import EvermindLM
     from ..lm.sequence import SequenceBackbone
 
     _check_tokenizer(tokenizer, "embedder_for")
     if isinstance(model, SequenceBackbone):
-        if adapter is not None or lexicon is not None:
-            raise InvalidInput("LoRA adapters and lexicons apply to EvermindLM models only; this is a sequence "
-                               "backbone.")
+        if adapter is not None or lexicon is not None or query_map is not None:
+            raise InvalidInput("LoRA adapters, lexicons and query maps apply to EvermindLM models only; this is a "
+                               "sequence backbone.")
         if max_chunks != 1 or first_chunk_weight != 1.0:
             raise InvalidInput(f"max_chunks applies to EvermindLM models only; got max_chunks={max_chunks!r}, "
                                f"first_chunk_weight={first_chunk_weight!r} for a sequence backbone (pass 1 and 1.0).")
@@ -68,21 +70,26 @@ def embedder_for(
         from ..lm.lexicon import Lexicon
 
         lexicon = Lexicon.load(lexicon)
+    if isinstance(query_map, (str, os.PathLike)):
+        from ..lm.query_map import QueryMap
+
+        query_map = QueryMap.load(query_map)
     if adapter is None:
         return LMEmbedder(model, tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
                           first_chunk_weight=first_chunk_weight, hybrid_weight=hybrid_weight, lexicon=lexicon,
-                          lexicon_weight=lexicon_weight)
+                          lexicon_weight=lexicon_weight, query_map=query_map)
     from ..lm.adapter import adapter_digest, merge_adapter
 
     return LMEmbedder(merge_adapter(model, adapter), tokenizer, max_tokens=max_tokens, max_chunks=max_chunks,
                       first_chunk_weight=first_chunk_weight, adapter_digest=adapter_digest(adapter),
-                      hybrid_weight=hybrid_weight, lexicon=lexicon, lexicon_weight=lexicon_weight)
+                      hybrid_weight=hybrid_weight, lexicon=lexicon, lexicon_weight=lexicon_weight,
+                      query_map=query_map)
 
 
 def load_embedder(
     path: str | os.PathLike[str], tokenizer: Any, *, max_tokens: int = 128,
     hybrid_weight: float = DEFAULT_HYBRID_WEIGHT, adapter: Any = None, max_chunks: int = 1,
-    first_chunk_weight: float = 1.0, lexicon: Any = None, lexicon_weight: float = 1.0,
+    first_chunk_weight: float = 1.0, lexicon: Any = None, lexicon_weight: float = 1.0, query_map: Any = None,
 ) -> LMEmbedder | SequenceEmbedder:
     """Load a model checkpoint (.evlm) of either backbone as an embedder.
 
@@ -96,10 +103,12 @@ def load_embedder(
         first_chunk_weight: the first window's weight in the pooled vector (LMEmbedder).
         lexicon: an lm.lexicon.Lexicon or the path of a lexicon file (LMEmbedder), or None.
         lexicon_weight: the lexicon vector's weight against the model's.
+        query_map: an lm.query_map.QueryMap or the path of a query map file (LMEmbedder), or None.
     Returns:
         An LMEmbedder for an EvermindLM file, a SequenceEmbedder for a sequence-backbone file.
     Raises:
-        CheckpointError: the model, tokenizer, adapter or lexicon file is missing, damaged or of an unknown kind.
+        CheckpointError: the model, tokenizer, adapter, lexicon or query map file is missing, damaged or of an
+            unknown kind.
         InvalidInput: tokenizer is neither a tokenizer nor a path, or does not fit the model.
 
     Example:
@@ -121,7 +130,7 @@ def load_embedder(
         adapter = load_adapter(adapter, model=model)
     return embedder_for(model, tokenizer, max_tokens=max_tokens, hybrid_weight=hybrid_weight, adapter=adapter,
                         max_chunks=max_chunks, first_chunk_weight=first_chunk_weight, lexicon=lexicon,
-                        lexicon_weight=lexicon_weight)
+                        lexicon_weight=lexicon_weight, query_map=query_map)
 
 
 def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
@@ -132,7 +141,7 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
         weights: lm.adapter.LoRAWeights fitted on base.model.
     Returns:
         A new LMEmbedder with base's tokenizer, max_tokens, max_chunks, first_chunk_weight, hybrid weight, batch
-        size and lexicon (base is not changed).
+        size, lexicon and query map (base is not changed).
     Raises:
         InvalidInput: the adapter does not fit the model or the merged weights are not finite.
     """
@@ -145,22 +154,28 @@ def adapted_embedder(base: Any, weights: Any) -> LMEmbedder:
         hybrid_weight=getattr(base, "hybrid_weight", DEFAULT_HYBRID_WEIGHT),
         batch_size=getattr(base, "batch_size", DEFAULT_BATCH),
         lexicon=getattr(base, "lexicon", None), lexicon_weight=getattr(base, "lexicon_weight", 1.0),
+        query_map=getattr(base, "query_map", None),
     )
 
 
 def _load_shipped(meta: dict[str, Any]) -> LMEmbedder | SequenceEmbedder:
-    lexicon = None
+    lexicon = query_map = None
     if meta.get("lexicon_file"):
         from ..lm.lexicon import Lexicon
 
         with shipped_path(meta["lexicon_file"]) as lex_path:
             lexicon = Lexicon.load(lex_path)
+    if meta.get("query_map_file"):
+        from ..lm.query_map import QueryMap
+
+        with shipped_path(meta["query_map_file"]) as map_path:
+            query_map = QueryMap.load(map_path)
     with shipped_path(meta["model_file"]) as model_path, shipped_path(meta["tokenizer_file"]) as tok_path:
         return load_embedder(model_path, tok_path, max_tokens=int(meta["max_tokens"]),
                              max_chunks=int(meta.get("max_chunks", 1)),
                              first_chunk_weight=float(meta.get("first_chunk_weight", 1.0)),
                              hybrid_weight=float(meta["hybrid_weight"]), lexicon=lexicon,
-                             lexicon_weight=float(meta.get("lexicon_weight", 1.0)))
+                             lexicon_weight=float(meta.get("lexicon_weight", 1.0)), query_map=query_map)
 
 
 @functools.lru_cache(maxsize=1)

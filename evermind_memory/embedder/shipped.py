@@ -56,6 +56,9 @@ def card() -> dict[str, Any]:
     if lexicon is not None and not (isinstance(lexicon, str) and isinstance(data.get("dimensions"), int)
                                     and isinstance(data.get("lexicon_weight"), (int, float))):
         wrong.append("lexicon_file/dimensions/lexicon_weight")
+    query_map = data.get("query_map_file") if isinstance(data, dict) else None
+    if query_map is not None and not isinstance(query_map, str):
+        wrong.append("query_map_file")
     first = data.get("first_chunk_weight", 1.0) if isinstance(data, dict) else 1.0
     if not isinstance(first, (int, float)) or isinstance(first, bool) or not 0 < first <= 1e6:
         wrong.append("first_chunk_weight")

@@ -93,9 +93,9 @@ class EvermindEmbeddings(Embeddings):
     def embed_query(self, text: str) -> list[float]:
         """The vector of a query. Raises: InvalidInput: not a str; EmbedderOutputInvalid."""
         (text,) = _texts([text], "embed_query")
-        from ..embedder.base import checked_vectors
+        from ..store.embedding import embed_query
 
-        return checked_vectors(self.embedder.embed(text), 1, self._dim, what="embed")[0].tolist()
+        return embed_query(self.embedder, text, self._dim).tolist()  # (the query map's vector, as recall's)
 
 
 class LangChainEmbedder:

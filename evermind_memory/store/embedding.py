@@ -102,7 +102,11 @@ def _load_quietly(embedder: LazyEmbedder) -> None:
 
 @single_blas
 def embed_query(embedder: Embedder, text: str, dim: int) -> np.ndarray:
-    """(D,) the checked vector of one query."""
+    """(D,) the checked vector of one query: the embedder's `embed_query` where it has one (an embedder may embed a
+    question differently from what it stores: the shipped model's query map), else its `embed`."""
+    query = getattr(embedder, "embed_query", None)
+    if callable(query):
+        return checked(query(text), 1, dim, what="embed_query")[0]  # (D,)
     return checked(embedder.embed(text), 1, dim, what="embed")[0]  # (D,)
 
 
