@@ -39,25 +39,19 @@ class _LazyModule:
         return f"<module {self._lazy_name!r}, imported on first use>"
 
 
-def _initializing(module: Any) -> bool:
-    """Whether another thread is still running `module`'s import (it is in sys.modules from the start, half made)."""
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
-
-
 def lazy_import(name: str, namespace: dict[str, Any], alias: str) -> Any:
     """A stand-in for `import name as alias` in the module whose globals() are `namespace` (see above)."""
-    module = sys.modules.get(name)
-    if module is not None and not _initializing(module):  # already imported by someone: nothing to defer
-        return module
-    # (one still being imported by another thread, e.g. the model loading aside, is not handed out half made: the
-    # stand-in's first use waits for that import to finish)
+    if name in sys.modules:  # already imported by someone: nothing to defer
+        # (import_module, not sys.modules[name]: while another thread is still running the module's import, e.g.
+        # the model loading aside, sys.modules holds it half made, and import_module waits for that import to end)
+        return importlib.import_module(name)
     return _LazyModule(name, namespace, alias)
 
 
 def is_numpy(value: Any, *kinds: str) -> bool:
     """isinstance(value, (numpy.<kind>, ...)) for kinds such as "integer" and "floating", without importing
     numpy: no value can be a numpy scalar before numpy is imported."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and _initializing(numpy):
-        numpy = importlib.import_module("numpy")  # (waits for the thread importing it)
-    return numpy is not None and isinstance(value, tuple(getattr(numpy, kind) for kind in kinds))
+    if "numpy" not in sys.modules:
+        return False
+    numpy = importlib.import_module("numpy")  # (waits for a thread still importing it, as in lazy_import)
+    return isinstance(value, tuple(getattr(numpy, kind) for kind in kinds))

@@ -190,9 +190,8 @@ def test_a_module_another_thread_is_still_importing_is_not_handed_out_half_made(
     deadline = time.monotonic() + 10
     while "evermind_slow_module" not in sys.modules and time.monotonic() < deadline:
         time.sleep(0.001)
-    namespace: dict = {}
-    module = lazy_import("evermind_slow_module", namespace, "slow")
-    assert module.value == 42  # waits for the other thread's import instead of reading a half-made module
-    assert namespace["slow"] is sys.modules["evermind_slow_module"]
+    module = lazy_import("evermind_slow_module", {}, "slow")
+    assert module.value == 42  # waited for the other thread's import instead of handing out a half-made module
+    assert module is sys.modules["evermind_slow_module"]
     importer.join()
     monkeypatch.delitem(sys.modules, "evermind_slow_module")
