@@ -348,18 +348,17 @@ class QueryMapped:
     its fingerprint too, so the store applies the base model's fusion rule and relevance model unchanged."""
 
     def __init__(self, base: object, path: str) -> None:
-        import numpy as np
+        from evermind_memory.lm.query_map import QueryMap
 
         self._base = base
-        self._map = np.load(path, allow_pickle=False).astype(np.float32)
-        if self._map.shape != (base.dimensions, base.dimensions) or not np.isfinite(self._map).all():
-            raise SystemExit(f"{path}: expected a finite {base.dimensions} x {base.dimensions} map")
+        self._map = QueryMap.load(path)
+        if self._map.dims != base.dimensions:
+            raise SystemExit(f"{path}: a map of {self._map.dims} dimensions; the embedder's are {base.dimensions}")
 
     def embed(self, text: str):
-        import numpy as np
+        return self._map.apply(self._base.embed(text)[None, :])[0]
 
-        v = np.asarray(self._base.embed(text), dtype=np.float32) @ self._map
-        return v / max(float(np.linalg.norm(v)), 1e-12)
+    embed_query = embed
 
     def __getattr__(self, name: str):
         return getattr(self._base, name)
@@ -377,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--st-model", default=None, metavar="DIR",
                     help="add this sentence-transformers model directory in our store as a reference row (vector "
                          "mode is its fair figure: hybrid uses the unfitted weight rule)")
-    ap.add_argument("--query-map", default=None, metavar="W.npy",
+    ap.add_argument("--query-map", default=None, metavar="MAP.evqm",
                     help="add a row whose queries go through this map (benchmarks/query_map.py --write-map), the "
                          "stored facts as they are; the fusion rule and relevance of the shipped model, not refitted")
     ap.add_argument("--json", default=None, help="write the results here")

@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dev-dir", type=Path, default=ed.DEV_DIR)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--write-map", type=Path, default=None,
-                    help="save the map of the lambda the validation set picks here (.npy, float32; for "
-                         "benchmarks/personal_recall.py --query-map)")
+                    help="save the map of the lambda the validation set picks here (an lm.query_map file, as "
+                         "LMEmbedder(query_map=) and benchmarks/personal_recall.py --query-map read)")
     args = ap.parse_args(argv)
     for path in (args.personal_pairs, args.manual_pairs):
         if not path.is_file():
@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> dict:
     mean_l, mean_b = np.mean([r["ndcg"] for r in loso.values()]), np.mean([r["no map"] for r in loso.values()])
     print(f"| **mean** | | {mean_l:.4f} | {mean_b:.4f} | {mean_l - mean_b:+.4f} |")
     if args.write_map is not None and pick_p in maps:
-        np.save(args.write_map, maps[pick_p], allow_pickle=False)
+        from evermind_memory.lm.query_map import QueryMap
+
+        QueryMap(maps[pick_p]).save(args.write_map)
         print(f"\n{pick_p}'s map written to {args.write_map}")
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "fingerprint": shipped.fingerprint, "rows": rows,
            "personal_pick": pick_p, "loso": loso}
