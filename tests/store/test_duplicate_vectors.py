@@ -24,7 +24,9 @@ def test_vector_recall_among_many_identical_vectors(target, embedder, exact_max)
     texts = [*np.repeat(templates, 50).tolist(), *others]
     texts = [texts[i] for i in rng.permutation(len(texts))]
     queries = [*templates[:10], *(" ".join(rng.choice(WORDS, size=3)) for _ in range(10))]
-    config = IndexConfig(exact_max=exact_max)
+    # One graph thread: two build a different graph each run (usearch's parallel add), and on this adversarial set
+    # its recall@10 ranged 0.95-1.0 (one CI run in several at 0.95, PostgreSQL); one thread builds the same graph.
+    config = IndexConfig(exact_max=exact_max, threads=1)
     with MemoryStore(target, embedder, index_config=config) as store:
         store.remember_many(texts)
         info = store.info()
