@@ -345,11 +345,7 @@ class VectorIndex:
         graph.load(mapped)  # a copy of the bytes parse_usearch_file checked
         graph.expansion_search = self._ef
         self._graph, self._mapped = graph, None  # (the viewing graph goes with its last reference, before the map)
-        if isinstance(mapped, mmap.mmap):
-            try:
-                mapped.close()
-            except BufferError:  # a view of it is still held somewhere: its finaliser closes it
-                pass
+        close_quietly(mapped)  # (a view still held somewhere keeps it open: the finaliser load() set closes it)
 
     def add(self, labels: np.ndarray, vectors: np.ndarray,
             progress: Callable[[int, int], None] | None = None) -> None:
