@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from evermind_memory import MemoryStore  # noqa: E402
+from evermind_memory.embedder.base import query_method  # noqa: E402
 from evermind_memory.errors import EvermindError, InvalidInput  # noqa: E402
 from evermind_memory.store.lexical import MAX_TERMS, phrase_query  # noqa: E402
 
@@ -246,9 +247,7 @@ class QueryCachingEmbedder:
         once per text."""
         vec = self.cache.get(text)
         if vec is None:
-            query = getattr(self.inner, "embed_query", None)
-            vec = np.asarray(query(text) if callable(query) else self.inner.embed(text), dtype=np.float32)  # (D,)
-            self.cache[text] = vec
+            vec = self.cache[text] = np.asarray(query_method(self.inner)[1](text), dtype=np.float32)  # (D,)
         return vec
 
     embed_query = embed  # (the store asks for this one when an embedder has it)
@@ -262,9 +261,7 @@ class QueryCachingEmbedder:
         todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
         for start in range(0, len(todo), batch):
             part = todo[start : start + batch]
-            queries = getattr(self.inner, "embed_queries", None)
-            vecs = np.asarray(queries(part) if callable(queries) else self.inner.embed_many(part),
-                              dtype=np.float32)  # (b, D)
+            vecs = np.asarray(query_method(self.inner, many=True)[1](part), dtype=np.float32)  # (b, D)
             self.cache.update(zip(part, vecs))
 
 

@@ -1,13 +1,15 @@
 """The embedder seam: what a MemoryStore needs from a text -> vector function.
 
 Any object with `embed`, `embed_many`, `dimensions` and `fingerprint` can be handed to a store (structural
-typing, no base class to inherit). `check_embedder` and `checked_vectors` enforce the contract at the store's
-boundary, so a misbehaving embedder gives an `EmbedderOutputInvalid`, never a stored NaN.
+typing, no base class to inherit). One that embeds a recall's question differently from what it stores (a query
+map) also has `embed_query` / `embed_queries`; `query_method` picks the one to ask with. `check_embedder` and
+`checked_vectors` enforce the contract at the store's boundary, so a misbehaving embedder gives an
+`EmbedderOutputInvalid`, never a stored NaN.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeGuard, runtime_checkable
 
 from .._lazy import is_numpy, lazy_import
 from ..errors import EmbedderOutputInvalid, InvalidInput
@@ -95,6 +97,17 @@ def check_embedder(embedder: object) -> tuple[int, str]:
     except UnicodeEncodeError as exc:
         raise InvalidInput(f"embedder.fingerprint is not valid UTF-8 ({exc.reason}).") from None
     return int(dim), fp
+
+
+def query_method(embedder: object, *, many: bool = False) -> tuple[str, Callable[[Any], Any]]:
+    """(its name, the method) an embedder embeds recall queries with: `embed_query` (`embed_queries` with many)
+    where it has one, else `embed` (`embed_many`), for embedders that embed a question as they store a fact."""
+    name = "embed_queries" if many else "embed_query"
+    method = getattr(embedder, name, None)
+    if callable(method):
+        return name, method
+    name = "embed_many" if many else "embed"
+    return name, getattr(embedder, name)
 
 
 def checked_vectors(raw: object, count: int, dim: int, *, what: str = "embed_many") -> np.ndarray:

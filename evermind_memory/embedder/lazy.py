@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .._lazy import lazy_import
 from ..errors import CheckpointError
+from .base import query_method
 
 if TYPE_CHECKING:
     import numpy as np
@@ -103,15 +104,11 @@ class LazyEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         """Embed one recall query (through the model's query map, if it has one; loads the model)."""
-        inner = self.load()
-        query = getattr(inner, "embed_query", None)
-        return query(text) if callable(query) else inner.embed(text)
+        return query_method(self.load())[1](text)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Embed many recall queries (as embed_query; loads the model). Returns (N, C) float32."""
-        inner = self.load()
-        queries = getattr(inner, "embed_queries", None)
-        return queries(texts) if callable(queries) else inner.embed_many(texts)
+        return query_method(self.load(), many=True)[1](texts)
 
     @property
     def query_map(self) -> Any:

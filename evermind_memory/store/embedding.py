@@ -104,10 +104,10 @@ def _load_quietly(embedder: LazyEmbedder) -> None:
 def embed_query(embedder: Embedder, text: str, dim: int) -> np.ndarray:
     """(D,) the checked vector of one query: the embedder's `embed_query` where it has one (an embedder may embed a
     question differently from what it stores: the shipped model's query map), else its `embed`."""
-    query = getattr(embedder, "embed_query", None)
-    if callable(query):
-        return checked(query(text), 1, dim, what="embed_query")[0]  # (D,)
-    return checked(embedder.embed(text), 1, dim, what="embed")[0]  # (D,)
+    from ..embedder.base import query_method
+
+    what, embed = query_method(embedder)
+    return checked(embed(text), 1, dim, what=what)[0]  # (D,)
 
 
 def embed_serving(cache: VectorCache, texts: Sequence[str], earlier: tuple[Generation, np.ndarray] | None = None
