@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from evermind_memory import MemoryStore  # noqa: E402
 from evermind_memory.lm.inference import EMBED_THREADS_ENV  # noqa: E402
-from scale import facts, questions  # noqa: E402
+from scale import facts, questions, store_files  # noqa: E402
 
 BATCH = 1000
 SIDE_FACTS = 1000
@@ -44,9 +44,8 @@ SIDE_FACTS = 1000
 
 def copy_store(db: Path, into: Path) -> Path:
     """A copy of the store `db` and every file beside it (index snapshots) in `into`."""
-    for p in db.parent.glob(db.name + "*"):
-        if p.is_file() and not p.name.endswith(".lock"):
-            shutil.copy2(p, into / p.name)
+    for p in store_files(db):
+        shutil.copy2(p, into / p.name)
     return into / db.name
 
 

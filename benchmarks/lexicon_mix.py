@@ -92,16 +92,29 @@ def with_unknown(lex, u: float):  # -> callable texts -> (N, D) unit lexicon vec
 
 def personal_first(vec: callable, ps) -> tuple[int, int]:
     """(scoped, store-wide) right-first counts of the answerable questions by exact cosine."""
+    counts = personal_counts(vec, ps, None)
+    return counts["scoped"], counts["store_wide"]
+
+
+def personal_counts(vec: callable, ps, W: np.ndarray | None) -> dict[str, int]:
+    """Right-first counts by exact cosine, the queries mapped by W: scoped, store-wide, and the hand-written asks."""
     facts = vec([f.text for f in ps.facts])  # (N, D)
     users = np.array([f.user or "" for f in ps.facts])
     qs = [q for q in ps.questions if q.fact is not None]
-    sims = vec([q.text for q in qs]) @ facts.T  # (Q, N)
-    scoped = store = 0
+    qv = vec([q.text for q in qs])  # (Q, D)
+    if W is not None:
+        qv = unit(qv @ W)
+    sims = qv @ facts.T  # (Q, N)
+    out = {"scoped": 0, "store_wide": 0, "hand": 0}
     for row, q in zip(sims, qs):
-        scoped += int(np.argmax(np.where(users == q.user, row, -np.inf)) == q.fact)
-        if not q.first_person:
-            store += int(np.argmax(row) == q.fact)
-    return scoped, store
+        scoped = int(np.argmax(np.where(users == q.user, row, -np.inf)) == q.fact)
+        wide = int(np.argmax(row) == q.fact) if not q.first_person else 0
+        out["scoped"] += scoped
+        out["store_wide"] += wide
+        if q.part == "hand":
+            out["hand"] += scoped + wide
+    out["all"] = out["scoped"] + out["store_wide"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:

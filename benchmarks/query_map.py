@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import numpy as np  # noqa: E402
 
 import embedder_dev as ed  # noqa: E402
-from lexicon_mix import mixed, unit  # noqa: E402
+from lexicon_mix import mixed, personal_counts, unit  # noqa: E402
 from personal_data import personal_set, validation_set  # noqa: E402
 
 PERSONAL_PAIRS = Path("/work/corpus_personal/pairs.jsonl")
@@ -99,27 +99,6 @@ def infonce_map(Q: np.ndarray, D: np.ndarray, steps: int, tau: float, mu: float,
         v = 0.999 * v + 0.001 * g * g
         W -= lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
     return W
-
-
-def personal_counts(vec, ps, W: np.ndarray | None) -> dict[str, int]:
-    """Right-first counts by exact cosine, the queries mapped by W: scoped, store-wide, and the hand-written asks."""
-    facts = vec([f.text for f in ps.facts])  # (N, D)
-    users = np.array([f.user or "" for f in ps.facts])
-    qs = [q for q in ps.questions if q.fact is not None]
-    qv = vec([q.text for q in qs])  # (Q, D)
-    if W is not None:
-        qv = unit(qv @ W)
-    sims = qv @ facts.T  # (Q, N)
-    out = {"scoped": 0, "store_wide": 0, "hand": 0}
-    for row, q in zip(sims, qs):
-        scoped = int(np.argmax(np.where(users == q.user, row, -np.inf)) == q.fact)
-        wide = int(np.argmax(row) == q.fact) if not q.first_person else 0
-        out["scoped"] += scoped
-        out["store_wide"] += wide
-        if getattr(q, "part", "generated") == "hand":
-            out["hand"] += scoped + wide
-    out["all"] = out["scoped"] + out["store_wide"]
-    return out
 
 
 def main(argv: list[str] | None = None) -> dict:

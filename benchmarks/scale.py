@@ -96,9 +96,14 @@ def questions(q: int, seed: int) -> list[str]:
         city=SLOTS["city"][int(rng.integers(len(SLOTS["city"])))]) for _ in range(q)]
 
 
-def store_bytes(db: Path) -> int:
+def store_files(db: Path) -> list[Path]:
     """The database, its WAL and every index file beside it (not the lock file)."""
-    return sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.is_file() and not p.name.endswith(".lock"))
+    return [p for p in db.parent.glob(db.name + "*") if p.is_file() and not p.name.endswith(".lock")]
+
+
+def store_bytes(db: Path) -> int:
+    """The bytes of store_files(db)."""
+    return sum(p.stat().st_size for p in store_files(db))
 
 
 def build(db: Path, n: int) -> dict:
