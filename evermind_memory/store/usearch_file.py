@@ -146,7 +146,10 @@ def parse_usearch_file(data: FileData, dim: int, connectivity: int) -> UsearchIn
         raise IndexRejected(f"usearch connectivity is ({conn}, base {conn_base}), expected ({connectivity}, base "
                             f"{2 * connectivity})")
     head_end = graph_at + GRAPH.size
-    vectors = np.ndarray((rows, dim), dtype=np.int8, buffer=data, offset=MATRIX.size)  # (N, D) no copy
+    # (N, D) no copy. np.frombuffer, not np.ndarray(buffer=): only frombuffer holds a buffer export on the map,
+    # so that closing the map while a view of it lives raises BufferError (index_files.close_quietly) instead
+    # of unmapping memory the view still reads (a crash: the verify pass hashing rows as the process exited).
+    vectors = np.frombuffer(data, dtype=np.int8, count=rows * dim, offset=MATRIX.size).reshape(rows, dim)
     vectors.flags.writeable = False
     if count == 0:
         if max_level != NO_LEVEL:

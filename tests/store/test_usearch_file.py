@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from usearch.index import Index
 
+from evermind_memory.store.index_files import close_quietly
 from evermind_memory.store.usearch_file import FREE_KEY, IndexRejected, UsearchInfo, parse_usearch_file
 
 
@@ -170,6 +171,26 @@ def test_mmap_and_memoryview_parse_the_same(built, tmp_path):
             info = parse_usearch_file(data, b.dim, b.M)
             assert_matches(info, b)
             del info  # (release the views before the map closes)
+
+
+def test_a_map_stays_open_while_its_parsed_vectors_are_viewed(built, tmp_path):
+    """close_quietly closes a snapshot's map only once nothing views it: the parsed vectors (and any view of them,
+    as a loaded index's node hashes read them in a background thread) must hold the map's buffer. A view that did
+    not hold it read unmapped memory after the close: a segmentation fault at interpreter exit."""
+    b = built["removed"]
+    path = tmp_path / "index.usearch"
+    path.write_bytes(b.data)
+    with path.open("rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    info = parse_usearch_file(mapped, b.dim, b.M)
+    rows = info.vectors[:, ::2]  # a derived view, as the background hashing takes
+    del info
+    close_quietly(mapped)
+    assert not mapped.closed
+    assert np.array_equal(rows, b.vectors[:, ::2])  # (the slots are in insertion order: one thread built it)
+    del rows
+    close_quietly(mapped)
+    assert mapped.closed
 
 
 def test_empty_index_parses_and_loads(tmp_path):
