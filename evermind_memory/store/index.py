@@ -661,7 +661,10 @@ class VectorIndex:
                     self._graph.view(data)  # (the map stays referenced by self._mapped while the graph views it)
                     self._mapped = data
                     if isinstance(data, mmap.mmap):
-                        weakref.finalize(self, close_quietly, data)
+                        # when the index is collected, not at exit: weakref's exit hook runs before the store's
+                        # own close, while a daemon thread (the verify pass, a user's) may still search the graph
+                        # that views the map; at exit the process's end unmaps it
+                        weakref.finalize(self, close_quietly, data).atexit = False
                 else:
                     close_quietly(data)
                 self._elements = info.count
