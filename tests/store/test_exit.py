@@ -46,4 +46,5 @@ def test_exit_while_a_daemon_thread_recalls_from_a_mapped_snapshot(model_files, 
     for _ in range(3):
         run = subprocess.run([PYTHON, "-c", RECALL_AT_EXIT, *map(str, model_files), str(db)], capture_output=True,
                              text=True, env=child_env(), timeout=120)
-        assert run.returncode == 0 and "verified agreed" in run.stdout and "exiting" in run.stdout, (run.returncode, run.stderr[-2000:])
+        assert "verified agreed" in run.stdout and "exiting" in run.stdout, (run.stdout, run.stderr[-2000:])
+        assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
