@@ -33,6 +33,10 @@ _HAS_VECDOT = hasattr(np, "vecdot")
 # Padded positions x C per embedding forward (1024 positions at C=128): the layer's arrays stay in L2, which
 # measured faster than larger buckets although the matmuls get smaller.
 _EMBED_BUCKET_ELEMENTS = 1 << 17
+# A single text (a recall's query) runs with its positions padded to a multiple of this: OpenBLAS's sgemm takes
+# longer for 4k+1..4k+3 rows than for 4k + 4 (its kernels step 4 rows; the rest go through slower edge code). On
+# 2 cores, one MoE layer of 10 rows took 386 us and of 12 rows 350 us; benchmarks/query_speed.py has the figures.
+_ROW_MULTIPLE = 4
 
 
 class _PoolPlan(NamedTuple):
@@ -151,9 +155,19 @@ def _normalise_rows(pooled: np.ndarray) -> np.ndarray:
 
 
 def plan_embed_one(plan: _Plan, seq: np.ndarray) -> np.ndarray:
-    """Embedding (C,) float32 of one validated (T,) sequence."""
-    h = _plan_hidden(plan, seq[None, :])  # (T, C)
-    return _normalise_rows(_plan_pool(plan, h, 1, None))[0]
+    """Embedding (C,) float32 of one validated (T,) sequence.
+
+    The sequence runs padded to a multiple of _ROW_MULTIPLE positions: the padding comes after every real
+    position, so the causal convolutions never read it, and the pooling leaves it out as it does a bucket's.
+    """
+    t = seq.shape[0]
+    rows = -(-t // _ROW_MULTIPLE) * _ROW_MULTIPLE
+    if rows == t or t == 1:  # (one row goes through BLAS's matrix-vector products: fastest as it is)
+        return _normalise_rows(_plan_pool(plan, _plan_hidden(plan, seq[None, :]), 1, None))[0]
+    tokens = np.zeros((1, rows), dtype=seq.dtype)  # (1, T') padding is token 0: finite junk, never read
+    tokens[0, :t] = seq
+    h = _plan_hidden(plan, tokens)  # (T', C)
+    return _normalise_rows(_plan_pool(plan, h, 1, np.array([t])))[0]
 
 
 def _buckets(lens: np.ndarray, d_model: int) -> list[list[int]]:

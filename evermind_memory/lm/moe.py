@@ -220,15 +220,15 @@ def _gate_matrix(x: np.ndarray, router: np.ndarray, top_k: int) -> np.ndarray:
     """Gates (N, E) of the chosen experts, 0 elsewhere (the dense form of `_route`)."""
     logits = x @ router  # (N, E)
     n, n_experts = logits.shape
+    ranked = np.sort(logits, axis=1)  # (N, E) ascending; for a few experts cheaper than partition + max
     if top_k < n_experts:
-        kth = np.partition(logits, n_experts - top_k, axis=1)[:, n_experts - top_k, None]  # (N, 1)
-        chosen = logits >= kth  # (N, E)
+        chosen = logits >= ranked[:, n_experts - top_k, None]  # (N, E) at or above the k-th largest
         if np.count_nonzero(chosen) != n * top_k:  # a tie at the k-th logit: let the exact route decide
             experts, gates = _route(x, router, top_k)  # (N, k)
             g = np.zeros_like(logits)  # (N, E)
             g[np.arange(n)[:, None], experts] = gates
             return g
-    g = logits - logits.max(axis=1, keepdims=True)  # (N, E) the chosen maximum is subtracted, as in router_forward
+    g = logits - ranked[:, -1:]  # (N, E) the chosen maximum is subtracted, as in router_forward
     np.exp(g, out=g)
     if top_k < n_experts:
         g *= chosen

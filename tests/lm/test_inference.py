@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evermind_memory.errors import InvalidInput
+from evermind_memory.lm.inference import build_plan, plan_embed_one
 from evermind_memory.lm.model import EvermindLM, FrozenEmbedder, LMConfig
 from evermind_memory.lm.moe import (
     SHORT_MAX_ROWS,
@@ -191,3 +192,15 @@ def test_lm_embedder_single_and_batched_paths_agree_and_hold_a_snapshot():
     np.testing.assert_allclose(one, ref, atol=2e-6)
     model.params["layers.0.shared.w1"] *= 2.0  # the fingerprint names the weights at construction: no effect
     np.testing.assert_array_equal(np.stack([embedder.embed(t) for t in texts]), one)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_single_text_padded_to_4k_positions_embeds_as_the_training_path(config):
+    """plan_embed_one pads a text to a multiple of 4 positions (faster BLAS rows); every length, padded or not
+    (1, 4k, past the short path's 16 rows), gives the training path's vector of the text alone."""
+    model = _model(config, seed=5)
+    plan = build_plan(config, model.params, fused=True)
+    rng = np.random.default_rng(11)
+    seqs = [rng.integers(0, config.vocab_size, size=t).tolist() for t in range(1, 20)]
+    got = np.stack([plan_embed_one(plan, np.array(s, dtype=np.intp)) for s in seqs])
+    np.testing.assert_allclose(got, _reference(model, seqs), atol=2e-6)
