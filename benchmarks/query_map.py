@@ -16,10 +16,13 @@ and the manuals corpus (recipe/build_corpus.py). Judged by exact cosine, as benc
 The choice of lambda is made left out: for the personal protocol by the validation set (ties: the larger lambda,
 nearer the identity), for each manual source by the mean of the other eight (the identity is a candidate).
 A training choice studied with a gradient fit (in-batch InfoNCE, Adam, 1,000-3,000 steps of 1,024) lost to the ridge
-fit: without a pull to the identity it cost the manuals 0.03 ndcg (benchmarks/results/query_map.txt).
+fit: without a pull to the identity it cost the manuals 0.03 ndcg (benchmarks/results/query_map.txt). So did a map
+fitted to the teacher's similarities (--teacher-kl: each batch's softmax over all-MiniLM-L6-v2's cosines of the same
+pairs as the target), which also lost on the personal protocol.
 
     python benchmarks/query_map.py [--personal 60000] [--manual 30000] [--lambdas 0.3,1,3,10] [--seed 0]
         [--personal-sources personal-para,personal-chat] [--infonce 1000,0.05,0.01,1e-3]
+        [--teacher-kl 1000,0.05,0.05,0.01,1e-3]
         [--personal-pairs CORPUS/pairs.jsonl]
         [--manual-pairs CORPUS/pairs.jsonl] [--json out.json]
 
@@ -74,8 +77,11 @@ def ridge_map(Q: np.ndarray, D: np.ndarray, lam: float) -> np.ndarray:
 
 
 def infonce_map(Q: np.ndarray, D: np.ndarray, steps: int, tau: float, mu: float, lr: float, batch: int = 1024,
-                seed: int = 0) -> np.ndarray:
-    """(d, d) float32 W by in-batch InfoNCE over cos(QW, D) / tau with mu |W - I|^2, Adam from the identity."""
+                seed: int = 0, teacher: tuple[np.ndarray, np.ndarray, float] | None = None) -> np.ndarray:
+    """(d, d) float32 W by in-batch softmax over cos(QW, D) / tau with mu |W - I|^2, Adam from the identity.
+
+    The target of each query's row: its own document (InfoNCE), or with `teacher` = (TQ, TD, tau_t) the teacher's
+    softmax over cos(TQ, TD) / tau_t of the same batch (listwise distillation of the teacher's similarities)."""
     rng = np.random.default_rng(seed)
     d = Q.shape[1]
     eye = np.eye(d, dtype=np.float32)
@@ -87,11 +93,12 @@ def infonce_map(Q: np.ndarray, D: np.ndarray, steps: int, tau: float, mu: float,
         u = q @ W  # (B, d)
         norm = np.linalg.norm(u, axis=1, keepdims=True)  # (B, 1)
         qn = u / norm
-        logits = qn @ docs.T / tau  # (B, B)
-        logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
-        p /= p.sum(axis=1, keepdims=True)
-        p[rows, rows] -= 1.0  # d loss / d logits x B
+        p = softmax_rows(qn @ docs.T / tau)  # (B, B)
+        if teacher is None:
+            p[rows, rows] -= 1.0  # d loss / d logits x B
+        else:
+            tq, td, tau_t = teacher
+            p -= softmax_rows(tq[b] @ td[b].T / tau_t)  # (B, B) d KL(teacher || student) / d logits x B
         dq = (p @ docs) / (tau * batch)  # (B, d) d loss / d qn
         du = (dq - qn * (qn * dq).sum(axis=1, keepdims=True)) / norm  # through the normalisation
         g = q.T @ du + 2 * mu * (W - eye)
@@ -99,6 +106,28 @@ def infonce_map(Q: np.ndarray, D: np.ndarray, steps: int, tau: float, mu: float,
         v = 0.999 * v + 0.001 * g * g
         W -= lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
     return W
+
+
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of (B, B) logits (a new array)."""
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def teacher_vectors(queries: list[str], docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """all-MiniLM-L6-v2's unit vectors of the sampled pairs (the recipe's teacher), cached by the texts' digest."""
+    digest = hashlib.sha1("\n".join(queries + ["\0"] + docs).encode("utf-8")).hexdigest()[:16]
+    path = ed.CACHE_DIR / f"minilm-query-map-pairs-{digest}.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            return z["q"], z["d"]
+    from personal_recall import minilm_embedder
+
+    teacher = minilm_embedder()
+    tq, td = teacher.embed_many(queries), teacher.embed_many(docs)  # about 6 minutes for 60,000 texts on 2 cores
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, q=tq, d=td)
+    return tq, td
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -112,6 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--personal-pairs", type=Path, default=PERSONAL_PAIRS)
     ap.add_argument("--manual-pairs", type=Path, default=MANUAL_PAIRS)
     ap.add_argument("--infonce", default="", help="also fit by InfoNCE: STEPS,TAU,MU,LR[;STEPS,TAU,MU,LR...]")
+    ap.add_argument("--teacher-kl", default="",
+                    help="also fit to the teacher's (all-MiniLM-L6-v2) in-batch similarities by listwise KL: "
+                         "STEPS,TAU,TEACHER_TAU,MU,LR[;...]")
     ap.add_argument("--dev-dir", type=Path, default=ed.DEV_DIR)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--write-map", type=Path, default=None,
@@ -171,6 +203,16 @@ def main(argv: list[str] | None = None) -> dict:
         steps, tau, mu, lr = spec.split(",")
         label = f"InfoNCE {steps} steps tau={tau} mu={mu} lr={lr}"
         rows[label] = judge(infonce_map(Q, D, int(steps), float(tau), float(mu), float(lr), seed=args.seed))
+        print(f"{label}: personal {rows[label]['personal']}", file=sys.stderr, flush=True)
+
+    kl_specs = [x for x in args.teacher_kl.split(";") if x]
+    if kl_specs:
+        tq, td = teacher_vectors(pq + mq, pd + md)
+    for spec in kl_specs:
+        steps, tau, tau_t, mu, lr = spec.split(",")
+        label = f"teacher KL {steps} steps tau={tau} teacher tau={tau_t} mu={mu} lr={lr}"
+        rows[label] = judge(infonce_map(Q, D, int(steps), float(tau), float(mu), float(lr), seed=args.seed,
+                                        teacher=(tq, td, float(tau_t))))
         print(f"{label}: personal {rows[label]['personal']}", file=sys.stderr, flush=True)
 
     names = list(sources)
