@@ -50,6 +50,15 @@ def test_a_texts_vector_is_the_weighted_sum_of_its_known_words_normalised():
     assert lex.word_ids("Zürich tea, naïve green_tea 2tea") == [WORDS.index(w) for w in ("tea", "green", "tea", "tea")]
 
 
+def test_one_texts_vector_is_its_row_of_the_batch_bit_for_bit():
+    lex = make_lexicon(seed=2)
+    texts = TEXTS + ["Ada's GREEN tea, tea!", "nothing known here", "", "the the the seven"]
+    for text, row in zip(texts, lex.embed_many(texts)):
+        one = lex.embed_one(text)
+        assert one.dtype == np.float32 and one.shape == (lex.dims,)
+        np.testing.assert_array_equal(one, row)
+
+
 def test_a_lexicon_round_trips_through_its_file_and_a_damaged_file_is_refused(tmp_path):
     lex = make_lexicon()
     path = tmp_path / "l.evlx"
