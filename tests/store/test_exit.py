@@ -48,3 +48,39 @@ def test_exit_while_a_daemon_thread_recalls_from_a_mapped_snapshot(model_files, 
                              text=True, env=child_env(), timeout=120)
         assert "verified agreed" in run.stdout and "exiting" in run.stdout, (run.stdout, run.stderr[-2000:])
         assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+
+
+WRITE_AT_EXIT = CHILD_PRELUDE + """
+import threading
+store = MemoryStore(db, emb)
+started = threading.Event()
+def remember_forever():
+    i = 0
+    while True:
+        fid = store.remember(f"exit writer fact {i} about river otters")
+        print("ok", fid, flush=True)  # acknowledged: remember returned
+        i += 1
+        if i == 20:
+            started.set()
+threading.Thread(target=remember_forever, daemon=True).start()
+started.wait(60)
+print("exiting", flush=True)
+"""
+
+
+def test_exit_while_a_daemon_thread_remembers_keeps_every_acknowledged_fact(model_files, embedder, tmp_path: Path):
+    """The store's exit hook closes it while a daemon thread still writes: the thread's next remember fails as on
+    a closed store, and every fact a remember acknowledged is in the file, with its vector after the next open."""
+    db = tmp_path / "writer.db"
+    for _ in range(2):
+        run = subprocess.run([PYTHON, "-c", WRITE_AT_EXIT, *map(str, model_files), str(db)], capture_output=True,
+                             text=True, env=child_env(), timeout=120)
+        assert run.returncode == 0 and "exiting" in run.stdout, (run.returncode, run.stderr[-2000:])
+    acked = [line.split()[1] for line in run.stdout.splitlines() if line.startswith("ok ")]
+    assert len(acked) >= 20
+    with MemoryStore(db, embedder) as store:
+        store.flush()
+        assert [store.get(fid).id for fid in acked] == acked  # (get raises FactNotFound for a lost one)
+        assert store.info()["waiting_vectors"] == 0
+        report = store.check()
+        assert report.ok, report.problems
