@@ -1,0 +1,86 @@
+"""Does a per-store null separate a right top hit from an unanswerable question's better than the raw cosine?
+
+Relevance has to tell, in a store of a few facts, "the fact asked for is here" from "the closest fact is only the
+least unrelated". One idea for it (a relevance feature not yet in the store): compare the query's top cosine with
+what generic questions about a person (PROBES, written for this script: no dev set's wording or values) reach in
+the same store, a per-store null. Judged by vector search alone (exact cosine, the shipped vector) on stores made
+of random subsets of the personal dev protocol's and the validation set's facts (12 stores a size; questions about
+a person the store holds, asked store-wide; a right top hit against the top hit of a question whose fact the store
+lacks: the near misses relevance must drop), by AUC of each candidate feature:
+- cos: the top hit's cosine; margin: its lead over the second; z_store: its z-score among the store's cosines;
+- null_mean: cos minus the probes' mean top cosine in that store; null_rank: the share of probes it beats.
+Not the held-out test set (benchmarks/relevance_heldout.py), which no choice reads.
+
+    python benchmarks/relevance_null.py
+"""
+import os
+import sys
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "2")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import numpy as np  # noqa: E402
+
+from personal_data import personal_set, validation_set  # noqa: E402
+
+from evermind_memory.embedder.loader import default_embedder  # noqa: E402
+
+emb = default_embedder()
+PROBES = [  # generic questions about a person, written here (no dev set's wording or values)
+ "what does she like?", "where does he live?", "what is her job?", "does he have any pets?", "when is her birthday?",
+ "what does he eat?", "who is her partner?", "what does he do at weekends?", "is she allergic to anything?",
+ "what car does he drive?", "which languages does she speak?", "what music does he listen to?",
+ "where did she study?", "how many children does he have?", "what is his favourite drink?", "where is she travelling?",
+ "what sport does he play?", "what books does she read?", "when is his next appointment?", "what does she hate?",
+ "what is my job?", "where do I live?", "what do I like to drink?", "what are my hobbies?", "when was I born?",
+ "who is my sister?", "what am I allergic to?", "what instrument do I play?", "what do I drive?", "what pet do I have?"]
+P = emb.embed_many(PROBES)
+def auc(pos, neg):
+    pos, neg = np.asarray(pos), np.asarray(neg)
+    return float((pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean())
+def study(ps, label, rng):
+    F = emb.embed_many([f.text for f in ps.facts])  # (N, D)
+    Q = emb.embed_many([q.text for q in ps.questions])  # (Q, D)
+    people = [i for i, f in enumerate(ps.facts) if f.person]
+    qs = [i for i, q in enumerate(ps.questions) if q.fact is not None and not q.first_person]
+    out = {}
+    for size in [s for s in (5, 10, 30, 100, 300) if s < len(people)]:
+        feats = {k: ([], []) for k in ("cos", "margin", "z_store", "null_mean", "null_rank")}
+        for rep in range(12):
+            held = rng.choice(people, size=min(size, len(people)), replace=False)  # (n,) the store's facts
+            inside = set(held.tolist())
+            users = {ps.facts[f].user for f in inside}
+            Fs = F[held]
+            pt = (P @ Fs.T).max(axis=1)  # (probes,) each probe's top cosine in this store
+            for qi in qs:
+                q = ps.questions[qi]
+                if q.user not in users:
+                    continue
+                s = Fs @ Q[qi]  # (n,)
+                order = np.argsort(-s)
+                top = s[order[0]]
+                right = held[order[0]] == q.fact
+                answerable = q.fact in inside
+                if answerable and not right:
+                    continue  # only right top hits against unanswerable ones
+                k = 0 if answerable else 1
+                second = s[order[1]] if len(s) > 1 else 0.0
+                feats["cos"][k].append(top)
+                feats["margin"][k].append(top - second)
+                feats["z_store"][k].append((top - s.mean()) / (s.std() + 1e-6))
+                feats["null_mean"][k].append(top - pt.mean())
+                feats["null_rank"][k].append((pt < top).mean())
+        out[size] = {k: (auc(*v), len(v[0]), len(v[1])) for k, v in feats.items()}
+        print(f"| {label} | {size} | {out[size]['cos'][1]} / {out[size]['cos'][2]} | "
+              + " | ".join(f"{out[size][k][0]:.3f}" for k in feats) + " |", flush=True)
+if __name__ == "__main__":
+    print(f"shipped vector {emb.fingerprint}; AUC of a right top hit against an unanswerable question's top hit")
+    print("| set | store (facts) | right / unanswerable | cos | margin | z_store | null_mean | null_rank |")
+    print("|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    study(personal_set(), "dev protocol", rng)
+    study(validation_set(), "validation", rng)
