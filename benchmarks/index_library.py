@@ -96,25 +96,31 @@ def run_hnswlib(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int
             "labels": labels, "ms": ms, "index": loaded}
 
 
-def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, dtype: str, tmp: Path,
-                view: bool, rescore: tuple[int, ...] = ()) -> dict[str, dict]:
-    """{row name: figures} for usearch at `dtype`, and for each factor R in `rescore` the same graph asked for R x k
-    candidates that are then ranked exactly against the rows' int8 vectors (what a store would hold beside the graph:
-    the candidates' rows gathered, scaled back to float32 and scored)."""
+def _usearch_saved(vectors: np.ndarray, metric: str, dtype: str, cfg: IndexConfig, ef: int, path: Path,
+                   view: bool) -> tuple[object, dict]:
+    """A usearch graph of `vectors` (keys 0..N-1) built on two threads, saved to `path` and opened again (viewed from
+    the file or loaded): (the opened index at beam width ef, {build_s, bytes_per_vector, open_s})."""
     from usearch.index import Index
 
     t = time.perf_counter()
-    index = Index(ndim=base.shape[1], metric="ip", dtype=dtype, connectivity=cfg.M,
+    index = Index(ndim=vectors.shape[1], metric=metric, dtype=dtype, connectivity=cfg.M,
                   expansion_add=cfg.ef_construction, expansion_search=ef)
-    index.add(np.arange(len(base)), base, threads=2)
+    index.add(np.arange(len(vectors)), vectors, threads=2)
     build = time.perf_counter() - t
-    path = tmp / f"u_{dtype}.usearch"
     index.save(str(path))
     t = time.perf_counter()
     loaded = Index.restore(str(path), view=view)
     opened = time.perf_counter() - t
     loaded.expansion_search = ef
-    common = {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened}
+    return loaded, {"build_s": build, "bytes_per_vector": path.stat().st_size / len(vectors), "open_s": opened}
+
+
+def run_usearch(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef: int, dtype: str, tmp: Path,
+                view: bool, rescore: tuple[int, ...] = ()) -> dict[str, dict]:
+    """{row name: figures} for usearch at `dtype`, and for each factor R in `rescore` the same graph asked for R x k
+    candidates that are then ranked exactly against the rows' int8 vectors (what a store would hold beside the graph:
+    the candidates' rows gathered, scaled back to float32 and scored)."""
+    loaded, common = _usearch_saved(base, "ip", dtype, cfg, ef, tmp / f"u_{dtype}.usearch", view)
     labels, ms = _timed(lambda q: loaded.search(q, K, threads=1).keys, queries)
     rows = {f"usearch {dtype}{', view' if view else ''}": {**common, "labels": labels, "ms": ms}}
     _, steps = vector_blobs._quantize(base)  # (N, D) int8: the rows as the store keeps them (their scale only
@@ -135,21 +141,9 @@ def run_store_graph(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef:
     """The graph the store now keeps (store/index.py): usearch's cosine over the rows' own int8 steps (the per-row
     scale is ignored by the cosine, so no fixed 1/127 step is imposed), the query's steps searched, the k found
     scored again exactly against the float32 query; built with the store's two threads, viewed from its file."""
-    from usearch.index import Index
-
     from evermind_memory.store.backend.vector_blobs import steps_of, unit_steps
 
-    t = time.perf_counter()
-    index = Index(ndim=base.shape[1], metric="cos", dtype="i8", connectivity=cfg.M,
-                  expansion_add=cfg.ef_construction, expansion_search=ef)
-    index.add(np.arange(len(base)), steps_of(base), threads=2)
-    build = time.perf_counter() - t
-    path = tmp / "store_graph.usearch"
-    index.save(str(path))
-    t = time.perf_counter()
-    loaded = Index(ndim=base.shape[1], metric="cos", dtype="i8", connectivity=cfg.M, expansion_search=ef)
-    loaded.view(str(path))
-    opened = time.perf_counter() - t
+    loaded, common = _usearch_saved(steps_of(base), "cos", "i8", cfg, ef, tmp / "store_graph.usearch", True)
 
     def search(q: np.ndarray) -> np.ndarray:
         keys = loaded.search(steps_of(q[None, :])[0], K, threads=1).keys
@@ -157,8 +151,7 @@ def run_store_graph(base: np.ndarray, queries: np.ndarray, cfg: IndexConfig, ef:
         return keys[np.argsort(-exact, kind="stable")].astype(np.int64)
 
     labels, ms = _timed(search, queries)
-    return {"build_s": build, "bytes_per_vector": path.stat().st_size / len(base), "open_s": opened,
-            "labels": labels, "ms": ms}
+    return {**common, "labels": labels, "ms": ms}
 
 
 def selections(hnsw, usearch: tuple, base: np.ndarray, queries: np.ndarray, fractions: tuple[float, ...], ef: int,
