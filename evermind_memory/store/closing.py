@@ -66,6 +66,8 @@ def close(parts: StoreParts) -> None:
                 pass  # another process checkpoints later (or the last one to close)
     finally:
         parts.closed = True
+        if ours:
+            parts.vectors.close_index()  # no thread is inside the graph's native code from here (exit safety)
         release(parts.db, parts.holder)
 
 

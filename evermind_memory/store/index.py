@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from .._lazy import is_numpy, lazy_import
-from ..errors import InvalidInput
+from ..errors import EvermindError, InvalidInput
 from .backend.vector_blobs import steps_of, unit_steps
 from .index_files import (  # noqa: F401  (groups_name, read_manifest: imported from here by the store and tests)
     IndexRejected, close_quietly, groups_name, new_snapshot_name, read_manifest, read_snapshot, write_snapshot,
@@ -198,6 +198,7 @@ class VectorIndex:
         self._loaded: LoadedNodes | None = None
         self._maps_lock = threading.Lock()  # one thread builds the dicts from _loaded
         self.unhashed: tuple[Path, str] | None = None  # (file, sha256) of a load that left the hash to file_agrees()
+        self._closed = False  # close(): no graph call starts any more
         self.hash_agreed = True  # what file_agrees() found once it hashed
         self._matrix: NodeMatrix | None = NodeMatrix(self.dim) if config.exact_max > 0 else None
 
@@ -319,10 +320,24 @@ class VectorIndex:
             return bool(loaded.node_of(np.array([int(label)], dtype=np.int64))[0] >= 0)
         return int(label) in self._node_of
 
+    def close(self) -> None:
+        """Wait for the graph calls in flight, then refuse new ones (EvermindError): once the store's close returns,
+        no thread of the process is inside usearch. Its Python binding drops the GIL during a search and takes it
+        back in a C++ destructor; a daemon thread doing that while the interpreter finalises is ended from inside
+        that destructor, which aborts the process ("terminate called without an active exception")."""
+        with self._lock.write():
+            self._closed = True
+
+    def _check_open(self) -> None:
+        """Raise EvermindError after close() (the caller holds the lock)."""
+        if self._closed:
+            raise EvermindError("this MemoryStore is closed; open a new one.")
+
     def get_vectors(self, labels: list[int]) -> np.ndarray:
         """The stored vectors of live labels, (N, D) float32 unit rows of the graph's int8 steps (for spot checks
         against SQLite: within 1e-6 of what a read of the same row gives); a label not live reads as zeros."""
         with self._lock.read():
+            self._check_open()
             if not labels:
                 return np.zeros((0, self.dim), dtype=np.float32)  # (0, D)
             loaded = self._loaded if self._maps is None else None
@@ -370,6 +385,7 @@ class VectorIndex:
         steps = steps_of(vectors)  # (N, D) int8: what the graph holds
         keys = step_keys(steps)
         with self._lock.write():
+            self._check_open()
             if any(int(label) in self._node_of for label in labels):
                 raise InvalidInput("VectorIndex.add got a label that is already in the index.")
             self._own()
@@ -451,6 +467,7 @@ class VectorIndex:
         """
         wanted = [int(label) for label in np.asarray(list(labels), dtype=np.int64).reshape(-1)]
         with self._lock.write():
+            self._check_open()
             if not any(label in self._node_of for label in wanted):
                 return 0
             self._own()
@@ -499,6 +516,7 @@ class VectorIndex:
         """
         q = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim)  # (D,)
         with self._lock.read():
+            self._check_open()
             live, node_count = self._counts()
             k_eff = min(int(k), live)
             if k_eff <= 0:
@@ -512,6 +530,7 @@ class VectorIndex:
             except (RuntimeError, _Short):
                 pass
         with self._lock.write():  # retry once with a wider beam (ef changes only under the exclusive lock)
+            self._check_open()
             live, node_count = self._counts()
             k_eff = min(int(k), live)
             if k_eff <= 0:
@@ -614,6 +633,7 @@ class VectorIndex:
         """
         name, tmp = new_snapshot_name(Path(directory), stem)
         with self._lock.write():
+            self._check_open()
             try:
                 self._graph.save(str(tmp))
             except (RuntimeError, ValueError) as exc:  # usearch could not open or write the file

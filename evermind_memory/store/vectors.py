@@ -636,6 +636,12 @@ class VectorCache:
         self._verify_thread = threading.Thread(target=run, name="evermind-verify-index", daemon=True)
         self._verify_thread.start()
 
+    def close_index(self) -> None:
+        """At the store's close: the serving graph finishes its calls in flight and refuses new ones."""
+        index = self._gen.index
+        if index is not None:
+            index.close()
+
     def stop_background(self, *, wait: bool = True) -> None:
         """End the background verify pass (at close); wait for one running now unless `wait` is False."""
         self._verify_stop.set()
