@@ -265,8 +265,7 @@ class LMEmbedder:
 
     def _with_lexicon(self, lexicon: Lexicon, vecs: np.ndarray, texts: Sequence[str]) -> np.ndarray:
         """(N, C + D) unit rows: the model's unit rows (N, C), then lexicon_weight x the lexicon's (N, D)."""
-        lex = lexicon.embed_one(texts[0])[None, :] if len(texts) == 1 else lexicon.embed_many(texts)  # (N, D) unit
-        # or zero rows (one text, a recall's query: the same row without the batch bookkeeping)
+        lex = lexicon.embed_many(texts)  # (N, D) unit or zero rows
         lex *= np.float32(self.lexicon_weight)
         out = np.concatenate([np.asarray(vecs, dtype=np.float32), lex], axis=1)  # (N, C + D)
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)

@@ -54,9 +54,9 @@ def test_one_texts_vector_is_its_row_of_the_batch_bit_for_bit():
     lex = make_lexicon(seed=2)
     texts = TEXTS + ["Ada's GREEN tea, tea!", "nothing known here", "", "the the the seven"]
     for text, row in zip(texts, lex.embed_many(texts)):
-        one = lex.embed_one(text)
-        assert one.dtype == np.float32 and one.shape == (lex.dims,)
-        np.testing.assert_array_equal(one, row)
+        one = lex.embed_many([text])  # (the one-text path)
+        assert one.dtype == np.float32 and one.shape == (1, lex.dims)
+        np.testing.assert_array_equal(one[0], row)
 
 
 def test_a_lexicon_round_trips_through_its_file_and_a_damaged_file_is_refused(tmp_path):
