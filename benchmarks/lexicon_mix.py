@@ -98,12 +98,15 @@ def personal_first(vec: callable, ps) -> tuple[int, int]:
 
 def personal_counts(vec: callable, ps, W: np.ndarray | None) -> dict[str, int]:
     """Right-first counts by exact cosine, the queries mapped by W: scoped, store-wide, and the hand-written asks."""
-    facts = vec([f.text for f in ps.facts])  # (N, D)
+    qv = vec([q.text for q in ps.questions if q.fact is not None])  # (Q, D)
+    return right_first(vec([f.text for f in ps.facts]), qv if W is None else unit(qv @ W), ps)
+
+
+def right_first(facts: np.ndarray, qv: np.ndarray, ps) -> dict[str, int]:
+    """Right-first counts of `ps`'s answerable questions (their vectors qv (Q, D), in order) among its facts
+    (N, D) by exact cosine: in the person's scope, store-wide (third-person questions), the hand-written asks, all."""
     users = np.array([f.user or "" for f in ps.facts])
     qs = [q for q in ps.questions if q.fact is not None]
-    qv = vec([q.text for q in qs])  # (Q, D)
-    if W is not None:
-        qv = unit(qv @ W)
     sims = qv @ facts.T  # (Q, N)
     out = {"scoped": 0, "store_wide": 0, "hand": 0}
     for row, q in zip(sims, qs):

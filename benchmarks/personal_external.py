@@ -5,7 +5,7 @@ their user, answer and kind) to a JSON file. Step 2, anywhere, embeds them and s
 ("dev", "val"), S_facts (N, D) and S_questions (Q, D) unit rows in the file's order (an asymmetric embedder embeds
 questions as queries, facts as passages). Step 3 scores those vectors by exact cosine as
 benchmarks/lexicon_mix.py scores ours (right fact first, in the person's scope and store-wide; the hand-written asks
-apart), beside the shipped model and, with --minilm, all-MiniLM-L6-v2 computed here.
+apart: lexicon_mix.right_first), beside the shipped model and, with --minilm, all-MiniLM-L6-v2 computed here.
 
     python benchmarks/personal_external.py --dump texts.json
     <other python> -c "...embed texts.json, np.savez('vecs.npz', dev_facts=..., dev_questions=..., ...)"
@@ -28,25 +28,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import numpy as np  # noqa: E402
 
+from lexicon_mix import right_first  # noqa: E402
 from personal_data import PersonalSet, personal_set, validation_set  # noqa: E402
 
 SETS = {"dev": personal_set, "val": validation_set}
-
-
-def counts(facts: np.ndarray, questions: np.ndarray, ps: PersonalSet) -> dict[str, int]:
-    """Right-first counts of the answerable questions by exact cosine: scoped, store-wide, hand-written, all."""
-    users = np.array([f.user or "" for f in ps.facts])
-    asked = [i for i, q in enumerate(ps.questions) if q.fact is not None]
-    out = {"scoped": 0, "store_wide": 0, "hand": 0}
-    for i, row in zip(asked, questions[asked] @ facts.T):
-        q = ps.questions[i]
-        scoped = int(np.argmax(np.where(users == q.user, row, -np.inf)) == q.fact)
-        wide = int(np.argmax(row) == q.fact) if not q.first_person else 0
-        out["scoped"] += scoped
-        out["store_wide"] += wide
-        out["hand"] += (scoped + wide) if q.part == "hand" else 0
-    out["all"] = out["scoped"] + out["store_wide"]
-    return out
 
 
 def main() -> None:
@@ -67,6 +52,9 @@ def main() -> None:
     if not args.score:
         return
     from evermind_memory import default_embedder
+
+    def counts(facts: np.ndarray, questions: np.ndarray, ps: PersonalSet) -> dict[str, int]:
+        return right_first(facts, questions[[q.fact is not None for q in ps.questions]], ps)  # (answerable rows)
 
     rows = {}
     with np.load(args.score) as z:

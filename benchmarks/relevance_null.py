@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import numpy as np  # noqa: E402
 
 from personal_data import personal_set, validation_set  # noqa: E402
+from relevance_word_match import auc  # noqa: E402
 
 from evermind_memory import MemoryStore  # noqa: E402
 from evermind_memory.embedder.loader import default_embedder  # noqa: E402
@@ -47,9 +48,6 @@ PROBES = [  # generic questions about a person, written here (no dev set's wordi
  "what is my job?", "where do I live?", "what do I like to drink?", "what are my hobbies?", "when was I born?",
  "who is my sister?", "what am I allergic to?", "what instrument do I play?", "what do I drive?", "what pet do I have?"]
 P = emb.embed_many(PROBES)
-def auc(pos, neg):
-    pos, neg = np.asarray(pos), np.asarray(neg)
-    return float((pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean())
 def study(ps, label, rng):
     F = emb.embed_many([f.text for f in ps.facts])  # (N, D)
     Q = emb.embed_many([q.text for q in ps.questions])  # (Q, D)
@@ -82,7 +80,7 @@ def study(ps, label, rng):
                 feats["z_store"][k].append((top - s.mean()) / (s.std() + 1e-6))
                 feats["null_mean"][k].append(top - pt.mean())
                 feats["null_rank"][k].append((pt < top).mean())
-        out[size] = {k: (auc(*v), len(v[0]), len(v[1])) for k, v in feats.items()}
+        out[size] = {k: (auc(*map(np.asarray, v)), len(v[0]), len(v[1])) for k, v in feats.items()}
         print(f"| {label} | {size} | {out[size]['cos'][1]} / {out[size]['cos'][2]} | "
               + " | ".join(f"{out[size][k][0]:.3f}" for k in feats) + " |", flush=True)
 def through_store(ps, label: str, rng: np.random.Generator) -> None:
@@ -108,7 +106,7 @@ def through_store(ps, label: str, rng: np.random.Generator) -> None:
         right, unans = (np.asarray(v) for v in feats["relevance"])
         shares = " | ".join(f"{(right >= t).mean():.0%} / {(unans < t).mean():.0%}" for t in (0.1, 0.2, 0.3))
         print(f"| {label} | {size} | {len(right)} / {len(unans)} | "
-              + " | ".join(f"{auc(*v):.3f}" for v in feats.values()) + f" | {shares} |", flush=True)
+              + " | ".join(f"{auc(*map(np.asarray, v)):.3f}" for v in feats.values()) + f" | {shares} |", flush=True)
 
 
 if __name__ == "__main__":
