@@ -31,8 +31,14 @@ from pathlib import Path
 
 HAND_FILE = Path(__file__).resolve().parent / "data" / "personal_hand.jsonl"
 VALIDATION_FILE = Path(__file__).resolve().parent / "data" / "personal_val.jsonl"
-# A test set: read by benchmarks/relevance_heldout.py only (never fitted, chosen or trained on).
+# Thirty more hand-written people in two files by two writers, for the relevance model to be fitted on in stores
+# of every size (benchmarks/personal_sizes.py); like the validation set, never trained on.
+FIT_FILES = {part: Path(__file__).resolve().parent / "data" / f"personal_fit_{part}.jsonl" for part in ("a", "b")}
+# Test sets: read by benchmarks/relevance_heldout.py only (never fitted, chosen or trained on). The first judged
+# the relevance model fitted without FIT_FILES and was read twice; the second, written with them and read by
+# nothing before it, judges the model fitted with it.
 TEST_FILE = Path(__file__).resolve().parent / "data" / "personal_test.jsonl"
+TEST2_FILE = Path(__file__).resolve().parent / "data" / "personal_test2.jsonl"
 
 DEV_PEOPLE = (
     "Ingrid", "Tomasz", "Priya", "Mateo", "Yuki", "Olusegun", "Freya", "Rafael", "Amara", "Henrik", "Leilani",
@@ -383,6 +389,14 @@ def validation_set() -> PersonalSet:
     return hand_written(VALIDATION_FILE)
 
 
+def fit_sets() -> dict[str, PersonalSet]:
+    """FIT_FILES, part -> set: each 150 hand-written facts about fifteen people (three of them in the first person),
+    each with a question, and four unanswerable questions each, the first two near misses (a fact's topic, not its
+    answer). The relevance model is fitted on them in stores of 5 to 2,000 facts (sources "personal-sizes-a" and
+    "-b", each judged left out with the other in the fit)."""
+    return {part: hand_written(path) for part, path in FIT_FILES.items()}
+
+
 def reserved_words() -> set[str]:
     """Every name and slot value of this dev set, lower-cased: the training generator must not use them."""
     words: set[str] = set()
@@ -391,7 +405,7 @@ def reserved_words() -> set[str]:
         words.update(g.lower() for g in group)
     for group in (CITIES, JOBS, PETS, CONDITIONS, SPORTS, DISLIKES):
         words.update(g[0].lower() for g in group)
-    for path in (HAND_FILE, VALIDATION_FILE, TEST_FILE):
+    for path in (HAND_FILE, VALIDATION_FILE, *FIT_FILES.values(), TEST_FILE, TEST2_FILE):
         with open(path, encoding="utf-8") as fh:
             words.update(json.loads(line)["user"] for line in fh if line.strip())
     from conversation_recall import NEWS, PAIRS  # the conversational dev set's names and values too

@@ -297,18 +297,21 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
     pools = [CandidatePool.from_json(p) for p in cached["pools"]]
     gold = np.array([ps.questions[qi].fact for qi in cached["asks"]], dtype=np.int64)
 
-    def top(mode: str) -> list[list[int]]:  # the store's own lexical / vector top 10 from the pool's ranks
-        rank = "lex_rank" if mode == "lexical" else "vec_rank"
-        return [[p.ids[i] for i in np.argsort(np.where(getattr(p, rank) >= 0, getattr(p, rank), 1 << 30),
-                                              kind="stable")[:K] if getattr(p, rank)[i] >= 0] for p in pools]
-
     src = dp.DevSource("personal-small", [ps.questions[qi].text for qi in cached["asks"]],
                        [f"size {n}" for n in cached["sizes"]], [f.text for f in ps.facts], gold)
-    lexical = top("lexical")
+    lexical = pool_top(pools, "lexical")
     return {"personal-small": {"source": src, "pools": pools, "gold": gold,
-                               "store": {"lexical": lexical, "vector": top("vector")}, "fts5": lexical, "minilm": None,
+                               "store": {"lexical": lexical, "vector": pool_top(pools, "vector")}, "fts5": lexical,
+                               "minilm": None,
                                "foreign": [CandidatePool.from_json(p) for p in cached["foreign"]],
                                "foreign_from": "personal-small (questions whose fact the store lacks)"}}
+
+
+def pool_top(pools: Sequence[object], mode: str) -> list[list[int]]:
+    """The store's own lexical or vector top K of each candidate pool, read from the pool's ranks."""
+    rank = "lex_rank" if mode == "lexical" else "vec_rank"
+    return [[p.ids[i] for i in np.argsort(np.where(getattr(p, rank) >= 0, getattr(p, rank), 1 << 30),
+                                          kind="stable")[:K] if getattr(p, rank)[i] >= 0] for p in pools]
 
 
 def _minilm_rankings(ps: PersonalSet, all_asks: list[tuple[int, str]], minilm: object, cache_dir: Path

@@ -602,6 +602,8 @@ def run_loso(embedder: object, dev_dir: Path, corpus_dir: Path | None, *, source
     before = cf.Rule("before", ("lex", "cos"), 50, "grid", ((PREVIOUS_WEIGHT,),))
     out: dict = {"sources": {}}
     for name, d in data.items():
+        if not d.get("ranking", True):  # a relevance-only source is not a ranking benchmark
+            continue
         gold = d["gold"]
         st = cf.Stack(d["pools"], gold, before.features, before.pool)
         systems = {

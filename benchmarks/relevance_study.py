@@ -68,6 +68,33 @@ def judge(rs: cf.RelevanceStacks, source: str, rule: cf.Rule, w: np.ndarray, mod
             "at": {t: (r["right_top1_kept"], r["unanswerable_top1_dropped"]) for t, r in at.items()}}
 
 
+SIZE_AT = (0.15, 0.2, 0.25, 0.3)
+
+
+def by_size(rs: cf.RelevanceStacks, d: dict, source: str, rule: cf.Rule, w: np.ndarray,
+            model: cf.RelevanceModel) -> dict:
+    """For a source of stores of several sizes (benchmarks/personal_sizes.py: its queries' and foreign pools'
+    shapes say "<facts> scoped|all"): per store size, right top hits and unanswerable asks (near misses with their
+    fact taken out, and the unanswerable questions) and what each SIZE_AT threshold keeps and drops of them."""
+    tops = []
+    for kind, stack in rs.get(source, rule.pool).items():
+        X, y, top = cf.relevance_rows(stack, rule, w, rs.features)
+        shapes = d["foreign_shapes"] if kind == "foreign" else d["source"].shapes
+        if int(top.sum()) != len(shapes):
+            raise RuntimeError(f"{source} {kind}: {int(top.sum())} top hits for {len(shapes)} asks")
+        p = model.predict(X)[top]
+        tops += [(str(sh).split()[0], kind == "answerable", bool(yy > 0), float(pp))
+                 for sh, yy, pp in zip(shapes, y[top], p)]
+    out = {}
+    for size in sorted({t[0] for t in tops}, key=int):
+        right = np.array([p for sz, ans, ok, p in tops if sz == size and ans and ok])
+        none = np.array([p for sz, ans, ok, p in tops if sz == size and not ans])
+        out[size] = {"right": len(right), "unanswerable": len(none),
+                     "at": {t: (float((right >= t).mean()) if len(right) else float("nan"),
+                                float((none < t).mean()) if len(none) else float("nan")) for t in SIZE_AT}}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dev", default=os.environ.get("EVERMIND_DEV_DIR", "/work/data/dev"))
@@ -75,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--variants", default="", help="comma-separated subset of VARIANTS")
     ap.add_argument("--extra-features", default="",
                     help="comma-separated FEATURES: one variant each, the shipped trees with it added")
+    ap.add_argument("--fit-without", default="", metavar="SOURCE,...",
+                    help="sources judged left out but never fitted on (personal-sizes-a,personal-sizes-b: the "
+                         "relevance model as fitted before those sources joined)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     shipped_feats, shipped_top, shipped_kind = VARIANTS["trees +log_facts+cos_model (shipped)"]
@@ -93,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rule = next(r for r in cf.RULES if r.features == params.features and r.pool == params.pool)
     fits = cf.build_fits(data, [rule])
     names = sorted(data)
+    unfitted = {t for t in args.fit_without.split(",") if t}
+    if unfitted - set(names):
+        ap.error(f"--fit-without: no sources {sorted(unfitted - set(names))}; there are {names}")
     personal = [s for s in names if s.startswith("personal")]  # the personal-memory sources, as calibrate_fusion
     manual = [s for s in names if s not in personal]
     chosen = [v for v in args.variants.split(",") if v] or list(VARIANTS)
@@ -104,10 +137,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         rs = cf.RelevanceStacks(data, [rule], feats)
         per = {}
         for s in names:
-            rest = [t for t in names if t != s]
-            w = fits[rule.name].weights(rest)
+            rest = [t for t in names if t != s and t not in unfitted]
+            w = fits[rule.name].weights([t for t in cf.ranking_sources(data) if t != s])
             model = cf.fit_relevance_rows(rows(rs, rest, rule, w, top_weight), kind)
             per[s] = judge(rs, s, rule, w, model)
+            if "foreign_shapes" in data[s]:
+                per[s]["by_size"] = by_size(rs, data[s], s, rule, w, model)
         out[variant] = per
         print(f"\n{variant}: top-hit AUC manual {np.mean([per[s]['auc'] for s in manual]):.3f}, "
               + ", ".join(f"{s} {per[s]['auc']:.3f}" for s in personal))
@@ -117,6 +152,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
             md = np.mean([per[s]["at"][t][1] for s in manual])
             cells = "  ".join(f"{per[s]['at'][t][0]:>7.2f} / {per[s]['at'][t][1]:.2f}" for s in personal)
             print(f"  {t:>9.2f}  {mk:>11.2f} / {md:.2f}  {cells}")
+        for s in (s for s in personal if "by_size" in per[s]):
+            print(f"  {s} left out, by store size (facts searched: kept / dropped at {', '.join(map(str, SIZE_AT))})")
+            for size, r in per[s]["by_size"].items():
+                print(f"    {size:>5} facts, {r['right']:>3} right top hits, {r['unanswerable']:>3} unanswerable: "
+                      + ", ".join(f"{r['at'][t][0]:.2f} / {r['at'][t][1]:.2f}" for t in SIZE_AT))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     return out

@@ -577,7 +577,7 @@ def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray
 
 def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources: Sequence[str] | None = None,
               minilm: object | None = None, log: Callable[[str], None] = lambda s: None,
-              personal: bool = True) -> dict[str, dict]:
+              personal: bool = True, sizes: bool = True) -> dict[str, dict]:
     """Every source's cached store pass (dev_pools.py): pools, gold, reference rankings and foreign pools.
 
     Sources: the dev folder's, plus the corpus's held-out eval sets (debian, pyapi, foldoc) when corpus_dir is
@@ -585,7 +585,9 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
     `personal`, also the personal-memory protocol's sources (benchmarks/personal_recall.py: "personal" and
     "personal-hand", asked in each person's scope and store-wide, with their unanswerable questions as foreign
     queries; "personal-small", the same questions in stores of 2 to 400 facts; "personal-val", the validation set's
-    hand-written questions in a store of their own).
+    hand-written questions in a store of their own); with `sizes` too, "personal-sizes-a" and "-b"
+    (benchmarks/personal_sizes.py: thirty more hand-written people in stores of 5 to 2,000 facts), which join the
+    relevance fit only.
     """
     import dev_pools as dp
 
@@ -616,7 +618,19 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
         data.update(personal_sources(embedder, minilm=minilm, log=log))
         data.update(small_store_source(embedder, log=log))
         data.update(validation_source(embedder, minilm=minilm, log=log))
+        if sizes:
+            from personal_data import fit_sets
+            from personal_sizes import sizes_source
+
+            for part, ps in fit_sets().items():
+                data.update(sizes_source(embedder, ps, f"personal-sizes-{part}", log=log))
     return data
+
+
+def ranking_sources(data: dict) -> list[str]:
+    """The sources the ranking rule is chosen and fitted on: all but those marked "ranking": False, which join
+    the relevance fit only (benchmarks/personal_sizes.py)."""
+    return sorted(s for s, d in data.items() if d.get("ranking", True))
 
 
 def _floors(data: dict) -> dict[str, float]:
@@ -656,14 +670,15 @@ def evaluate_loso(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks,
     out = {"sources": {}, "floors": floors}
     for s in names:
         rest = [t for t in names if t != s]
+        ranked = [t for t in ranking_sources(data) if t != s]
         t0 = time.perf_counter()
-        chosen, _ = select_rule(fits, rest, floors)
+        chosen, _ = select_rule(fits, ranked, floors)
         f = fits[chosen]
-        w = f.weights(rest)
+        w = f.weights(ranked)
         model = fit_relevance(rs, rest, f.rule, w, relevance_model)
         out["sources"][s] = {
-            "rule": chosen, "weights": w.tolist(), "ndcg@10": f.score(s, rest),
-            "per_rule": {n: fr.score(s, rest) for n, fr in fits.items()},
+            "rule": chosen, "weights": w.tolist(), "ndcg@10": f.score(s, ranked),
+            "per_rule": {n: fr.score(s, ranked) for n, fr in fits.items()},
             "relevance": relevance_report(rs, s, f.rule, w, model),
         }
         log(f"left out {s}: rule {chosen}, ndcg@10 {out['sources'][s]['ndcg@10']:.4f} "
@@ -674,11 +689,11 @@ def evaluate_loso(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks,
 def final_params(data: dict, fits: dict[str, RuleFits], rs: RelevanceStacks, fingerprint: str,
                  relevance_model: str = "trees") -> tuple[FusionParams, dict]:
     """The rule chosen on all sources, fitted on all of them, with its relevance model."""
-    names = sorted(data)
+    names, ranked = sorted(data), ranking_sources(data)
     floors = _floors(data)
-    chosen, summary = select_rule(fits, names, floors)
+    chosen, summary = select_rule(fits, ranked, floors)
     f = fits[chosen]
-    w = f.weights(names)
+    w = f.weights(ranked)
     model = fit_relevance(rs, names, f.rule, w, relevance_model)
     params = FusionParams(tuple(f.rule.features), tuple(float(x) for x in w), f.rule.pool, rs.features,
                           model.weights, model.bias, fingerprint, model.trees)
@@ -705,6 +720,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--study", action="store_true", help="also weigh the rules that lost (STUDY_RULES: slower)")
     ap.add_argument("--no-personal", action="store_true",
                     help="leave out the personal-memory sources (benchmarks/personal_recall.py)")
+    ap.add_argument("--no-sizes", action="store_true",
+                    help="leave out the hand-written people in stores of every size (benchmarks/personal_sizes.py)")
     args = ap.parse_args(argv)
     extra = tuple(f for f in args.relevance_extra.split(",") if f.strip())
     unknown = [f for f in extra if f not in FEATURES]
@@ -723,7 +740,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise InvalidInput("--out is required with --model (the shipped model's fusion.json is for the shipped model).")
     t0 = time.perf_counter()
     data = load_data(embedder, Path(args.dev), Path(args.corpus) if args.corpus else None,
-                     [s for s in args.sources.split(",") if s.strip()] or None, log=log, personal=not args.no_personal)
+                     [s for s in args.sources.split(",") if s.strip()] or None, log=log, personal=not args.no_personal,
+                     sizes=not args.no_sizes)
     rules = RULES + STUDY_RULES if args.study else RULES
     fits = build_fits(data, rules, log=log)
     features = relevance_features(args.relevance_model)

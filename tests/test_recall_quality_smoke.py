@@ -253,6 +253,54 @@ def test_validation_set_is_apart_from_the_dev_protocol_and_pools_as_its_own_sour
     assert sorted(set(d["gold"].tolist())) == list(range(100))  # every fact answers one question
 
 
+def test_fit_and_test_people_are_apart_and_laid_out_in_stores_of_every_size(tmp_path: Path, embedder: LMEmbedder,
+                                                                           monkeypatch) -> None:
+    """The relevance fit's thirty hand-written people (two files) and the second test set's twelve: no person or fact
+    shared with each other or with any other personal set, all reserved from the training generator, each person
+    with ten answered questions and four (fit) or three (test) unanswerable ones. The layout puts a person's five
+    facts, the person alone, a group and the group beside others in stores of their own (a question whose fact a
+    store lacks is unanswerable there); as calibrate_fusion's source its asks are pooled through real stores and it
+    is marked for the relevance fit only."""
+    import dev_pools
+    import personal_data as pd
+    import personal_sizes
+
+    monkeypatch.setattr(dev_pools, "CACHE_DIR", tmp_path / "cache")
+    fits, test2 = pd.fit_sets(), pd.hand_written(pd.TEST2_FILE)
+    others = [pd.personal_set(), pd.validation_set(), pd.hand_written(pd.TEST_FILE)]
+    sets = [*fits.values(), test2]
+    for i, ps in enumerate(sets):
+        users = set(ps.users())
+        per = 4 if i < len(fits) else 3
+        assert len(users) == (15 if i < len(fits) else 12) and len(ps.facts) == 10 * len(users)
+        assert sum(q.fact is None for q in ps.questions) == per * len(users)
+        assert sorted(q.fact for q in ps.questions if q.fact is not None) == list(range(len(ps.facts)))
+        assert users <= pd.reserved_words()
+        for other in [*sets[:i], *sets[i + 1:], *others]:
+            assert not users & set(other.users()) and not {f.text for f in ps.facts} & {f.text for f in other.facts}
+
+    ps = pd.subset(fits["a"], set(fits["a"].users()[:3]))
+    stores = personal_sizes.layout(ps, group=2, large=(40,), seed_tag="t", other_seeds=(0,))
+    assert [st.label for st in stores] == ["5", "10"] * 3 + ["20", "40", "10", "40"]
+    five = stores[0]
+    assert {q.user for q in five.ps.questions} == {five.ps.facts[0].user}
+    assert sum(q.fact is None for q in five.ps.questions) == 5 + 4  # the five left out and the four unanswerable
+    assert all(scoped for _, scoped in five.asks) and len(five.asks) == 14
+    group = stores[6]
+    assert len({f.user for f in group.ps.facts}) == 2
+    assert sum(not scoped for _, scoped in group.asks) == sum(not q.first_person for q in group.ps.questions)
+
+    src = personal_sizes.sizes_source(embedder, ps, "personal-sizes-t", group=2, large=(40,))
+    d = src["personal-sizes-t"]
+    answerable = sum(st.ps.questions[qi].fact is not None for st in stores for qi, _ in st.asks)
+    assert len(d["pools"]) == len(d["gold"]) == len(d["source"].shapes) == answerable
+    assert len(d["foreign"]) == len(d["foreign_shapes"]) == sum(len(st.asks) for st in stores) - answerable
+    assert d["ranking"] is False
+    for pool, gold in zip(d["pools"], d["gold"]):  # an answerable ask's fact is among its store's candidates
+        assert gold in pool.ids
+    assert all(d["source"].docs[g] in {f.text for f in ps.facts} for g in d["gold"])
+
+
 def test_conversation_protocol_asks_about_what_a_speaker_said(embedder: LMEmbedder) -> None:
     """benchmarks/conversation_recall.py: seeded conversations whose questions name the speaker of their evidence
     turn (a piece of news, not small talk), its names reserved from the training generator, and every question
