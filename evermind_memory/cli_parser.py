@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-score", type=float, default=None, help="drop facts scoring below this")
     p.add_argument("--min-relevance", type=float, default=None, metavar="P",
                    help="(hybrid) drop facts whose calibrated relevance, 0..1, is below P (on documents 0.1 keeps "
-                        "~94%% of right answers; on short personal facts 0.2 keeps ~89%%)")
+                        "~95%% of right answers; on short personal facts 0.2 keeps ~89%%)")
     p.add_argument("--explain", action="store_true",
                    help="(hybrid) show each fact's relevance and the lexical and vector parts of its score")
     p.add_argument("--context", type=int, default=0, metavar="N",

@@ -466,7 +466,7 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                                     Field(description="drop matches scoring below this")] = None,
                min_relevance: Annotated[Annotated[float, Field(ge=0.0, le=1.0)] | None,
                                         Field(description="hybrid only: drop matches whose relevance is below this "
-                                                          "(on documents 0.1 keeps about 94% of right answers; on "
+                                                          "(on documents 0.1 keeps about 95% of right answers; on "
                                                           "short personal facts 0.2 keeps about 89%)")] = None,
                context: Annotated[int,
                                   Field(ge=0, le=20,
