@@ -249,7 +249,6 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
     whose fact it holds, its "foreign" asks questions whose fact it lacks (mostly about a person it holds facts
     of: near misses). Unscoped stores (a scope is a small store too, and is what the scoped asks test)."""
     import dev_pools as dp
-    from evermind_memory.store.fusion import CandidatePool
     from evermind_memory.store.study import gather
 
     ps = ps or personal_set()
@@ -294,24 +293,28 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
         dp.save_json_gz(path, cached)
         log(f"personal-small: {len(cached['asks'])} asks in {SMALL_STORES} stores pooled in "
             f"{time.perf_counter() - t0:.1f}s")
-    pools = [CandidatePool.from_json(p) for p in cached["pools"]]
     gold = np.array([ps.questions[qi].fact for qi in cached["asks"]], dtype=np.int64)
-
     src = dp.DevSource("personal-small", [ps.questions[qi].text for qi in cached["asks"]],
                        [f"size {n}" for n in cached["sizes"]], [f.text for f in ps.facts], gold)
-    lexical = pool_top(pools, "lexical")
-    return {"personal-small": {"source": src, "pools": pools, "gold": gold,
-                               "store": {"lexical": lexical, "vector": pool_top(pools, "vector")}, "fts5": lexical,
-                               "minilm": None,
-                               "foreign": [CandidatePool.from_json(p) for p in cached["foreign"]],
-                               "foreign_from": "personal-small (questions whose fact the store lacks)"}}
+    return {"personal-small": pooled_source(src, cached["pools"], cached["foreign"],
+                                            "personal-small (questions whose fact the store lacks)")}
 
 
-def pool_top(pools: Sequence[object], mode: str) -> list[list[int]]:
-    """The store's own lexical or vector top K of each candidate pool, read from the pool's ranks."""
-    rank = "lex_rank" if mode == "lexical" else "vec_rank"
-    return [[p.ids[i] for i in np.argsort(np.where(getattr(p, rank) >= 0, getattr(p, rank), 1 << 30),
-                                          kind="stable")[:K] if getattr(p, rank)[i] >= 0] for p in pools]
+def pooled_source(src: object, pools_json: Sequence[dict], foreign_json: Sequence[dict], foreign_from: str) -> dict:
+    """A source in calibrate_fusion's load_data format from cached candidate pools gathered in stores of their own:
+    the store's lexical and vector top K read from each pool's ranks (no MiniLM ranking)."""
+    from evermind_memory.store.fusion import CandidatePool
+
+    pools = [CandidatePool.from_json(p) for p in pools_json]
+
+    def top(rank: str) -> list[list[int]]:
+        return [[p.ids[i] for i in np.argsort(np.where(getattr(p, rank) >= 0, getattr(p, rank), 1 << 30),
+                                              kind="stable")[:K] if getattr(p, rank)[i] >= 0] for p in pools]
+
+    lexical = top("lex_rank")
+    return {"source": src, "pools": pools, "gold": src.gold, "store": {"lexical": lexical, "vector": top("vec_rank")},
+            "fts5": lexical, "minilm": None, "foreign": [CandidatePool.from_json(p) for p in foreign_json],
+            "foreign_from": foreign_from}
 
 
 def _minilm_rankings(ps: PersonalSet, all_asks: list[tuple[int, str]], minilm: object, cache_dir: Path

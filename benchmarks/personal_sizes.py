@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import numpy as np  # noqa: E402
 
 from personal_data import PersonalSet, Question, generated  # noqa: E402
-from personal_recall import build, pool_top  # noqa: E402
+from personal_recall import build, pooled_source  # noqa: E402
 
 FIVE = 5
 
@@ -113,7 +113,6 @@ def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 1
     "foreign" pools. Marked "ranking": False: the source joins the relevance fit only, not the choice of the
     ranking rule. Cached by the embedder's fingerprint and the set's digest."""
     import dev_pools as dp
-    from evermind_memory.store.fusion import CandidatePool
     from evermind_memory.store.study import gather
 
     stores = layout(ps, group=group, large=large, seed_tag="fit", other_seeds=(2, 3, 4, 5))
@@ -156,15 +155,8 @@ def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 1
         dp.save_json_gz(path, cached)
         log(f"{name}: {len(cached['pools'])} answerable and {len(cached['foreign'])} unanswerable asks in "
             f"{len(stores)} stores pooled in {time.perf_counter() - t0:.1f}s")
-    pools = [CandidatePool.from_json(p) for p in cached["pools"]]
     gold = np.array([g for _, g in cached["asks"]], dtype=np.int64)
-
-    lexical = pool_top(pools, "lexical")
     src = dp.DevSource(name, [t for t, _ in cached["asks"]], list(cached["labels"]),
                        [text for (_, text) in docs], gold)
-    return {name: {"source": src, "pools": pools, "gold": gold,
-                   "store": {"lexical": lexical, "vector": pool_top(pools, "vector")}, "fts5": lexical, "minilm": None,
-                   "foreign": [CandidatePool.from_json(p) for p in cached["foreign"]],
-                   "foreign_from": f"{name} (unanswerable questions)", "foreign_shapes": list(cached["foreign_labels"]),
-                   "ranking": False}}
-
+    return {name: {**pooled_source(src, cached["pools"], cached["foreign"], f"{name} (unanswerable questions)"),
+                   "foreign_shapes": list(cached["foreign_labels"]), "ranking": False}}
