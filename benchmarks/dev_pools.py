@@ -202,13 +202,17 @@ def open_store(src: DevSource, embedder: object, cache_dir: Path | None = None,
     return store, id_to_doc
 
 
+def pool_of(store, query: str, id_to_doc: dict[str, int], embedder: QueryCachingEmbedder,
+            pool: int = POOL_MAX) -> CandidatePool:
+    """The hybrid candidate pool `store` (or a scoped view) gathers for `query`, its candidates renumbered by
+    id_to_doc (fact id -> the source's doc index)."""
+    rows, p = gather(store, query, pool, embedder.embed(query))
+    return p.relabel([id_to_doc[rows[r].id] for r in p.ids])
+
+
 def _collect(store, id_to_doc: dict[str, int], queries: Sequence[str], embedder: QueryCachingEmbedder,
              pool: int) -> list[CandidatePool]:
-    out = []
-    for query in queries:
-        rows, p = gather(store, query, pool, embedder.embed(query))
-        out.append(p.relabel([id_to_doc[rows[r].id] for r in p.ids]))
-    return out
+    return [pool_of(store, query, id_to_doc, embedder, pool) for query in queries]
 
 
 def foreign_pools(src: DevSource, other: DevSource, embedder: object, n: int = FOREIGN_QUERIES, *,

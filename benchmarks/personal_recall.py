@@ -178,7 +178,6 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
     """
     import dev_pools as dp
     from evermind_memory.store.fusion import CandidatePool
-    from evermind_memory.store.study import gather
 
     names = SOURCE_OF_PART if names is None else names
     ps = ps or personal_set()
@@ -201,8 +200,7 @@ def personal_sources(embedder: object, ps: PersonalSet | None = None, *, minilm:
                 for qi, scope in all_asks:
                     q = ps.questions[qi]
                     view = store.scope(user=q.user) if scope == "scoped" else store
-                    rows, p = gather(view, q.text, dp.POOL_MAX, wrapped.embed(q.text))
-                    cached["pools"].append(p.relabel([index[rows[r].id] for r in p.ids]).to_json())
+                    cached["pools"].append(dp.pool_of(view, q.text, index, wrapped).to_json())
                     for mode in ("lexical", "vector"):
                         cached["store"][mode].append([index[h.id] for h in view.recall(q.text, k=K, mode=mode)])
             finally:
@@ -249,7 +247,6 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
     whose fact it holds, its "foreign" asks questions whose fact it lacks (mostly about a person it holds facts
     of: near misses). Unscoped stores (a scope is a small store too, and is what the scoped asks test)."""
     import dev_pools as dp
-    from evermind_memory.store.study import gather
 
     ps = ps or personal_set()
     cache_dir = Path(cache_dir or dp.CACHE_DIR)
@@ -282,9 +279,7 @@ def small_store_source(embedder: object, ps: PersonalSet | None = None, *, seed:
                     index = dict(zip(ids, order))
                     for kind, asks_ in (("pools", ans), ("foreign", miss)):
                         for qi in asks_:
-                            rows, p = gather(store, ps.questions[qi].text, dp.POOL_MAX,
-                                             wrapped.embed(ps.questions[qi].text))
-                            cached[kind].append(p.relabel([index[rows[r].id] for r in p.ids]).to_json())
+                            cached[kind].append(dp.pool_of(store, ps.questions[qi].text, index, wrapped).to_json())
                             if kind == "pools":
                                 cached["asks"].append(qi)
                                 cached["sizes"].append(size)

@@ -113,8 +113,6 @@ def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 1
     "foreign" pools. Marked "ranking": False: the source joins the relevance fit only, not the choice of the
     ranking rule. Cached by the embedder's fingerprint and the set's digest."""
     import dev_pools as dp
-    from evermind_memory.store.study import gather
-
     stores = layout(ps, group=group, large=large, seed_tag="fit", other_seeds=(2, 3, 4, 5))
     docs: dict[tuple[str | None, str], int] = {}  # (user, text) -> the source's doc index
     for st in stores:
@@ -139,8 +137,7 @@ def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 1
                     for qi, scoped in st.asks:
                         q = st.ps.questions[qi]
                         view = store.scope(user=q.user) if scoped else store
-                        rows, p = gather(view, q.text, dp.POOL_MAX, wrapped.embed(q.text))
-                        pool = p.relabel([index[rows[r].id] for r in p.ids]).to_json()
+                        pool = dp.pool_of(view, q.text, index, wrapped).to_json()
                         label = f"{st.label} {'scoped' if scoped else 'all'}"
                         if q.fact is None:
                             cached["foreign"].append(pool)
