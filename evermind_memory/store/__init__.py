@@ -18,7 +18,7 @@ records.py, validate.py.
 
 from __future__ import annotations
 
-from .index import IndexConfig
+from .index_config import IndexConfig
 from .memory_store import MemoryStore
 from .records import Change, CheckReport, DuplicatePair, Fact, Recall, RepairReport, StoreStats
 

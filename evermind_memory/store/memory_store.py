@@ -30,7 +30,7 @@ from .damage import readable
 from .embedding import load_model_aside, probe_embedder
 from .filters import MatchAll
 from .generations import Generations, resolve_embedder
-from .index import IndexConfig, check_index_memory
+from .index_config import IndexConfig, check_index_memory
 from .memory_store_maintenance import MaintenanceMethods
 from .parts import Opening, StoreParts, connect
 from .records import Change, Fact, Recall

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..adaptation import Adaptation
     from ..embedder.base import Embedder
     from .backend.base import Backend
-    from .index import IndexConfig
+    from .index_config import IndexConfig
 
 
 @dataclass(frozen=True)

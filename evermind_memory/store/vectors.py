@@ -32,7 +32,8 @@ from ..errors import InvalidInput
 from .access import Access
 from .backend import vector_blobs
 from .backend.base import Backend
-from .index import IndexConfig, IndexRejected, VectorIndex, read_manifest
+from .index import IndexRejected, VectorIndex, read_manifest
+from .index_config import IndexConfig
 from .index_feed import between, compare_labels, disagreement, feed_after, pruned_past, replay
 from .leases import Leases
 from .lock import RWLock
