@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 from .._blas import single_blas
 from .._crash import crash_point
 from .._lazy import lazy_import
+from ..embedder.base import query_method
 from ..embedder.lazy import LazyEmbedder
 from ..errors import EmbedderOutputInvalid, EvermindError
 from .backend import vector_blobs
@@ -104,8 +105,6 @@ def _load_quietly(embedder: LazyEmbedder) -> None:
 def embed_query(embedder: Embedder, text: str, dim: int) -> np.ndarray:
     """(D,) the checked vector of one query: the embedder's `embed_query` where it has one (an embedder may embed a
     question differently from what it stores: the shipped model's query map), else its `embed`."""
-    from ..embedder.base import query_method
-
     what, embed = query_method(embedder)
     return checked(embed(text), 1, dim, what=what)[0]  # (D,)
 
