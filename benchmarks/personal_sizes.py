@@ -113,6 +113,7 @@ def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 1
     "foreign" pools. Marked "ranking": False: the source joins the relevance fit only, not the choice of the
     ranking rule. Cached by the embedder's fingerprint and the set's digest."""
     import dev_pools as dp
+
     stores = layout(ps, group=group, large=large, seed_tag="fit", other_seeds=(2, 3, 4, 5))
     docs: dict[tuple[str | None, str], int] = {}  # (user, text) -> the source's doc index
     for st in stores:

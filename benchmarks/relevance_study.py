@@ -153,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             cells = "  ".join(f"{per[s]['at'][t][0]:>7.2f} / {per[s]['at'][t][1]:.2f}" for s in personal)
             print(f"  {t:>9.2f}  {mk:>11.2f} / {md:.2f}  {cells}")
         for s in (s for s in personal if "by_size" in per[s]):
-            print(f"  {s} left out, by store size (facts searched: kept / dropped at {', '.join(map(str, SIZE_AT))})")
+            print(f"  {s} left out, by store size (the store's facts; kept / dropped at "
+                  f"{', '.join(map(str, SIZE_AT))})")
             for size, r in per[s]["by_size"].items():
                 print(f"    {size:>5} facts, {r['right']:>3} right top hits, {r['unanswerable']:>3} unanswerable: "
                       + ", ".join(f"{r['at'][t][0]:.2f} / {r['at'][t][1]:.2f}" for t in SIZE_AT))
