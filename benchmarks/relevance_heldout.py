@@ -22,7 +22,7 @@ is asked in its person's scope and across the store (first-person ones in the sc
 size and threshold: the share of right top hits a threshold keeps, and of unanswerable questions whose top hit it
 drops (the target: >= 80% kept, >= 50% dropped).
 
-    python benchmarks/relevance_heldout.py [--test 1|2] [--fusion F.json] [--thresholds 0.1,0.2,...]
+    python benchmarks/relevance_heldout.py [--test 1|2] [--fusion F.json | --minilm] [--thresholds 0.1,0.2,...]
         [--json out.json]
 """
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from personal_data import TEST2_FILE, TEST_FILE, PersonalSet, hand_written  # noqa: E402
-from personal_recall import build  # noqa: E402
+from personal_recall import build, minilm_embedder  # noqa: E402
 from personal_sizes import Store, layout  # noqa: E402
 
 THRESHOLDS = (0.1, 0.15, 0.2, 0.21, 0.25, 0.3)
@@ -111,11 +111,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
                          "personal_fit.jsonl; read twice), 2, personal_test2.jsonl (judges the one fitted with it)")
     ap.add_argument("--fusion", default=None,
                     help="a fusion JSON to judge instead of the shipped one (recipe/calibrate_fusion.py --out)")
+    ap.add_argument("--minilm", action="store_true",
+                    help="the reference row instead: all-MiniLM-L6-v2 in our store with its own fitted rule and "
+                         "relevance (benchmarks/results/fusion_minilm.json)")
     args = ap.parse_args(argv)
     thresholds = [float(t) for t in args.thresholds.split(",")]
     from recall_quality import load_embedder
 
-    embedder = load_embedder(None, None)
+    if args.minilm and args.fusion:
+        ap.error("--minilm judges MiniLM's own fitted relevance; --fusion is for the shipped model")
+    embedder = minilm_embedder() if args.minilm else load_embedder(None, None)
     if args.fusion:
         embedder.fusion_params = args.fusion  # the store reads an embedder's own rule first (fusion.params_for)
     test_file = TEST_FILE if args.test == "1" else TEST2_FILE
