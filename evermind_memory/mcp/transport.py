@@ -239,15 +239,31 @@ def _stop_on_sigterm() -> None:
 def serve_stdio(server: Any) -> bool:
     """Serve `server` over stdin/stdout until the client closes stdin (or SIGTERM/SIGINT).
 
+    The signals go through the event loop (its wakeup fd), not a handler that raises wherever the main thread
+    happens to be: the kernel may hand a process's signal to any of its threads (the embedding worker, a
+    stdin reader), and a Python-level handler then waits for the main thread to run bytecode, which it never
+    does while the loop sleeps in select with nothing to do.
+
     Returns:
         True when a signal stopped it: a worker thread is then still blocked reading stdin, so the caller
         should close what it opened and leave with os._exit (Python would wait for that thread forever).
     """
+    import asyncio
+
     import anyio
 
-    _stop_on_sigterm()
+    def interrupt() -> None:  # run by the loop: unwinds out of anyio.run like Ctrl-C
+        raise KeyboardInterrupt
+
+    async def serve() -> None:
+        if threading.current_thread() is threading.main_thread():  # signal handlers belong to the main thread
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, interrupt)
+        await server.run_stdio_async()
+
     try:
-        anyio.run(server.run_stdio_async)
+        anyio.run(serve)
     except KeyboardInterrupt:
         return True
     return False

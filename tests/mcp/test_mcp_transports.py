@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import queue
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx2
@@ -62,10 +64,11 @@ def start_http(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
         raise AssertionError("the HTTP server did not announce its port within 60 s") from None
 
 
-def stop(proc: subprocess.Popen) -> int:
-    """SIGTERM, then the exit status; a server still running 30 s later is made to dump its threads' stacks
-    (faulthandler, on SIGABRT), which the failure shows."""
-    proc.send_signal(signal.SIGTERM)
+def stop(proc: subprocess.Popen, *, signalled: bool = False) -> int:
+    """SIGTERM (unless `signalled` already), then the exit status; a server still running 30 s later is made to
+    dump its threads' stacks (faulthandler, on SIGABRT), which the failure shows."""
+    if not signalled:
+        proc.send_signal(signal.SIGTERM)
     try:
         return proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -141,8 +144,25 @@ def test_http_config_checks(tmp_path: Path, monkeypatch):
     assert http_config("10.1.2.3:80").token_sha256 is not None  # the env var is a token source too
 
 
-def test_stdio_server_stops_cleanly_on_sigterm(tmp_path: Path):
-    """Hosts stop stdio servers with SIGTERM while stdin is still open: the store closes and the process exits 0."""
+def signal_a_worker_thread(proc: subprocess.Popen) -> None:
+    """SIGTERM to one of the server's threads other than the main one, as the kernel may choose to deliver it."""
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None or not Path(f"/proc/{proc.pid}/task").is_dir():
+        pytest.skip("needs Linux's tgkill and /proc to aim a signal at one thread")
+    main = Path(f"/proc/{proc.pid}/task/{proc.pid}/wchan")  # wait until the main thread sleeps in epoll, the loop
+    for _ in range(1000):                                     # idle: where a wake-up that never comes hangs it
+        if not main.exists() or "epoll" in main.read_text():
+            break
+        time.sleep(0.01)
+    workers = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+    assert workers, "the server runs worker threads (the embedder, the stdin reader)"
+    assert tgkill(proc.pid, workers[0], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.parametrize("target", ["process", "worker thread"])
+def test_stdio_server_stops_cleanly_on_sigterm(tmp_path: Path, target: str):
+    """Hosts stop stdio servers with SIGTERM while stdin is still open: the store closes and the process exits 0,
+    whichever thread the kernel hands the signal to (a worker's used to leave the idle loop asleep forever)."""
     db = tmp_path / "term.db"
     proc = subprocess.Popen([sys.executable, "-m", "evermind_memory", "mcp", "--db", str(db)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -156,7 +176,9 @@ def test_stdio_server_stops_cleanly_on_sigterm(tmp_path: Path):
             proc.stdin.flush()
         replies = [json.loads(proc.stdout.readline()) for _ in range(2)]
         fid = replies[1]["result"]["structuredContent"]["id"]
-        assert stop(proc) == 0
+        if target == "worker thread":
+            signal_a_worker_thread(proc)
+        assert stop(proc, signalled=target == "worker thread") == 0
     finally:
         proc.kill()
     with MemoryStore(db, read_only=True) as store:
