@@ -524,9 +524,10 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             now: the time time_words count from (an aware datetime or ISO 8601 text); only with time_words.
             rerank: (hybrid, an embedder with a lexicon: the shipped one) reorder the best 30 hits by reading the
                 query's words against each fact's words (store/rerank.py); each hit's score becomes the reranked
-                score (min_score, min_relevance and explain still judge and show the hybrid score). None (the
-                default): only when the hits are short notes (median under 150 characters), where it helps; True:
-                always (it costs some manual sources up to 0.014 ndcg@10); False: never.
+                score (min_score, min_relevance and explain still judge and show the hybrid score, and a floor only
+                drops hits: the rest keep the scores and order they have without it). None (the default): only
+                when the hits are short notes (median under 150 characters), where it helps; True: always (it
+                costs some manual sources up to 0.014 ndcg@10); False: never.
         Returns:
             list of Recall (never an expired fact); `relevance` (0..1) is set in hybrid mode with a fitted rule.
         Raises:

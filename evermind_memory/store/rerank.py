@@ -88,16 +88,22 @@ def word_match(lexicon: Any, query: str, texts: Sequence[str]) -> np.ndarray:
     return out
 
 
-def rerank(hits: list, query: str, lexicon: Any) -> list:
+def rerank(hits: list, query: str, lexicon: Any, candidates: Sequence | None = None) -> list:
     """The hits (FactRow, score, detail), best first, with their first RERANK_POOL reordered by min-max-scaled
     score + RERANK_WEIGHT x word_match, which becomes their score; hits past the pool keep their place, scaled the
-    same way (at most 0), so the scores still fall."""
+    same way (at most 0), so the scores still fall.
+
+    `candidates` ((FactRow, score, ...), best first): the list the hits were filtered from (by min_score or
+    min_relevance); the scaling is taken from its first RERANK_POOL, so a fact's reranked score and order do not
+    change with how many of its neighbours a floor dropped. None: from the hits themselves.
+    """
     if not hits:
         return hits
     pool = hits[:RERANK_POOL]
     scores = np.array([hit[1] for hit in hits], dtype=np.float64)  # (H,)
-    low = scores[:len(pool)].min()
-    span = scores[:len(pool)].max() - low
+    basis = scores[:len(pool)] if candidates is None else np.array([c[1] for c in candidates[:RERANK_POOL]])
+    low = basis.min()
+    span = basis.max() - low
     scaled = (scores - low) / (span if span > 0 else 1.0)  # (H,) the pool in [0, 1], the rest at most 0
     match = word_match(lexicon, query, [hit[0].text for hit in pool])  # (P,)
     new = scaled[:len(pool)] + RERANK_WEIGHT * match  # (P,)

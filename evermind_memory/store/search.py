@@ -144,8 +144,10 @@ class Search:
         if q.half_life is not None:
             scored = rerank_by_recency(scored, q.sel.now, q.half_life)
         hits = above(scored, detail, q.min_score, q.min_relevance)
-        if lexicon is not None and (q.rerank or rerank.short_notes(hits)):
-            hits = rerank.rerank(hits, q.text, lexicon)
+        # judged and scaled on the candidates before the floors, so a floor only drops hits: it changes neither
+        # whether the rest are reranked nor their scores
+        if lexicon is not None and (q.rerank or rerank.short_notes(scored)):
+            hits = rerank.rerank(hits, q.text, lexicon, candidates=scored)
         return hits
 
     @single_blas

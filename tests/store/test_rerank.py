@@ -111,6 +111,26 @@ def test_the_default_reranks_short_notes_only(target, shipped):
         assert ranked(short, fusion="rrf") == ranked(short, fusion="rrf", rerank=False)
 
 
+def test_a_floor_only_drops_reranked_hits(target, shipped):
+    """min_relevance and min_score judge the hybrid score and drop hits; the reranked scores and order of the rest
+    are the ones recall gives without the floor (they were once scaled among the survivors only, so a lone
+    survivor's score fell by 1)."""
+    query = "what does Ada drink?"
+    with MemoryStore(target, shipped) as store:
+        store.remember_many(FACTS)
+        plain = store.recall(query, k=len(FACTS))
+        hybrid = {h.id: h.score for h in store.recall(query, k=len(FACTS), rerank=False)}
+        kept = store.recall(query, k=len(FACTS), min_relevance=0.2)
+        floor = sorted(hybrid.values())[len(FACTS) // 2]
+        above_score = store.recall(query, k=len(FACTS), min_score=floor)
+    assert 0 < len(kept) < len(plain) and plain[0].text == "Ada drinks green tea"
+    assert 0 < len(above_score) < len(plain)
+    for got, keep in ((kept, lambda h: h.relevance >= 0.2), (above_score, lambda h: hybrid[h.id] >= floor)):
+        want = [h for h in plain if keep(h)]
+        assert [h.id for h in got] == [h.id for h in want]
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-9)
+
+
 def test_explain_shows_the_word_match_of_a_reranked_hit(target, shipped):
     query = "what gives Ada headaches?"
     with MemoryStore(target, shipped) as store:
