@@ -80,20 +80,23 @@ def with_others(ps: PersonalSet, n_total: int, seeds: Sequence[int] = (0, 1)) ->
 
 
 def layout(ps: PersonalSet, *, group: int | None = None, large: Sequence[int] = (1000,),
-           seed_tag: str = "heldout", other_seeds: Sequence[int] = (0, 1)) -> list[Store]:
-    """Every store of the layout (module docstring) for the people of `ps`: groups of `group` people (None: all of
-    them in one group), each also beside other people's facts up to every size in `large`."""
+           seed_tag: str = "heldout", other_seeds: Sequence[int] = (0, 1), few: Sequence[int] = (FIVE,),
+           groups: bool = True) -> list[Store]:
+    """Every store of the layout (module docstring) for the people of `ps`: stores of each size in `few` drawn
+    from a person's facts (5: the module docstring's), groups of `group` people (None: all of them in one group;
+    `groups` False: none), each also beside other people's facts up to every size in `large`."""
     users = ps.users()
     by_user = {u: [i for i, f in enumerate(ps.facts) if f.user == u] for u in users}
     out = []
     for u in users:
-        five = sorted(random.Random(f"{seed_tag}-{u}").sample(by_user[u], FIVE))
-        small = only(ps, five)
-        out.append(Store(str(FIVE), small, _asks(small, {u}, store_wide=False)))
+        for n in few:
+            draw = random.Random(f"{seed_tag}-{u}" if n == FIVE else f"{seed_tag}-{u}-{n}")
+            small = only(ps, sorted(draw.sample(by_user[u], n)))
+            out.append(Store(str(n), small, _asks(small, {u}, store_wide=False)))
         alone = only(ps, by_user[u])
         out.append(Store(str(len(alone.facts)), alone, _asks(alone, {u}, store_wide=False)))
     step = group or len(users)
-    for g in range(0, len(users), step):
+    for g in range(0, len(users) if groups else 0, step):
         members = users[g:g + step]
         together = only(ps, [i for u in members for i in by_user[u]])
         out.append(Store(str(len(together.facts)), together, _asks(together, set(members), store_wide=True)))

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from personal_data import TEST2_FILE, TEST_FILE, PersonalSet, hand_written  # noqa: E402
 from personal_recall import build, minilm_embedder  # noqa: E402
-from personal_sizes import Store, layout  # noqa: E402
+from personal_sizes import FIVE, Store, layout  # noqa: E402
 
 THRESHOLDS = (0.1, 0.15, 0.2, 0.21, 0.25, 0.3)
 WAYS = {"default": None, "no rerank": False}  # recall's default (reranks short notes) and plain hybrid
@@ -71,11 +71,13 @@ def _recall(embedder: object, st: Store, tmp: Path) -> list[dict]:
         store.close()
 
 
-def collect(embedder: object, ps: PersonalSet) -> dict[str, list[dict]]:
-    """Every ask of every store of the layout (see the module doc), by store size."""
+def collect(embedder: object, ps: PersonalSet, few: Sequence[int] = (FIVE,),
+            groups: bool = True) -> dict[str, list[dict]]:
+    """Every ask of every store of the layout (see the module doc), by store size: a person's `few` facts, the
+    person alone, and (with `groups`) the group alone and beside other people."""
     out: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="relevance_heldout_") as tmp_name:
-        for st in layout(ps, large=(LARGE,)):
+        for st in layout(ps, large=(LARGE,), few=few, groups=groups):
             out.setdefault(st.label, []).extend(_recall(embedder, st, Path(tmp_name)))
     return out
 
@@ -114,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--minilm", action="store_true",
                     help="the reference row instead: all-MiniLM-L6-v2 in our store with its own fitted rule and "
                          "relevance (benchmarks/results/fusion_minilm.json)")
+    ap.add_argument("--few", default=str(FIVE),
+                    help="sizes of the stores drawn from one person's facts, comma-separated (default 5)")
+    ap.add_argument("--no-groups", action="store_true",
+                    help="only the stores of one person (the --few sizes and the person alone): minutes less")
     args = ap.parse_args(argv)
     thresholds = [float(t) for t in args.thresholds.split(",")]
     from recall_quality import load_embedder
@@ -124,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.fusion:
         embedder.fusion_params = args.fusion  # the store reads an embedder's own rule first (fusion.params_for)
     test_file = TEST_FILE if args.test == "1" else TEST2_FILE
-    asks = collect(embedder, hand_written(test_file))
+    asks = collect(embedder, hand_written(test_file), few=[int(n) for n in args.few.split(",")],
+                   groups=not args.no_groups)
     results = {}
     for way in WAYS:
         results[way] = {size: judge([a[way] for a in rows], thresholds) for size, rows in asks.items()}
