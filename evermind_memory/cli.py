@@ -117,6 +117,15 @@ def _scoped(args: argparse.Namespace, store: Any) -> Any:
     return store.scope(**levels) if levels else store
 
 
+def _exists(store: Any, fact_id: str) -> bool:
+    """Whether `store` (a scope view or not) reaches a live fact `fact_id` (InvalidInput for a malformed id)."""
+    try:
+        store.get(fact_id)
+    except FactNotFound:
+        return False
+    return True
+
+
 def _filter_args(args: argparse.Namespace) -> dict:
     """tags/where/source/since/until of a command that has `filters()`."""
     out = {"tags": dict(args.tag) or None, "where": args.where, "source": args.source}
@@ -211,10 +220,15 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         chosen = {k: v for k, v in _filter_args(args).items() if v}
         if args.ids and chosen:
             raise InvalidInput("forget takes ids or --tag/--where/--source/--since/--until, not both.")
-        if args.ids:
-            for fid in args.ids:
+        if args.ids:  # every id is checked before any is forgotten: a typo forgets nothing
+            ids = list(dict.fromkeys(args.ids))
+            missing = [fid for fid in ids if not _exists(store, fid)]
+            if missing:
+                raise FactNotFound(f"forget found no fact with id {', '.join(map(repr, missing))} here (forgotten, "
+                                   "expired, or in another scope); nothing was forgotten.")
+            for fid in ids:
                 store.forget(fid)
-            count = len(args.ids)
+            count = len(ids)
         else:
             count = store.forget_where(**chosen)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])

@@ -34,6 +34,19 @@ def run(embedder, db: Path, *argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def test_forget_of_several_ids_is_all_or_nothing(embedder, tmp_path: Path, capsys):
+    """An unknown id among several forgets none of them (it once forgot those before it and then failed), and a
+    repeated id counts once."""
+    db = tmp_path / "forget.db"
+    a, b = (run(embedder, db, "remember", text)[1].strip() for text in ("fact one", "fact two"))
+    for ids in ([a, "0" * 32], ["0" * 32, a], [a, b, "f" * 32]):
+        code, _ = run(embedder, db, "forget", *ids)
+        assert code == cli.EXIT_NOT_FOUND and "nothing was forgotten" in capsys.readouterr().err
+        assert run(embedder, db, "count")[1].strip() == "2"
+    assert run(embedder, db, "forget", b, b, a) == (0, "forgot 2 facts\n")
+    assert run(embedder, db, "count")[1].strip() == "0"
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
