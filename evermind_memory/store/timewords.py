@@ -45,6 +45,8 @@ def _next_month(year: int, month: int) -> datetime:
 
 
 _PATTERNS = [
+    # a future time ("next Friday", "tomorrow") names no span a remembered fact was made in: no preference
+    ("future", re.compile(r"\b(tomorrow|(next|coming|upcoming) (week|month|year|" + "|".join(WEEKDAYS) + r"))\b")),
     ("today", re.compile(r"\b(today|this (morning|afternoon|evening))\b")),
     ("yesterday", re.compile(r"\b(yesterday|last night)\b")),
     ("ago", re.compile(r"\b(\d+|an?|one|two|three|four|five|six|seven|eight|nine|ten|couple of|few) "
@@ -59,7 +61,15 @@ _PATTERNS = [
 
 def parse_span(query: str, now: datetime) -> Span | None:
     """The span of time the query's first time expression names, relative to `now` (aware); None when it names
-    none. A month or weekday without a year means the last one up to now ("in May" in June: this May)."""
+    none, names the future, or lies outside the calendar ("5000 years ago" from 2026). A month or weekday without
+    a year means the last one up to now ("in May" in June: this May)."""
+    try:
+        return _span(query, now)
+    except (OverflowError, ValueError):  # before year 1 or after 9999: no span a fact was made in
+        return None
+
+
+def _span(query: str, now: datetime) -> Span | None:
     text = query.lower()
     found = []
     for kind, pattern in _PATTERNS:
@@ -69,6 +79,8 @@ def parse_span(query: str, now: datetime) -> Span | None:
     if not found:
         return None
     _, kind, m = min(found, key=lambda f: f[0])
+    if kind == "future":
+        return None
     today = _day(now)
     if kind == "today":
         return Span(today, today + timedelta(days=1), m.group(0))

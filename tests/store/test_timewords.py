@@ -32,9 +32,21 @@ def test_time_words_name_a_span(query, start, end):
     assert (span.start.date().isoformat(), span.end.date().isoformat()) == (start, end)
 
 
-@pytest.mark.parametrize("query", ["what does Ada drink?", "this may be wrong", "the may pole", "week planner"])
+@pytest.mark.parametrize("query", ["what does Ada drink?", "this may be wrong", "the may pole", "week planner",
+                                   # the future names no span a fact was made in ("next Friday" was once last Friday)
+                                   "what is planned for next Friday", "tomorrow's meeting", "the coming week",
+                                   # outside the calendar (once OverflowError / ValueError out of recall)
+                                   "what happened 5000 years ago", "what happened 99999999999 days ago"])
 def test_no_time_words_no_span(query):
     assert parse_span(query, NOW) is None
+
+
+def test_a_span_before_year_one_is_none_and_recall_still_answers(store):
+    assert parse_span("what happened last year", datetime(1, 6, 1, tzinfo=timezone.utc)) is None
+    fid = store.remember("Ada planted the apple tree")
+    for query, now in (("what did Ada plant 5000 years ago", None),
+                       ("what did Ada plant last year", "0001-06-01T00:00:00Z")):
+        assert [h.id for h in store.recall(query, k=1, time_words=True, now=now)] == [fid]
 
 
 def test_recall_with_time_words_puts_the_span_first(store):
