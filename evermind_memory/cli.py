@@ -117,6 +117,11 @@ def _scoped(args: argparse.Namespace, store: Any) -> Any:
     return store.scope(**levels) if levels else store
 
 
+# commands that look after the whole store: a scope option would be ignored (migrate copied every tenant's facts
+# under --user) or refused in Python's words (MemoryStore's owner-only methods)
+WHOLE_STORE_COMMANDS = {"backup", "check", "compact", "rebuild", "reembed", "repair", "migrate"}
+
+
 def _exists(store: Any, fact_id: str) -> bool:
     """Whether `store` (a scope view or not) reaches a live fact `fact_id` (InvalidInput for a malformed id)."""
     try:
@@ -397,6 +402,10 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
                 raise InvalidInput(f"`evermind {args.command}` got two stores, --db {args.db} and {args.store}; "
                                    "give one.")
             args.db = args.store
+        scoped = [f"--{level}" for level in SCOPE_LEVELS if getattr(args, level, None) is not None]
+        if args.command in WHOLE_STORE_COMMANDS and scoped:
+            raise InvalidInput(f"`evermind {args.command}` works on the whole store, every scope in it; drop "
+                               f"{' '.join(scoped)}.")
         if args.command == "demo":
             try:
                 from .demo import run_demo

@@ -47,6 +47,19 @@ def test_forget_of_several_ids_is_all_or_nothing(embedder, tmp_path: Path, capsy
     assert run(embedder, db, "count")[1].strip() == "0"
 
 
+def test_whole_store_commands_refuse_a_scope(embedder, tmp_path: Path, capsys):
+    """migrate under --user once copied every user's facts; the others refused in Python's words."""
+    db = tmp_path / "whole.db"
+    run(embedder, db, "--user", "ada", "remember", "Ada's fact")
+    run(embedder, db, "--user", "bob", "remember", "Bob's fact")
+    for argv in (["migrate", "--from", str(db), "--to", str(tmp_path / "copy.db")], ["backup", str(tmp_path / "b.db")],
+                 ["check"], ["compact"], ["rebuild"], ["reembed"], ["repair"]):
+        assert run(embedder, db, "--user", "ada", *argv)[0] == cli.EXIT_USAGE
+        assert f"`evermind {argv[0]}` works on the whole store" in capsys.readouterr().err
+    assert not (tmp_path / "copy.db").exists() and not (tmp_path / "b.db").exists()
+    assert run(embedder, db, "count")[1].strip() == "2"
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
