@@ -122,6 +122,33 @@ def _scoped(args: argparse.Namespace, store: Any) -> Any:
 WHOLE_STORE_COMMANDS = {"backup", "check", "compact", "rebuild", "reembed", "repair", "migrate"}
 
 
+def _export_to_stream(store: Any, out: Any) -> int:
+    """`export -`: the store's export (atomic, to a private temp file) copied to `out`; how many facts."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="evermind-export-") as tmp:
+        path = os.path.join(tmp, "facts.jsonl")
+        count = store.export(path)
+        with open(path, encoding="utf-8") as fh:
+            shutil.copyfileobj(fh, out)
+    out.flush()
+    return count
+
+
+def _import_from_stdin(store: Any) -> int:
+    """`import -`: standard input spooled to a private temp file, then imported as a file (one transaction)."""
+    import shutil
+    import tempfile
+
+    stream = getattr(sys.stdin, "buffer", None)
+    with tempfile.TemporaryDirectory(prefix="evermind-import-") as tmp:
+        path = os.path.join(tmp, "stdin.jsonl")
+        with open(path, "wb" if stream is not None else "w") as fh:
+            shutil.copyfileobj(stream if stream is not None else sys.stdin, fh)
+        return int(store.import_(path))
+
+
 def _exists(store: Any, fact_id: str) -> bool:
     """Whether `store` (a scope view or not) reaches a live fact `fact_id` (InvalidInput for a malformed id)."""
     try:
@@ -278,10 +305,16 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         count = store.rebuild_index()
         emit({"indexed": count}, [f"index rebuilt with {count} vectors"])
     elif cmd == "export":
-        count = store.export(args.path)
-        emit({"exported": count, "path": str(args.path)}, [f"exported {count} facts to {args.path}"])
+        if str(args.path) == "-":  # the facts on stdout, the summary on stderr
+            count = _export_to_stream(store, out)
+            print(json.dumps({"exported": count}) if emit_json else f"exported {count} facts", file=sys.stderr)
+        else:
+            if args.path.exists() and not args.force:
+                raise InvalidInput(f"export: {args.path} exists; pass --force to replace it, or give another path.")
+            count = store.export(args.path)
+            emit({"exported": count, "path": str(args.path)}, [f"exported {count} facts to {args.path}"])
     elif cmd == "import":
-        count = store.import_(args.path)
+        count = _import_from_stdin(store) if str(args.path) == "-" else store.import_(args.path)
         emit({"imported": count}, [f"imported {count} facts"])
     elif cmd == "backup":
         dest = store.backup(args.dest)

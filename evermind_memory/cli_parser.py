@@ -247,9 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("rebuild", "rebuild the vector index from the vectors in SQLite")
 
     p = add("export", "write every fact as JSON lines (no vectors)")
-    p.add_argument("path", type=_path, help="the JSON lines file to write")
+    p.add_argument("path", type=_path, help="the JSON lines file to write ('-': standard output)")
+    p.add_argument("--force", action="store_true", help="replace the file if it exists")
     p = add("import", "add the facts of a JSON lines export")
-    p.add_argument("path", type=_path, help="the JSON lines file to read")
+    p.add_argument("path", type=_path, help="the JSON lines file to read ('-': standard input)")
     p = add("backup", "write a consistent copy of the database (safe while others use it)")
     p.add_argument("dest", type=_path, help="the copy's path (must not exist)")
     add("info", "show sizes, identity and settings of the store")

@@ -60,6 +60,21 @@ def test_whole_store_commands_refuse_a_scope(embedder, tmp_path: Path, capsys):
     assert run(embedder, db, "count")[1].strip() == "2"
 
 
+def test_export_refuses_an_existing_file_and_both_ways_take_a_dash(embedder, tmp_path: Path, capsys, monkeypatch):
+    db, copy, kept = tmp_path / "src.db", tmp_path / "copy.db", tmp_path / "precious.txt"
+    run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada")
+    run(embedder, db, "--user", "bob", "remember", "Bob drinks coffee")
+    kept.write_text("precious\n")
+    assert run(embedder, db, "export", str(kept))[0] == cli.EXIT_USAGE and "--force" in capsys.readouterr().err
+    assert kept.read_text() == "precious\n"
+    assert run(embedder, db, "export", str(kept), "--force") == (0, f"exported 2 facts to {kept}\n")
+    code, lines = run(embedder, db, "export", "-")
+    assert code == 0 and lines == kept.read_text() and "exported 2 facts" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(lines.encode("utf-8")), encoding="utf-8"))
+    assert run(embedder, copy, "import", "-") == (0, "imported 2 facts\n")
+    assert run(embedder, copy, "export", "-")[1] == lines
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")

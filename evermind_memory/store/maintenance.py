@@ -38,6 +38,7 @@ from .search import EXACT_FILTER_MAX
 from .timing import parse_time, time_text
 from .validate import check_id, check_source, check_text, check_typed_tags
 from .vectors import Generation, VectorCache
+from .writer import AT_SKEW
 
 if TYPE_CHECKING:
     import numpy as np
@@ -244,6 +245,10 @@ def _import_line(raw: bytes, number: int, scope: str) -> list[NewFact]:
         source = check_source(rec.get("source"))
         created = check_time(rec.get("created_at"))
         updated = check_time(rec.get("updated_at"), default=created)
+        if datetime.fromisoformat(created) > datetime.now(timezone.utc) + AT_SKEW:
+            raise InvalidInput(f"created_at {created} lies in the future.")
+        if updated < created:  # both normalised to UTC with microseconds: text order is time order
+            raise InvalidInput(f"updated_at {updated} is before created_at {created}.")
         expires = rec.get("expires_at")
         expires = None if expires is None else time_text(parse_time(expires, "expires_at"))
         pinned = rec.get("pinned", False)
@@ -295,7 +300,8 @@ def check_time(value: object, default: str | None = None) -> str:
     except ValueError as exc:
         raise InvalidInput(f"expected an ISO 8601 UTC timestamp, got {value!r:.40} ({exc}).") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        raise InvalidInput(f"expected a timestamp with a timezone (Z or +00:00), got {value!r:.40}: without one "
+                           "its zone would be a guess.")
     return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
 
 

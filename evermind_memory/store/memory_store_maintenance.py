@@ -226,7 +226,8 @@ class MaintenanceMethods:
             how many facts were added.
         Raises:
             InvalidInput: path is not a text path (None, bytes, empty, NUL) or no readable file; a line is not a
-                valid fact, or its scope is outside this handle's (the line is named).
+                valid fact (a timestamp without a zone or in the future, updated_at before created_at ...), or
+                its scope is outside this handle's (the line is named).
         """
         self._check_writable("import_")
         path = check_path(path, "path", "import_")

@@ -185,6 +185,10 @@ GOOD = {"id": "f1", "text": "imported fact", "tags": {}, "source": None, "create
     # (a number is a tag value since schema 4; a list is not)
     json.dumps({**GOOD, "tags": {"k": [5]}}).encode() + b"\n",
     b"x" * (5 << 20) + b"\n",
+    # refused by remember(at=...) and the CLI, so refused here too: no zone, the future, updated before created
+    json.dumps({**GOOD, "created_at": "2024-06-01T00:00:00"}).encode() + b"\n",
+    json.dumps({**GOOD, "created_at": "2099-01-01T00:00:00+00:00"}).encode() + b"\n",
+    json.dumps({**GOOD, "updated_at": "2023-01-01T00:00:00+00:00"}).encode() + b"\n",
 ])
 def test_a_bad_import_is_invalid_input_and_imports_nothing(store, tmp_path, content):
     store.remember("already here")
