@@ -166,11 +166,23 @@ def _filter_args(args: argparse.Namespace) -> dict:
     return out
 
 
+# C0 and C1 controls, DEL, and the bidirectional overrides: shown escaped in human output, so a stored newline
+# keeps a fact on one line and stored text cannot send escape sequences to the terminal (--json is exact)
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}
+_CONTROLS.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
+_CONTROLS.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+
+
+def _shown(text: object) -> str:
+    """Text for a human line: controls escaped (see _CONTROLS)."""
+    return str(text).translate(_CONTROLS)
+
+
 def _fact_line(fact: Any) -> str:
     tags = " ".join(f"{k}={v}" for k, v in sorted(fact.tags.items()))
     extra = f"  [{tags}]" if tags else ""
     source = f"  (from {fact.source})" if fact.source else ""
-    return f"{fact.id}  {fact.text}{extra}{source}"
+    return _shown(f"{fact.id}  {fact.text}{extra}{source}")
 
 
 def _text_arg(text: str | None, argv: Sequence[str]) -> str | None:
@@ -223,18 +235,26 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                 print(line, file=out)
 
     if cmd == "remember":
-        fid = store.remember(_text_arg(args.text, args.argv), tags={**dict(args.tag), **(args.tags or {})} or None,
-                             source=args.source, id=args.id, ttl=args.ttl, expires_at=args.expires_at,
-                             pinned=args.pinned, dedup=args.dedup, at=args.at)
+        fields = {"tags": {**dict(args.tag), **(args.tags or {})} or None, "source": args.source, "id": args.id,
+                  "ttl": args.ttl, "expires_at": args.expires_at, "pinned": args.pinned, "at": args.at}
+        text = _text_arg(args.text, args.argv)
+        if args.dedup:
+            from ._remember import remember_deduped
+
+            fid, duplicate = remember_deduped(store, text, **fields)
+        else:
+            fid, duplicate = store.remember(text, **fields), False
         store.flush()  # embedded and indexed before we exit; a bad vector is an error here, not a silent gap
-        emit({"id": fid}, [fid])
+        emit({"id": fid, "duplicate": duplicate}, [fid])  # stdout: the id alone, for $(evermind remember ...)
+        if duplicate and not emit_json:
+            print(f"evermind: {fid} says this already; nothing new was stored (--dedup).", file=sys.stderr)
     elif cmd == "recall":
         hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
                             context=args.context, time_words=args.time_words, now=args.now, rerank=args.rerank,
                             **_filter_args(args))
         emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h),
-                                                    *(f"         | {f.text}" for f in h.context)]])
+                                                    *(f"         | {_shown(f.text)}" for f in h.context)]])
     elif cmd == "get":
         fact = store.get(args.id)
         emit(fact, [_fact_line(fact), f"created {fact.created_at.isoformat()}  updated {fact.updated_at.isoformat()}"])
@@ -283,7 +303,8 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "history":
         changes = store.history(args.id)
         emit(changes,
-             [f"{c.seq:>8}  {c.at.isoformat()}  {c.op:<8}  {c.text if c.text is not None else ''}" for c in changes])
+             [f"{c.seq:>8}  {c.at.isoformat()}  {c.op:<8}  {_shown(c.text) if c.text is not None else ''}"
+              for c in changes])
     elif cmd == "check":
         report = store.check()
         emit(report, [("ok" if report.ok else "PROBLEMS") + f": {report.facts} facts, {report.indexed} indexed"]

@@ -75,6 +75,19 @@ def test_export_refuses_an_existing_file_and_both_ways_take_a_dash(embedder, tmp
     assert run(embedder, copy, "export", "-")[1] == lines
 
 
+def test_human_output_escapes_control_characters(embedder, tmp_path: Path):
+    """A stored newline keeps its fact on one line, and stored escape sequences never reach the terminal."""
+    db = tmp_path / "ctl.db"
+    text = "first line\nsecond \x1b[31mred\x1b[0m \u202eevil"
+    fid = run(embedder, db, "remember", text)[1].strip()
+    for argv in (["list"], ["get", fid], ["history", fid], ["recall", "second", "--mode", "lexical"]):
+        out = run(embedder, db, *argv)[1]
+        assert "\\n" in out and "\\x1b[31m" in out and "\\u202e" in out, argv
+        assert not any(c in out for c in "\x1b\u202e")
+        assert [line for line in out.splitlines() if "second" in line][0].count("first line") == 1
+    assert json.loads(run(embedder, db, "--json", "get", fid)[1])["text"] == text  # --json stays exact
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
@@ -345,6 +358,9 @@ def test_filters_scopes_ids_expiry_and_duplicates(embedder, tmp_path: Path, caps
     dup = run(embedder, db, "remember", "ada prefers green tea.", "--user", "ada", "--tags", '{"n": 3, "ok": true}',
               "--dedup")[1].strip()
     assert dup == ada
+    code, out = run(embedder, db, "--json", "remember", "ada prefers green tea.", "--user", "ada", "--tags",
+                    '{"n": 3, "ok": true}', "--dedup")
+    assert json.loads(out) == {"id": ada, "duplicate": True}
     run(embedder, db, "remember", "ada prefers green tea!", "--user", "ada", "--tags", '{"n": 3, "ok": true}')
     code, out = run(embedder, db, "--json", "duplicates")
     assert code == 0 and [p["keep"] for p in json.loads(out)] == [ada]

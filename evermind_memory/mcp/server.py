@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Annotated, Any, Callable, Literal
 
 from mcp.server import MCPServer
@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from .. import __version__
 from ..errors import EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput
+from .._remember import remember_deduped
 from .page import RESYNC_WINDOW, decode_cursor, dumps, encode_cursor, fit, resume, scope_digest
 
 MAX_K = 50
@@ -385,9 +386,8 @@ def build_server(store: Any, *, name: str = "evermind") -> MCPServer:
                  ctx: Context | None = None) -> Annotated[CallToolResult, RememberResult]:
         """MemoryStore.remember (thread-safe; returns once the fact is committed, the vector follows)."""
         label = source if source is not None else _client_label(ctx)
-        started = datetime.now(timezone.utc)
-        fid = store.remember(text, tags=tags, source=label, ttl=ttl_seconds, dedup=dedup, at=at)
-        duplicate = dedup and store.get(fid).created_at < started  # the stored fact is older than this call
+        args = {"tags": tags, "source": label, "ttl": ttl_seconds, "at": at}
+        fid, duplicate = remember_deduped(store, text, **args) if dedup else (store.remember(text, **args), False)
         return _result({"id": fid, "source": label, "tags": dict(tags or {}), "duplicate": duplicate})
 
     def remember_conversation(

@@ -269,6 +269,10 @@ async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
                                           {"text": "ada prefers green tea.", "tags": {"person": "ada", "n": 3},
                                                        "dedup": True}))
         assert again["id"] == ada["id"] and again["duplicate"] is True and ada["duplicate"] is False
+        # a new fact said in the past is not a duplicate (its old created_at once made it look like one)
+        past = payload(await c.call_tool("remember", {"text": "Carol planted the apple tree", "dedup": True,
+                                                      "at": "2026-01-01T00:00:00Z"}))
+        assert past["duplicate"] is False and store.get(past["id"]).text == "Carol planted the apple tree"
         out = payload(await c.call_tool("recall", {"query": "green tea", "where": {"n": {"$gte": 2}}}))
         assert [m["id"] for m in out["memories"]] == [ada["id"]] and out["memories"][0]["tags"]["n"] == 3
         page = payload(await c.call_tool("list_memories", {"where": {"$or": [{"n": 1}, {"person": "carol"}]}}))
