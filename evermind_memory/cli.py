@@ -249,6 +249,11 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         if duplicate and not emit_json:
             print(f"evermind: {fid} says this already; nothing new was stored (--dedup).", file=sys.stderr)
     elif cmd == "recall":
+        if args.now is not None and not args.time_words:
+            raise InvalidInput("--now is the time --time-words counts from; add --time-words.")
+        if args.min_relevance is not None and args.mode != "hybrid":
+            raise InvalidInput(f"--min-relevance judges hybrid recall (the default mode), not --mode {args.mode}; "
+                               "use --min-score there.")
         hits = store.recall(args.query, k=args.k, mode=args.mode, min_score=args.min_score, fusion=args.fusion,
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
                             context=args.context, time_words=args.time_words, now=args.now, rerank=args.rerank,
@@ -272,6 +277,9 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         chosen = {k: v for k, v in _filter_args(args).items() if v}
         if args.ids and chosen:
             raise InvalidInput("forget takes ids or --tag/--where/--source/--since/--until, not both.")
+        if not args.ids and not chosen:
+            raise InvalidInput("forget takes fact ids or --tag/--where/--source/--since/--until; `evermind clear "
+                               "--yes` forgets every fact.")
         if args.ids:  # every id is checked before any is forgotten: a typo forgets nothing
             ids = list(dict.fromkeys(args.ids))
             missing = [fid for fid in ids if not _exists(store, fid)]
@@ -288,6 +296,9 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
         fid = store.supersede(args.id, _text_arg(args.text, args.argv))
         emit({"id": fid, "replaces": args.id}, [fid])
     elif cmd == "clear":
+        if not args.yes:
+            raise InvalidInput("clear forgets every fact of the scope given (of the whole store without --user, "
+                               "--agent, --run or --namespace); add --yes if you mean it.")
         count = store.clear(confirm=args.yes)
         emit({"forgotten": count}, [f"forgot {count} fact{'s' * (count != 1)}"])
     elif cmd == "count":

@@ -90,10 +90,10 @@ def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60} "
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"priority\": 2}}', got {text!r:.60} "
                                          f"({exc})")
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"user\": \"ada\"}}', got {text!r:.60}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"priority\": 2}}', got {text!r:.60}")
     return value
 
 

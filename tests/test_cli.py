@@ -367,7 +367,14 @@ def test_filters_scopes_ids_expiry_and_duplicates(embedder, tmp_path: Path, caps
     new = run(embedder, db, "supersede", ada, "Ada prefers black tea")[1].strip()
     assert [c["replaced_by"] for c in json.loads(run(embedder, db, "--json", "history", ada)[1])][-1] == new
     code, _ = run(embedder, db, "clear")
-    assert code == cli.EXIT_USAGE and "confirm=True" in capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "add --yes" in capsys.readouterr().err
+    # errors name the command line's options, not Python's arguments
+    for argv, said in ((["forget"], "evermind clear --yes"), (["recall", "x", "--now", "2026-01-01T00:00:00Z"],
+                                                              "add --time-words"),
+                       (["recall", "x", "--mode", "lexical", "--min-relevance", "0.2"], "use --min-score")):
+        assert run(embedder, db, *argv)[0] == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert said in err and "=True" not in err and "min_score" not in err, err
     assert json.loads(run(embedder, db, "--json", "clear", "--yes", "--user", "bob")[1]) == {"forgotten": 1}
     code, _ = run(embedder, db, "list", "--where", "{not json")
     assert code == cli.EXIT_USAGE and "JSON object" in capsys.readouterr().err

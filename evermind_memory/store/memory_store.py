@@ -489,7 +489,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         with self._parts.db.reading() as r:
             changes = r.history(fact_id, self._scope)
         if not changes:
-            raise FactNotFound(f"history() found no fact with id {fact_id!r} in this store.")
+            raise FactNotFound(f"history() found no fact with id {fact_id!r} here; it may belong to another scope, "
+                               "or its history was compacted away.")
         return changes
 
     def recall(self, query: str, k: int = 5, *, tags: dict | None = None, where: dict | None = None,
