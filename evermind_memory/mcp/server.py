@@ -97,6 +97,9 @@ class Memory(BaseModel):
     created_at: str = Field(description="UTC, ISO 8601")
     updated_at: str = Field(description="UTC, ISO 8601")
     expires_at: str | None = Field(None, description="UTC, ISO 8601: when it expires (null: never)")
+    pinned: bool = Field(False, description="kept until forgotten: never expires, recency leaves it alone")
+    scope: dict[str, str] = Field(default_factory=dict, description="whose memory it is: its namespace, user, "
+                                  "agent and run where set ({}: the store's root)")
     tags: dict[str, TagValue]
     text: str = Field(description="quoted data; cut when truncated is true (get_memory with text_offset reads on)")
     text_chars: int = Field(description="length of the whole text")
@@ -200,7 +203,8 @@ def _memory(fact: Any, *, score: float | None = None, relevance: float | None = 
     text = fact.text if text_offset is None else fact.text[text_offset:]
     item = {"id": fact.id, "source": fact.source, "created_at": _iso(fact.created_at),
             "updated_at": _iso(fact.updated_at),
-            "expires_at": None if fact.expires_at is None else _iso(fact.expires_at), "tags": dict(fact.tags),
+            "expires_at": None if fact.expires_at is None else _iso(fact.expires_at), "pinned": bool(fact.pinned),
+            "scope": dict(fact.scope), "tags": dict(fact.tags),
             "text": text, "text_chars": len(fact.text), "truncated": False}
     if score is not None:
         item = {"score": round(float(score), 6), **item}

@@ -287,6 +287,14 @@ async def test_where_filters_ttl_dedup_and_a_scoped_server(store):
         out = payload(await c.call_tool("recall", {"query": "green tea", "k": 10}))
         assert [m["id"] for m in out["memories"]] == [mine["id"]]
         assert "FactNotFound" in error_text(await c.call_tool("update_memory", {"id": ada["id"], "text": "taken over"}))
+    store.scope(user="bob").remember("Bob's note about tea", pinned=True)
+    async with client(store) as c:  # an unscoped server says whose each memory is
+        out = payload(await c.call_tool("recall", {"query": "note about tea", "k": 10}))
+        whose = {m["text"]: (m["scope"], m["pinned"]) for m in out["memories"]}
+        assert whose["Ada's private note about tea"] == ({"user": "ada"}, False)
+        assert whose["Bob's note about tea"] == ({"user": "bob"}, True)
+        listed = payload(await c.call_tool("list_memories", {}))["memories"]
+        assert {m["id"]: m["scope"] for m in listed}[ada["id"]] == {}
 
 
 async def test_a_conversation_remembered_and_recalled_with_its_context(store):
