@@ -105,8 +105,8 @@ def run_demo(args=None, *, seconds: float = 8.0, out=None) -> int:
         with MemoryStore(path, embedder=embedder) as store:
             _say()
             _say(f"remember() x {len(FACTS)} into {path}")
-            for text, user in FACTS:
-                (store if user is None else store.scope(user=user)).remember(text, source="demo")
+            for i, (text, user) in enumerate(FACTS):  # by id: a rerun with --keep replaces them, adds none
+                (store if user is None else store.scope(user=user)).remember(text, source="demo", id=f"demo-{i}")
             for query in QUERIES:
                 _say()
                 _say(f"recall({query!r}, k=2)")

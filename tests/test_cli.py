@@ -322,6 +322,14 @@ def test_demo_json_is_one_object(capsys):
     assert first["query"] == "what does Ada drink?" and any("Ada" in h["text"] for h in first["hits"][:2])
 
 
+def test_demo_keep_run_twice_keeps_eight_facts(tmp_path: Path, monkeypatch):
+    """--keep leaves ./evermind-demo.db; a second run replaces the demo's facts by id instead of adding eight more."""
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert cli.main(["demo", "--keep", "--json"], out=io.StringIO()) == 0
+    assert run(None, tmp_path / "evermind-demo.db", "count")[1].strip() == "8"
+
+
 def test_the_demo_answers_what_ada_drinks_first():
     """In the demo's eight facts "drink" (one fact, Bob's) is rarer than "Ada" (three): the rule for stores of short
     notes weighs which query words and names a fact holds, and the vectors, so Ada's tea comes before Bob's coffee."""

@@ -129,6 +129,28 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     assert any(code.endswith("evermind demo") for code in bash)
 
 
+def test_the_readme_demo_excerpt_is_what_the_demo_prints() -> None:
+    """The excerpt under "an excerpt of what it prints": each recall's hits, in order, with their scores (to
+    within the last printed digit, for BLAS rounding across machines)."""
+    import io
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    excerpt = readme.split("an excerpt of what it prints", 1)[1]
+    block = FENCE.search(excerpt).group(2)
+    shown: dict[str, list[tuple[float, str]]] = {}
+    for part in block.strip().split("\n\n"):
+        head, *lines = part.splitlines()
+        query = re.fullmatch(r"recall\('(.*)', k=2\)", head).group(1)
+        shown[query] = [(float(line.split()[0]), line.split(None, 1)[1]) for line in lines]
+    out = io.StringIO()
+    assert cli.main(["demo", "--json"], out=out) == 0
+    printed = {r["query"]: r["hits"] for r in json.loads(out.getvalue())["recalls"] if "scope" not in r}
+    assert shown and set(shown) <= set(printed)
+    for query, hits in shown.items():
+        assert [text for _, text in hits] == [h["text"] for h in printed[query]], query
+        assert [score for score, _ in hits] == pytest.approx([h["score"] for h in printed[query]], abs=0.011)
+
+
 # ---- the CLI and docs/cli.md -------------------------------------------------------------------------------------
 COMMON = {"--db", "--json", "--model", "--tokenizer", "--durability", "--namespace", "--user", "--agent", "--run",
           "-h", "--help"}
