@@ -298,7 +298,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         removes its tag (`tags={"mood": None}`); with replace_tags=True the given tags replace all of them
         (`tags={}, replace_tags=True` removes every tag). The CLI (`update --tag`, `--replace-tags`) and the MCP
         tool (`update_memory(tags, replace_tags)`) do the same. A new text gets a new vector; the old one is never
-        returned again. The scope, expiry and pin stay (remember(text, id=...) replaces those too). Thread-safe.
+        returned again. The scope, expiry and pin stay (remember(text, id=...) replaces those too). An update
+        that changes nothing records nothing: no history entry, and updated_at (which recency reads) stays.
+        Thread-safe.
 
             store.update(fid, tags={"mood": "happy", "draft": None})   # set one tag, remove another
 

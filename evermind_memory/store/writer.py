@@ -85,6 +85,11 @@ def reachable(row: FactRow | None, scope: str, now: str) -> TypeGuard[FactRow]:
     return row is not None and visible(row.scope, scope) and (row.expires_at is None or row.expires_at > now)
 
 
+def _same_tags(a: dict, b: dict) -> bool:
+    """Equal tags, types included (1, 1.0 and True are equal in Python, not as tags)."""
+    return a.keys() == b.keys() and all(type(a[k]) is type(b[k]) and a[k] == b[k] for k in a)
+
+
 def not_found(method: str, fact_id: str) -> FactNotFound:
     """The error of a fact this handle cannot reach."""
     return FactNotFound(f"{method}() found no fact with id {fact_id!r} here; it may have been forgotten, have "
@@ -256,6 +261,9 @@ class Writer:
                     vector = None  # same text, same embedder: keep the vector and its label
                 if tags is not None and merge:
                     tags = merge_tags(row.tags, tags)
+                if vector is None and text in (None, row.text) and source in (None, row.source) and (
+                        tags is None or _same_tags(tags, row.tags)):
+                    return row  # nothing changes: no history row, updated_at (which recency reads) stays
                 seq, removed = tx.update(
                     row, text=row.text if text is None else text, tags=row.tags if tags is None else tags,
                     source=row.source if source is None else source, vector=vector, fingerprint=gen.fingerprint,

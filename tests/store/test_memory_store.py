@@ -176,6 +176,19 @@ def test_update_merges_tags_unless_told_to_replace_them(store: MemoryStore):
     assert [c.tags for c in store.history(fid)][-1] == {} and store.check().ok
 
 
+def test_an_update_that_changes_nothing_records_nothing(store: MemoryStore):
+    """No history entry and the same updated_at (recency reads it) for a no-op; a change of a tag's type is one."""
+    fid = store.remember("Cy's notes", tags={"n": 1, "who": "cy"}, source="chat")
+    store.flush()  # its vector made (an update of a fact still waiting for one embeds it: a change)
+    before = store.get(fid)
+    for kwargs in ({"text": "Cy's notes"}, {"tags": {"gone": None}}, {"tags": {"who": "cy"}}, {"source": "chat"},
+                   {"tags": {"n": 1, "who": "cy"}, "replace_tags": True}):
+        assert store.update(fid, **kwargs) == before, kwargs
+    assert [c.op for c in store.history(fid)] == ["remember"]
+    assert store.update(fid, tags={"n": True}).tags == {"n": True, "who": "cy"}  # 1 == True, but not as a tag
+    assert [c.op for c in store.history(fid)] == ["remember", "update"] and store.check().ok
+
+
 def test_forget_never_returns_the_fact(store: MemoryStore):
     ids = store.remember_many(TEXTS)
     store.forget(ids[0])
