@@ -128,12 +128,12 @@ def run_round(gens: Any, policy: AdaptationPolicy, hooks: AdaptationHooks, *, ro
         report.base_fingerprint = base.fingerprint
         labels, texts, stored = gens.memories(policy.max_memories, policy.seed)
         report.memories = len(texts)
-        if len(texts) < policy.min_facts:
-            report.status, report.reason = "skipped", f"{len(texts)} memories, fewer than min_facts={policy.min_facts}"
-            report.total_seconds = time.perf_counter() - t0
-            return report
+        # refused now, with the sizes, rather than after a training the gate must refuse; the gate's reason first,
+        # as it names the size a round needs (under the default policy above min_facts)
         small = too_small_to_judge(len(texts), policy)
-        if small is not None:  # refused now, with the sizes, rather than after a training the gate must refuse
+        if small is None and len(texts) < policy.min_facts:
+            small = f"{len(texts)} memories, fewer than min_facts={policy.min_facts}"
+        if small is not None:
             report.status, report.reason = "skipped", small
             report.total_seconds = time.perf_counter() - t0
             return report

@@ -119,7 +119,7 @@ def test_gate_refuses_a_tie_and_says_why(filled: MemoryStore, db_path: Path, emb
     assert filled.adapter_history() == [] and filled.check().ok
 
 
-@pytest.mark.parametrize("facts", [20, 30, 31])
+@pytest.mark.parametrize("facts", [5, 20, 30, 31])
 def test_a_store_too_small_to_judge_is_refused_at_once_with_the_sizes(db_path: Path, embedder, facts: int) -> None:
     """Too few held-out memories for the gate to tell a gain from noise: known from the store's size, so the round
     is refused before training (a 30-fact store used to train 66 s, then be refused by the gate)."""
