@@ -100,8 +100,8 @@ def decode_cursor(cursor: str, scope: str) -> tuple[int, str | None]:
             or not (after is None or isinstance(after, str))):
         raise InvalidInput(f"the {what}")
     if data.get("s") != scope:
-        raise InvalidInput("the cursor was returned for other arguments (tags or id); pass the same ones, or start "
-                           "again without a cursor.")
+        raise InvalidInput("the cursor was returned for other arguments (tags, where or id); pass the same ones, or "
+                           "start again without a cursor.")
     return offset, after
 
 
