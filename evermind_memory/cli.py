@@ -149,6 +149,21 @@ def _import_from_stdin(store: Any) -> int:
         return int(store.import_(path))
 
 
+def _typed_tag_hint(args: argparse.Namespace, found: int) -> None:
+    """When --tag KEY=VALUE matched nothing and VALUE reads as a number or true/false, say on stderr that --tag
+    values are text and how to match a typed one (human output shows 2 and "2" alike)."""
+    if found or getattr(args, "json", False):
+        return
+    for key, value in getattr(args, "tag", None) or []:
+        try:
+            typed = json.loads(value.lower() if value.lower() in ("true", "false") else value)
+        except ValueError:
+            continue
+        if isinstance(typed, (bool, int, float)):
+            print(f"evermind: --tag values are text: {key}={value} matches the text {value!r} only; for the "
+                  f"{type(typed).__name__} use --where '{json.dumps({key: typed})}'.", file=sys.stderr)
+
+
 def _exists(store: Any, fact_id: str) -> bool:
     """Whether `store` (a scope view or not) reaches a live fact `fact_id` (InvalidInput for a malformed id)."""
     try:
@@ -258,6 +273,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
                             recency=args.recency, min_relevance=args.min_relevance, explain=args.explain,
                             context=args.context, time_words=args.time_words, now=args.now, rerank=args.rerank,
                             **_filter_args(args))
+        _typed_tag_hint(args, len(hits))
         emit(hits, [line for h in hits for line in [f"{_scores(h)}  {_fact_line(h)}", *_why(h),
                                                     *(f"         | {_shown(f.text)}" for f in h.context)]])
     elif cmd == "get":
@@ -304,6 +320,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "count":
         count = store.count(**_filter_args(args))
         emit({"count": count}, [str(count)])
+        _typed_tag_hint(args, count)
     elif cmd == "feedback":
         store.feedback(args.query, args.id, useful=not args.not_useful)
         verdict = "not useful" if args.not_useful else "useful"
@@ -311,6 +328,7 @@ def _run(args: argparse.Namespace, store: Any, out) -> int:
     elif cmd == "list":
         facts = store.list(limit=args.limit, offset=args.offset, **_filter_args(args))
         emit(facts, [_fact_line(f) for f in facts])
+        _typed_tag_hint(args, len(facts))
     elif cmd == "history":
         changes = store.history(args.id)
         emit(changes,

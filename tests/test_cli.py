@@ -88,6 +88,18 @@ def test_human_output_escapes_control_characters(embedder, tmp_path: Path):
     assert json.loads(run(embedder, db, "--json", "get", fid)[1])["text"] == text  # --json stays exact
 
 
+def test_a_tag_filter_that_finds_nothing_points_to_where_for_typed_values(embedder, tmp_path: Path, capsys):
+    db = tmp_path / "typed.db"
+    run(embedder, db, "remember", "Bob's flight", "--tags", '{"priority": 2, "done": false}')
+    capsys.readouterr()
+    assert run(embedder, db, "count", "--tag", "priority=2") == (0, "0\n")
+    assert """--where '{"priority": 2}'""" in capsys.readouterr().err
+    assert run(embedder, db, "list", "--tag", "done=False")[1] == ""
+    assert """--where '{"done": false}'""" in capsys.readouterr().err
+    assert run(embedder, db, "count", "--where", '{"priority": 2}') == (0, "1\n")
+    assert run(embedder, db, "count", "--tag", "who=ada") == (0, "0\n") and capsys.readouterr().err == ""
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
