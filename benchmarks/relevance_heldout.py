@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from personal_data import TEST2_FILE, TEST_FILE, PersonalSet, hand_written  # noqa: E402
+from personal_data import TEST2_FILE, TEST3_FILE, TEST_FILE, PersonalSet, hand_written  # noqa: E402
 from personal_recall import build, minilm_embedder  # noqa: E402
 from personal_sizes import FIVE, Store, layout  # noqa: E402
 
@@ -108,9 +108,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS))
     ap.add_argument("--json", default=None, help="write the results (and every ask) here")
-    ap.add_argument("--test", choices=("1", "2"), default="1",
+    ap.add_argument("--test", choices=("1", "2", "3"), default="1",
                     help="which test set: 1, personal_test.jsonl (judged the relevance fitted without "
-                         "personal_fit.jsonl; read twice), 2, personal_test2.jsonl (judges the one fitted with it)")
+                         "personal_fit.jsonl; read twice), 2, personal_test2.jsonl (judged the one fitted with it), "
+                         "3, personal_test3.jsonl (judges the one fitted with every store size weighed alike)")
     ap.add_argument("--fusion", default=None,
                     help="a fusion JSON to judge instead of the shipped one (recipe/calibrate_fusion.py --out)")
     ap.add_argument("--minilm", action="store_true",
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     embedder = minilm_embedder() if args.minilm else load_embedder(None, None)
     if args.fusion:
         embedder.fusion_params = args.fusion  # the store reads an embedder's own rule first (fusion.params_for)
-    test_file = TEST_FILE if args.test == "1" else TEST2_FILE
+    test_file = {"1": TEST_FILE, "2": TEST2_FILE, "3": TEST3_FILE}[args.test]
     asks = collect(embedder, hand_written(test_file), few=[int(n) for n in args.few.split(",")],
                    groups=not args.no_groups)
     results = {}

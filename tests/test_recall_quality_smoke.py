@@ -255,20 +255,20 @@ def test_validation_set_is_apart_from_the_dev_protocol_and_pools_as_its_own_sour
 
 def test_fit_and_test_people_are_apart_and_laid_out_in_stores_of_every_size(tmp_path: Path, embedder: LMEmbedder,
                                                                            monkeypatch) -> None:
-    """The relevance fit's thirty hand-written people (two files) and the second test set's twelve: no person or fact
-    shared with each other or with any other personal set, all reserved from the training generator, each person
-    with ten answered questions and four (fit) or three (test) unanswerable ones. The layout puts a person's five
-    facts, the person alone, a group and the group beside others in stores of their own (a question whose fact a
-    store lacks is unanswerable there); as calibrate_fusion's source its asks are pooled through real stores and it
-    is marked for the relevance fit only."""
+    """The relevance fit's thirty hand-written people (two files) and the second and third test sets' twelve each: no
+    person or fact shared with each other or with any other personal set, all reserved from the training generator,
+    each person with ten answered questions and four (fit) or three (test) unanswerable ones. The layout puts a
+    person's five facts, the person alone, a group and the group beside others in stores of their own (a question
+    whose fact a store lacks is unanswerable there); as calibrate_fusion's source its asks are pooled through real
+    stores and it is marked for the relevance fit only."""
     import dev_pools
     import personal_data as pd
     import personal_sizes
 
     monkeypatch.setattr(dev_pools, "CACHE_DIR", tmp_path / "cache")
-    fits, test2 = pd.fit_sets(), pd.hand_written(pd.TEST2_FILE)
+    fits, test2, test3 = pd.fit_sets(), pd.hand_written(pd.TEST2_FILE), pd.hand_written(pd.TEST3_FILE)
     others = [pd.personal_set(), pd.validation_set(), pd.hand_written(pd.TEST_FILE)]
-    sets = [*fits.values(), test2]
+    sets = [*fits.values(), test2, test3]
     for i, ps in enumerate(sets):
         users = set(ps.users())
         per = 4 if i < len(fits) else 3
