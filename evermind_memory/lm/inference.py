@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -244,12 +243,18 @@ def _usable_cores() -> int:
 
 
 _POOL_LOCK = threading.Lock()
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int], Any] = {}
 
 
-def _pool(n: int) -> ThreadPoolExecutor:
-    """The process's pool of n embedding workers (keyed by pid too: a forked child has none of the parent's
-    threads, so it starts its own pool instead of queueing work no thread would take)."""
+def _pool(n: int) -> Any:
+    """The process's ThreadPoolExecutor of n embedding workers (keyed by pid too: a forked child has none of the
+    parent's threads, so it starts its own pool instead of queueing work no thread would take).
+
+    Raises:
+        RuntimeError: the interpreter is exiting (concurrent.futures refuses to load, or to start threads, then).
+    """
+    from concurrent.futures import ThreadPoolExecutor  # here: first imported at exit, it raises (see above)
+
     key = (os.getpid(), n)
     with _POOL_LOCK:
         pool = _POOLS.get(key)
@@ -272,9 +277,17 @@ def plan_embed_many(plan: _Plan, seqs: Sequence[np.ndarray], d_model: int) -> np
             _embed_bucket(plan, seqs, ids, lens, out)
         return out
     # longest buckets first, so the last one to start is short and the workers finish together
-    jobs = [_pool(workers).submit(_embed_bucket, plan, seqs, ids, lens, out) for ids in reversed(buckets)]
+    order = list(reversed(buckets))
+    jobs = []
+    try:
+        for ids in order:
+            jobs.append(_pool(workers).submit(_embed_bucket, plan, seqs, ids, lens, out))
+    except RuntimeError:  # the interpreter is exiting (an atexit hook closing a store): no new threads, so here
+        pass
     for job in jobs:
         job.result()
+    for ids in order[len(jobs):]:
+        _embed_bucket(plan, seqs, ids, lens, out)
     return out
 
 

@@ -321,9 +321,30 @@ def test_a_script_that_never_closes_exits_and_loses_nothing(embedder, tmp_path: 
         proc = subprocess.run([PYTHON, "-c", NO_CLOSE, "", "", str(db), str(Path(__file__).parent)],
                               capture_output=True, text=True, env=child_env(), timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        with MemoryStore(db, embedder) as store:
+        with MemoryStore(db, embedder, read_only=True) as store:  # a reader: it embeds nothing itself
             assert len(store) == 20
             assert store.check().waiting_vectors == 0  # embedded before the exit
+
+
+NO_CLOSE_SHIPPED = """
+import sys
+from evermind_memory import MemoryStore
+MemoryStore(sys.argv[1]).remember("Ada prefers green tea in the morning")
+"""
+
+
+def test_a_script_on_the_shipped_model_that_never_closes_leaves_its_vector(tmp_path: Path):
+    """The default embedder loads lazily: the first embedding ran in the atexit hook, where importing
+    concurrent.futures (and starting its threads) is refused, so every waiting fact was left without a vector,
+    and readers found it by its words only until a writer next opened the store."""
+    db = tmp_path / "shipped-noclose.db"
+    proc = subprocess.run([PYTHON, "-c", NO_CLOSE_SHIPPED, str(db)], capture_output=True, text=True,
+                          env=child_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with MemoryStore(db, read_only=True) as store:
+        assert store.check().waiting_vectors == 0
+        assert [h.text for h in store.recall("what does Ada drink?", k=1, mode="vector")] == [
+            "Ada prefers green tea in the morning"]
 
 
 # ---- identity: two paths to one file ----------------------------------------------------------------------
