@@ -4,8 +4,9 @@ before and after it, in order.
 
 A turn is stored as "Speaker: text", so both recall modes see who said it ("what did Ada say about Lisbon?"),
 with the tags {"session": ..., "turn": n, "speaker": ...} (plus the caller's). Turns are numbered in the order
-given, after the turns the session already holds in this scope, so a session remembered in several calls reads
-as one. No SQL here: the front's writer stores the facts and its list() finds the neighbours.
+given, after the highest number the session holds in this scope (read in the write transaction), so a session
+remembered in several calls reads as one. No SQL here: the front's writer stores the facts and its list() finds
+the neighbours.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import InvalidInput
-from .validate import check_text
+from .validate import MAX_LIST_LIMIT, check_text
 
 if TYPE_CHECKING:
     from .memory_store import MemoryStore
@@ -62,6 +63,14 @@ def check_turns(turns: object) -> list[tuple[str, str, object]]:
     return out
 
 
+def number_turns(items: list, held: list) -> list:
+    """New turns (NewFact, numbered 0..) renumbered after the highest turn number of `held`, the session's facts
+    already in the store (FactRow)."""
+    numbers = [row.tags.get(TURN_TAG) for row in held]
+    start = 1 + max((n for n in numbers if isinstance(n, int) and not isinstance(n, bool)), default=-1)
+    return [item._replace(tags={**item.tags, TURN_TAG: start + i}) for i, item in enumerate(items)]
+
+
 def turn_tags(tags: object, session: str, turn: int, speaker: str) -> object:
     """The caller's tags plus the turn's session, number and speaker (the caller may not set those three)."""
     tags = dict(tags or {}) if isinstance(tags, Mapping) or tags is None else tags
@@ -91,9 +100,13 @@ def with_context(store: MemoryStore, hits: list["Recall"], n: int) -> list["Reca
         if not n or not isinstance(session, str) or isinstance(turn, bool) or not isinstance(turn, int):
             out.append(hit)
             continue
-        near: list[Fact] = store.list(limit=2 * n + 1, where={
+        # read in the hit's own scope (a parent's view also holds other scopes' sessions of the same name, which
+        # once filled the window and left the hit's own turns out), then only that scope's turns
+        below = {level: value for level, value in hit.scope.items() if level not in store.scoped_to}
+        view = store.scope(**below) if below else store
+        near: list[Fact] = view.list(limit=MAX_LIST_LIMIT, where={
             SESSION_TAG: session, TURN_TAG: {"$gte": turn - n, "$lte": turn + n}})
-        near = [f for f in near if f.scope == hit.scope]  # the session of this hit's own scope
+        near = [f for f in near if f.scope == hit.scope]
         out.append(replace(hit, context=tuple(sorted(near, key=lambda f: f.tags[TURN_TAG]))))
     return out
 

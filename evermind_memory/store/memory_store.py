@@ -280,15 +280,19 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         Raises:
             InvalidInput: bad turns, session, tags, source or at. EmbedderOutputInvalid: as remember_many().
         """
-        from .conversation import SESSION_TAG, check_session, check_turns, turn_tags
+        from .conversation import SESSION_TAG, check_session, check_turns, number_turns, turn_tags
 
         self._check_writable("remember_conversation")
         session, checked = check_session(session), check_turns(turns)
-        start = self.count(where={SESSION_TAG: session})  # the turns this session holds already, in this scope
         items = [new_fact("remember_conversation", self._scope, f"{speaker}: {text}",
-                          turn_tags(tags, session, start + i, speaker), source, None, None, False, at)
+                          turn_tags(tags, session, i, speaker), source, None, None, False, at)
                  for i, (speaker, text, at) in enumerate(checked)]
-        return self._parts.writer.insert_embedded(items)
+        held = select("remember_conversation", self._scope, where={SESSION_TAG: session})
+        # numbered in the write transaction, after the session's last turn in this very scope: two writers (or a
+        # forgotten turn) cannot give two turns one number
+        return self._parts.writer.insert_embedded(
+            items, lambda tx, new: number_turns(new, [row for row in tx.list_rows(-1, 0, held)
+                                                      if row.scope == self._scope]))
 
     def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
                source: str | None = None, replace_tags: bool = False) -> Fact:

@@ -16,7 +16,7 @@ queued without a vector names this store as its owner; after a commit the store 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Sequence, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeGuard
 
 from .._crash import crash_point
 from .._lazy import lazy_import
@@ -141,14 +141,21 @@ class Writer:
             self._worker.start()
         return item.id
 
-    def insert_embedded(self, items: Sequence[NewFact]) -> list[str]:
-        """Embed the facts, then commit them with their vectors in one transaction (all or none)."""
+    def insert_embedded(self, items: Sequence[NewFact], prepare: Callable[[Any, list[NewFact]], list[NewFact]]
+                        | None = None) -> list[str]:
+        """Embed the facts, then commit them with their vectors in one transaction (all or none). `prepare(tx,
+        items)`, run inside that transaction before the insert, may change what the texts do not depend on (a
+        conversation numbers its turns there, against the turns committed before it)."""
         texts = [item.text for item in items]
         made = embed_serving(self._cache, texts)  # before the mutex: an adaptation swap may change the model
         with self._db.write_mutex:
             gen, vectors = embed_serving(self._cache, texts, made)  # (N, D) by the model that serves now
             with self._db.transaction() as tx:
                 Generations.require_serving(tx, gen.fingerprint, "remember")
+                if prepare is not None:
+                    items = prepare(tx, list(items))
+                    if [item.text for item in items] != texts:
+                        raise AssertionError("insert_embedded: prepare changed a text its vector was made from")
                 labels, _ = tx.insert(list(items), vectors, gen.fingerprint)
                 crash_point("remember.before_commit")
             crash_point("remember.after_commit")

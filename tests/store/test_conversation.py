@@ -3,6 +3,8 @@ recall(..., context=N), through MemoryStore on both engines."""
 
 from __future__ import annotations
 
+import threading
+
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -102,3 +104,37 @@ def test_recall_refuses_a_bad_context(store, context):
     store.remember("x")
     with pytest.raises(InvalidInput, match="context"):
         store.recall("x", context=context)
+
+
+def test_turn_numbers_never_repeat_after_a_forget_or_between_threads(store):
+    """Turns were numbered by counting the session's facts outside the write: a forgotten turn, or two threads
+    appending at once, gave two turns one number (and a context window the wrong neighbours)."""
+    ada = store.scope(user="ada")
+    ids = ada.remember_conversation([("Ada", "one apple"), ("Bot", "two bananas"), ("Ada", "three cherries")],
+                                    session="s1")
+    ada.forget(ids[1])
+    ada.remember_conversation([("Bot", "four dates"), ("Ada", "five elderberries")], session="s1")
+    assert sorted(f.tags["turn"] for f in ada.list(where={"session": "s1"})) == [0, 2, 3, 4]
+    store.remember_conversation([("Root", "the root's own session of that name")], session="s1")
+    assert [f.tags["turn"] for f in store.list(where={"session": "s1"}) if f.scope == {}] == [0]  # its own numbers
+
+    def append(n: int) -> None:
+        for j in range(5):
+            ada.remember_conversation([("T", f"thread {n} turn {j}")], session="race")
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(f.tags["turn"] for f in ada.list(where={"session": "race"}, limit=100)) == list(range(20))
+
+
+def test_context_from_a_parent_scope_reads_the_hits_own_session(store):
+    """Another scope's session of the same name once filled the context window read from the parent's view."""
+    store.scope(user="bob").remember_conversation([("Bob", f"bob line {i}") for i in range(5)], session="chat-1")
+    store.scope(user="ada").remember_conversation([("Ada", f"ada line {i} about topic{i}") for i in range(5)],
+                                                  session="chat-1")
+    for view in (store, store.scope(user="ada")):
+        hit = view.recall("ada line 2 about topic2", k=1, context=1)[0]
+        assert [f.text for f in hit.context] == [f"Ada: ada line {i} about topic{i}" for i in (1, 2, 3)]
