@@ -27,6 +27,7 @@ from .embedding import embed_query
 from .index import SearchFailed, VectorIndex
 from .index_nodes import exact_search
 from .lexical import MAX_TERMS, coverage, name_coverage, phrase_query, query_names, query_words, text_terms
+from .damage import readable
 from .records import Explain
 from .selection import select
 from .timing import apply_recency, check_half_life
@@ -244,6 +245,11 @@ class Search:
         lex = self.lexical(query, size, sel)
         rows = {row.rid: row for row, _ in vec}
         rows.update({row.rid: row for row, _ in lex})
+        damaged = {rid for rid, row in rows.items() if not isinstance(row.text, str)}
+        if damaged:  # a text damaged outside the library cannot be read for words: skipped, as reads skip it
+            readable([rows.pop(rid) for rid in damaged], lambda row: row.to_fact(), "recall")  # (warns)
+            vec = [hit for hit in vec if hit[0].rid not in damaged]
+            lex = [hit for hit in lex if hit[0].rid not in damaged]
         in_vec = {row.rid for row, _ in vec}
         missing = [row.label for row, _ in lex if row.rid not in in_vec and row.label is not None]
         words = query_words(query)

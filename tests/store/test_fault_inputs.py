@@ -46,6 +46,23 @@ def test_a_damaged_row_is_skipped_reported_and_repaired(db_path, embedder):
         assert store.check().ok
 
 
+def test_a_damaged_text_is_skipped_by_every_recall_mode(db_path):
+    """A text made bytes outside the library: hybrid recall (the default, with the shipped model's fitted rule)
+    read it for words and raised TypeError from deep inside; every mode now skips it with the warning."""
+    with MemoryStore(db_path) as store:
+        ids = store.remember_many(CORPUS)
+        store.flush()
+    _damage(db_path, "UPDATE facts SET text = x'ff00fe' WHERE id = ?", ids[0])
+    with MemoryStore(db_path, read_only=True) as store:
+        for mode in ("hybrid", "vector", "lexical"):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always", StoreWarning)
+                hits = store.recall(CORPUS[0], k=len(CORPUS), mode=mode)
+            assert ids[0] not in {h.id for h in hits}, mode
+            if mode != "lexical":  # (the bytes match no words, so lexical recall never meets the row)
+                assert hits and any("damaged fact row" in str(w.message) for w in seen), mode
+
+
 def test_a_nan_vector_does_not_stop_a_writer_opening(db_path, embedder):
     with MemoryStore(db_path, embedder) as store:
         ids = store.remember_many(CORPUS)
