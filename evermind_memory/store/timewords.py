@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InvalidInput
 from .timing import parse_time
+from .validate import K_MAX
 
 if TYPE_CHECKING:
     from .memory_store import MemoryStore
@@ -140,5 +141,5 @@ def recall_in_span(store: MemoryStore, query: str, k: int, time_words: bool, now
     if len(inside) >= k:
         return inside
     seen = {h.id for h in inside}
-    rest = [h for h in store.recall(query, k + len(inside), **args) if h.id not in seen]
+    rest = [h for h in store.recall(query, min(k + len(inside), K_MAX), **args) if h.id not in seen]
     return inside + rest[: k - len(inside)]

@@ -71,3 +71,11 @@ def test_recall_refuses_bad_time_word_arguments(store, kwargs, message):
     store.remember("x")
     with pytest.raises(InvalidInput, match=message):
         store.recall("x yesterday", **kwargs)
+
+
+def test_time_words_with_the_largest_k(store):
+    """k=1000 with a span holding fewer facts than k once asked the plain recall for k + those facts (> 1000)."""
+    inside = store.remember("Ada planted the apple tree", at=NOW)
+    store.remember("Ada repotted the fig")
+    hits = store.recall("what did Ada plant on Saturday", k=1000, time_words=True, now=NOW)
+    assert hits[0].id == inside and len(hits) == 2
