@@ -187,8 +187,9 @@ class EvermindStore(BaseStore):
                 pass  # deleting what is not there is a no-op in LangGraph
             return None
         minutes = _check_ttl(op.ttl)
+        text = value_text(op.value)  # first: it says what a value must be (item_tags reads its leaves)
         tags = item_tags(op.namespace, op.key, op.value, index=op.index, ttl=minutes)
-        self._store.remember(value_text(op.value), id=fid, tags=tags, ttl=None if minutes is None else minutes * 60)
+        self._store.remember(text, id=fid, tags=tags, ttl=None if minutes is None else minutes * 60)
         return None
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
@@ -206,8 +207,10 @@ class EvermindStore(BaseStore):
         if op.query:
             scored = self._scored(op.query, {"$and": [where, {NOINDEX: {"$exists": False}}]}, offset + limit, check)
             found = [(fact, score) for fact, score in scored[offset:]]
-            if len(found) < limit:  # unindexed items follow, unscored (LangGraph's InMemoryStore does the same)
-                found += [(fact, None) for fact in self._listed({"$and": [where, {NOINDEX: True}]}, 0,
+            if len(found) < limit:  # unindexed items follow, unscored (LangGraph's InMemoryStore does the same):
+                # `scored` then holds every scored item, so a page past them starts that far into the unindexed
+                start = max(0, offset - len(scored))
+                found += [(fact, None) for fact in self._listed({"$and": [where, {NOINDEX: True}]}, start,
                                                                 limit - len(found), check)]
         else:
             found = [(fact, None) for fact in self._listed(where, offset, limit, check)]

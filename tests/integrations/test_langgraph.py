@@ -65,6 +65,9 @@ def test_namespaces_are_validated_as_langgraph_does(lg: EvermindStore) -> None:
 
 
 def test_values_must_be_json(lg: EvermindStore) -> None:
+    for value in (["a"], "text", 3):  # not a dict: said so (it once leaked AttributeError from the tag reader)
+        with pytest.raises(InvalidInput, match="expected value to be a dict"):
+            lg.put(("a",), "k", value)
     with pytest.raises(InvalidInput, match="JSON value"):
         lg.put(("a",), "k", {"s": {1, 2}})
     with pytest.raises(InvalidInput, match="JSON value"):
@@ -204,6 +207,17 @@ def test_semantic_search_ranks_by_meaning_and_puts_unindexed_items_last(lg: Ever
     assert [h.key for h in lg.search(("mem",), query="green tea", limit=1, offset=1)] != ["tea"]
     assert lg.search(("nothing",), query="tea") == []
     assert len(lg.search(("mem",), query="tea", offset=1, limit=5000)) == 3  # fewer items than the 1000 it ranks
+
+
+def test_query_pages_reach_every_unindexed_item_in_turn(lg: EvermindStore) -> None:
+    """Pages past the scored items go on into the unindexed ones, as InMemoryStore's do (every page after them
+    once started again at the first unindexed item, and the last could never be reached)."""
+    lg.put(("docs",), "i1", {"text": "apples are red fruit"})
+    lg.put(("docs",), "i2", {"text": "bananas are yellow fruit"})
+    for j in range(3):
+        lg.put(("docs",), f"n{j}", {"text": f"unindexed {j}"}, index=False)
+    pages = [[h.key for h in lg.search(("docs",), query="fruit", limit=2, offset=o)] for o in range(0, 6, 2)]
+    assert sorted(pages[0]) == ["i1", "i2"] and pages[1:] == [["n0", "n1"], ["n2"]]
 
 
 def test_semantic_search_under_a_selective_filter_is_not_cut_short() -> None:
