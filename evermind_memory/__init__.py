@@ -29,7 +29,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 _LAZY = {"MemoryStore": "store", "Fact": "store", "Recall": "store", "default_embedder": "embedder",
-         "AsyncMemoryStore": "integrations.async_store"}
+         "AsyncMemoryStore": "integrations.async_store", "repair_store": "store"}
 
 
 def __getattr__(name: str):
@@ -57,6 +57,7 @@ __all__ = [
     "Recall",
     "RowDamaged",
     "default_embedder",
+    "repair_store",
     "StorageError",
     "StoreCorrupt",
     "StoreLocked",

@@ -309,6 +309,16 @@ class EvermindVectorStore(VectorStore):
         return [fact_to_document(hits[i]) for i in picked]
 
     @classmethod
+    def from_documents(cls, documents: list[Document], embedding: Embeddings | None = None,
+                       **kwargs: Any) -> "EvermindVectorStore":
+        """from_texts with the documents' texts, metadata and ids (the embedding optional here too)."""
+        ids = [doc.id for doc in documents]
+        if any(i is not None for i in ids):
+            kwargs.setdefault("ids", ids)
+        return cls.from_texts([doc.page_content for doc in documents], embedding,
+                              [doc.metadata for doc in documents], **kwargs)
+
+    @classmethod
     def from_texts(cls, texts: list[str], embedding: Embeddings | None = None, metadatas: list[dict] | None = None, *,
                    ids: list[str] | None = None, store: MemoryStore | str | os.PathLike = ":memory:",
                    **kwargs: Any) -> "EvermindVectorStore":

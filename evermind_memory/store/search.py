@@ -224,10 +224,13 @@ class Search:
             InvalidInput: anything else.
         """
         floor = check_relevance(min_relevance)
-        if floor is not None and (mode != "hybrid" or self.fusion_params() is None):
-            raise InvalidInput(f"recall(min_relevance=...) needs mode='hybrid' (got {mode!r}) and an embedder with a "
-                               "fitted fusion rule (the shipped model has one; recipe/calibrate_fusion.py fits one); "
-                               "use min_score otherwise.")
+        if floor is not None and mode != "hybrid":
+            raise InvalidInput(f"recall(min_relevance=...) judges hybrid recall, not mode={mode!r}; use min_score "
+                               "there.")
+        if floor is not None and self.fusion_params() is None:
+            raise InvalidInput("recall(min_relevance=...) needs an embedder with a fitted fusion rule, which this "
+                               "store's has not (the shipped model has one; recipe/calibrate_fusion.py fits one); use "
+                               "min_score otherwise.")
         return floor
 
     def pool(self, gen: Generation, query: str, qv: np.ndarray, size: int, sel: Selection,

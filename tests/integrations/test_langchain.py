@@ -160,6 +160,15 @@ def test_from_texts_persists_and_reopens(tmp_path: Path) -> None:
         assert [c.op for c in v.store.history("tea")] == ["remember", "update"]
 
 
+def test_from_documents_needs_no_embedding_as_from_texts_does() -> None:
+    """It once raised TypeError (LangChain's base needs an embedding); ids and metadata come from the documents."""
+    docs = [Document(page_content="Ada prefers green tea", metadata={"person": "ada"}),
+            Document(page_content="Bob drinks black coffee", id="bob-coffee")]
+    with EvermindVectorStore.from_documents(docs) as v:
+        got = {d.page_content: (d.id, d.metadata) for d in v.similarity_search("a hot drink", k=2)}
+    assert got["Bob drinks black coffee"] == ("bob-coffee", {}) and got["Ada prefers green tea"][1] == {"person": "ada"}
+
+
 def test_embeddings_are_the_stores_vectors() -> None:
     emb = EvermindEmbeddings()
     q, (d,) = emb.embed_query("green tea"), emb.embed_documents(["green tea"])
