@@ -179,7 +179,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                 alone.
             dedup: return the id of a stored fact this one repeats (same scope, tags and source; close in
                 meaning, most words shared, no differing number, name, date or negation: store/dedup.py) and
-                store nothing; else store it.
+                store nothing; else store it. Expiry and pin are not compared: the stored fact keeps its own
+                (remember(text, id=that_id, ttl=...) changes them).
             at: when the fact was said or observed (an aware datetime or ISO 8601 text with an offset, not in the
                 future): its created_at, which since=/until= and recency read. Default now. Not with id=.
         Returns:
