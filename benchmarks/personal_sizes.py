@@ -107,7 +107,7 @@ def layout(ps: PersonalSet, *, group: int | None = None, large: Sequence[int] = 
 
 
 def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 15,
-                 large: Sequence[int] = (1000, 2000), cache_dir: Path | None = None,
+                 large: Sequence[int] = (1000, 2000), few: Sequence[int] = (FIVE,), cache_dir: Path | None = None,
                  log: Callable[[str], None] = lambda s: None) -> dict[str, dict]:
     """Source `name` in recipe/calibrate_fusion.py's load_data format: the layout of `ps` (groups of `group`,
     beside generated people of seeds 2 to 5, apart from the seeds the held-out test uses), every ask's
@@ -117,14 +117,15 @@ def sizes_source(embedder: object, ps: PersonalSet, name: str, *, group: int = 1
     ranking rule. Cached by the embedder's fingerprint and the set's digest."""
     import dev_pools as dp
 
-    stores = layout(ps, group=group, large=large, seed_tag="fit", other_seeds=(2, 3, 4, 5))
+    stores = layout(ps, group=group, large=large, seed_tag="fit", other_seeds=(2, 3, 4, 5), few=few)
     docs: dict[tuple[str | None, str], int] = {}  # (user, text) -> the source's doc index
     for st in stores:
         for f in st.ps.facts:
             docs.setdefault((f.user, f.text), len(docs))
     cache_dir = Path(cache_dir or dp.CACHE_DIR)
     fp = hashlib.sha1(embedder.fingerprint.encode("utf-8")).hexdigest()[:12]
-    tag = hashlib.sha1(f"{group}-{list(large)}".encode()).hexdigest()[:8]
+    key = f"{group}-{list(large)}" + ("" if tuple(few) == (FIVE,) else f"-few{list(few)}")  # old caches stay valid
+    tag = hashlib.sha1(key.encode()).hexdigest()[:8]
     path = cache_dir / f"{name}-{fp}-{dp.POOL_MAX}{dp.POOL_FORMAT}-{ps.digest()}-{tag}.json.gz"
     if path.is_file():
         cached = dp.load_json_gz(path)

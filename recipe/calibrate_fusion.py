@@ -375,9 +375,11 @@ class RelevanceStacks:
     queries with their fact taken out of the store ("removed") and another source's queries ("foreign"), with
     every ranking feature of the rules and the relevance model's own, `features` (built once, memoised)."""
 
-    def __init__(self, data: dict, rules: Sequence[Rule], features: Sequence[str] = RELEVANCE_FEATURES) -> None:
+    def __init__(self, data: dict, rules: Sequence[Rule], features: Sequence[str] = RELEVANCE_FEATURES,
+                 by_size: bool = False) -> None:
         self.data = data
         self.features = tuple(features)
+        self.by_size = by_size  # relevance_set weighs each store size of a sizes source alike (size_weights)
         self.names = {pool: list(dict.fromkeys([f for r in rules if r.pool == pool for f in r.features]
                                                + [f for f in self.features if f in FEATURES]))
                       for pool in {r.pool for r in rules}}
@@ -439,8 +441,27 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, weight: np.ndarray, l2: float = L
     return w[:-1], float(w[-1])
 
 
+def size_weights(d: dict, kind: str, share: float) -> np.ndarray | None:
+    """(Q,) weights of one kind's queries of a source laid out in stores of every size (benchmarks/personal_sizes.py:
+    labels "<facts> scoped|all"), summing to `share`: each store size weighs as many asks as it holds, and within
+    it the kinds keep SHARES, so the relevance means the same in a store of 2 facts as in one of 2,000 (without
+    it a five-fact store, whose asks are mostly unanswerable, weighs unanswerable asks 2.3 times). None for a
+    source without such labels."""
+    if "foreign_shapes" not in d:
+        return None
+    answerable = [label.split()[0] for label in d["source"].shapes]
+    foreign = [label.split()[0] for label in d["foreign_shapes"]]
+    sizes = answerable + foreign
+    mine = foreign if kind == "foreign" else answerable
+    per_size = {g: sizes.count(g) / len(sizes) for g in set(sizes)}
+    count = {g: mine.count(g) for g in set(mine)}
+    out = np.array([per_size[g] / count[g] for g in mine])
+    return share * out / out.sum()
+
+
 def relevance_set(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows of the three kinds for `sources`, weighted by SHARES within each source (sources weigh the same)."""
+    """Rows of the three kinds for `sources`, weighted by SHARES within each source (sources weigh the same), and
+    with rs.by_size within each store size of the sources laid out by size (size_weights)."""
     X, y, wt, top, answerable = [], [], [], [], []
     for s in sources:
         for kind, stack in rs.get(s, rule.pool).items():
@@ -449,7 +470,13 @@ def relevance_set(rs: RelevanceStacks, sources: Sequence[str], rule: Rule, w: np
             Xk, yk, tk = relevance_rows(stack, rule, w, rs.features)
             X.append(Xk)
             y.append(yk)
-            wt.append(np.full(len(yk), SHARES[kind] / stack.nq))
+            per_query = size_weights(rs.data[s], kind, SHARES[kind]) if rs.by_size else None
+            if per_query is None:
+                wt.append(np.full(len(yk), SHARES[kind] / stack.nq))
+            else:
+                if int(tk.sum()) != stack.nq or len(per_query) != stack.nq:
+                    raise RuntimeError(f"{s} {kind}: {int(tk.sum())} top rows for {stack.nq} queries")
+                wt.append(per_query[np.cumsum(tk) - 1])  # rows come query by query, each query's top row first
             top.append(tk)
             answerable.append(np.full(len(yk), kind == "answerable"))
     return {"X": np.concatenate(X), "y": np.concatenate(y).astype(np.float64), "w": np.concatenate(wt),
@@ -577,7 +604,7 @@ def relevance_report(rs: RelevanceStacks, source: str, rule: Rule, w: np.ndarray
 
 def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources: Sequence[str] | None = None,
               minilm: object | None = None, log: Callable[[str], None] = lambda s: None,
-              personal: bool = True, sizes: bool = True) -> dict[str, dict]:
+              personal: bool = True, sizes: bool = True, few: Sequence[int] = (5,)) -> dict[str, dict]:
     """Every source's cached store pass (dev_pools.py): pools, gold, reference rankings and foreign pools.
 
     Sources: the dev folder's, plus the corpus's held-out eval sets (debian, pyapi, foldoc) when corpus_dir is
@@ -623,7 +650,7 @@ def load_data(embedder: object, dev_dir: Path, corpus_dir: Path | None, sources:
             from personal_sizes import sizes_source
 
             for part, ps in fit_sets().items():
-                data.update(sizes_source(embedder, ps, f"personal-sizes-{part}", log=log))
+                data.update(sizes_source(embedder, ps, f"personal-sizes-{part}", few=few, log=log))
     return data
 
 
@@ -722,6 +749,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     help="leave out the personal-memory sources (benchmarks/personal_recall.py)")
     ap.add_argument("--no-sizes", action="store_true",
                     help="leave out the hand-written people in stores of every size (benchmarks/personal_sizes.py)")
+    ap.add_argument("--size-balance", action="store_true",
+                    help="weigh each store size of the sizes sources alike in the relevance fit (size_weights)")
+    ap.add_argument("--few", default="5",
+                    help="sizes of the one-person stores of the sizes sources, comma-separated (default 5)")
     args = ap.parse_args(argv)
     extra = tuple(f for f in args.relevance_extra.split(",") if f.strip())
     unknown = [f for f in extra if f not in FEATURES]
@@ -741,11 +772,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     t0 = time.perf_counter()
     data = load_data(embedder, Path(args.dev), Path(args.corpus) if args.corpus else None,
                      [s for s in args.sources.split(",") if s.strip()] or None, log=log, personal=not args.no_personal,
-                     sizes=not args.no_sizes)
+                     sizes=not args.no_sizes, few=tuple(int(n) for n in args.few.split(",")))
     rules = RULES + STUDY_RULES if args.study else RULES
     fits = build_fits(data, rules, log=log)
     features = relevance_features(args.relevance_model)
-    rs = RelevanceStacks(data, rules, features + tuple(f for f in extra if f not in features))
+    rs = RelevanceStacks(data, rules, features + tuple(f for f in extra if f not in features),
+                         by_size=args.size_balance)
     loso = evaluate_loso(data, fits, rs, log, args.relevance_model)
     params, chosen = final_params(data, fits, rs, embedder.fingerprint, args.relevance_model)
     print(format_loso(loso))

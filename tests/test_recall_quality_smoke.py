@@ -158,6 +158,24 @@ def test_auc_and_reliability_by_hand() -> None:
     assert rel["ece"] == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
 
 
+def test_size_weights_balance_each_store_size_by_hand() -> None:
+    """A sizes source with 2 answerable and 6 unanswerable asks among 5 facts and 6 / 2 among 1,000: each size
+    weighs its share of the asks (8 of 16 each), split answerable / unanswerable by SHARES within it."""
+    from types import SimpleNamespace
+
+    d = {"source": SimpleNamespace(shapes=["5 scoped"] * 2 + ["1000 all"] * 6),
+         "foreign_shapes": ["5 scoped"] * 6 + ["1000 all"] * 2}
+    ans = cf.size_weights(d, "answerable", cf.SHARES["answerable"])
+    removed = cf.size_weights(d, "removed", cf.SHARES["removed"])
+    foreign = cf.size_weights(d, "foreign", cf.SHARES["foreign"])
+    assert [w.sum() for w in (ans, removed, foreign)] == pytest.approx([0.5, 0.25, 0.25])
+    five = ans[:2].sum(), removed[:2].sum() + foreign[:6].sum()  # answerable, unanswerable mass among 5 facts
+    thousand = ans[2:].sum(), removed[2:].sum() + foreign[6:].sum()
+    assert five[0] == pytest.approx(five[1]) and thousand[0] == pytest.approx(thousand[1])
+    assert sum(five) == pytest.approx(sum(thousand)) == pytest.approx(0.5)
+    assert cf.size_weights({"source": SimpleNamespace(shapes=["x"])}, "answerable", 0.5) is None  # not by size
+
+
 def _dev_folder(root: Path) -> Path:
     """Three tiny dev sources in build_devsets.py's format: queries share a rare word with their doc only."""
     dev = root / "dev"
