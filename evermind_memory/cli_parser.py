@@ -172,12 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=5, help="at most this many facts (default 5)")
     filters(p)
     p.add_argument("--recency", type=float, default=None, metavar="SECONDS",
-                   help="weight scores by 0.5 ** (age / SECONDS), age since the fact last changed (default: off)")
+                   help="weight scores by 0.5 ** (age / SECONDS), age since the fact last changed, before the rerank "
+                        "of short notes rescales them (default: off)")
     p.add_argument("--mode", choices=("hybrid", "vector", "lexical"), default="hybrid",
                    help="hybrid (default): words and meaning; vector: meaning; lexical: words (needs no model)")
     p.add_argument("--fusion", choices=("score", "rrf"), default="score",
                    help="how hybrid mode fuses its two rankings (default: score)")
-    p.add_argument("--min-score", type=float, default=None, help="drop facts scoring below this")
+    p.add_argument("--min-score", type=float, default=None,
+                   help="drop facts scoring below this (hybrid: the fused score, before the rerank of short notes "
+                        "rescales what is shown; --explain shows it)")
     p.add_argument("--min-relevance", type=float, default=None, metavar="P",
                    help="(hybrid) drop facts whose calibrated relevance, 0..1, is below P (on documents 0.1 keeps "
                         "~95%% of right answers; on short personal facts 0.2 keeps ~89%%)")

@@ -140,13 +140,12 @@ def checked_vectors(raw: object, count: int, dim: int, *, what: str = "embed_man
     finite = np.isfinite(vecs).all(axis=1)  # (N,)
     if not finite.all():
         bad = int(np.flatnonzero(~finite)[0])
-        raise EmbedderOutputInvalid(f"embedder.{what} returned a non-finite vector (row {bad}); nothing was stored.")
+        raise EmbedderOutputInvalid(f"embedder.{what} returned a non-finite vector (row {bad}).")
     norms = np.linalg.norm(vecs, axis=1)  # (N,)
     if (norms <= MIN_NORM).any():
         bad = int(np.flatnonzero(norms <= MIN_NORM)[0])
         raise EmbedderOutputInvalid(
-            f"embedder.{what} returned a zero vector (row {bad}, norm {norms[bad]:.3g} <= {MIN_NORM}); nothing was "
-            "stored."
+            f"embedder.{what} returned a zero vector (row {bad}, norm {norms[bad]:.3g} <= {MIN_NORM})."
         )
     out = (vecs / norms[:, None]).astype(np.float32)  # (N, D)
     return np.ascontiguousarray(out)
