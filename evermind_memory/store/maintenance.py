@@ -276,6 +276,8 @@ def import_records(db: Backend, cache: VectorCache, records: list[NewFact]) -> i
             Generations.require_serving(tx, gen.fingerprint, "import_")
             present = set(tx.fetch_where("id", [rec.id for rec in records]))
             keep = [i for i, rec in enumerate(records) if rec.id not in present]
+            if not keep:  # another process imported them all meanwhile (an empty insert is not one on PostgreSQL)
+                return 0
             before = tx.max_seq()
             labels, _ = tx.insert([records[i] for i in keep], vectors[keep], gen.fingerprint)
             top = tx.max_seq()

@@ -389,6 +389,38 @@ def test_export_import_round_trip(store: MemoryStore, tmp_path: Path, embedder):
         assert other.recall(TEXTS[2], k=1, mode="vector")[0].id == ids[2]
 
 
+def test_two_handles_importing_one_file_at_once_add_it_once(target, tmp_path: Path, embedder):
+    """Both check the ids, embed, then commit: the second finds every id imported meanwhile and adds none (on
+    PostgreSQL its empty insert once raised TypeError)."""
+    import threading
+
+    handles = [MemoryStore(target, embedder) for _ in range(2)]
+    try:
+        for round_ in range(3):
+            path = tmp_path / f"in{round_}.jsonl"
+            path.write_text("".join(json.dumps({"id": f"imp{round_}-{i}", "text": f"imported fact {i} about tea",
+                                                "created_at": "2024-01-02T03:04:05+00:00"}) + "\n"
+                                    for i in range(40)))
+            start, added, errors = threading.Barrier(2), [], []
+
+            def run(store: MemoryStore) -> None:
+                start.wait()
+                try:
+                    added.append(store.import_(path))
+                except Exception as exc:  # noqa: BLE001 (the assertion shows it)
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=run, args=(h,)) for h in handles]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert errors == [] and sum(added) == 40 and handles[0].count() == 40 * (round_ + 1)
+    finally:
+        for h in handles:
+            h.close()
+
+
 def test_import_is_all_or_nothing(store: MemoryStore, tmp_path: Path):
     from evermind_memory import InvalidInput
 

@@ -254,3 +254,22 @@ def test_postgres_writer_waits_for_another_nodes_lock_then_raises_store_locked(e
         assert [f.text for f in store.list()] == ["before the lock: otters hold hands", "after the lock: foxes sleep",
                                                   "after the lock, no waiting: badgers dig"]
         assert fid in {h.id for h in store.recall("foxes sleep", k=3)}
+
+
+def test_postgres_calls_after_the_servers_connections_drop_just_work(pg_server, embedder):
+    """A restart (here: every backend of a database of its own terminated, as a restart does) left the pool's idle
+    connections dead, and the first call of every open store failed with StorageError though the server was up;
+    connections are now tried as they leave the pool."""
+    import psycopg
+
+    pg_url = pg_server.new_database()
+    with MemoryStore(pg_url, embedder) as store:
+        fid = store.remember("Ada prefers green tea in the morning")
+        store.flush()
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            gone = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                 "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()[0]
+        assert gone >= 1
+        assert store.count() == 1  # the first call after the drop
+        assert store.get(fid).text == "Ada prefers green tea in the morning"
+        assert store.remember("Bob drinks coffee") and store.count() == 2

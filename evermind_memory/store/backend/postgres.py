@@ -65,6 +65,10 @@ POLL_S = 1.0  # the follower's fallback poll when no notification came
 POOL_MAX = 8
 CONNECT_TIMEOUT_S = 10
 _log = logging.getLogger(__name__)
+# The pool logs each failed connection attempt; without a handler of the application's, Python's last-resort
+# handler printed them on stderr (CLI output, an MCP server's log) while our own errors already say what failed.
+# A NullHandler keeps them out of stderr and still lets them reach an application's logging config.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 _URL_SCHEMES = ("postgresql://", "postgres://")
 _SECRET_KEYS = {"password", "sslpassword"}
 
@@ -167,8 +171,11 @@ class PostgresBackend:
                     self._ensure_schema(conn)
             from psycopg_pool import ConnectionPool
 
+            # check: a connection is tried (an empty query) as it leaves the pool, so one left dead by a server
+            # restart is replaced there instead of failing the first call after the server is back
             self._pool = ConnectionPool(url, min_size=1, max_size=max(2, pool_size), kwargs={"autocommit": True},
-                                        configure=self._configure, open=False, name="evermind", timeout=30.0)
+                                        configure=self._configure, open=False, name="evermind", timeout=30.0,
+                                        check=ConnectionPool.check_connection)
             self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
         except BaseException as exc:
             self.close()
