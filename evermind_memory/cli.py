@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 from .cli_parser import (  # noqa: F401  (re-exported: tests and docs read them as cli.*)
     DB_ENV, EXIT_CODES, EXIT_DAMAGED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LOCKED, EXIT_MODEL, EXIT_NOT_FOUND,
-    EXIT_OK, EXIT_OS, EXIT_USAGE, MODEL_FREE_COMMANDS, READ_COMMANDS, SCOPE_LEVELS, UsageError, build_parser,
-    default_db_path,
+    EXIT_OK, EXIT_OS, EXIT_SIGPIPE, EXIT_USAGE, MODEL_FREE_COMMANDS, READ_COMMANDS, SCOPE_LEVELS, UsageError,
+    build_parser, default_db_path,
 )
 from .errors import (
     CheckpointError, EmbedderMismatch, EmbedderOutputInvalid, EvermindError, FactNotFound, InvalidInput, StoreCorrupt,
@@ -517,6 +517,12 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
             return _run(args, repair_store(path, emb, durability=args.durability), out)
         with _open(args, emb) as store:
             return _run(args, _scoped(args, store), out)
+    except BrokenPipeError:  # `evermind list | head`: the reader has gone, as with any Unix tool: quietly
+        try:  # and nothing more reaches the closed pipe when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is not a file (a test's StringIO)
+            pass
+        return EXIT_SIGPIPE
     except (EvermindError, UsageError, OSError, KeyboardInterrupt) as exc:
         return _report(exc, as_json)
     except Exception as exc:  # noqa: BLE001 (a bug of ours: one line, not a traceback; EVERMIND_DEBUG=1 shows it)

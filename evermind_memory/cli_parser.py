@@ -24,6 +24,7 @@ SCOPE_LEVELS = ("namespace", "user", "agent", "run")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_LOCKED, EXIT_MODEL, EXIT_OS = 0, 1, 2, 3, 4, 5, 6
 EXIT_DAMAGED = 7
 EXIT_INTERRUPTED = 130
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE, what a Unix tool whose reader left (`| head`) ends with
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_FAILED: "failure: `check` found problems, or an error not listed below",
@@ -38,6 +39,7 @@ EXIT_CODES = {
     EXIT_DAMAGED: "damaged: the store's files are damaged (StoreCorrupt); `evermind repair PATH` keeps every "
                   "readable fact",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_SIGPIPE: "the reader of the output left (`| head`): nothing is printed",
 }
 
 

@@ -100,6 +100,22 @@ def test_a_tag_filter_that_finds_nothing_points_to_where_for_typed_values(embedd
     assert run(embedder, db, "count", "--tag", "who=ada") == (0, "0\n") and capsys.readouterr().err == ""
 
 
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path):
+    """`evermind list | head -1`: the reader leaves early; the CLI printed "error: [Errno 32] Broken pipe" (and
+    Python a flush error at exit); it now ends as a Unix tool does, with nothing on stderr."""
+    db = tmp_path / "pipe.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    facts = "\n".join(json.dumps({"text": f"fact number {i} about tea"}) for i in range(4000))
+    subprocess.run([sys.executable, "-m", "evermind_memory", "--db", str(db), "import", "-"], input=facts,
+                   text=True, env=env, check=True, capture_output=True, timeout=300)
+    proc = subprocess.Popen([sys.executable, "-m", "evermind_memory", "--db", str(db), "list", "--limit", "4000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves while most of the output is still to come
+    assert proc.wait(timeout=120) == cli.EXIT_SIGPIPE
+    assert proc.stderr.read() == b""
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")
@@ -287,7 +303,7 @@ def test_exit_code_per_error_class():
                                        EmbedderMismatch("x"), EmbedderOutputInvalid("x"), CheckpointError("x"),
                                        PermissionError("x"), StorageError("x"), StoreCorrupt("x"), RowDamaged("x"),
                                        KeyboardInterrupt())] == [1, 2, 3, 4, 5, 5, 5, 6, 6, 7, 7, 130]
-    assert set(cli.EXIT_CODES) == {0, 1, 2, 3, 4, 5, 6, 7, 130}
+    assert set(cli.EXIT_CODES) == {0, 1, 2, 3, 4, 5, 6, 7, 130, 141}
     assert all(f"{code:>3}  " in cli.build_parser().format_help() for code in cli.EXIT_CODES)  # documented in --help
 
 
