@@ -124,7 +124,7 @@ class CheckReport:
     Attributes:
         ok: no problems.
         problems: human-readable findings.
-        facts: live facts in SQLite.
+        facts: fact rows in SQLite (expired ones the sweeper has not deleted yet included; count() leaves them out).
         indexed: live vectors in the HNSW index.
         stale_vectors: facts whose vector was made by another embedder.
         waiting_vectors: facts with no vector yet (a writer's check waits for its background embedding first,
