@@ -364,3 +364,47 @@ def test_cli_adapt_history_and_rollback(filled: MemoryStore, db_path: Path, embe
     assert base_fp in out.getvalue()
     with MemoryStore(db_path, embedder) as s:
         assert s.fingerprint == base_fp
+
+
+WAITING_CHILD = CHILD_PRELUDE + """
+import os, signal
+s = MemoryStore(db, emb)
+s.remember("a fact still waiting for its vector while another process swaps models")
+print("remembered", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)  # alive, its background vector not written: a busy writer's state
+"""
+
+
+def test_a_swap_while_another_writers_fact_waits_for_its_vector(db_path: Path, model_files, embedder) -> None:
+    """The swap gave every row the new fingerprint, those still waiting for a vector (no label) too: every other
+    process's recall and check(), and a fresh open's, then raised TypeError until some process embedded them."""
+    with MemoryStore(db_path, embedder) as s:
+        s.remember_many(FACTS)
+    child = None
+    try:
+        for _ in range(5):  # the writer's worker may embed before it stops: try again
+            child = subprocess.Popen([PYTHON, "-c", WAITING_CHILD, *map(str, model_files), str(db_path)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+            assert child.stdout.readline().strip() == "remembered", child.stderr.read()[-2000:]
+            with MemoryStore(db_path, embedder, read_only=True) as r:
+                if r.info()["waiting_vectors"]:
+                    break
+            child.kill()
+            child.wait()
+        else:
+            pytest.skip("the writer's vector was written before it stopped, five times")
+        with MemoryStore(db_path, embedder) as reader, MemoryStore(db_path, embedder) as adapter:
+            assert reader.recall("Ada green tea", k=3)
+            assert adapter.adapt_now(FAST).status == "swapped"
+            for store in (reader, adapter):
+                assert store.recall("Ada green tea", k=3) and store.recall("river foxes", k=3, mode="lexical")
+                assert store.check().waiting_vectors == 1
+        with MemoryStore(db_path, embedder, read_only=True) as fresh:
+            assert fresh.recall("Ada green tea", k=3) and fresh.check().waiting_vectors == 1
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+    with MemoryStore(db_path, embedder) as s:  # the stopped writer is gone: its fact is adopted and embedded
+        s.flush()
+        assert s.check().ok and s.count() == len(FACTS) + 1

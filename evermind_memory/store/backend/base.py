@@ -470,7 +470,8 @@ class Writes(Reads, Protocol):
 
 
     def generation_adopt(self, fingerprint: str) -> None:
-        """Make the generation's vectors the facts' vectors (every fact then carries `fingerprint`)."""
+        """Make the generation's vectors the facts' vectors (every fact with a vector then carries `fingerprint`;
+        one still waiting for its first vector is left as it is)."""
 
     def generation_drop(self) -> None:
         """Forget the generation being built (its vectors)."""

@@ -454,6 +454,9 @@ class Session:
             f"{GEN_TABLE} g WHERE g.label = f.label AND g.fingerprint = ?)", (fingerprint,))
 
     def generation_adopt(self, fingerprint: str) -> None:
+        # only facts with a vector (a label): one still waiting for its first keeps no fingerprint until a
+        # worker embeds it, with whatever model serves then (it once took the new one with no vector)
         self._run(f"UPDATE facts SET vector = (SELECT g.vector FROM {GEN_TABLE} g WHERE g.label = facts.label "
-                  "AND g.fingerprint = ?), fingerprint_id = ?", (fingerprint, self._fingerprint_id(fingerprint)))
+                  "AND g.fingerprint = ?), fingerprint_id = ? WHERE label IS NOT NULL",
+                  (fingerprint, self._fingerprint_id(fingerprint)))
         self.changed = True
