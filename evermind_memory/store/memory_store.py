@@ -35,7 +35,7 @@ from .memory_store_maintenance import MaintenanceMethods
 from .parts import Opening, StoreParts, connect
 from .records import Change, Fact, Recall
 from .scope import narrow, scope_parts
-from .search import hybrid_weight
+from .search import STRICT_LABELS, LabelsMoved, hybrid_weight
 from .selection import select
 from .timing import DurationArg, TimeArg
 from .validate import (
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 
 FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
+RECALL_ATTEMPTS = 5  # searches of one recall while other processes' commits keep moving labels (the last drops them)
 
 
 class MemoryStore(MaintenanceMethods, AdaptationMethods):
@@ -567,8 +568,16 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         if q.mode != "lexical" and self._parts.access.writes:
             self._parts.worker.wait()
             self._parts.worker.raise_failures("recall")
-        with self._parts.vectors.serving(load=q.mode != "lexical") as gen:  # one generation (model, fingerprint, index)
-            hits = self._parts.search.recall(gen, q, self._parts.opening.hybrid_weight)
+        for attempt in range(RECALL_ATTEMPTS):
+            strict = STRICT_LABELS.set(q.mode != "lexical" and attempt < RECALL_ATTEMPTS - 1)
+            try:
+                with self._parts.vectors.serving(load=q.mode != "lexical") as gen:  # one generation (model, index)
+                    hits = self._parts.search.recall(gen, q, self._parts.opening.hybrid_weight)
+                break
+            except LabelsMoved:  # another process's commit moved labels after the catch-up: catch up, ask again
+                self._parts.sync(index=True)
+            finally:
+                STRICT_LABELS.reset(strict)
         return readable(hits, lambda hit: hit[0].to_recall(hit[1], *hit[2]), "recall")[:q.k]
 
     # ---- scopes --------------------------------------------------------------------------------------------

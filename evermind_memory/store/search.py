@@ -18,6 +18,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
+from contextvars import ContextVar
+
 from .._blas import single_blas
 from .._lazy import lazy_import
 from ..embedder.base import DEFAULT_HYBRID_WEIGHT
@@ -84,6 +86,15 @@ def fts_match(query: str, max_terms: int = MAX_TERMS) -> str | None:
     """Turn free text into a safe FTS5 query: each word quoted, OR-joined (None when no words). Recall itself
     matches fewer words on large stores: see store/lexical.py."""
     return phrase_query(query_words(query, max_terms))
+
+
+# Set by MemoryStore.recall while it may still catch up and ask again: rows_for then raises LabelsMoved instead of
+# dropping hits whose labels another process's commit moved (a reembed moves every label: the answer was empty).
+STRICT_LABELS: ContextVar[bool] = ContextVar("evermind_strict_labels", default=False)
+
+
+class LabelsMoved(Exception):
+    """Index labels not in SQLite any more (see rows_for): catch up with the store's changes and search again."""
 
 
 def hybrid_weight(embedder: Embedder) -> float:
@@ -200,11 +211,19 @@ class Search:
         return list(zip(*[a.tolist() for a in exact_search(vecs, labels, qv, k)]))
 
     def rows_for(self, hits: list[tuple[int, float]]) -> list[Hit]:
-        """The fact rows of (label, score) hits, in order (a label forgotten meanwhile is dropped)."""
+        """The fact rows of (label, score) hits, in order.
+
+        Raises:
+            LabelsMoved: (while STRICT_LABELS is set) a label is not in SQLite any more: another process committed
+                a change after this one caught up (a reembed or an update gives a fact a new label, a forget takes
+                it away). Unset, such a hit is dropped.
+        """
         if not hits:
             return []
         with self._db.reading() as r:
             rows = r.fetch_where("label", [label for label, _ in hits])
+        if len(rows) < len(hits) and STRICT_LABELS.get():
+            raise LabelsMoved(f"{len(hits) - len(rows)} of {len(hits)} labels moved")
         return [(rows[label], score) for label, score in hits if label in rows]
 
     def fusion_params(self) -> FusionParams | None:

@@ -330,6 +330,33 @@ def test_reembed_force(store: MemoryStore):
     assert store.check().ok
 
 
+def test_recall_stays_whole_while_another_handle_reembeds(db_path: Path, embedder):
+    """reembed(force=True) gives every fact a new label; a handle that caught up just before a batch committed
+    read its index's old labels in SQLite, found none and answered [] (44 of 4,932 recalls in one run). It now
+    catches up and searches again."""
+    import threading
+
+    with MemoryStore(db_path, embedder) as s:
+        s.remember_many([f"person {i} enjoys jazz in Oslo and chess on sunday, note {i}" for i in range(120)])
+    stop = threading.Event()
+
+    def churn() -> None:
+        with MemoryStore(db_path, embedder) as other:
+            while not stop.is_set():
+                other.reembed(force=True)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        with MemoryStore(db_path, embedder) as store:
+            short = [len(hits) for hits in (store.recall("who enjoys jazz in Oslo", k=5, mode=mode)
+                                            for _ in range(400) for mode in ("vector", "hybrid")) if len(hits) < 5]
+    finally:
+        stop.set()
+        thread.join()
+    assert short == []
+
+
 def test_reader_sees_writer_commits(target, embedder):
     with MemoryStore(target, embedder) as writer:
         writer.remember("first fact")
