@@ -96,6 +96,11 @@ class RebuildReport:
     swapped_at: str | None = None
 
 
+class ModelSwapped(EmbedderMismatch):
+    """A write met a model another process swapped in since this one last followed (MemoryStore follows the swap
+    and writes once more; the error reaches the caller only if the write still cannot be made)."""
+
+
 class Generations(AdapterState):
     """The serving model of one store and the ways to replace it (the public generation API).
 
@@ -208,7 +213,7 @@ class Generations(AdapterState):
         """
         stored = tx.meta("fingerprint")
         if stored is not None and stored != fingerprint:
-            raise EmbedderMismatch(
+            raise ModelSwapped(
                 f"{method}(): the store now serves {stored} (another process swapped models); this MemoryStore "
                 f"embeds with {fingerprint}. Nothing was stored. Recall once to follow the swap, or reopen the "
                 "store with its embedder."

@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins  # below `def list`, a bare `list` in an annotation names the method
 import copy
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from ..errors import EmbedderMismatch, EvermindError, FactNotFound, InvalidInput
 from . import closing, maintenance
@@ -29,7 +29,7 @@ from .backend.base import FactRow, new_id, utc_now
 from .damage import readable
 from .embedding import load_model_aside, probe_embedder
 from .filters import MatchAll
-from .generations import Generations, resolve_embedder
+from .generations import Generations, ModelSwapped, resolve_embedder
 from .index_config import IndexConfig, check_index_memory
 from .memory_store_maintenance import MaintenanceMethods
 from .parts import Opening, StoreParts, connect
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 
 FEEDBACK_LIMIT = 10_000  # judgements kept (the newest); each is a training pair for adaptation
+T = TypeVar("T")
 RECALL_ATTEMPTS = 5  # searches of one recall while other processes' commits keep moving labels (the last drops them)
 
 
@@ -148,6 +149,16 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         self._check_usable()
         self._parts.access.require_writer(method)
 
+    def _following(self, write: Callable[[], T]) -> T:
+        """write(), and when it met a model another process swapped in since this one last followed, follow the
+        swap (as a recall would) and write once more: a process that only writes sees no error after an
+        adaptation elsewhere."""
+        try:
+            return write()
+        except ModelSwapped:
+            self._parts.sync(index=self._parts.vectors.loaded)
+            return write()
+
     def _check_owner(self, method: str) -> None:
         if not self._owner:
             raise InvalidInput(f"{method}() looks after the whole store; call it on the MemoryStore that opened the "
@@ -201,13 +212,13 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             if id is not None:
                 raise InvalidInput("remember() takes id= (replace that fact) or dedup=True (find a duplicate), not "
                                    "both.")
-            fid = self._parts.writer.insert_unique(item)[0]
+            fid = self._following(lambda: self._parts.writer.insert_unique(item)[0])
         elif id is not None:
-            fid = self._parts.writer.upsert(item._replace(id=check_id(id)), self._scope)
+            fid = self._following(lambda: self._parts.writer.upsert(item._replace(id=check_id(id)), self._scope))
         elif self._parts.access.embeds_in_background:
             fid = self._parts.writer.insert_queued(item)
         else:
-            fid = self._parts.writer.insert_embedded([item])[0]
+            fid = self._following(lambda: self._parts.writer.insert_embedded([item])[0])
         if item.expires_at is not None:
             self._parts.start_sweeper(item.expires_at)
         return fid
@@ -256,7 +267,7 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
             return []
         first = new_fact("remember_many", self._scope, checked[0], tags, source, ttl, expires_at, pinned, at)
         items = [first] + [first._replace(id=new_id(), text=t) for t in checked[1:]]
-        ids = self._parts.writer.insert_embedded(items)
+        ids = self._following(lambda: self._parts.writer.insert_embedded(items))
         if first.expires_at is not None:
             self._parts.start_sweeper(first.expires_at)
         return ids
@@ -292,9 +303,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         held = select("remember_conversation", self._scope, where={SESSION_TAG: session})
         # numbered in the write transaction, after the session's last turn in this very scope: two writers (or a
         # forgotten turn) cannot give two turns one number
-        return self._parts.writer.insert_embedded(
+        return self._following(lambda: self._parts.writer.insert_embedded(
             items, lambda tx, new: number_turns(new, [row for row in tx.list_rows(-1, 0, held)
-                                                      if row.scope == self._scope]))
+                                                      if row.scope == self._scope])))
 
     def update(self, fact_id: str, text: str | None = None, *, tags: dict | None = None,
                source: str | None = None, replace_tags: bool = False) -> Fact:
@@ -334,8 +345,9 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
                                "call update(fact_id, tags={}, replace_tags=True); to remove one, tags={'key': None}.")
         new_text = None if text is None else check_text(text)
         new_tags = None if tags is None else (check_typed_tags(tags) if replace_tags else check_tag_patch(tags))
-        return self._parts.writer.update(fact_id, self._scope, new_text, new_tags, check_source(source),
-                                   merge=not replace_tags).to_fact()
+        source = check_source(source)
+        return self._following(lambda: self._parts.writer.update(fact_id, self._scope, new_text, new_tags, source,
+                                                                 merge=not replace_tags)).to_fact()
 
     def supersede(self, old_id: str, text: str, *, tags: dict | None = None, source: str | None = None) -> str:
         """Replace a fact by a new one: "moved to Zurich" supersedes "lives in Bern". One transaction.
@@ -354,7 +366,8 @@ class MemoryStore(MaintenanceMethods, AdaptationMethods):
         old_id = check_id(old_id)
         text = check_text(text)
         new_tags = None if tags is None else check_typed_tags(tags)
-        return self._parts.writer.supersede(old_id, self._scope, text, new_tags, check_source(source), new_id())
+        source, fid = check_source(source), new_id()
+        return self._following(lambda: self._parts.writer.supersede(old_id, self._scope, text, new_tags, source, fid))
 
     def forget(self, fact_id: str) -> None:
         """Remove a fact; it is never returned again (a tombstone stays in its history).

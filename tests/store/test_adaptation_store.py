@@ -408,3 +408,22 @@ def test_a_swap_while_another_writers_fact_waits_for_its_vector(db_path: Path, m
     with MemoryStore(db_path, embedder) as s:  # the stopped writer is gone: its fact is adopted and embedded
         s.flush()
         assert s.check().ok and s.count() == len(FACTS) + 1
+
+
+def test_a_handle_that_only_writes_follows_a_swap_made_elsewhere(db_path: Path, embedder) -> None:
+    """Every embedded write of a handle that had not recalled since another handle swapped models raised
+    EmbedderMismatch ("recall once to follow the swap"); the write now follows the swap itself."""
+    with MemoryStore(db_path, embedder) as writer, MemoryStore(db_path, embedder) as adapter:
+        writer.remember_many(FACTS)
+        fid = writer.remember("Ada keeps a note on oolong", dedup=True)
+        assert adapter.adapt_now(FAST).status == "swapped"
+        swapped = adapter.fingerprint
+        assert writer.remember_many(["a fact written after the swap elsewhere"])
+        assert writer.fingerprint == swapped
+        assert adapter.adapt_now(FAST).status == "swapped"  # and again, through each embedded write
+        writer.update(fid, "Ada keeps a note on jasmine tea")
+        writer.remember("Ada keeps a note on jasmine tea", dedup=True)
+        writer.supersede(fid, "Ada keeps a note on white tea")
+        writer.remember("own id", id="own-1")
+        writer.scope(user="ada").remember_conversation([("Ada", "hello")], session="s")
+        assert writer.fingerprint == adapter.fingerprint and writer.check().ok
