@@ -96,6 +96,27 @@ class RebuildReport:
     swapped_at: str | None = None
 
 
+class RoundLock:
+    """One adaptation round, resume or rollback at a time in a process. A round started from inside one (a hook
+    calling adapt_now) is refused with InvalidInput: a plain lock waited for itself forever."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def __enter__(self) -> "RoundLock":
+        if self._owner == threading.get_ident():
+            raise InvalidInput("an adaptation round, resume or rollback was started from inside one (from a hook): "
+                               "hooks must not start another; start it after adapt_now() returns.")
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner = None
+        self._lock.release()
+
+
 class ModelSwapped(EmbedderMismatch):
     """A write met a model another process swapped in since this one last followed (MemoryStore follows the swap
     and writes once more; the error reaches the caller only if the write still cannot be made)."""
@@ -130,7 +151,7 @@ class Generations(AdapterState):
         self._leases = leases
         self._heartbeat: Heartbeat | None = None
         self.base_embedder = base
-        self.round_lock = threading.Lock()  # one adaptation round, resume or rollback at a time
+        self.round_lock = RoundLock()  # one adaptation round, resume or rollback at a time
         self.note: str | None = None  # why the active adapter could not be applied (for error messages)
 
     # ---- what serves ---------------------------------------------------------------------------------------

@@ -427,3 +427,18 @@ def test_a_handle_that_only_writes_follows_a_swap_made_elsewhere(db_path: Path, 
         writer.remember("own id", id="own-1")
         writer.scope(user="ada").remember_conversation([("Ada", "hello")], session="s")
         assert writer.fingerprint == adapter.fingerprint and writer.check().ok
+
+
+def test_a_round_started_from_a_hook_is_refused_not_hung(filled: MemoryStore) -> None:
+    """The round lock was a plain Lock: adapt_now from an on_reindexed hook waited for itself forever."""
+    inner: list[BaseException] = []
+
+    def again(report) -> None:
+        try:
+            filled.adapt_now(FAST)
+        except InvalidInput as exc:
+            inner.append(exc)
+
+    assert filled.adapt_now(FAST, {"on_reindexed": again}).status == "swapped"
+    assert len(inner) == 1 and "from inside one" in str(inner[0])
+    assert filled.adapt_now(FAST).status == "swapped" and filled.check().ok  # the lock was released
