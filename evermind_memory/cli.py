@@ -438,6 +438,10 @@ def _mcp(args: argparse.Namespace, embedder: Any) -> int:
     with _open(args, embedder) as store:
         server = build_server(_scoped(args, store))
         if config is None:
+            if sys.stdin.isatty():  # typed at a prompt: say what it is waiting for rather than hang silently
+                print("evermind mcp: serving MCP on stdin/stdout for a host that starts this command (Claude "
+                      "Desktop, an agent framework: docs/mcp.md); Ctrl-C stops it. --http HOST:PORT serves over "
+                      "HTTP instead.", file=sys.stderr, flush=True)
             signalled = serve_stdio(server)
         else:
             serve_http(server, config)
@@ -492,7 +496,9 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
         if args.command == "demo":
             try:
                 from .demo import run_demo
-            except ImportError:
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__package__}.demo":
+                    raise  # a dependency is missing (numpy...): said below, with how to install it
                 raise EvermindError("the demo is not available in this build of evermind_memory.") from None
             return int(run_demo(args, out=out) or 0)
         if args.command == "migrate":  # store to store: no model, nothing opened as a MemoryStore
@@ -526,6 +532,12 @@ def main(argv: Sequence[str] | None = None, *, embedder: Any = None, out=None) -
     except (EvermindError, UsageError, OSError, KeyboardInterrupt) as exc:
         return _report(exc, as_json)
     except Exception as exc:  # noqa: BLE001 (a bug of ours: one line, not a traceback; EVERMIND_DEBUG=1 shows it)
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and missing.partition(".")[0] != __package__:  # run from a checkout without installing
+            return _report(EvermindError(
+                f"{missing} is not installed, and evermind_memory needs it: install the package with its "
+                "dependencies (in a checkout: python3 -m venv .venv && .venv/bin/pip install -e . ; then run "
+                ".venv/bin/evermind)."), as_json)
         if os.environ.get("EVERMIND_DEBUG"):
             raise
         return _report(EvermindError(f"internal error ({type(exc).__name__}: {exc}); please report it (run with "

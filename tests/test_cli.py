@@ -116,6 +116,37 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path):
     assert proc.stderr.read() == b""
 
 
+def test_run_before_installing_says_how_to_install(tmp_path: Path):
+    """`python3 -m evermind_memory` from a checkout with no dependencies said "internal error ... please report
+    it" (and the demo "not available in this build"); it now names the missing package and the install command.
+    -S leaves site-packages out: numpy and the rest are missing, as before an install."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for argv in (["demo"], ["--db", str(tmp_path / "x.db"), "remember", "hi"]):
+        proc = subprocess.run([sys.executable, "-S", "-m", "evermind_memory", *argv], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == cli.EXIT_FAILED, proc.stderr
+        assert "is not installed" in proc.stderr and "pip install -e ." in proc.stderr, proc.stderr
+        assert "internal error" not in proc.stderr and "not available" not in proc.stderr
+
+
+def test_mcp_at_a_terminal_says_what_it_waits_for(tmp_path: Path):
+    """Pasted from the README at a prompt, `evermind mcp` waited on stdin in silence."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "evermind_memory", "--db", str(tmp_path / "m.db"), "mcp"],
+                            stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = proc.stderr.readline()
+        assert "serving MCP on stdin/stdout" in line and "Ctrl-C" in line
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(leader)
+        os.close(follower)
+
+
 def test_remember_recall_get_history_forget(embedder, tmp_path: Path, capsys):
     db = tmp_path / "cli.db"
     code, out = run(embedder, db, "remember", "Ada prefers green tea", "--tag", "person=ada", "--source", "chat")

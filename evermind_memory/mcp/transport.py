@@ -103,7 +103,9 @@ def load_token(token_file: Path | None) -> str | None:
                                    f"token of at most {MAX_TOKEN_FILE_BYTES} bytes.")
             raw = token_file.read_bytes()[:MAX_TOKEN_FILE_BYTES]
         except OSError as exc:
-            raise InvalidInput(f"--token-file {token_file} could not be read ({exc.strerror or exc}).") from None
+            raise InvalidInput(f"--token-file {token_file} could not be read ({exc.strerror or exc}). Make one with: "
+                               "python3 -c \"import secrets; print(secrets.token_urlsafe(32))\" > FILE && chmod 600 "
+                               "FILE") from None
         if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             print(f"evermind mcp: warning: {token_file} is readable by other users; chmod 600 it.", file=sys.stderr)
         try:
@@ -118,8 +120,8 @@ def load_token(token_file: Path | None) -> str | None:
     if len(token) < MIN_TOKEN_CHARS or not set(token) <= allowed:
         raise InvalidInput(
             f"{where} expected a token of at least {MIN_TOKEN_CHARS} characters from A-Z a-z 0-9 - . _ ~ + / =, got "
-            f"{len(token)} characters{'' if set(token) <= allowed else ' with others'}. Make one with: python -c "
-            "\"import secrets; print(secrets.token_urlsafe(32))\"")
+            f"{len(token)} characters{'' if set(token) <= allowed else ' with others'}. Make one with: python3 -c "
+            "\"import secrets; print(secrets.token_urlsafe(32))\" > FILE && chmod 600 FILE")
     return token
 
 

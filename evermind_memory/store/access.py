@@ -96,6 +96,9 @@ def locate(path: str, read_only: bool, background_embedding: bool) -> tuple[Acce
         return access, None
     parent = Path(path).resolve().parent
     if not parent.is_dir():
+        if str(path).startswith("~"):  # Python paths, as open()'s, take "~" literally; the CLI expands it
+            raise InvalidInput(f"MemoryStore() takes {path!r} literally, as open() does: pass "
+                               "os.path.expanduser(path) for your home directory.")
         raise InvalidInput(f"MemoryStore() expected the directory {parent} to exist; create it first.")
     if Path(path).is_dir():
         raise InvalidInput(f"MemoryStore() expected a file path, got the directory {path}.")

@@ -334,3 +334,11 @@ def test_a_blank_source_an_older_version_wrote_is_read_and_not_damage(db_path, e
     _damage(db_path, "UPDATE facts SET source = ? WHERE id = ?", "\u3000", fid)
     with MemoryStore(db_path, embedder) as store:
         assert store.get(fid).source == "\u3000" and store.check().ok
+
+
+def test_a_tilde_path_is_taken_literally_and_the_error_says_so(tmp_path, monkeypatch, embedder):
+    """MemoryStore("~/x.db") said to create the directory ./~ (the CLI expands ~, Python paths do not)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInput, match=r"literally, as open\(\) does: pass os.path.expanduser"):
+        MemoryStore("~/x.db", embedder)
+    assert not (tmp_path / "~").exists()
