@@ -452,11 +452,35 @@ def _mcp(args: argparse.Namespace, embedder: Any) -> int:
     return EXIT_OK
 
 
+def _program() -> str:
+    """How to run this command again as the user ran it: `evermind` when that name finds this program on PATH,
+    else the path they ran (`.venv/bin/evermind`), or this interpreter with -m for `python -m evermind_memory`."""
+    import shlex
+    import shutil
+
+    ran = sys.argv[0] if sys.argv else ""
+    if os.path.basename(ran) == "evermind":
+        found = shutil.which("evermind")
+        try:
+            if found is not None and os.path.samefile(found, ran):
+                return "evermind"
+        except OSError:
+            pass
+        return shlex.quote(ran)
+    if os.path.basename(ran) == "__main__.py" and os.path.basename(os.path.dirname(ran)) == __package__:
+        return f"{shlex.quote(sys.executable)} -m {__package__}"
+    return "evermind"  # a program calling main() itself: the command's own name
+
+
 def _report(exc: BaseException, as_json: bool) -> int:
-    """Print one error (a line, or a JSON object with --json) on stderr; return its exit code."""
+    """Print one error (a line, or a JSON object with --json) on stderr; return its exit code. A command the
+    message quotes (`evermind repair PATH`) is written the way this one was run, so it runs as printed."""
     code = exit_code(exc)
     name = type(exc).__name__
     message = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or name)
+    program = _program()
+    if program != "evermind":
+        message = message.replace("`evermind ", f"`{program} ")
     if as_json:
         print(json.dumps({"error": name, "message": message, "exit_code": code}, ensure_ascii=False), file=sys.stderr)
     else:

@@ -503,6 +503,25 @@ def test_the_command_a_missing_store_error_prints_runs_as_printed(embedder, tmp_
     assert run(embedder, db, "count")[1].strip() == "1"
 
 
+def test_a_printed_command_runs_as_printed_from_a_venv_not_on_path(tmp_path: Path):
+    """Errors quoted `evermind ...`, which a shell without the venv on PATH does not find (bash: command not found);
+    they now quote the program as it was run: the script's path, or this interpreter with -m."""
+    script = Path(sys.executable).with_name("evermind")
+    if not script.is_file():
+        pytest.skip("the evermind console script is not installed beside this interpreter")
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    for i, ran in enumerate(([str(script)], [sys.executable, "-m", "evermind_memory"])):
+        db = tmp_path / f"new store {i}.db"
+        err = subprocess.run([*ran, "--db", str(db), "list"], capture_output=True, text=True, env=env,
+                             timeout=60).stderr
+        printed = re.search(r"`([^`]+ remember TEXT)`", err).group(1)
+        assert not printed.startswith("evermind "), printed
+        done = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert subprocess.run([*ran, "--db", str(db), "count"], capture_output=True, text=True, env=env,
+                              timeout=60).stdout.strip() == "1"
+
+
 def test_text_that_is_not_utf8_gets_shell_advice(embedder, tmp_path: Path, capsys, monkeypatch):
     db = tmp_path / "latin.db"
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait\n")))
