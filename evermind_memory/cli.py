@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, Sequence
 
@@ -479,8 +480,8 @@ def _report(exc: BaseException, as_json: bool) -> int:
     name = type(exc).__name__
     message = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or name)
     program = _program()
-    if program != "evermind":
-        message = message.replace("`evermind ", f"`{program} ")
+    if program != "evermind":  # a command starts after a backtick, or after a pipe inside one (`iconv ... | evermind`)
+        message = re.sub(r"(`|`[^`]*\| )evermind ", lambda m: f"{m.group(1)}{program} ", message)
     if as_json:
         print(json.dumps({"error": name, "message": message, "exit_code": code}, ensure_ascii=False), file=sys.stderr)
     else:

@@ -520,6 +520,10 @@ def test_a_printed_command_runs_as_printed_from_a_venv_not_on_path(tmp_path: Pat
         assert done.returncode == 0, done.stderr
         assert subprocess.run([*ran, "--db", str(db), "count"], capture_output=True, text=True, env=env,
                               timeout=60).stdout.strip() == "1"
+        # and a command quoted after a pipe (the iconv advice for text that is not UTF-8)
+        err = subprocess.run([*ran, "--db", str(db), "remember", "-"], input=b"caf\xe9 au lait", capture_output=True,
+                             env=env, timeout=60).stderr.decode()
+        assert f"| {printed.split(' --db ')[0]} --db " in err, err
 
 
 def test_text_that_is_not_utf8_gets_shell_advice(embedder, tmp_path: Path, capsys, monkeypatch):
